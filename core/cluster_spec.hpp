@@ -1,0 +1,114 @@
+// The `cluster:` section of a scenario: which GPUs, how they are wired inside a node and between
+// nodes. Plain data filled by the YAML loader (core/scenario_loader) and turned into a graph by
+// topology::build_topology. Every field is in base units (see core/units.hpp).
+//
+// Latency convention (ours): `latency` of a tier is the one-way latency between two endpoints
+// attached to the same switch of that tier; each link of that tier carries half of it. A path's
+// latency (its alpha) is the sum of its links' latencies: GPU-NVSwitch-GPU costs intra.latency,
+// NIC-leaf-NIC costs inter.latency, NIC-leaf-spine-leaf-NIC costs 2 * inter.latency.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/units.hpp"
+
+namespace moesim {
+
+enum class Dtype { kFp32, kTf32, kFp16, kBf16, kFp8 };
+std::string_view dtype_name(Dtype d);
+/// Bytes per element: fp32/tf32 4, fp16/bf16 2, fp8 1.
+int dtype_bytes(Dtype d);
+
+/// A GPU model: either resolved from the catalog by name, or given inline as a map.
+struct GpuSpec {
+  std::string name;                 // catalog name ("a100-sxm-80gb") or user label
+  bool from_catalog = true;         // false when given inline
+  std::map<Dtype, FlopsPerSecond> peak;  // dense tensor-core peak per dtype (no sparsity)
+  BytesPerSecond hbm_bandwidth{0};
+  Bytes memory{0};
+  BytesPerSecond nvlink_bandwidth{0};  // per GPU per direction, 0 when the GPU has no NVLink
+  BytesPerSecond pcie_bandwidth{0};    // host link per direction
+  SourceLocation where;                // location of the `gpu:` key, for later errors
+};
+
+enum class IntraKind { kNvswitch, kNvlinkRing, kPcie };
+std::string_view intra_kind_name(IntraKind k);
+
+struct IntraNodeSpec {
+  IntraKind kind = IntraKind::kNvswitch;
+  BytesPerSecond bandwidth{0};  // per GPU per direction (NVSwitch port / ring link / PCIe slot)
+  Seconds latency{1e-6};
+  // pcie only: GPUs under one PCIe switch, and how many CPU sockets (host bridges) the
+  // switches hang off; sockets are joined by an inter-socket link.
+  int gpus_per_pcie_switch = 2;
+  int sockets = 1;
+  BytesPerSecond socket_link_bandwidth{0};  // 0 = same as `bandwidth`
+};
+
+enum class InterKind { kNone, kSwitch, kFatTree, kRailOptimized, kDragonfly, kTree, kCustom };
+std::string_view inter_kind_name(InterKind k);
+
+/// TA-MoE nested-list notation: a list is a switch whose children are the list's items; an
+/// integer n is a leaf switch with n nodes attached. [[2,2],[2]] = a root over two switches, the
+/// first over two leaf switches of 2 nodes each, the second over one leaf switch of 2 nodes.
+struct TreeSpec {
+  bool is_leaf = false;
+  int leaf_nodes = 0;              // when is_leaf
+  std::vector<TreeSpec> children;  // when !is_leaf
+};
+
+struct InterNodeSpec {
+  InterKind kind = InterKind::kNone;
+  BytesPerSecond nic_bandwidth{0};  // per NIC per direction
+  int nics_per_node = 1;
+  Seconds latency{2e-6};
+  double oversubscription = 1.0;  // fat_tree / rail_optimized: down/up capacity ratio at a leaf
+  int switch_radix = 64;          // ports per switch (fat_tree / rail_optimized sizing)
+  int levels = 0;                 // fat_tree: 2 or 3; 0 = smallest that fits
+  // dragonfly
+  int groups = 0;
+  int routers_per_group = 0;      // 0 = auto
+  BytesPerSecond global_bandwidth{0};  // per global link; 0 = nic_bandwidth
+  BytesPerSecond local_bandwidth{0};   // per router-router link in a group; 0 = nic_bandwidth
+  // tree
+  TreeSpec tree;
+  std::vector<BytesPerSecond> tree_level_bandwidth;  // bottom-up per switch level; empty = auto
+};
+
+/// `cluster.custom`: explicit vertices and links. GPUs are `gpu0..gpu{P-1}`, NICs and switches
+/// are named by the user.
+struct CustomVertex {
+  std::string name;
+  std::string kind;  // gpu | nic | nvswitch | pcie_switch | host_bridge | switch
+  int node = -1;     // for gpu/nic: the node it belongs to
+  SourceLocation where;
+};
+struct CustomLink {
+  std::string a, b;
+  BytesPerSecond bandwidth{0};
+  Seconds latency{0};
+  SourceLocation where;
+};
+struct CustomTopologySpec {
+  std::vector<CustomVertex> vertices;
+  std::vector<CustomLink> links;
+};
+
+struct ClusterSpec {
+  GpuSpec gpu;
+  int nodes = 1;
+  int gpus_per_node = 1;
+  IntraNodeSpec intra;
+  InterNodeSpec inter;
+  std::optional<CustomTopologySpec> custom;  // only with inter.kind == kCustom
+  std::string calibration_path;              // resolved relative to the scenario file
+  SourceLocation where;                      // location of the `cluster:` key
+
+  int num_gpus() const { return nodes * gpus_per_node; }
+};
+
+}  // namespace moesim

@@ -1,0 +1,179 @@
+// The Plan IR (DESIGN §3): a DAG of operations for one iteration, built once by the strategy code
+// (strategies/plan_builder) and run unchanged by either backend: sim::run (simulated time) or
+// exec::run (CUDA/NCCL or the MPI host path).
+//
+// Compactness at 4,096 GPUs: a collective is one Op over all its groups (not P^2 transfers);
+// identical per-rank ops are one Op with a RankSet; per-rank differences in compute (skewed expert
+// load) are a per-rank scale vector, not P ops.
+//
+// Dependency semantics (per rank): op B depending on op A means that on every rank r in both
+// B.ranks and A.ranks, B(r) starts after A(r) has finished. A collective starts on a rank when its
+// deps on that rank are done and its stream there is free; data moves between two ranks once both
+// have started. Every dep must share at least one rank with the op (validated).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/units.hpp"
+
+namespace moesim {
+
+using OpId = std::int32_t;
+using StreamId = std::int16_t;
+
+/// A set of ranks: an arithmetic range {first, first+stride, ...} (count items) or an explicit
+/// sorted list. Ranges keep "all 4,096 ranks" at 12 bytes.
+class RankSet {
+ public:
+  RankSet() = default;
+  static RankSet range(int first, int count, int stride = 1);
+  static RankSet list(std::vector<int> ranks);  // sorted and deduplicated on construction
+  static RankSet all(int num_ranks) { return range(0, num_ranks, 1); }
+
+  int size() const { return list_.empty() ? count_ : static_cast<int>(list_.size()); }
+  int at(int i) const { return list_.empty() ? first_ + i * stride_ : list_[i]; }
+  bool contains(int rank) const;
+  /// Position of rank in the set, or -1.
+  int index_of(int rank) const;
+  bool operator==(const RankSet& o) const;
+
+ private:
+  int first_ = 0, count_ = 0, stride_ = 1;
+  std::vector<int> list_;
+};
+
+/// Partition of ranks into the groups a collective runs over (every EP group, every DP group...).
+/// All groups of one Grouping have the same size; ranks within a group are in group order
+/// (position i = "group rank" i, which is what per-pair byte matrices are indexed by).
+struct Grouping {
+  std::string name;                     // "ep", "dp", "mp", "esp", "ep_esp", "world", ...
+  std::vector<std::vector<int>> groups;
+  int group_size() const { return groups.empty() ? 0 : static_cast<int>(groups[0].size()); }
+};
+using GroupingId = std::int32_t;
+
+enum class OpKind { kCompute, kCollective, kCopy };
+enum class ComputeClass { kGemm, kGate, kEncode, kDecode, kElementwise, kAttention, kOther };
+enum class CollectiveType {
+  kAllToAll, kAllToAllv, kAllReduce, kAllGather, kReduceScatter, kSendRecv
+};
+enum class CollectiveAlgo { kAuto, kLinear, k2dh, kRing, kTree, kHierarchical, kSaa };
+
+std::string_view op_kind_name(OpKind k);
+std::string_view compute_class_name(ComputeClass c);
+std::string_view collective_type_name(CollectiveType t);
+std::string_view collective_algo_name(CollectiveAlgo a);
+std::optional<CollectiveType> parse_collective_type(std::string_view s);
+std::optional<CollectiveAlgo> parse_collective_algo(std::string_view s);
+
+/// GEMM shape as the compute model sees it: `batch` independent (m x k) * (k x n) products.
+/// The plain MoE layout runs W small matrices (batch = W, small m); the flexible layout one large.
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  double flops() const { return 2.0 * static_cast<double>(m) * n * k * batch; }
+};
+
+struct ComputeSpec {
+  ComputeClass cls = ComputeClass::kOther;
+  Flops flops{0};               // per rank (before rank_scale)
+  Bytes bytes{0};               // memory traffic per rank (before rank_scale)
+  std::optional<GemmShape> gemm;  // for kGemm: the shape decides efficiency
+  /// Optional per-rank multiplier (indexed by position in Op::ranks) for skewed load.
+  std::shared_ptr<const std::vector<float>> rank_scale;
+};
+
+/// Per-pair bytes of an all_to_allv, indexed by group positions (src, dst). Stored as token (or
+/// element) counts times a unit, so a 4,096^2 dense matrix is 64 MiB of uint32, and sparse
+/// patterns (CSR) cost only their non-zeros. The same matrix applies to every group of the op
+/// unless per_group has one per group.
+struct ByteMatrix {
+  int size = 0;              // W
+  Bytes unit{1};             // bytes per count
+  bool dense = true;
+  std::vector<std::uint32_t> counts;     // dense: W*W row-major (row = source)
+  std::vector<std::int64_t> row_offsets; // sparse CSR: W+1 offsets
+  std::vector<std::int32_t> cols;        // sparse CSR: destination positions
+  std::vector<std::uint32_t> values;     // sparse CSR: counts
+  Bytes at(int src, int dst) const;
+  Bytes row_sum(int src) const;
+  Bytes col_sum(int dst) const;
+  Bytes total() const;
+};
+
+struct CollectiveSpec {
+  CollectiveType type = CollectiveType::kAllToAll;
+  CollectiveAlgo algo = CollectiveAlgo::kAuto;
+  GroupingId grouping = 0;
+  /// all_to_all: bytes each rank sends in total (S; S/W to each peer incl. itself);
+  /// all_reduce / reduce_scatter: buffer size per rank; all_gather: output size per rank;
+  /// send_recv: bytes per message.
+  Bytes bytes{0};
+  /// all_to_allv: one matrix for every group, or per_group[g] for group g.
+  std::shared_ptr<const ByteMatrix> matrix;
+  std::vector<std::shared_ptr<const ByteMatrix>> per_group;
+  /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).
+  int peer_offset = 1;
+};
+
+struct CopySpec {
+  Bytes bytes{0};  // bytes read (and written) per rank
+};
+
+struct Op {
+  OpId id = -1;
+  OpKind kind = OpKind::kCompute;
+  RankSet ranks;
+  StreamId stream = 0;
+  std::vector<OpId> deps;
+  int priority = 0;             // higher runs first where a scheduler reorders (Lina)
+  Bytes partition_size{0};      // micro-op size for partitioned collectives; 0 = whole
+  std::string label;            // "L0.fwd.dispatch.c1"
+  std::variant<ComputeSpec, CollectiveSpec, CopySpec> spec;
+
+  const ComputeSpec& compute() const { return std::get<ComputeSpec>(spec); }
+  const CollectiveSpec& collective() const { return std::get<CollectiveSpec>(spec); }
+  const CopySpec& copy() const { return std::get<CopySpec>(spec); }
+};
+
+/// One iteration's DAG. Op ids are indices into ops; deps must point to earlier ops (the builder
+/// emits in topological order, which validate() checks, so cycles cannot exist).
+class Plan {
+ public:
+  explicit Plan(int num_ranks = 0) : num_ranks_(num_ranks) {}
+
+  int num_ranks() const { return num_ranks_; }
+  StreamId stream(const std::string& name);  // find or add
+  const std::vector<std::string>& stream_names() const { return streams_; }
+  GroupingId add_grouping(Grouping g);
+  const Grouping& grouping(GroupingId id) const { return groupings_.at(id); }
+  const std::vector<Grouping>& groupings() const { return groupings_; }
+
+  OpId add(Op op);  // assigns the id
+  OpId add_compute(RankSet ranks, StreamId stream, ComputeSpec spec, std::vector<OpId> deps,
+                   std::string label);
+  OpId add_collective(StreamId stream, CollectiveSpec spec, std::vector<OpId> deps,
+                      std::string label);  // ranks = union of the grouping's groups
+  OpId add_copy(RankSet ranks, StreamId stream, CopySpec spec, std::vector<OpId> deps,
+                std::string label);
+  const std::vector<Op>& ops() const { return ops_; }
+  std::vector<Op>& mutable_ops() { return ops_; }
+  const Op& op(OpId id) const { return ops_.at(id); }
+
+  /// Checks: deps refer to existing earlier ops (no cycles), every dep shares a rank with its op,
+  /// ranks within [0, num_ranks), streams known, groupings valid (equal sizes, disjoint, in
+  /// range), matrices sized to the group. Throws InputError naming the op and what is wrong.
+  void validate() const;
+
+ private:
+  int num_ranks_ = 0;
+  std::vector<std::string> streams_;
+  std::vector<Grouping> groupings_;
+  std::vector<Op> ops_;
+};
+
+}  // namespace moesim

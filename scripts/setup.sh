@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One-command set-up for moesim on a Debian machine: installs the Debian packages of
+# DESIGN §8 that are missing, then configures and builds Release.
+#
+#   scripts/setup.sh [--build-dir DIR] [--type Release|Debug|Asan] [--no-build]
+#
+# Idempotent: packages already present are skipped, `apt-get update` runs at most once, and
+# an existing build directory is reused (incremental build).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir="$here/build"
+build_type=Release
+do_build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --type) build_type=$2; shift 2 ;;
+    --no-build) do_build=0; shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (expected --build-dir DIR, --type T, --no-build)" >&2; exit 2 ;;
+  esac
+done
+
+packages=(build-essential cmake pkg-config libyaml-cpp-dev libboost-graph-dev libsimgrid-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin clang-format gnuplot-nox)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+[ "$do_build" = 1 ] || exit 0
+
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake_args=(-S "$here" -B "$build_dir")
+case "$build_type" in
+  Asan) cmake_args+=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESIM_SANITIZE=ON) ;;
+  *) cmake_args+=(-DCMAKE_BUILD_TYPE="$build_type") ;;
+esac
+cmake "${cmake_args[@]}" >/dev/null
+cmake --build "$build_dir" -j "$jobs"

@@ -1,0 +1,103 @@
+// The cluster as a graph: GPUs, NVSwitches, PCIe switches, host bridges, NICs and network switches
+// joined by full-duplex links. Built from a ClusterSpec by build_topology(); read by the network
+// models (routes, link capacities), the analytical cost models and TA-MoE (per-pair alpha/beta,
+// tiers) and `moesim topo`.
+//
+// Scale: 4,096 GPUs and beyond. Nothing here stores P^2 routes: routes are computed on demand from
+// per-node templates plus switch-level next-hop tables, in O(path length).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cluster_spec.hpp"
+#include "core/units.hpp"
+
+namespace moesim::topology {
+
+enum class VertexKind { kGpu, kNvswitch, kPcieSwitch, kHostBridge, kNic, kSwitch };
+std::string_view vertex_kind_name(VertexKind k);
+
+using VertexId = std::uint32_t;
+/// Directed link id. A full-duplex cable is two directed links with ids 2c and 2c+1, so the two
+/// directions never share capacity ("opposite directions do not share").
+using LinkId = std::uint32_t;
+
+struct Vertex {
+  VertexKind kind;
+  int node = -1;   // node index for GPUs, NICs and node-local switches; -1 for fabric switches
+  int index = -1;  // GPU: global rank; NIC: local NIC index; switch: index within its kind
+  int level = 0;   // fabric switches: 1 = leaf/rail/router, 2 = spine/group, 3 = core; else 0
+  std::string name;  // "gpu12", "node1.nic0", "leaf3", ...
+};
+
+struct Link {
+  VertexId src, dst;
+  BytesPerSecond bandwidth;  // per direction
+  Seconds latency;
+  int tier = 0;  // 0 inside a node; 1 NIC-leaf; 2 leaf-spine / dragonfly local; 3 core / global
+};
+
+/// alpha/beta between two GPUs as the analytical model and TA-MoE read them.
+struct PairCost {
+  Seconds alpha{0};               // sum of link latencies on the route
+  BytesPerSecond bandwidth{0};    // bottleneck: min over route links, and for inter-node pairs
+                                  // the NIC bandwidth divided by the GPUs sharing that NIC
+  int hops = 0;                   // links on the route
+  int tier = 0;                   // 0 same node, then the highest link tier on the route
+  double beta() const { return 1.0 / bandwidth.value(); }  // seconds per byte
+};
+
+struct TierRow {
+  int tier = 0;
+  std::int64_t pairs = 0;  // ordered GPU pairs (src != dst) in this tier
+  int min_hops = 0, max_hops = 0;
+  Seconds min_alpha{0}, max_alpha{0};
+  BytesPerSecond min_bandwidth{0}, max_bandwidth{0};
+};
+
+class Topology {
+ public:
+  virtual ~Topology() = default;
+
+  const ClusterSpec& spec() const { return spec_; }
+  const GpuSpec& gpu() const { return spec_.gpu; }
+  int num_gpus() const { return spec_.num_gpus(); }
+  int num_nodes() const { return spec_.nodes; }
+  int gpus_per_node() const { return spec_.gpus_per_node; }
+  int node_of(int gpu) const { return gpu / spec_.gpus_per_node; }
+  int local_of(int gpu) const { return gpu % spec_.gpus_per_node; }
+
+  const std::vector<Vertex>& vertices() const { return vertices_; }
+  const std::vector<Link>& links() const { return links_; }  // directed; see LinkId
+  VertexId gpu_vertex(int gpu) const { return gpu_vertex_[gpu]; }
+
+  /// Appends the directed links from GPU src to GPU dst (src != dst) to `out`. Shortest path;
+  /// among equal-cost paths one is chosen by a deterministic hash of (src, dst) (ECMP).
+  virtual void route(int src, int dst, std::vector<LinkId>& out) const = 0;
+  PairCost pair_cost(int src, int dst) const;
+  int tier(int src, int dst) const { return pair_cost(src, dst).tier; }
+
+  /// One row per tier present, over all ordered GPU pairs.
+  std::vector<TierRow> tier_table() const;
+  /// Max-flow between the first and second half of the GPUs (by rank), per direction.
+  BytesPerSecond bisection_bandwidth() const;
+  /// How many GPUs of a node send through the same NIC (1 if each has its own; 0 without NICs).
+  int gpus_per_nic() const { return gpus_per_nic_; }
+
+ protected:
+  explicit Topology(ClusterSpec spec) : spec_(std::move(spec)) {}
+  ClusterSpec spec_;
+  std::vector<Vertex> vertices_;
+  std::vector<Link> links_;
+  std::vector<VertexId> gpu_vertex_;
+  int gpus_per_nic_ = 0;
+};
+
+/// Builds the graph for spec (intra-node builder x inter-node builder, or custom). Throws
+/// InputError (with spec locations) for inconsistent specs, e.g. an unknown GPU name.
+std::unique_ptr<Topology> build_topology(const ClusterSpec& spec);
+
+}  // namespace moesim::topology

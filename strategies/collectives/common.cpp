@@ -1,0 +1,357 @@
+#include "strategies/collectives/common.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.hpp"
+
+namespace moesim::collectives {
+
+const ByteMatrix* CollectiveCall::matrix() const {
+  if (spec == nullptr) return nullptr;
+  if (!spec->per_group.empty()) {
+    if (group_index < 0 || group_index >= static_cast<int>(spec->per_group.size())) return nullptr;
+    return spec->per_group[group_index].get();
+  }
+  return spec->matrix.get();
+}
+
+Seconds phases_time(const std::vector<Phase>& phases, const CostContext& ctx) {
+  MOESIM_ASSERT(ctx.topo != nullptr, "phases_time needs a topology");
+  double t = 0;
+  for (const Phase& p : phases)
+    t += detail::phase_time_s(detail::phase_shape(p, *ctx.topo, 1.0), 1.0, ctx);
+  return Seconds(t);
+}
+
+namespace detail {
+
+int group_size(const CollectiveCall& call) {
+  MOESIM_ASSERT(call.spec != nullptr && call.group != nullptr,
+                "collective call without spec/group");
+  return static_cast<int>(call.group->size());
+}
+
+const ByteMatrix& require_matrix(const CollectiveCall& call) {
+  const int w = group_size(call);
+  const ByteMatrix* m = call.matrix();
+  if (m == nullptr) throw InputError("all_to_allv needs a byte matrix (spec.matrix or per_group)");
+  if (m->size != w) {
+    throw InputError("all_to_allv matrix is " + std::to_string(m->size) + "x" +
+                     std::to_string(m->size) + " but the group has " + std::to_string(w) +
+                     " ranks");
+  }
+  return *m;
+}
+
+std::optional<NodeGrid> node_grid(const std::vector<int>& group, const topology::Topology& topo,
+                                  std::string* why) {
+  auto fail = [&](std::string msg) -> std::optional<NodeGrid> {
+    if (why != nullptr) *why = std::move(msg);
+    return std::nullopt;
+  };
+  const int w = static_cast<int>(group.size());
+  if (w == 0) return fail("empty group");
+  const int node0 = topo.node_of(group[0]);
+  int m = 0;
+  while (m < w && topo.node_of(group[m]) == node0) ++m;
+  if (w % m != 0) {
+    return fail("group of " + std::to_string(w) + " ranks is not node-aligned: its first " +
+                std::to_string(m) + " ranks are on node " + std::to_string(node0) + " and " +
+                std::to_string(w) + " is not a multiple of " + std::to_string(m));
+  }
+  const int n = w / m;
+  std::vector<char> seen(static_cast<size_t>(topo.num_nodes()), 0);
+  for (int a = 0; a < n; ++a) {
+    const int node = topo.node_of(group[a * m]);
+    if (seen[node]) {
+      return fail("group is not node-aligned: node " + std::to_string(node) +
+                  " appears in two separate blocks of " + std::to_string(m) + " ranks");
+    }
+    seen[node] = 1;
+    for (int j = 0; j < m; ++j) {
+      const int r = group[a * m + j];
+      if (topo.node_of(r) != node) {
+        return fail("group is not node-aligned: rank " + std::to_string(r) + " at position " +
+                    std::to_string(a * m + j) + " is not on node " + std::to_string(node) +
+                    " with the rest of its block of " + std::to_string(m));
+      }
+      if (topo.local_of(r) != topo.local_of(group[j])) {
+        return fail("group local order differs between nodes: position " +
+                    std::to_string(a * m + j) + " has local index " +
+                    std::to_string(topo.local_of(r)) + ", position " + std::to_string(j) + " has " +
+                    std::to_string(topo.local_of(group[j])));
+      }
+    }
+  }
+  return NodeGrid{m, n};
+}
+
+double copy_bandwidth(const CostContext& ctx) {
+  if (ctx.local_copy_bandwidth.value() > 0) return ctx.local_copy_bandwidth.value();
+  if (ctx.topo != nullptr) return ctx.topo->gpu().hbm_bandwidth.value();
+  return 0.0;
+}
+
+void prune_lines(std::vector<CostLine>& lines) {
+  std::sort(lines.begin(), lines.end());
+  lines.erase(std::unique(lines.begin(), lines.end()), lines.end());
+  if (lines.size() > 256) return;  // quadratic pruning only where it is cheap
+  std::vector<CostLine> kept;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    bool dominated = false;
+    for (size_t j = 0; j < lines.size() && !dominated; ++j) {
+      if (i == j) continue;
+      const CostLine& a = lines[i];
+      const CostLine& b = lines[j];
+      dominated = b.messages >= a.messages && b.alpha_s >= a.alpha_s &&
+                  b.s_per_byte >= a.s_per_byte && !(a == b);
+    }
+    if (!dominated) kept.push_back(lines[i]);
+  }
+  lines = std::move(kept);
+}
+
+double phase_time_s(const PhaseShape& shape, double size, const CostContext& ctx) {
+  const double bw = copy_bandwidth(ctx);
+  const double local = bw > 0 ? shape.local_per_byte * size / bw : 0.0;
+  double net = 0;
+  for (const CostLine& l : shape.lines) {
+    net = std::max(net, ctx.net.message_latency_s + l.messages * ctx.net.message_overhead_s +
+                            l.alpha_s + size * l.s_per_byte);
+  }
+  return shape.repeat * std::max(net, local);
+}
+
+double shape_time_s(const CostShape& shape, double size, const CostContext& ctx) {
+  double t = 0;
+  for (const PhaseShape& p : shape.phases) t += phase_time_s(p, size, ctx);
+  return t;
+}
+
+namespace {
+// Per-rank, per-side accumulator of the formula's terms; class 0 = same node, 1 = other node.
+struct Side {
+  int messages = 0;
+  int count[2] = {0, 0};
+  double alpha[2] = {0, 0};
+  double sum[2] = {0, 0};
+  void add(int cls, double alpha_s, double s) {
+    ++messages;
+    ++count[cls];
+    alpha[cls] = std::max(alpha[cls], alpha_s);
+    sum[cls] += s;
+  }
+  void emit(std::vector<CostLine>& out) const {
+    for (int k = 0; k < 2; ++k)
+      if (count[k] > 0) out.push_back({messages, alpha[k], sum[k]});
+  }
+};
+}  // namespace
+
+PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, double scale) {
+  PhaseShape shape;
+  shape.kind = phase.kind;
+  shape.repeat = phase.repeat;
+  shape.local_per_byte = phase.local_bytes.value() * scale;
+  if (phase.kind != Phase::Kind::kTransfers || phase.transfers.empty()) return shape;
+  const size_t p = static_cast<size_t>(topo.num_gpus());
+  std::vector<Side> send(p), recv(p);
+  std::vector<int> touched;
+  for (const sim::Transfer& t : phase.transfers) {
+    MOESIM_ASSERT(t.src != t.dst, "collective transfer from a rank to itself");
+    const topology::PairCost pc = topo.pair_cost(t.src, t.dst);
+    MOESIM_ASSERT(pc.bandwidth.value() > 0, "pair without bandwidth");
+    const int cls = topo.node_of(t.src) == topo.node_of(t.dst) ? 0 : 1;
+    const double s = t.bytes * scale / pc.bandwidth.value();
+    if (send[t.src].messages == 0 && recv[t.src].messages == 0) touched.push_back(t.src);
+    if (send[t.dst].messages == 0 && recv[t.dst].messages == 0) touched.push_back(t.dst);
+    send[t.src].add(cls, pc.alpha.value(), s);
+    recv[t.dst].add(cls, pc.alpha.value(), s);
+  }
+  for (int r : touched) {
+    send[r].emit(shape.lines);
+    recv[r].emit(shape.lines);
+  }
+  prune_lines(shape.lines);
+  return shape;
+}
+
+void ClassStats::add(const topology::PairCost& pc) {
+  MOESIM_ASSERT(pc.bandwidth.value() > 0, "pair without bandwidth");
+  ++count;
+  max_alpha_s = std::max(max_alpha_s, pc.alpha.value());
+  sum_inv_bw += 1.0 / pc.bandwidth.value();
+}
+
+void ClassStats::merge_max(const ClassStats& o) {
+  count = std::max(count, o.count);
+  max_alpha_s = std::max(max_alpha_s, o.max_alpha_s);
+  sum_inv_bw = std::max(sum_inv_bw, o.sum_inv_bw);
+}
+
+std::vector<int> representative_positions(int group_size) {
+  std::vector<int> out;
+  if (group_size <= 16) {
+    for (int p = 0; p < group_size; ++p) out.push_back(p);
+    return out;
+  }
+  constexpr int kReps = 8;
+  for (int i = 0; i < kReps; ++i) {
+    out.push_back(
+        static_cast<int>(std::llround(static_cast<double>(i) * (group_size - 1) / (kReps - 1))));
+  }
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+namespace {
+struct CacheEntry {
+  const topology::Topology* topo;
+  size_t num_vertices, num_links;
+  int tag, extra;
+  std::vector<int> group;
+  std::shared_ptr<const void> value;
+};
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_multimap<std::uint64_t, CacheEntry> map;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+std::uint64_t cache_hash(const topology::Topology& topo, int tag, int extra,
+                         const std::vector<int>& group) {
+  // FNV-1a style mixing of 32-bit words; cheap enough to hash a 4,096-rank group per lookup.
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t x) {
+    h ^= x;
+    h *= 1099511628211ull;
+  };
+  mix(reinterpret_cast<std::uintptr_t>(&topo));
+  mix(static_cast<std::uint64_t>(tag));
+  mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(extra)));
+  mix(group.size());
+  for (int r : group) mix(static_cast<std::uint32_t>(r));
+  return h;
+}
+
+bool matches(const CacheEntry& e, const topology::Topology& topo, int tag, int extra,
+             const std::vector<int>& group) {
+  return e.topo == &topo && e.num_vertices == topo.vertices().size() &&
+         e.num_links == topo.links().size() && e.tag == tag && e.extra == extra && e.group == group;
+}
+}  // namespace
+
+std::shared_ptr<const void> cache_find(const topology::Topology& topo, int tag, int extra,
+                                       const std::vector<int>& group) {
+  const std::uint64_t h = cache_hash(topo, tag, extra, group);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto [b, e] = c.map.equal_range(h);
+  for (auto it = b; it != e; ++it)
+    if (matches(it->second, topo, tag, extra, group)) return it->second.value;
+  return nullptr;
+}
+
+void cache_insert(const topology::Topology& topo, int tag, int extra, const std::vector<int>& group,
+                  std::shared_ptr<const void> value) {
+  const std::uint64_t h = cache_hash(topo, tag, extra, group);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  constexpr size_t kMaxEntries = 4096;  // bound memory across long sweeps
+  if (c.map.size() >= kMaxEntries) c.map.clear();
+  auto [b, e] = c.map.equal_range(h);
+  for (auto it = b; it != e; ++it)
+    if (matches(it->second, topo, tag, extra, group)) return;  // another thread won the race
+  c.map.emplace(h, CacheEntry{&topo, topo.vertices().size(), topo.links().size(), tag, extra, group,
+                              std::move(value)});
+}
+
+std::shared_ptr<const CostShape> scaled_shape(const Algorithm& algo, const CollectiveCall& call,
+                                              const topology::Topology& topo, int tag, int extra) {
+  return cached<CostShape>(topo, tag, extra, *call.group, [&] {
+    // Every byte count of these lowerings is proportional to spec.bytes, so one lowering at a
+    // reference size gives per-byte lines valid for every size.
+    const double ref = 1024.0 * static_cast<double>(call.group->size());
+    CollectiveSpec spec = *call.spec;
+    spec.bytes = Bytes(ref);
+    CollectiveCall ref_call = call;
+    ref_call.spec = &spec;
+    ref_call.with_layout = false;
+    CostShape shape;
+    for (const Phase& p : algo.lower(ref_call, topo))
+      shape.phases.push_back(phase_shape(p, topo, 1.0 / ref));
+    return shape;
+  });
+}
+
+std::shared_ptr<const LinearProfile> linear_profile(const CollectiveCall& call,
+                                                    const topology::Topology& topo) {
+  return cached<LinearProfile>(topo, kTagLinearProfile, 0, *call.group, [&] {
+    const std::vector<int>& g = *call.group;
+    const int w = static_cast<int>(g.size());
+    LinearProfile prof;
+    for (int p : representative_positions(w)) {
+      ClassStats intra, inter;
+      for (int q = 0; q < w; ++q) {
+        if (q == p) continue;
+        const topology::PairCost pc = topo.pair_cost(g[p], g[q]);
+        (topo.node_of(g[p]) == topo.node_of(g[q]) ? intra : inter).add(pc);
+      }
+      prof.intra.push_back(intra);
+      prof.inter.push_back(inter);
+      prof.intra_max.merge_max(intra);
+      prof.inter_max.merge_max(inter);
+    }
+    return prof;
+  });
+}
+
+std::shared_ptr<const TwoDhProfile> two_dh_profile(const CollectiveCall& call,
+                                                   const topology::Topology& topo,
+                                                   const NodeGrid& grid) {
+  return cached<TwoDhProfile>(topo, kTagTwoDhProfile, 0, *call.group, [&] {
+    const std::vector<int>& g = *call.group;
+    const int w = static_cast<int>(g.size());
+    const int m = grid.m, n = grid.n;
+    TwoDhProfile prof;
+    prof.grid = grid;
+    for (int p : representative_positions(w)) {
+      const int a = p / m, j = p % m;
+      ClassStats intra, rail;
+      for (int k = 0; k < m; ++k)
+        if (k != j) intra.add(topo.pair_cost(g[p], g[a * m + k]));
+      for (int b = 0; b < n; ++b)
+        if (b != a) rail.add(topo.pair_cost(g[p], g[b * m + j]));
+      prof.intra.push_back(intra);
+      prof.rail.push_back(rail);
+      prof.intra_max.merge_max(intra);
+      prof.rail_max.merge_max(rail);
+    }
+    return prof;
+  });
+}
+
+void append_ring_step(Phase& phase, const std::vector<int>& ring, double chunk_bytes,
+                      int send_shift, double base_offset, bool with_layout) {
+  const int r = static_cast<int>(ring.size());
+  if (r < 2) return;
+  for (int p = 0; p < r; ++p) {
+    phase.transfers.push_back({ring[p], ring[(p + 1) % r], chunk_bytes});
+    if (with_layout) {
+      const int k = ((p + send_shift) % r + r) % r;
+      const double off = base_offset + k * chunk_bytes;
+      phase.chunks.push_back({off, off});
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace moesim::collectives

@@ -1,0 +1,173 @@
+// Internal helpers shared by the algorithm files of this folder: call checks, node-grid detection
+// for hierarchical algorithms, the analytical cost machinery (cost lines, cached per-group
+// summaries) and the factories the registry lists. Not part of the public API.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::collectives::detail {
+
+/// Group size; asserts that the call is complete.
+int group_size(const CollectiveCall& call);
+
+/// all_to_allv: the call's matrix, checked to be W x W (InputError otherwise).
+const ByteMatrix& require_matrix(const CollectiveCall& call);
+
+/// Calls f(dst, bytes) for the non-zero entries of row `src`, in increasing dst order.
+template <typename F>
+void for_each_in_row(const ByteMatrix& m, int src, F&& f) {
+  const double unit = m.unit.value();
+  if (m.dense) {
+    const std::uint32_t* row = m.counts.data() + static_cast<size_t>(src) * m.size;
+    for (int d = 0; d < m.size; ++d)
+      if (row[d] != 0) f(d, unit * row[d]);
+  } else {
+    for (auto i = m.row_offsets[src]; i < m.row_offsets[src + 1]; ++i)
+      if (m.values[i] != 0) f(static_cast<int>(m.cols[i]), unit * m.values[i]);
+  }
+}
+
+/// A node-aligned group: W = n blocks of m positions; block a = positions [a*m, a*m+m) all on one
+/// node (distinct nodes for distinct blocks), and position a*m + j has the same local index on
+/// every node (so inter-node peers sit on the same rail / NIC index).
+struct NodeGrid {
+  int m = 0;  // group members per node
+  int n = 0;  // nodes
+};
+/// The grid, or nullopt with *why saying what breaks alignment.
+std::optional<NodeGrid> node_grid(const std::vector<int>& group, const topology::Topology& topo,
+                                  std::string* why);
+
+/// Local copy / reduction bandwidth in bytes per second (0 = free); see CostContext.
+double copy_bandwidth(const CostContext& ctx);
+
+// ---- Analytical cost lines -------------------------------------------------------------------
+// A phase's time as a function of the collective's size S is the upper envelope of lines
+//   t(S) = message_latency + messages * message_overhead + alpha + S * s_per_byte,
+// one per (rank, side, peer class) (see the formula in collective.hpp). Summaries of this form
+// depend only on the topology and the group, so they are cached and evaluated in O(lines).
+struct CostLine {
+  int messages = 0;
+  double alpha_s = 0;
+  double s_per_byte = 0;  // seconds per byte of S
+  auto operator<=>(const CostLine&) const = default;
+};
+
+struct PhaseShape {
+  Phase::Kind kind = Phase::Kind::kTransfers;
+  std::vector<CostLine> lines;  // kTransfers
+  double local_per_byte = 0;    // HBM bytes per byte of S (self copies, copies, reductions)
+  int repeat = 1;
+};
+
+struct CostShape {
+  std::vector<PhaseShape> phases;
+};
+
+/// Sorts, deduplicates and drops lines dominated by another (fewer-or-equal in every field).
+void prune_lines(std::vector<CostLine>& lines);
+/// Time of one phase shape at size S.
+double phase_time_s(const PhaseShape& shape, double size, const CostContext& ctx);
+/// Time of a whole shape at size S.
+double shape_time_s(const CostShape& shape, double size, const CostContext& ctx);
+/// Cost lines of an explicit phase over all its transfers (pair_cost per transfer); byte counts
+/// are multiplied by `scale` (1/S of the lowering, so the lines are per byte of S).
+PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, double scale);
+
+/// Alpha/bandwidth summary of one rank towards a set of peers.
+struct ClassStats {
+  int count = 0;
+  double max_alpha_s = 0;
+  double sum_inv_bw = 0;  // sum of 1 / pair bandwidth (seconds per byte)
+  void add(const topology::PairCost& pc);
+  void merge_max(const ClassStats& o);  // max of each field (over representative ranks)
+  double mean_inv_bw() const { return count == 0 ? 0.0 : sum_inv_bw / count; }
+};
+
+/// Representative group positions for the per-rank summaries of all-to-all algorithms: every
+/// position for small groups (exact), else 8 evenly spaced ones including the first and last.
+/// On the built-in topologies every rank sees the same multiset of peer costs, so this is exact
+/// there; on irregular ones it samples.
+std::vector<int> representative_positions(int group_size);
+
+// ---- Cache -----------------------------------------------------------------------------------
+// Per-(topology, group, tag, extra) summaries. The topology is identified by its address plus
+// its vertex and link counts (a freed topology whose address is reused by a different one of the
+// same size would alias: acceptable for a cost cache, and documented). Thread-safe.
+std::shared_ptr<const void> cache_find(const topology::Topology& topo, int tag, int extra,
+                                       const std::vector<int>& group);
+void cache_insert(const topology::Topology& topo, int tag, int extra, const std::vector<int>& group,
+                  std::shared_ptr<const void> value);
+
+template <typename T, typename Build>
+std::shared_ptr<const T> cached(const topology::Topology& topo, int tag, int extra,
+                                const std::vector<int>& group, Build&& build) {
+  if (auto hit = cache_find(topo, tag, extra, group)) return std::static_pointer_cast<const T>(hit);
+  auto value = std::make_shared<const T>(build());
+  cache_insert(topo, tag, extra, group, value);
+  return value;
+}
+
+/// Cache tags (one per kind of summary).
+enum CacheTag : int {
+  kTagLinearA2a = 1,
+  kTagTwoDhA2a,
+  kTagLinearProfile,
+  kTagTwoDhProfile,
+  kTagRingAllReduce,
+  kTagTreeAllReduce,
+  kTagHierAllReduce,
+  kTagRingAllGather,
+  kTagRingReduceScatter,
+  kTagSendRecv,
+};
+
+/// Shape of a collective whose lowering scales linearly with spec.bytes: lowers it once at a
+/// reference size (without layout) and converts every phase with phase_shape; cached.
+std::shared_ptr<const CostShape> scaled_shape(const Algorithm& algo, const CollectiveCall& call,
+                                              const topology::Topology& topo, int tag, int extra);
+
+/// Per-representative-rank class summaries for all-to-all algorithms.
+struct LinearProfile {
+  std::vector<ClassStats> intra, inter;  // per representative rank
+  ClassStats intra_max, inter_max;       // field-wise max over representatives
+};
+std::shared_ptr<const LinearProfile> linear_profile(const CollectiveCall& call,
+                                                    const topology::Topology& topo);
+struct TwoDhProfile {
+  NodeGrid grid;
+  std::vector<ClassStats> intra, rail;  // node peers; same-local-index peers on other nodes
+  ClassStats intra_max, rail_max;
+};
+std::shared_ptr<const TwoDhProfile> two_dh_profile(const CollectiveCall& call,
+                                                   const topology::Topology& topo,
+                                                   const NodeGrid& grid);
+
+// ---- Factories listed by registry.cpp (one per algorithm file) -------------------------------
+const Algorithm& linear_all_to_all();
+const Algorithm& two_dh_all_to_all();
+const Algorithm& linear_all_to_allv();
+const Algorithm& two_dh_all_to_allv();
+const Algorithm& ring_all_reduce();
+const Algorithm& tree_all_reduce();
+const Algorithm& hierarchical_all_reduce();
+const Algorithm& ring_all_gather();
+const Algorithm& ring_reduce_scatter();
+const Algorithm& send_recv();
+
+/// Appends the transfers of step 0 of a ring over `ring` (global ranks in ring order): position
+/// p sends chunk (p + send_shift) mod R of chunk_bytes to position p+1; the chunk keeps its index
+/// on the receiver (in-place rings), at base_offset + index * chunk_bytes on both sides.
+void append_ring_step(Phase& phase, const std::vector<int>& ring, double chunk_bytes,
+                      int send_shift, double base_offset, bool with_layout);
+
+}  // namespace moesim::collectives::detail

@@ -107,8 +107,16 @@ struct ClusterSpec {
   std::optional<CustomTopologySpec> custom;  // only with inter.kind == kCustom
   std::string calibration_path;              // resolved relative to the scenario file
   SourceLocation where;                      // location of the `cluster:` key
+  // Label of this cluster in reports (`compare --topology`): the scenario's or topology file's
+  // `name:`, else the file stem.
+  std::string name;
+  // Every key path present in the file ("cluster.inter_node.groups", "cluster.custom.links[2]")
+  // mapped to its location, so later layers can raise InputError at the offending line.
+  std::map<std::string, SourceLocation> locations;
 
   int num_gpus() const { return nodes * gpus_per_node; }
+  /// Location of `key_path` if it was present in the file, else of the `cluster:` key.
+  SourceLocation location_of(const std::string& key_path) const;
 };
 
 }  // namespace moesim

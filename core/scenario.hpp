@@ -1,0 +1,258 @@
+// A scenario (DESIGN §6): the cluster, the MoE model, how it is parallelised, the workload the
+// gate produces, the simulation engine settings, and the strategy stacks to compare. Plain data
+// filled and validated by core/scenario_loader; every other layer reads it, never YAML.
+//
+// After loading, every field holds a resolved, validated value (dp and ep resolved from `auto`,
+// experts and experts-per-GPU both filled, relative paths made absolute), so consumers do not
+// repeat the schema's defaulting rules. `locations` keeps where each key was written, so later
+// layers (topology, strategies) can raise InputError at the offending line.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/cluster_spec.hpp"
+#include "core/error.hpp"
+#include "core/units.hpp"
+
+namespace moesim {
+
+/// One row of a name table: the YAML spelling of an enum value. The tables live in scenario.cpp
+/// (one place), so a later issue adds a role value by adding an enum value and a row.
+template <typename E>
+struct NamedValue {
+  E value;
+  std::string_view name;
+};
+
+// ---------------------------------------------------------------------------------------------
+// model:
+
+enum class Mode { kTraining, kInference };
+
+struct ModelSpec {
+  Mode mode = Mode::kTraining;
+  int layers = 1;         // transformer blocks
+  int moe_every = 1;      // every n-th block's FFN is an MoE layer (blocks n, 2n, ...)
+  int batch_per_gpu = 0;  // B, samples per GPU
+  int seq_len = 0;        // L, tokens per sample
+  int model_dim = 0;      // M
+  int hidden_dim = 0;     // H, expert FFN hidden size
+  // Global experts E and local experts per GPU (the EP group is parallelism.ep GPUs). Exactly one
+  // of `experts` / `experts_per_gpu` is written in the file; the loader fills both:
+  // experts_per_gpu >= 1: E = experts_per_gpu * ep;
+  // experts_per_gpu = -x: each expert is sharded over x GPUs, E = ep / x.
+  int experts = 0;
+  int experts_per_gpu = 0;
+  int top_k = 2;
+  // STRATEGIES §1: f > 0 fixed factor; f = 0 dropless (capacity = max per-expert count);
+  // f < 0 dropless but capped at -f.
+  double capacity_factor = 1.0;
+  Dtype dtype = Dtype::kFp16;
+
+  /// GPUs one expert is sharded over (x for experts_per_gpu = -x, else 1).
+  int expert_shards() const { return experts_per_gpu < 0 ? -experts_per_gpu : 1; }
+  /// Whole or partial experts held by one GPU (1 when sharded).
+  int local_experts() const { return experts_per_gpu < 0 ? 1 : experts_per_gpu; }
+  /// S = B * L, tokens per GPU per iteration.
+  std::int64_t tokens_per_gpu() const {
+    return static_cast<std::int64_t>(batch_per_gpu) * static_cast<std::int64_t>(seq_len);
+  }
+  /// MoE layers in the model: blocks moe_every, 2*moe_every, ... up to `layers`.
+  int num_moe_layers() const { return layers / moe_every; }
+  bool capacity_is_dropless() const { return capacity_factor <= 0.0; }
+  int bytes_per_element() const { return dtype_bytes(dtype); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// parallelism: ep * esp * mp * dp = P.
+
+struct ParallelismSpec {
+  int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp))
+  int esp = 1;  // expert-sharding-parallel group size (Parm)
+  int mp = 1;   // tensor model-parallel group size
+  int dp = 0;   // data-parallel degree (resolved; `auto` = P / (ep * esp * mp))
+  bool ep_auto = false;
+  bool dp_auto = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// workload:
+
+enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace };
+
+struct RoutingWorkloadSpec {
+  RoutingDistribution distribution = RoutingDistribution::kUniform;
+  double skew = 0.0;             // zipf exponent over experts (0 = uniform); also per-layer skew
+  std::uint64_t seed = 1;        // every random draw of the run derives from it
+  std::string trace_path;        // distribution trace: absolute path (resolved against the file)
+  double dirichlet_alpha = 1.0;  // distribution dirichlet: concentration (> 0)
+};
+
+enum class CapacityKind { kFixed, kTrace, kRandomWalk };
+
+/// How the capacity factor evolves over iterations (Tutel's dynamic workload).
+struct CapacityWorkloadSpec {
+  CapacityKind kind = CapacityKind::kFixed;  // fixed: model.capacity_factor every iteration
+  std::vector<double> factors;               // trace: factor of iteration i is factors[i % size]
+  // random_walk: starts at model.capacity_factor clamped to [min, max], moves by +-step.
+  double min = 1.0;
+  double max = 1.0;
+  double step = 0.5;
+};
+
+struct WorkloadSpec {
+  RoutingWorkloadSpec routing;
+  CapacityWorkloadSpec capacity;
+  int iterations = 10;
+};
+
+// ---------------------------------------------------------------------------------------------
+// engine:
+
+enum class NetworkModelKind { kAnalytical, kFlow, kSimgrid };
+
+struct EngineSpec {
+  NetworkModelKind network = NetworkModelKind::kFlow;
+  Seconds message_latency{0};      // extra startup latency per message
+  Seconds message_overhead{1e-6};  // endpoint cost per message (bounds the message rate)
+  Seconds launch_overhead{5e-6};   // per kernel / collective launch
+  double interference = 0.0;       // compute slow-down factor while communication runs (>= 0)
+};
+
+// ---------------------------------------------------------------------------------------------
+// strategies: each role is optional; omitted = the first (baseline) value of its table.
+
+enum class RoutingRole { kEven, kTaMoe, kFasterMoeHir };
+enum class ParallelRole { kP1, kP2, kDegree, kTutelRouter };
+enum class PipelineRole { kDegree, kPipeMoe, kTutelOnline };
+enum class A2aRole { kLinear, k2dh, kAuto };
+enum class LayoutRole { kPlain, kFlexible };
+enum class ScheduleRole {
+  kNone,
+  kParmBaseline,
+  kParmS1,
+  kParmS2,
+  kParmAuto,
+  kLina,
+  kFair,
+  kBetweenA2a
+};
+enum class InferenceRole { kBaseline, kLina, kIdeal };
+
+/// routing: ta_moe (STRATEGIES §8).
+struct TaMoeParams {
+  double lambda = 0.1;     // smoothing towards uniform, in [0, 1]
+  double adherence = 1.0;  // how far the count matrix moves towards the target, in [0, 1]
+};
+/// routing: faster_moe_hir (FasterMoE hierarchical gate).
+struct FasterMoeHirParams {
+  double max_offnode_share = 0.5;  // share of a GPU's tokens allowed to leave its node, in [0, 1]
+};
+/// pipeline: tutel_online (STRATEGIES §3): width of capacity-factor buckets.
+struct TutelOnlineParams {
+  double bucket_width = 0.5;  // > 0
+};
+/// schedule: lina (STRATEGIES §6).
+struct LinaParams {
+  Bytes micro_op{30e6};      // allreduce micro-op size (> 0)
+  bool pack_experts = true;  // double experts per GPU while the FFN is shorter than the a2a
+};
+/// inference: lina (STRATEGIES §7).
+struct LinaInferenceParams {
+  int path_length = 3;  // experts of previous layers that form a token's path (>= 1)
+};
+
+struct StrategySpec {
+  std::string name;  // unique within the scenario
+  RoutingRole routing = RoutingRole::kEven;
+  ParallelRole parallel = ParallelRole::kP1;
+  // Token repeat factor r of the parallel mode (STRATEGIES §4): 1 for p1, the expert shard count
+  // n for p2, the integer given for kDegree; unused for tutel_router.
+  int parallel_degree = 1;
+  PipelineRole pipeline = PipelineRole::kDegree;
+  int pipeline_degree = 1;  // for PipelineRole::kDegree
+  A2aRole a2a = A2aRole::kLinear;
+  LayoutRole layout = LayoutRole::kPlain;
+  ScheduleRole schedule = ScheduleRole::kNone;
+  InferenceRole inference = InferenceRole::kBaseline;
+
+  // Role parameters; meaningful only when the matching role value is selected.
+  TaMoeParams ta_moe;
+  FasterMoeHirParams faster_moe_hir;
+  TutelOnlineParams tutel_online;
+  LinaParams lina;
+  LinaInferenceParams lina_inference;
+
+  SourceLocation where;  // location of this entry in `strategies:`
+
+  /// True when every role has its baseline value.
+  bool is_baseline() const;
+};
+
+/// "a2a=auto pipeline=tutel_online parallel=tutel_router" (non-baseline roles only; "baseline"
+/// when none), for summaries and logs.
+std::string describe_roles(const StrategySpec& s);
+
+// ---------------------------------------------------------------------------------------------
+
+struct Scenario {
+  std::string name;
+  std::string description;
+  std::string source_file;  // as given to the loader (or the pseudo file name)
+  ClusterSpec cluster;
+  ModelSpec model;
+  ParallelismSpec parallelism;
+  WorkloadSpec workload;
+  EngineSpec engine;
+  std::vector<StrategySpec> strategies;
+  // Every key path present in the file ("cluster.gpu", "strategies[1].pipeline",
+  // "cluster.inter_node.tree") -> its file:line:col. List items are "key[i]".
+  std::map<std::string, SourceLocation> locations;
+
+  int num_gpus() const { return cluster.num_gpus(); }                     // P
+  std::int64_t tokens_per_gpu() const { return model.tokens_per_gpu(); }  // S = B * L
+  int num_experts() const { return model.experts; }                       // E
+  int bytes_per_element() const { return model.bytes_per_element(); }
+
+  /// The strategy named `name`, or nullptr.
+  const StrategySpec* find_strategy(std::string_view name) const;
+  /// Location of `key_path` if present in the file; else the file with no line.
+  SourceLocation location_of(const std::string& key_path) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Name tables (YAML spellings). For every role but pipeline (whose baseline is the integer 1),
+// the first row is the baseline value.
+
+const std::vector<NamedValue<Mode>>& mode_names();
+const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
+const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
+const std::vector<NamedValue<NetworkModelKind>>& network_model_names();
+const std::vector<NamedValue<RoutingRole>>& routing_role_names();
+// parallel and pipeline also accept an integer r >= 1 (ParallelRole::kDegree /
+// PipelineRole::kDegree); their tables hold the named values only.
+const std::vector<NamedValue<ParallelRole>>& parallel_role_names();
+const std::vector<NamedValue<PipelineRole>>& pipeline_role_names();
+const std::vector<NamedValue<A2aRole>>& a2a_role_names();
+const std::vector<NamedValue<LayoutRole>>& layout_role_names();
+const std::vector<NamedValue<ScheduleRole>>& schedule_role_names();
+const std::vector<NamedValue<InferenceRole>>& inference_role_names();
+
+std::string_view name_of(Mode v);
+std::string_view name_of(RoutingDistribution v);
+std::string_view name_of(CapacityKind v);
+std::string_view name_of(NetworkModelKind v);
+std::string_view name_of(RoutingRole v);
+std::string_view name_of(ParallelRole v);  // kDegree -> "degree"
+std::string_view name_of(PipelineRole v);  // kDegree -> "degree"
+std::string_view name_of(A2aRole v);
+std::string_view name_of(LayoutRole v);
+std::string_view name_of(ScheduleRole v);
+std::string_view name_of(InferenceRole v);
+
+}  // namespace moesim

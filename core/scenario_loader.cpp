@@ -1,0 +1,951 @@
+#include "core/scenario_loader.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "core/yaml_reader.hpp"
+
+namespace moesim {
+
+namespace fs = std::filesystem;
+using yaml::Context;
+using yaml::describe;
+using yaml::MapReader;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+template <typename E>
+std::vector<std::string_view> names_of(const std::vector<NamedValue<E>>& table) {
+  std::vector<std::string_view> out;
+  out.reserve(table.size());
+  for (const auto& row : table) out.push_back(row.name);
+  return out;
+}
+
+template <typename E>
+std::optional<E> get_enum(const MapReader& m, std::string_view key,
+                          const std::vector<NamedValue<E>>& table) {
+  auto i = m.get_choice(key, names_of(table));
+  if (!i) return std::nullopt;
+  return table[*i].value;
+}
+
+// Dtype / intra / inter names are defined once, by dtype_name() & co. in cluster_spec.cpp.
+const std::vector<NamedValue<Dtype>>& dtype_table() {
+  static const std::vector<NamedValue<Dtype>> t = [] {
+    std::vector<NamedValue<Dtype>> v;
+    for (Dtype d : {Dtype::kFp32, Dtype::kTf32, Dtype::kFp16, Dtype::kBf16, Dtype::kFp8})
+      v.push_back({d, dtype_name(d)});
+    return v;
+  }();
+  return t;
+}
+
+const std::vector<NamedValue<IntraKind>>& intra_table() {
+  static const std::vector<NamedValue<IntraKind>> t = [] {
+    std::vector<NamedValue<IntraKind>> v;
+    for (IntraKind k : {IntraKind::kNvswitch, IntraKind::kNvlinkRing, IntraKind::kPcie})
+      v.push_back({k, intra_kind_name(k)});
+    return v;
+  }();
+  return t;
+}
+
+const std::vector<NamedValue<InterKind>>& inter_table() {
+  static const std::vector<NamedValue<InterKind>> t = [] {
+    std::vector<NamedValue<InterKind>> v;
+    for (InterKind k :
+         {InterKind::kNone, InterKind::kSwitch, InterKind::kFatTree, InterKind::kRailOptimized,
+          InterKind::kDragonfly, InterKind::kTree, InterKind::kCustom})
+      v.push_back({k, inter_kind_name(k)});
+    return v;
+  }();
+  return t;
+}
+
+int to_int32(std::int64_t v) { return static_cast<int>(v); }
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+
+// A path written in the file, resolved against the file's directory; must exist.
+std::string resolve_existing(const MapReader& m, std::string_view key, std::string_view what) {
+  std::string rel = *m.get_string(key);
+  if (rel.empty()) m.fail(key, fmt::format("found an empty path, expected the path of {}", what));
+  fs::path p(rel);
+  if (p.is_relative()) {
+    fs::path base = fs::path(m.context().file()).parent_path();
+    p = base / p;
+  }
+  p = p.lexically_normal();
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) {
+    m.fail(key, fmt::format("found '{}' (resolved to '{}'), which does not exist; expected the "
+                            "path of {}, relative to the scenario file",
+                            rel, p.string(), what));
+  }
+  return p.string();
+}
+
+std::string file_stem(const std::string& file) {
+  std::string stem = fs::path(file).stem().string();
+  return stem.empty() ? file : stem;
+}
+
+// A positive rate (bandwidth) or fail.
+BytesPerSecond positive_rate(const MapReader& m, std::string_view key) {
+  double v = *m.get_quantity(key, UnitKind::kBytesPerSecond);
+  if (v <= 0) m.fail(key, "found a zero bandwidth, expected a positive bandwidth");
+  return BytesPerSecond(v);
+}
+
+std::string p_text(const ClusterSpec& c) {
+  return fmt::format("P = {} (cluster.nodes {} x cluster.gpus_per_node {})", c.num_gpus(), c.nodes,
+                     c.gpus_per_node);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cluster
+
+GpuSpec parse_gpu(const MapReader& cluster) {
+  GpuSpec gpu;
+  gpu.where = cluster.key_location("gpu");
+  YAML::Node n = cluster.get("gpu");
+  if (n.IsScalar()) {
+    gpu.name = n.Scalar();
+    gpu.from_catalog = true;
+    if (gpu.name.empty())
+      cluster.fail("gpu", "found an empty name, expected a GPU catalog name or a map");
+    return gpu;
+  }
+  if (!n.IsMap())
+    cluster.fail("gpu", fmt::format("found {}, expected a GPU catalog name (e.g. a100-sxm-80gb) "
+                                    "or a map with peak_tflops, hbm_bandwidth, memory",
+                                    describe(n)));
+  MapReader g = cluster.get_map("gpu", {"name", "peak_tflops", "hbm_bandwidth", "memory",
+                                        "nvlink_bandwidth", "pcie_bandwidth"});
+  gpu.from_catalog = false;
+  gpu.name = g.get_string("name").value_or("custom-gpu");
+  g.require("peak_tflops", "a compute rate such as 312TFLOPS, or a map dtype -> rate");
+  g.require("hbm_bandwidth", "a bandwidth such as 2039GB/s");
+  g.require("memory", "a size such as 80GiB");
+  YAML::Node peak = g.get("peak_tflops");
+  if (peak.IsMap()) {
+    std::vector<std::string_view> dtypes = names_of(dtype_table());
+    MapReader pm = g.get_map("peak_tflops", dtypes);
+    for (const auto& row : dtype_table()) {
+      if (!pm.has(row.name)) continue;
+      double v = *pm.get_quantity(row.name, UnitKind::kFlopsPerSecond);
+      if (v <= 0) pm.fail(row.name, "found a zero rate, expected a positive compute rate");
+      gpu.peak[row.value] = FlopsPerSecond(v);
+    }
+    if (gpu.peak.empty()) g.fail("peak_tflops", "found an empty map, expected at least one dtype");
+  } else {
+    // A single rate is the fp16 dense tensor-core peak.
+    double v = *g.get_quantity("peak_tflops", UnitKind::kFlopsPerSecond);
+    if (v <= 0) g.fail("peak_tflops", "found a zero rate, expected a positive compute rate");
+    gpu.peak[Dtype::kFp16] = FlopsPerSecond(v);
+  }
+  gpu.hbm_bandwidth = positive_rate(g, "hbm_bandwidth");
+  gpu.memory = Bytes(*g.get_quantity("memory", UnitKind::kBytes));
+  if (gpu.memory.value() <= 0) g.fail("memory", "found a zero size, expected a positive size");
+  if (g.has("nvlink_bandwidth"))
+    gpu.nvlink_bandwidth =
+        BytesPerSecond(*g.get_quantity("nvlink_bandwidth", UnitKind::kBytesPerSecond));
+  if (g.has("pcie_bandwidth")) gpu.pcie_bandwidth = positive_rate(g, "pcie_bandwidth");
+  return gpu;
+}
+
+IntraNodeSpec parse_intra(const MapReader& cluster, int gpus_per_node) {
+  IntraNodeSpec intra;
+  MapReader m = cluster.get_map(
+      "intra_node",
+      {"kind", "bandwidth", "latency", "gpus_per_pcie_switch", "sockets", "socket_link_bandwidth"});
+  m.require("kind", "nvswitch, nvlink_ring or pcie");
+  intra.kind = *get_enum(m, "kind", intra_table());
+  // Absent: 0, which the topology builder replaces by the GPU's own NVLink or PCIe figure.
+  if (m.has("bandwidth")) intra.bandwidth = positive_rate(m, "bandwidth");
+  if (auto v = m.get_quantity("latency", UnitKind::kSeconds)) intra.latency = Seconds(*v);
+  // PCIe-tree keys make no sense for NVLink fabrics: reject rather than silently ignore.
+  for (std::string_view key : {"gpus_per_pcie_switch", "sockets", "socket_link_bandwidth"}) {
+    if (m.has(key) && intra.kind != IntraKind::kPcie)
+      m.fail(key, fmt::format("'{}' applies only to kind pcie, but kind is {}", key,
+                              intra_kind_name(intra.kind)));
+  }
+  if (intra.kind == IntraKind::kPcie) {
+    if (auto v = m.get_int("gpus_per_pcie_switch", 1, kIntMax)) {
+      intra.gpus_per_pcie_switch = to_int32(*v);
+      if (gpus_per_node % intra.gpus_per_pcie_switch != 0)
+        m.fail("gpus_per_pcie_switch",
+               fmt::format("found {}, expected a divisor of cluster.gpus_per_node = {}",
+                           intra.gpus_per_pcie_switch, gpus_per_node));
+    } else {
+      intra.gpus_per_pcie_switch = gpus_per_node % 2 == 0 ? 2 : 1;
+    }
+    if (auto v = m.get_int("sockets", 1, kIntMax)) intra.sockets = to_int32(*v);
+    int switches = gpus_per_node / intra.gpus_per_pcie_switch;
+    if (switches % intra.sockets != 0)
+      m.fail(m.has("sockets") ? "sockets" : "gpus_per_pcie_switch",
+             fmt::format("{} PCIe switch(es) ({} GPUs / {} per switch) cannot be spread evenly "
+                         "over {} socket(s); expected sockets to divide the switch count",
+                         switches, gpus_per_node, intra.gpus_per_pcie_switch, intra.sockets));
+    if (m.has("socket_link_bandwidth"))
+      intra.socket_link_bandwidth = positive_rate(m, "socket_link_bandwidth");
+  }
+  return intra;
+}
+
+// TA-MoE nested-list notation: a list is a switch over its items, an integer n a leaf switch
+// with n nodes. Returns the height (leaf switch = 1).
+int parse_tree(Context& ctx, const YAML::Node& n, const std::string& path, TreeSpec& out) {
+  if (n.IsScalar()) {
+    out.is_leaf = true;
+    out.leaf_nodes = to_int32(ctx.to_int(n, path, 1, kIntMax));
+    return 1;
+  }
+  if (!n.IsSequence() || n.size() == 0)
+    ctx.fail(n, path,
+             fmt::format("found {}, expected a non-empty nested list of node counts such as "
+                         "[[2, 2], [2]]",
+                         describe(n)));
+  ctx.require_list(n, path);
+  out.is_leaf = false;
+  int height = 0;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    out.children.emplace_back();
+    height = std::max(height,
+                      parse_tree(ctx, n[i], fmt::format("{}[{}]", path, i), out.children.back()));
+  }
+  return height + 1;
+}
+
+int tree_leaf_nodes(const TreeSpec& t) {
+  if (t.is_leaf) return t.leaf_nodes;
+  int sum = 0;
+  for (const auto& c : t.children) sum += tree_leaf_nodes(c);
+  return sum;
+}
+
+InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node) {
+  InterNodeSpec inter;
+  MapReader m = cluster.get_map(
+      "inter_node", {"kind", "nic_bandwidth", "nics_per_node", "latency", "oversubscription",
+                     "switch_radix", "levels", "groups", "routers_per_group", "global_bandwidth",
+                     "local_bandwidth", "tree", "tree_level_bandwidth"});
+  m.require("kind", "none, switch, fat_tree, rail_optimized, dragonfly, tree or custom");
+  inter.kind = *get_enum(m, "kind", inter_table());
+  const InterKind k = inter.kind;
+  if (k == InterKind::kNone && nodes != 1)
+    m.fail("kind", fmt::format("found 'none' with cluster.nodes = {}, expected a network kind "
+                               "(none is only valid for a single node)",
+                               nodes));
+
+  // Which keys each kind reads; any other key present is an error, not silently ignored.
+  using KS = std::vector<InterKind>;
+  const KS networked = {InterKind::kSwitch, InterKind::kFatTree, InterKind::kRailOptimized,
+                        InterKind::kDragonfly, InterKind::kTree};
+  const std::vector<std::pair<std::string_view, KS>> applies = {
+      {"nic_bandwidth", networked},
+      {"nics_per_node", networked},
+      {"latency", networked},
+      {"oversubscription", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kTree}},
+      {"switch_radix", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kDragonfly}},
+      {"levels", {InterKind::kFatTree}},
+      {"groups", {InterKind::kDragonfly}},
+      {"routers_per_group", {InterKind::kDragonfly}},
+      {"global_bandwidth", {InterKind::kDragonfly}},
+      {"local_bandwidth", {InterKind::kDragonfly}},
+      {"tree", {InterKind::kTree}},
+      {"tree_level_bandwidth", {InterKind::kTree}},
+  };
+  for (const auto& [key, kinds] : applies) {
+    if (!m.has(key) || std::find(kinds.begin(), kinds.end(), k) != kinds.end()) continue;
+    std::vector<std::string_view> names;
+    for (InterKind a : kinds) names.push_back(inter_kind_name(a));
+    m.fail(key, fmt::format("'{}' applies only to kind {}, but kind is {}", key,
+                            yaml::join_alternatives(names), inter_kind_name(k)));
+  }
+  if (k == InterKind::kNone || k == InterKind::kCustom) return inter;
+
+  m.require("nic_bandwidth", "a per-NIC, per-direction bandwidth such as 200Gb/s");
+  inter.nic_bandwidth = positive_rate(m, "nic_bandwidth");
+  if (auto v = m.get_int("nics_per_node", 1, kIntMax)) {
+    inter.nics_per_node = to_int32(*v);
+    if (inter.nics_per_node > gpus_per_node || gpus_per_node % inter.nics_per_node != 0)
+      m.fail("nics_per_node",
+             fmt::format("found {}, expected a divisor of cluster.gpus_per_node = {} (GPUs share "
+                         "NICs evenly)",
+                         inter.nics_per_node, gpus_per_node));
+  }
+  if (auto v = m.get_quantity("latency", UnitKind::kSeconds)) inter.latency = Seconds(*v);
+  if (auto v = m.get_number("oversubscription")) {
+    if (*v <= 0)
+      m.fail("oversubscription",
+             fmt::format("found {}, expected a positive down/up capacity ratio (1 = "
+                         "non-blocking)",
+                         *v));
+    inter.oversubscription = *v;
+  }
+  if (auto v = m.get_int("switch_radix", 2, kIntMax)) inter.switch_radix = to_int32(*v);
+  if (auto v = m.get_int("levels", 0, 3)) {
+    if (*v == 1) m.fail("levels", "found 1, expected 2 or 3 (or 0 for the smallest that fits)");
+    inter.levels = to_int32(*v);
+  }
+  if (k == InterKind::kDragonfly) {
+    // 0 = auto (about sqrt(nodes) groups); group sizes may differ by one node.
+    if (auto v = m.get_int("groups", 0, nodes)) inter.groups = to_int32(*v);
+    if (auto v = m.get_int("routers_per_group", 0, kIntMax)) inter.routers_per_group = to_int32(*v);
+    if (m.has("global_bandwidth")) inter.global_bandwidth = positive_rate(m, "global_bandwidth");
+    if (m.has("local_bandwidth")) inter.local_bandwidth = positive_rate(m, "local_bandwidth");
+  }
+  if (k == InterKind::kTree) {
+    m.require("tree", "a nested list of node counts such as [[2, 2], [2]]");
+    Context& ctx = m.context();
+    int height = parse_tree(ctx, m.get("tree"), m.path_of("tree"), inter.tree);
+    int leaves = tree_leaf_nodes(inter.tree);
+    if (leaves != nodes)
+      m.fail("tree", fmt::format("the tree's leaves hold {} nodes, expected cluster.nodes = {}",
+                                 leaves, nodes));
+    if (m.has("tree_level_bandwidth")) {
+      std::string path = m.path_of("tree_level_bandwidth");
+      YAML::Node list = m.get("tree_level_bandwidth");
+      if (!list.IsSequence())
+        m.fail("tree_level_bandwidth",
+               fmt::format("found {}, expected a list of bandwidths, bottom-up", describe(list)));
+      ctx.require_list(list, path);
+      // One uplink bandwidth per switch level below the root, bottom-up; levels left out
+      // get (capacity below) / oversubscription.
+      if (static_cast<int>(list.size()) > height - 1)
+        m.fail("tree_level_bandwidth",
+               fmt::format("found {} bandwidth(s), expected at most {} (one uplink bandwidth per "
+                           "switch level below the root, bottom-up)",
+                           list.size(), height - 1));
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        std::string item = fmt::format("{}[{}]", path, i);
+        double v = ctx.to_quantity(list[i], item, UnitKind::kBytesPerSecond);
+        if (v <= 0) ctx.fail(list[i], item, "found a zero bandwidth, expected a positive one");
+        inter.tree_level_bandwidth.push_back(BytesPerSecond(v));
+      }
+    }
+  }
+  return inter;
+}
+
+CustomTopologySpec parse_custom(const MapReader& cluster, int nodes, int num_gpus) {
+  CustomTopologySpec custom;
+  MapReader m = cluster.get_map("custom", {"vertices", "links"});
+  Context& ctx = m.context();
+  static const std::vector<std::string_view> kKinds = {"nic", "nvswitch", "pcie_switch",
+                                                       "host_bridge", "switch"};
+  // Name -> union-find index; GPUs are implicit (gpu0..gpu{P-1}) and come first.
+  std::map<std::string, int> index;
+  for (int g = 0; g < num_gpus; ++g) index[fmt::format("gpu{}", g)] = g;
+  if (m.has("vertices")) {
+    std::string path = m.path_of("vertices");
+    YAML::Node list = ctx.require_list(m.get("vertices"), path);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      std::string item = fmt::format("{}[{}]", path, i);
+      MapReader v(ctx, list[i], item, {"name", "kind", "node"});
+      v.require("name", "a vertex name");
+      v.require("kind", "nic, nvswitch, pcie_switch, host_bridge or switch");
+      CustomVertex cv;
+      cv.where = ctx.at(list[i]);
+      cv.name = *v.get_string("name");
+      YAML::Node kind = v.get("kind");
+      if (kind.IsScalar() && kind.Scalar() == "gpu")
+        v.fail("kind",
+               "found 'gpu', expected nic, nvswitch, pcie_switch, host_bridge or switch "
+               "(GPUs are implicit: gpu0..gpu{P-1})");
+      cv.kind = std::string(kKinds[*v.get_choice("kind", kKinds)]);
+      if (auto n = v.get_int("node", 0, nodes - 1)) cv.node = to_int32(*n);
+      if (cv.kind == "nic" && cv.node < 0)
+        v.require("node", "the node (0-based) this NIC belongs to");
+      if (cv.name.empty()) v.fail("name", "found an empty name, expected a vertex name");
+      if (index.count(cv.name)) {
+        bool is_gpu = index[cv.name] < num_gpus;
+        v.fail("name", is_gpu ? fmt::format("found '{}', which names an implicit GPU; expected "
+                                            "a new name (GPUs are gpu0..gpu{})",
+                                            cv.name, num_gpus - 1)
+                              : fmt::format("duplicate vertex name '{}'", cv.name));
+      }
+      index[cv.name] = static_cast<int>(index.size());
+      custom.vertices.push_back(std::move(cv));
+    }
+  }
+  m.require("links", "a list of {a, b, bandwidth, latency}");
+  std::vector<int> parent(index.size());
+  std::iota(parent.begin(), parent.end(), 0);
+  auto find = [&parent](int x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  std::vector<std::string_view> all_names;
+  for (const auto& [name, i] : index) all_names.push_back(name);
+  std::string path = m.path_of("links");
+  YAML::Node list = ctx.require_list(m.get("links"), path);
+  if (list.size() == 0) m.fail("links", "found an empty list, expected at least one link");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    std::string item = fmt::format("{}[{}]", path, i);
+    MapReader l(ctx, list[i], item, {"a", "b", "bandwidth", "latency"});
+    CustomLink cl;
+    cl.where = ctx.at(list[i]);
+    for (std::string_view end : {"a", "b"}) {
+      l.require(end, "a vertex name (gpuN or a name from custom.vertices)");
+      std::string name = *l.get_string(end);
+      if (!index.count(name))
+        l.fail(end, fmt::format("found '{}', expected a GPU (gpu0..gpu{}) or a vertex from "
+                                "cluster.custom.vertices{}",
+                                name, num_gpus - 1, yaml::did_you_mean(name, all_names)));
+      (end == "a" ? cl.a : cl.b) = name;
+    }
+    if (cl.a == cl.b) l.fail("b", fmt::format("found a link from '{}' to itself", cl.a));
+    l.require("bandwidth", "a per-direction bandwidth such as 100GB/s");
+    cl.bandwidth = positive_rate(l, "bandwidth");
+    if (auto v = l.get_quantity("latency", UnitKind::kSeconds)) cl.latency = Seconds(*v);
+    parent[find(index[cl.a])] = find(index[cl.b]);
+    custom.links.push_back(std::move(cl));
+  }
+  // Every GPU must reach GPU 0, or collectives over all GPUs are impossible.
+  for (int g = 1; g < num_gpus; ++g) {
+    if (find(g) != find(0))
+      m.fail("links", fmt::format("gpu{} is not connected to gpu0; expected links joining every "
+                                  "GPU (gpu0..gpu{})",
+                                  g, num_gpus - 1));
+  }
+  return custom;
+}
+
+ClusterSpec parse_cluster(const MapReader& root) {
+  ClusterSpec c;
+  c.where = root.key_location("cluster");
+  MapReader m = root.get_map("cluster", {"gpu", "nodes", "gpus_per_node", "intra_node",
+                                         "inter_node", "custom", "calibration"});
+  m.require("gpu", "a GPU catalog name (e.g. a100-sxm-80gb) or a map");
+  m.require("gpus_per_node", "an integer >= 1");
+  c.gpu = parse_gpu(m);
+  c.nodes = to_int32(m.get_int("nodes", 1, kIntMax).value_or(1));
+  c.gpus_per_node = to_int32(*m.get_int("gpus_per_node", 1, kIntMax));
+  if (static_cast<std::int64_t>(c.nodes) * c.gpus_per_node > (1 << 24))
+    m.fail("nodes", fmt::format("{} nodes x {} GPUs is more than the {} GPUs supported", c.nodes,
+                                c.gpus_per_node, 1 << 24));
+
+  if (m.has("inter_node")) {
+    c.inter = parse_inter(m, c.nodes, c.gpus_per_node);
+  } else if (c.nodes > 1) {
+    m.require("inter_node",
+              fmt::format("an inter-node network, since cluster.nodes = {}", c.nodes));
+  }
+  const bool custom = c.inter.kind == InterKind::kCustom;
+  if (m.has("intra_node")) {
+    c.intra = parse_intra(m, c.gpus_per_node);
+  } else if (c.gpus_per_node > 1 && !custom) {
+    m.require("intra_node", fmt::format("an intra-node interconnect, since "
+                                        "cluster.gpus_per_node = {}",
+                                        c.gpus_per_node));
+  }
+  if (custom) {
+    m.require("custom", "the explicit graph {vertices, links}, since inter_node.kind is custom");
+    c.custom = parse_custom(m, c.nodes, c.num_gpus());
+  } else if (m.has("custom")) {
+    m.fail("custom", fmt::format("found a custom graph, but inter_node.kind is {}; expected "
+                                 "inter_node.kind: custom",
+                                 inter_kind_name(c.inter.kind)));
+  }
+  if (m.has("calibration"))
+    c.calibration_path = resolve_existing(m, "calibration", "a calibration YAML file");
+  return c;
+}
+
+// Copies the cluster's key locations into the ClusterSpec (topology errors point at them).
+void attach_cluster_locations(ClusterSpec& c, const Context& ctx) {
+  for (const auto& [path, loc] : ctx.locations())
+    if (path == "cluster" || path.rfind("cluster.", 0) == 0) c.locations[path] = loc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// model, parallelism
+
+ModelSpec parse_model(const MapReader& root) {
+  ModelSpec model;
+  MapReader m = root.get_map(
+      "model", {"mode", "layers", "moe_every", "batch_per_gpu", "seq_len", "model_dim",
+                "hidden_dim", "experts", "experts_per_gpu", "top_k", "capacity_factor", "dtype"});
+  if (auto v = get_enum(m, "mode", mode_names())) model.mode = *v;
+  if (auto v = m.get_int("layers", 1, kIntMax)) model.layers = to_int32(*v);
+  if (auto v = m.get_int("moe_every", 1, kIntMax)) model.moe_every = to_int32(*v);
+  if (model.moe_every > model.layers)
+    m.fail("moe_every", fmt::format("found {} with model.layers = {}, expected at most {} (the "
+                                    "model would have no MoE layer)",
+                                    model.moe_every, model.layers, model.layers));
+  m.require("batch_per_gpu", "B, samples per GPU (an integer >= 1)");
+  m.require("seq_len", "L, tokens per sample (an integer >= 1)");
+  m.require("model_dim", "M, the model dimension (an integer >= 1)");
+  m.require("hidden_dim", "H, the expert hidden dimension (an integer >= 1)");
+  model.batch_per_gpu = to_int32(*m.get_int("batch_per_gpu", 1, kIntMax));
+  model.seq_len = to_int32(*m.get_int("seq_len", 1, kIntMax));
+  model.model_dim = to_int32(*m.get_int("model_dim", 1, kIntMax));
+  model.hidden_dim = to_int32(*m.get_int("hidden_dim", 1, kIntMax));
+  if (m.has("experts") && m.has("experts_per_gpu"))
+    m.fail("experts_per_gpu", "found both 'experts' and 'experts_per_gpu', expected only one");
+  if (!m.has("experts") && !m.has("experts_per_gpu"))
+    m.require("experts_per_gpu", "experts per GPU (or 'experts: E', the global count)");
+  if (auto v = m.get_int("experts", 1, kIntMax)) model.experts = to_int32(*v);
+  if (auto v = m.get_int("experts_per_gpu", -kIntMax, kIntMax)) {
+    if (*v == 0)
+      m.fail("experts_per_gpu",
+             "found 0, expected an integer >= 1, or -x to shard one expert "
+             "over x GPUs");
+    model.experts_per_gpu = to_int32(*v);
+  }
+  if (auto v = m.get_int("top_k", 1, kIntMax)) model.top_k = to_int32(*v);
+  if (auto v = m.get_number("capacity_factor")) model.capacity_factor = *v;
+  if (auto v = get_enum(m, "dtype", dtype_table())) model.dtype = *v;
+  return model;
+}
+
+// Reads `ep`/`dp`: an integer >= 1 or `auto` (0 here).
+int int_or_auto(const MapReader& m, std::string_view key, int fallback) {
+  if (!m.has(key)) return fallback;
+  YAML::Node n = m.get(key);
+  if (n.IsScalar() && n.Scalar() == "auto") return 0;
+  if (n.IsScalar()) {
+    std::int64_t v = 0;
+    const std::string& s = n.Scalar();
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && ptr == s.data() + s.size() && v >= 1 && v <= kIntMax)
+      return to_int32(v);
+  }
+  m.fail(key, fmt::format("found {}, expected an integer >= 1 or 'auto'", describe(n)));
+}
+
+ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& cluster,
+                                  const Context& ctx) {
+  ParallelismSpec par;
+  const int p = cluster.num_gpus();
+  if (!root.has("parallelism")) {
+    par.ep_auto = par.dp_auto = true;
+    par.ep = p;
+    par.dp = 1;
+    return par;
+  }
+  MapReader m = root.get_map("parallelism", {"ep", "esp", "mp", "dp"});
+  (void)ctx;
+  par.ep = int_or_auto(m, "ep", 0);
+  par.dp = int_or_auto(m, "dp", 0);
+  if (auto v = m.get_int("esp", 1, kIntMax)) par.esp = to_int32(*v);
+  if (auto v = m.get_int("mp", 1, kIntMax)) par.mp = to_int32(*v);
+  par.ep_auto = par.ep == 0;
+  par.dp_auto = par.dp == 0;
+  auto need_divide = [&](std::string_view key, std::int64_t fixed, std::string_view product) {
+    if (fixed > p || p % fixed != 0)
+      m.fail(key, fmt::format("{} = {} does not divide {}; expected ep*esp*mp*dp = P", product,
+                              fixed, p_text(cluster)));
+    return static_cast<int>(p / fixed);
+  };
+  std::int64_t esp_mp = static_cast<std::int64_t>(par.esp) * par.mp;
+  std::string_view where_fixed = m.has("mp") ? "mp" : "esp";
+  if (par.ep_auto && par.dp_auto) {
+    par.dp = 1;
+    par.ep = need_divide(where_fixed, esp_mp, "esp*mp");
+  } else if (par.ep_auto) {
+    par.ep = need_divide("dp", esp_mp * par.dp, "esp*mp*dp");
+  } else if (par.dp_auto) {
+    par.dp = need_divide("ep", esp_mp * par.ep, "ep*esp*mp");
+  } else {
+    std::int64_t prod = esp_mp * par.ep * par.dp;
+    if (prod != p)
+      m.fail("dp", fmt::format("ep*esp*mp*dp = {}*{}*{}*{} = {}, expected {}", par.ep, par.esp,
+                               par.mp, par.dp, prod, p_text(cluster)));
+  }
+  return par;
+}
+
+// Fills experts / experts_per_gpu from whichever was given; checks top_k against E.
+void resolve_experts(const MapReader& root, ModelSpec& model, const ParallelismSpec& par) {
+  MapReader m = root.get_map(
+      "model", {"mode", "layers", "moe_every", "batch_per_gpu", "seq_len", "model_dim",
+                "hidden_dim", "experts", "experts_per_gpu", "top_k", "capacity_factor", "dtype"});
+  const int ep = par.ep;
+  if (m.has("experts_per_gpu")) {
+    int d = model.experts_per_gpu;
+    if (d >= 1) {
+      std::int64_t e = static_cast<std::int64_t>(d) * ep;
+      if (e > kIntMax)
+        m.fail("experts_per_gpu", fmt::format("{} x ep {} is too many experts", d, ep));
+      model.experts = static_cast<int>(e);
+    } else {
+      int x = -d;
+      if (x > ep || ep % x != 0)
+        m.fail("experts_per_gpu",
+               fmt::format("found {} (one expert sharded over {} GPUs), expected -x with x "
+                           "dividing parallelism.ep = {}",
+                           d, x, ep));
+      model.experts = ep / x;
+    }
+  } else {
+    int e = model.experts;
+    if (e % ep == 0) {
+      model.experts_per_gpu = e / ep;
+    } else if (ep % e == 0) {
+      model.experts_per_gpu = -(ep / e);
+    } else {
+      m.fail("experts", fmt::format("found {}, expected a multiple or a divisor of "
+                                    "parallelism.ep = {} (experts spread evenly over the EP group)",
+                                    e, ep));
+    }
+  }
+  if (model.top_k > model.experts)
+    m.fail("top_k", fmt::format("found {}, expected at most the {} experts (E)", model.top_k,
+                                model.experts));
+}
+
+// ---------------------------------------------------------------------------------------------
+// workload, engine
+
+WorkloadSpec parse_workload(const MapReader& root) {
+  WorkloadSpec w;
+  if (!root.has("workload")) return w;
+  MapReader m = root.get_map("workload", {"routing", "capacity", "iterations"});
+  if (auto v = m.get_int("iterations", 1, kIntMax)) w.iterations = to_int32(*v);
+  if (m.has("routing")) {
+    MapReader r = m.get_map("routing", {"distribution", "skew", "seed", "trace", "alpha"});
+    auto& rt = w.routing;
+    if (auto v = get_enum(r, "distribution", routing_distribution_names())) rt.distribution = *v;
+    if (auto v = r.get_number("skew")) {
+      if (*v < 0) r.fail("skew", fmt::format("found {}, expected a number >= 0", *v));
+      rt.skew = *v;
+    }
+    if (auto v = r.get_int("seed", 0)) rt.seed = static_cast<std::uint64_t>(*v);
+    const bool is_trace = rt.distribution == RoutingDistribution::kTrace;
+    if (is_trace) r.require("trace", "the path of a routing trace file");
+    if (r.has("trace")) {
+      if (!is_trace)
+        r.fail("trace", fmt::format("a trace file is given, but distribution is {}; expected "
+                                    "distribution: trace",
+                                    name_of(rt.distribution)));
+      rt.trace_path = resolve_existing(r, "trace", "a routing trace file");
+    }
+    if (auto v = r.get_number("alpha")) {
+      if (rt.distribution != RoutingDistribution::kDirichlet)
+        r.fail("alpha", fmt::format("'alpha' applies only to distribution dirichlet, but "
+                                    "distribution is {}",
+                                    name_of(rt.distribution)));
+      if (*v <= 0) r.fail("alpha", fmt::format("found {}, expected a number > 0", *v));
+      rt.dirichlet_alpha = *v;
+    }
+  }
+  if (m.has("capacity")) {
+    MapReader c = m.get_map("capacity", {"kind", "factors", "min", "max", "step"});
+    auto& cap = w.capacity;
+    c.require("kind", "fixed, trace or random_walk");
+    cap.kind = *get_enum(c, "kind", capacity_kind_names());
+    const std::vector<std::pair<std::string_view, CapacityKind>> applies = {
+        {"factors", CapacityKind::kTrace},
+        {"min", CapacityKind::kRandomWalk},
+        {"max", CapacityKind::kRandomWalk},
+        {"step", CapacityKind::kRandomWalk}};
+    for (const auto& [key, kind] : applies)
+      if (c.has(key) && cap.kind != kind)
+        c.fail(key, fmt::format("'{}' applies only to kind {}, but kind is {}", key, name_of(kind),
+                                name_of(cap.kind)));
+    if (cap.kind == CapacityKind::kTrace) {
+      c.require("factors", "a list of capacity factors, one per iteration (cycled)");
+      Context& ctx = c.context();
+      std::string path = c.path_of("factors");
+      YAML::Node list = c.get("factors");
+      if (!list.IsSequence() || list.size() == 0)
+        c.fail("factors",
+               fmt::format("found {}, expected a non-empty list of numbers", describe(list)));
+      ctx.require_list(list, path);
+      for (std::size_t i = 0; i < list.size(); ++i)
+        cap.factors.push_back(ctx.to_number(list[i], fmt::format("{}[{}]", path, i)));
+    }
+    if (cap.kind == CapacityKind::kRandomWalk) {
+      c.require("min", "the smallest capacity factor of the walk (> 0)");
+      c.require("max", "the largest capacity factor of the walk");
+      cap.min = *c.get_number("min");
+      cap.max = *c.get_number("max");
+      if (cap.min <= 0) c.fail("min", fmt::format("found {}, expected a number > 0", cap.min));
+      if (cap.max < cap.min)
+        c.fail("max", fmt::format("found {}, expected a number >= min = {}", cap.max, cap.min));
+      if (auto v = c.get_number("step")) {
+        if (*v <= 0) c.fail("step", fmt::format("found {}, expected a number > 0", *v));
+        cap.step = *v;
+      }
+    }
+  }
+  return w;
+}
+
+EngineSpec parse_engine(const MapReader& root) {
+  EngineSpec e;
+  if (!root.has("engine")) return e;
+  MapReader m = root.get_map("engine", {"network", "message_latency", "message_overhead",
+                                        "launch_overhead", "interference"});
+  if (auto v = get_enum(m, "network", network_model_names())) e.network = *v;
+  if (auto v = m.get_quantity("message_latency", UnitKind::kSeconds))
+    e.message_latency = Seconds(*v);
+  if (auto v = m.get_quantity("message_overhead", UnitKind::kSeconds))
+    e.message_overhead = Seconds(*v);
+  if (auto v = m.get_quantity("launch_overhead", UnitKind::kSeconds))
+    e.launch_overhead = Seconds(*v);
+  if (auto v = m.get_number("interference")) {
+    if (*v < 0) m.fail("interference", fmt::format("found {}, expected a number >= 0", *v));
+    e.interference = *v;
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// strategies
+
+// `parallel` / `pipeline`: an integer r >= 1 or one of the named values. Returns the row index
+// into `table`, or nullopt with `degree` set for an integer.
+template <typename E>
+std::optional<E> role_or_degree(const MapReader& m, std::string_view key,
+                                const std::vector<NamedValue<E>>& table, int& degree) {
+  YAML::Node n = m.get(key);
+  std::vector<std::string_view> names = names_of(table);
+  std::string expected = "an integer >= 1 or " + yaml::join_alternatives(names);
+  if (!n.IsScalar()) m.fail(key, fmt::format("found {}, expected {}", describe(n), expected));
+  const std::string& s = n.Scalar();
+  std::int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (!s.empty() && ptr == s.data() + s.size()) {
+    if (ec != std::errc() || v < 1 || v > 1024)
+      m.fail(key, fmt::format("found {}, expected an integer in [1, 1024] or {}", describe(n),
+                              yaml::join_alternatives(names)));
+    degree = to_int32(v);
+    return std::nullopt;
+  }
+  for (const auto& row : table)
+    if (row.name == s) return row.value;
+  m.fail(key, fmt::format("found {}, expected {}{}", describe(n), expected,
+                          yaml::did_you_mean(s, names)));
+}
+
+// A role parameter map is only meaningful with its role value: reject it otherwise.
+void check_params_apply(const MapReader& m, std::string_view params, bool applies,
+                        std::string_view role, std::string_view value) {
+  if (m.has(params) && !applies)
+    m.fail(params, fmt::format("'{}' parameters are given, but {} is not {}; expected {}: {}",
+                               params, role, value, role, value));
+}
+
+double fraction(const MapReader& m, std::string_view key, double fallback) {
+  auto v = m.get_number(key);
+  if (!v) return fallback;
+  if (*v < 0 || *v > 1) m.fail(key, fmt::format("found {}, expected a number in [0, 1]", *v));
+  return *v;
+}
+
+StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::string& path,
+                            const ModelSpec& model) {
+  MapReader m(ctx, node, path,
+              {"name", "routing", "parallel", "pipeline", "a2a", "layout", "schedule", "inference",
+               "ta_moe", "faster_moe_hir", "tutel_online", "lina", "lina_inference"});
+  StrategySpec s;
+  s.where = ctx.at(node);
+  m.require("name", "a unique strategy name");
+  s.name = *m.get_string("name");
+  if (s.name.empty()) m.fail("name", "found an empty name, expected a unique strategy name");
+  if (auto v = get_enum(m, "routing", routing_role_names())) s.routing = *v;
+  if (m.has("parallel")) {
+    int r = 1;
+    if (auto v = role_or_degree(m, "parallel", parallel_role_names(), r)) {
+      s.parallel = *v;
+      s.parallel_degree = s.parallel == ParallelRole::kP2 ? model.expert_shards() : 1;
+    } else {
+      const int n = model.expert_shards();
+      if (n % r != 0)
+        m.fail("parallel", fmt::format("found {}, expected a divisor of the expert shard count "
+                                       "n = {} (model.experts_per_gpu = {})",
+                                       r, n, model.experts_per_gpu));
+      s.parallel = ParallelRole::kDegree;
+      s.parallel_degree = r;
+    }
+  }
+  if (m.has("pipeline")) {
+    int r = 1;
+    if (auto v = role_or_degree(m, "pipeline", pipeline_role_names(), r)) {
+      s.pipeline = *v;
+    } else {
+      s.pipeline = PipelineRole::kDegree;
+      s.pipeline_degree = r;
+    }
+  }
+  if (auto v = get_enum(m, "a2a", a2a_role_names())) s.a2a = *v;
+  if (auto v = get_enum(m, "layout", layout_role_names())) s.layout = *v;
+  if (auto v = get_enum(m, "schedule", schedule_role_names())) s.schedule = *v;
+  if (auto v = get_enum(m, "inference", inference_role_names())) s.inference = *v;
+  if (s.inference != InferenceRole::kBaseline && model.mode != Mode::kInference)
+    m.fail("inference", fmt::format("found '{}' with model.mode = {}, expected model.mode: "
+                                    "inference",
+                                    name_of(s.inference), name_of(model.mode)));
+
+  check_params_apply(m, "ta_moe", s.routing == RoutingRole::kTaMoe, "routing", "ta_moe");
+  check_params_apply(m, "faster_moe_hir", s.routing == RoutingRole::kFasterMoeHir, "routing",
+                     "faster_moe_hir");
+  check_params_apply(m, "tutel_online", s.pipeline == PipelineRole::kTutelOnline, "pipeline",
+                     "tutel_online");
+  check_params_apply(m, "lina", s.schedule == ScheduleRole::kLina, "schedule", "lina");
+  check_params_apply(m, "lina_inference", s.inference == InferenceRole::kLina, "inference", "lina");
+  if (m.has("ta_moe")) {
+    MapReader p = m.get_map("ta_moe", {"lambda", "adherence"});
+    s.ta_moe.lambda = fraction(p, "lambda", s.ta_moe.lambda);
+    s.ta_moe.adherence = fraction(p, "adherence", s.ta_moe.adherence);
+  }
+  if (m.has("faster_moe_hir")) {
+    MapReader p = m.get_map("faster_moe_hir", {"max_offnode_share"});
+    s.faster_moe_hir.max_offnode_share =
+        fraction(p, "max_offnode_share", s.faster_moe_hir.max_offnode_share);
+  }
+  if (m.has("tutel_online")) {
+    MapReader p = m.get_map("tutel_online", {"bucket_width"});
+    if (auto v = p.get_number("bucket_width")) {
+      if (*v <= 0) p.fail("bucket_width", fmt::format("found {}, expected a number > 0", *v));
+      s.tutel_online.bucket_width = *v;
+    }
+  }
+  if (m.has("lina")) {
+    MapReader p = m.get_map("lina", {"micro_op", "pack_experts"});
+    if (auto v = p.get_quantity("micro_op", UnitKind::kBytes)) {
+      if (*v <= 0) p.fail("micro_op", "found a zero size, expected a positive size such as 30MB");
+      s.lina.micro_op = Bytes(*v);
+    }
+    if (auto v = p.get_bool("pack_experts")) s.lina.pack_experts = *v;
+  }
+  if (m.has("lina_inference")) {
+    MapReader p = m.get_map("lina_inference", {"path_length"});
+    if (auto v = p.get_int("path_length", 1, 64)) s.lina_inference.path_length = to_int32(*v);
+  }
+  return s;
+}
+
+std::vector<StrategySpec> parse_strategies(const MapReader& root, const ModelSpec& model) {
+  Context& ctx = root.context();
+  YAML::Node list = root.get("strategies");
+  if (!list.IsSequence())
+    root.fail("strategies", fmt::format("found {}, expected a list of strategies such as "
+                                        "[{{name: baseline}}]",
+                                        describe(list)));
+  if (list.size() == 0)
+    root.fail("strategies", "found an empty list, expected at least one strategy");
+  ctx.require_list(list, "strategies");
+  std::vector<StrategySpec> out;
+  std::map<std::string, int> first_line;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    std::string path = fmt::format("strategies[{}]", i);
+    StrategySpec s = parse_strategy(ctx, list[i], path, model);
+    if (auto it = first_line.find(s.name); it != first_line.end())
+      ctx.fail(ctx.location_of(path + ".name"), path + ".name",
+               fmt::format("duplicate strategy name '{}' (first defined at line {}); expected "
+                           "unique names",
+                           s.name, it->second));
+    first_line[s.name] = s.where.line;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+const std::vector<std::string_view>& top_level_keys() {
+  static const std::vector<std::string_view> k = {
+      "name", "description", "cluster", "model", "parallelism", "workload", "engine", "strategies"};
+  return k;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public API
+
+YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_file) {
+  try {
+    return YAML::Load(std::string(yaml));
+  } catch (const YAML::ParserException& e) {
+    SourceLocation loc{pseudo_file, e.mark.line >= 0 ? e.mark.line + 1 : 0,
+                       e.mark.column >= 0 ? e.mark.column + 1 : 0};
+    throw InputError(loc, "", fmt::format("YAML syntax error: {}", e.msg));
+  }
+}
+
+YAML::Node load_yaml_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw InputError(SourceLocation{path, 0, 0}, "",
+                     "file not found; expected the path of an existing YAML file");
+  if (fs::is_directory(path, ec))
+    throw InputError(SourceLocation{path, 0, 0}, "",
+                     "found a directory, expected the path of a YAML file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(SourceLocation{path, 0, 0}, "",
+                     fmt::format("cannot read the file ({})", std::strerror(errno)));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_yaml_string(text.str(), path);
+}
+
+Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
+  Context ctx(file);
+  if (!root.IsDefined() || root.IsNull())
+    throw InputError(SourceLocation{file, 1, 1}, "",
+                     fmt::format("found an empty document, expected a map with keys {}",
+                                 yaml::join_alternatives(top_level_keys())));
+  MapReader m(ctx, root, "", top_level_keys(), SourceLocation{file, 1, 1});
+  Scenario s;
+  s.source_file = file;
+  s.name = m.get_string("name").value_or(file_stem(file));
+  if (s.name.empty()) m.fail("name", "found an empty name, expected a scenario name");
+  s.description = m.get_string("description").value_or("");
+  m.require("cluster", "the cluster section (gpu, nodes, gpus_per_node, intra_node, inter_node)");
+  m.require("model", "the model section (batch_per_gpu, seq_len, model_dim, hidden_dim, ...)");
+  m.require("strategies", "a list of strategies such as [{name: baseline}]");
+  s.cluster = parse_cluster(m);
+  s.cluster.name = s.name;
+  s.model = parse_model(m);
+  s.parallelism = parse_parallelism(m, s.cluster, ctx);
+  resolve_experts(m, s.model, s.parallelism);
+  s.workload = parse_workload(m);
+  s.engine = parse_engine(m);
+  s.strategies = parse_strategies(m, s.model);
+  attach_cluster_locations(s.cluster, ctx);
+  s.locations = ctx.locations();
+  return s;
+}
+
+Scenario parse_scenario_string(std::string_view yaml, const std::string& pseudo_file) {
+  return parse_scenario(parse_yaml_string(yaml, pseudo_file), pseudo_file);
+}
+
+Scenario load_scenario(const std::string& path) {
+  return parse_scenario(load_yaml_file(path), path);
+}
+
+ClusterSpec load_cluster_file(const std::string& path) {
+  YAML::Node root = load_yaml_file(path);
+  Context ctx(path);
+  if (!root.IsDefined() || root.IsNull())
+    throw InputError(SourceLocation{path, 1, 1}, "",
+                     "found an empty document, expected a map with a 'cluster:' section");
+  MapReader m(ctx, root, "", {"name", "description", "cluster"}, SourceLocation{path, 1, 1});
+  m.require("cluster", "the cluster section (gpu, nodes, gpus_per_node, intra_node, inter_node)");
+  ClusterSpec c = parse_cluster(m);
+  c.name = m.get_string("name").value_or(file_stem(path));
+  if (c.name.empty()) m.fail("name", "found an empty name, expected a topology name");
+  attach_cluster_locations(c, ctx);
+  return c;
+}
+
+}  // namespace moesim

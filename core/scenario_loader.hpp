@@ -1,0 +1,39 @@
+// Loading and validating scenario YAML (DESIGN §6; every key is documented in
+// scenarios/README.md). All invalid input is reported as one InputError whose one-line message
+// names file:line:col, the key path, what was found and what is expected.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <string_view>
+
+#include "core/cluster_spec.hpp"
+#include "core/scenario.hpp"
+
+namespace moesim {
+
+/// Reads and validates a scenario file. Relative paths inside it (calibration, traces) are
+/// resolved against the file's directory.
+Scenario load_scenario(const std::string& path);
+
+/// Validates an already-parsed YAML tree (sweeps edit the base scenario's tree, then call this).
+/// `file` names the source in messages and anchors relative paths. Nodes created in memory carry
+/// no line: their errors name the file and key path only.
+Scenario parse_scenario(const YAML::Node& root, const std::string& file);
+
+/// Same, from YAML text; `pseudo_file` plays the role of the file name (tests, stdin).
+Scenario parse_scenario_string(std::string_view yaml, const std::string& pseudo_file);
+
+/// A topology file for `compare --topology`: top-level `cluster:`, optionally with `name:` and
+/// `description:`. The cluster's name is `name:`, else the file stem.
+ClusterSpec load_cluster_file(const std::string& path);
+
+/// Reads a YAML file into a tree: InputError for a missing/unreadable file or a syntax error
+/// (with the parser's line and column). Shared with the sweep loader.
+YAML::Node load_yaml_file(const std::string& path);
+
+/// Parses YAML text, turning syntax errors into InputError at `pseudo_file`:line:col.
+YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_file);
+
+}  // namespace moesim

@@ -1,0 +1,711 @@
+#include "core/scenario_loader.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace moesim {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+const std::string kData = std::string(MOESIM_SOURCE_DIR) + "/tests/data/scenarios";
+
+// A small valid scenario; line numbers below are referred to by the tests.
+const char* const kTiny =
+    "name: tiny\n"                                             // 1
+    "cluster:\n"                                               // 2
+    "  gpu: a100-sxm-80gb\n"                                   // 3
+    "  nodes: 2\n"                                             // 4
+    "  gpus_per_node: 2\n"                                     // 5
+    "  intra_node: {kind: nvswitch, bandwidth: 300GB/s}\n"     // 6
+    "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s}\n"   // 7
+    "model:\n"                                                 // 8
+    "  batch_per_gpu: 2\n"                                     // 9
+    "  seq_len: 8\n"                                           // 10
+    "  model_dim: 16\n"                                        // 11
+    "  hidden_dim: 32\n"                                       // 12
+    "  experts_per_gpu: 1\n"                                   // 13
+    "strategies:\n"                                            // 14
+    "  - {name: baseline}\n"                                   // 15
+    "  - {name: tutel, a2a: auto, pipeline: tutel_online}\n";  // 16
+
+Scenario parse(const std::string& yaml) { return parse_scenario_string(yaml, "test.yaml"); }
+
+// Replaces the first occurrence of `from` in `s` by `to` (the test's edit must apply).
+std::string edit(std::string s, const std::string& from, const std::string& to) {
+  auto pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << "fixture edit not found: " << from;
+  if (pos != std::string::npos) s.replace(pos, from.size(), to);
+  return s;
+}
+std::string tiny_with(const std::string& from, const std::string& to) {
+  return edit(kTiny, from, to);
+}
+
+// The InputError message for `yaml`; fails the test if it parses. Every message is one line.
+std::string error_of(const std::string& yaml) {
+  try {
+    parse(yaml);
+  } catch (const InputError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "multi-line message: " << what;
+    return what;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected InputError, got: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an InputError for:\n" << yaml;
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Valid input
+
+TEST(ScenarioLoader, TinyScenarioGetsDocumentedDefaults) {
+  Scenario s = parse(kTiny);
+  EXPECT_EQ(s.name, "tiny");
+  EXPECT_EQ(s.description, "");
+  EXPECT_EQ(s.source_file, "test.yaml");
+  // cluster
+  EXPECT_EQ(s.cluster.gpu.name, "a100-sxm-80gb");
+  EXPECT_TRUE(s.cluster.gpu.from_catalog);
+  EXPECT_EQ(s.cluster.nodes, 2);
+  EXPECT_EQ(s.cluster.gpus_per_node, 2);
+  EXPECT_EQ(s.num_gpus(), 4);
+  EXPECT_EQ(s.cluster.intra.kind, IntraKind::kNvswitch);
+  EXPECT_DOUBLE_EQ(s.cluster.intra.bandwidth.value(), 300e9);
+  EXPECT_DOUBLE_EQ(s.cluster.intra.latency.value(), 1e-6);
+  EXPECT_EQ(s.cluster.inter.kind, InterKind::kSwitch);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.nic_bandwidth.value(), 25e9);
+  EXPECT_EQ(s.cluster.inter.nics_per_node, 1);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.latency.value(), 2e-6);
+  EXPECT_FALSE(s.cluster.custom.has_value());
+  EXPECT_EQ(s.cluster.calibration_path, "");
+  EXPECT_EQ(s.cluster.name, "tiny");
+  // model
+  EXPECT_EQ(s.model.mode, Mode::kTraining);
+  EXPECT_EQ(s.model.layers, 1);
+  EXPECT_EQ(s.model.moe_every, 1);
+  EXPECT_EQ(s.model.num_moe_layers(), 1);
+  EXPECT_EQ(s.model.top_k, 2);
+  EXPECT_DOUBLE_EQ(s.model.capacity_factor, 1.0);
+  EXPECT_EQ(s.model.dtype, Dtype::kFp16);
+  EXPECT_EQ(s.bytes_per_element(), 2);
+  EXPECT_EQ(s.tokens_per_gpu(), 16);
+  // parallelism omitted: ep = P, dp = 1
+  EXPECT_EQ(s.parallelism.ep, 4);
+  EXPECT_EQ(s.parallelism.esp, 1);
+  EXPECT_EQ(s.parallelism.mp, 1);
+  EXPECT_EQ(s.parallelism.dp, 1);
+  EXPECT_TRUE(s.parallelism.ep_auto);
+  EXPECT_TRUE(s.parallelism.dp_auto);
+  EXPECT_EQ(s.num_experts(), 4);
+  EXPECT_EQ(s.model.experts_per_gpu, 1);
+  EXPECT_EQ(s.model.expert_shards(), 1);
+  // workload and engine defaults
+  EXPECT_EQ(s.workload.routing.distribution, RoutingDistribution::kUniform);
+  EXPECT_DOUBLE_EQ(s.workload.routing.skew, 0.0);
+  EXPECT_EQ(s.workload.routing.seed, 1u);
+  EXPECT_EQ(s.workload.capacity.kind, CapacityKind::kFixed);
+  EXPECT_EQ(s.workload.iterations, 10);
+  EXPECT_EQ(s.engine.network, NetworkModelKind::kFlow);
+  EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 0.0);
+  EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 1e-6);
+  EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 5e-6);
+  EXPECT_DOUBLE_EQ(s.engine.interference, 0.0);
+  // strategies
+  ASSERT_EQ(s.strategies.size(), 2u);
+  EXPECT_TRUE(s.strategies[0].is_baseline());
+  EXPECT_EQ(describe_roles(s.strategies[0]), "baseline");
+  const StrategySpec* t = s.find_strategy("tutel");
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(t->is_baseline());
+  EXPECT_EQ(t->a2a, A2aRole::kAuto);
+  EXPECT_EQ(t->pipeline, PipelineRole::kTutelOnline);
+  EXPECT_DOUBLE_EQ(t->tutel_online.bucket_width, 0.5);
+  EXPECT_EQ(t->parallel, ParallelRole::kP1);
+  EXPECT_EQ(describe_roles(*t), "pipeline=tutel_online a2a=auto");
+  EXPECT_EQ(s.find_strategy("nope"), nullptr);
+}
+
+TEST(ScenarioLoader, RecordsKeyLocations) {
+  Scenario s = parse(kTiny);
+  SourceLocation gpu = s.location_of("cluster.gpu");
+  EXPECT_EQ(gpu.file, "test.yaml");
+  EXPECT_EQ(gpu.line, 3);
+  EXPECT_EQ(gpu.column, 3);
+  EXPECT_EQ(s.cluster.gpu.where.line, 3);
+  EXPECT_EQ(s.cluster.where.line, 2);
+  EXPECT_EQ(s.location_of("cluster.intra_node.bandwidth").line, 6);
+  EXPECT_EQ(s.location_of("strategies[1]").line, 16);
+  EXPECT_EQ(s.location_of("strategies[1].pipeline").line, 16);
+  EXPECT_EQ(s.strategies[1].where.line, 16);
+  // The cluster spec carries its own keys (topology errors), and only those.
+  EXPECT_EQ(s.cluster.location_of("cluster.inter_node.nic_bandwidth").line, 7);
+  EXPECT_EQ(s.cluster.locations.count("model.seq_len"), 0u);
+  EXPECT_EQ(s.location_of("model.seq_len").line, 10);
+  // Absent keys: the file without a line.
+  EXPECT_EQ(s.location_of("engine.network").line, 0);
+  EXPECT_EQ(s.location_of("engine.network").file, "test.yaml");
+}
+
+TEST(ScenarioLoader, ReadsEveryModelWorkloadEngineAndRoleValue) {
+  Scenario s = parse(R"(
+name: full
+description: every section
+cluster:
+  gpu: h100-sxm
+  nodes: 4
+  gpus_per_node: 8
+  intra_node: {kind: nvswitch, bandwidth: 450GB/s, latency: 500ns}
+  inter_node:
+    kind: fat_tree
+    nic_bandwidth: 400Gb/s
+    nics_per_node: 4
+    latency: 3us
+    oversubscription: 2
+    switch_radix: 32
+    levels: 2
+model:
+  mode: training
+  layers: 12
+  moe_every: 2
+  batch_per_gpu: 4
+  seq_len: 1024
+  model_dim: 2048
+  hidden_dim: 8192
+  experts: 64
+  top_k: 1
+  capacity_factor: -2.5
+  dtype: bf16
+parallelism: {ep: 16, esp: 1, mp: 2, dp: auto}
+workload:
+  routing: {distribution: dirichlet, alpha: 0.5, skew: 1.5, seed: 42}
+  capacity: {kind: random_walk, min: 1, max: 4, step: 0.25}
+  iterations: 7
+engine: {network: simgrid, message_latency: 1us, message_overhead: 2us, launch_overhead: 10us,
+         interference: 0.3}
+strategies:
+  - {name: topo, routing: ta_moe, ta_moe: {lambda: 0.2, adherence: 0.5}}
+  - {name: hir, routing: faster_moe_hir, faster_moe_hir: {max_offnode_share: 0.25}}
+  - {name: p2, parallel: p2, pipeline: 4, a2a: 2dh, layout: flexible}
+  - {name: router, parallel: tutel_router, pipeline: pipemoe}
+  - {name: lina, schedule: lina, lina: {micro_op: 16MiB, pack_experts: false}}
+  - {name: s1, schedule: parm_s1}
+  - {name: between, schedule: between_a2a}
+)");
+  EXPECT_EQ(s.description, "every section");
+  EXPECT_DOUBLE_EQ(s.cluster.intra.latency.value(), 500e-9);
+  EXPECT_EQ(s.cluster.inter.kind, InterKind::kFatTree);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.nic_bandwidth.value(), 50e9);
+  EXPECT_EQ(s.cluster.inter.nics_per_node, 4);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.latency.value(), 3e-6);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.oversubscription, 2.0);
+  EXPECT_EQ(s.cluster.inter.switch_radix, 32);
+  EXPECT_EQ(s.cluster.inter.levels, 2);
+  EXPECT_EQ(s.model.layers, 12);
+  EXPECT_EQ(s.model.num_moe_layers(), 6);
+  EXPECT_EQ(s.tokens_per_gpu(), 4096);
+  EXPECT_EQ(s.model.model_dim, 2048);
+  EXPECT_EQ(s.model.hidden_dim, 8192);
+  // experts: 64 over ep 16 -> 4 per GPU
+  EXPECT_EQ(s.num_experts(), 64);
+  EXPECT_EQ(s.model.experts_per_gpu, 4);
+  EXPECT_EQ(s.model.local_experts(), 4);
+  EXPECT_EQ(s.model.top_k, 1);
+  EXPECT_DOUBLE_EQ(s.model.capacity_factor, -2.5);
+  EXPECT_TRUE(s.model.capacity_is_dropless());
+  EXPECT_EQ(s.model.dtype, Dtype::kBf16);
+  // 32 GPUs = ep 16 x mp 2 x dp 1
+  EXPECT_EQ(s.parallelism.dp, 1);
+  EXPECT_EQ(s.parallelism.mp, 2);
+  EXPECT_FALSE(s.parallelism.ep_auto);
+  EXPECT_TRUE(s.parallelism.dp_auto);
+  EXPECT_EQ(s.workload.routing.distribution, RoutingDistribution::kDirichlet);
+  EXPECT_DOUBLE_EQ(s.workload.routing.dirichlet_alpha, 0.5);
+  EXPECT_DOUBLE_EQ(s.workload.routing.skew, 1.5);
+  EXPECT_EQ(s.workload.routing.seed, 42u);
+  EXPECT_EQ(s.workload.capacity.kind, CapacityKind::kRandomWalk);
+  EXPECT_DOUBLE_EQ(s.workload.capacity.min, 1.0);
+  EXPECT_DOUBLE_EQ(s.workload.capacity.max, 4.0);
+  EXPECT_DOUBLE_EQ(s.workload.capacity.step, 0.25);
+  EXPECT_EQ(s.workload.iterations, 7);
+  EXPECT_EQ(s.engine.network, NetworkModelKind::kSimgrid);
+  EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 1e-6);
+  EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 2e-6);
+  EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 10e-6);
+  EXPECT_DOUBLE_EQ(s.engine.interference, 0.3);
+
+  ASSERT_EQ(s.strategies.size(), 7u);
+  const auto& topo = s.strategies[0];
+  EXPECT_EQ(topo.routing, RoutingRole::kTaMoe);
+  EXPECT_DOUBLE_EQ(topo.ta_moe.lambda, 0.2);
+  EXPECT_DOUBLE_EQ(topo.ta_moe.adherence, 0.5);
+  EXPECT_EQ(s.strategies[1].routing, RoutingRole::kFasterMoeHir);
+  EXPECT_DOUBLE_EQ(s.strategies[1].faster_moe_hir.max_offnode_share, 0.25);
+  const auto& p2 = s.strategies[2];
+  EXPECT_EQ(p2.parallel, ParallelRole::kP2);
+  EXPECT_EQ(p2.parallel_degree, 1);  // experts are not sharded here: n = 1
+  EXPECT_EQ(p2.pipeline, PipelineRole::kDegree);
+  EXPECT_EQ(p2.pipeline_degree, 4);
+  EXPECT_EQ(p2.a2a, A2aRole::k2dh);
+  EXPECT_EQ(p2.layout, LayoutRole::kFlexible);
+  EXPECT_EQ(describe_roles(p2), "parallel=p2 pipeline=4 a2a=2dh layout=flexible");
+  EXPECT_EQ(s.strategies[3].parallel, ParallelRole::kTutelRouter);
+  EXPECT_EQ(s.strategies[3].pipeline, PipelineRole::kPipeMoe);
+  EXPECT_EQ(s.strategies[4].schedule, ScheduleRole::kLina);
+  EXPECT_DOUBLE_EQ(s.strategies[4].lina.micro_op.value(), 16.0 * 1024 * 1024);
+  EXPECT_FALSE(s.strategies[4].lina.pack_experts);
+  EXPECT_EQ(s.strategies[5].schedule, ScheduleRole::kParmS1);
+  EXPECT_EQ(s.strategies[6].schedule, ScheduleRole::kBetweenA2a);
+}
+
+TEST(ScenarioLoader, ShardedExpertsAndParallelDegrees) {
+  // 8 GPUs, experts_per_gpu -4: 2 experts, each over 4 GPUs; p2 repeats tokens n = 4 times.
+  std::string y = tiny_with("gpus_per_node: 2", "gpus_per_node: 4");
+  y = edit(y, "experts_per_gpu: 1", "experts_per_gpu: -4\n  top_k: 1");
+  y = edit(y, "{name: tutel, a2a: auto, pipeline: tutel_online}",
+           "{name: p2, parallel: p2}\n  - {name: r2, parallel: 2}");
+  Scenario s = parse(y);
+  EXPECT_EQ(s.num_gpus(), 8);
+  EXPECT_EQ(s.num_experts(), 2);
+  EXPECT_EQ(s.model.experts_per_gpu, -4);
+  EXPECT_EQ(s.model.expert_shards(), 4);
+  EXPECT_EQ(s.model.local_experts(), 1);
+  EXPECT_EQ(s.find_strategy("p2")->parallel_degree, 4);
+  EXPECT_EQ(s.find_strategy("r2")->parallel, ParallelRole::kDegree);
+  EXPECT_EQ(s.find_strategy("r2")->parallel_degree, 2);
+}
+
+TEST(ScenarioLoader, GlobalExpertCountBelowEpIsSharded) {
+  Scenario s = parse(tiny_with("experts_per_gpu: 1", "experts: 2"));
+  EXPECT_EQ(s.num_experts(), 2);
+  EXPECT_EQ(s.model.experts_per_gpu, -2);  // 4 GPUs, 2 experts
+}
+
+TEST(ScenarioLoader, ParallelismResolution) {
+  auto with_par = [](const std::string& par) {
+    return parse(tiny_with("strategies:", "parallelism: " + par + "\nstrategies:"));
+  };
+  Scenario a = with_par("{ep: 2}");  // dp auto = 4 / 2
+  EXPECT_EQ(a.parallelism.ep, 2);
+  EXPECT_EQ(a.parallelism.dp, 2);
+  EXPECT_EQ(a.num_experts(), 2);
+  Scenario b = with_par("{dp: 2}");  // ep auto = 4 / 2
+  EXPECT_EQ(b.parallelism.ep, 2);
+  EXPECT_TRUE(b.parallelism.ep_auto);
+  Scenario c = with_par("{ep: 2, esp: 2, dp: auto}");
+  EXPECT_EQ(c.parallelism.dp, 1);
+  Scenario d = with_par("{ep: auto, mp: 2, dp: 1}");
+  EXPECT_EQ(d.parallelism.ep, 2);
+}
+
+TEST(ScenarioLoader, InlineGpuMap) {
+  Scenario s = parse(tiny_with(
+      "gpu: a100-sxm-80gb",
+      "gpu: {name: mygpu, peak_tflops: {fp16: 100TFLOPS, fp32: 20TFLOPS}, hbm_bandwidth: 1TB/s, "
+      "memory: 16GiB, nvlink_bandwidth: 50GB/s, pcie_bandwidth: 16GB/s}"));
+  const GpuSpec& g = s.cluster.gpu;
+  EXPECT_FALSE(g.from_catalog);
+  EXPECT_EQ(g.name, "mygpu");
+  ASSERT_EQ(g.peak.size(), 2u);
+  EXPECT_DOUBLE_EQ(g.peak.at(Dtype::kFp16).value(), 100e12);
+  EXPECT_DOUBLE_EQ(g.peak.at(Dtype::kFp32).value(), 20e12);
+  EXPECT_DOUBLE_EQ(g.hbm_bandwidth.value(), 1e12);
+  EXPECT_DOUBLE_EQ(g.memory.value(), 16.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(g.nvlink_bandwidth.value(), 50e9);
+  EXPECT_DOUBLE_EQ(g.pcie_bandwidth.value(), 16e9);
+  EXPECT_EQ(g.where.line, 3);
+  // A single rate is the fp16 peak.
+  Scenario t = parse(tiny_with(
+      "gpu: a100-sxm-80gb", "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, memory: 32GB}"));
+  ASSERT_EQ(t.cluster.gpu.peak.size(), 1u);
+  EXPECT_DOUBLE_EQ(t.cluster.gpu.peak.at(Dtype::kFp16).value(), 50e12);
+}
+
+TEST(ScenarioLoader, PcieIntraNode) {
+  Scenario s = parse(edit(tiny_with("gpus_per_node: 2", "gpus_per_node: 8"),
+                          "{kind: nvswitch, bandwidth: 300GB/s}",
+                          "{kind: pcie, bandwidth: 32GB/s, sockets: 2, "
+                          "socket_link_bandwidth: 40GB/s}"));
+  EXPECT_EQ(s.cluster.intra.kind, IntraKind::kPcie);
+  EXPECT_EQ(s.cluster.intra.gpus_per_pcie_switch, 2);  // default
+  EXPECT_EQ(s.cluster.intra.sockets, 2);
+  EXPECT_DOUBLE_EQ(s.cluster.intra.socket_link_bandwidth.value(), 40e9);
+}
+
+TEST(ScenarioLoader, TreeNestedListNotation) {
+  Scenario s =
+      parse(edit(tiny_with("nodes: 2", "nodes: 6"), "{kind: switch, nic_bandwidth: 200Gb/s}",
+                 "{kind: tree, nic_bandwidth: 100Gb/s, tree: [[2, 2], [2]], "
+                 "tree_level_bandwidth: [100Gb/s, 50Gb/s]}"));
+  const TreeSpec& root = s.cluster.inter.tree;
+  ASSERT_FALSE(root.is_leaf);
+  ASSERT_EQ(root.children.size(), 2u);
+  ASSERT_EQ(root.children[0].children.size(), 2u);
+  EXPECT_TRUE(root.children[0].children[0].is_leaf);
+  EXPECT_EQ(root.children[0].children[0].leaf_nodes, 2);
+  EXPECT_EQ(root.children[0].children[1].leaf_nodes, 2);
+  ASSERT_EQ(root.children[1].children.size(), 1u);
+  EXPECT_EQ(root.children[1].children[0].leaf_nodes, 2);
+  ASSERT_EQ(s.cluster.inter.tree_level_bandwidth.size(), 2u);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.tree_level_bandwidth[1].value(), 50e9 / 8);
+}
+
+TEST(ScenarioLoader, CustomGraph) {
+  std::string yaml = tiny_with(
+      "  intra_node: {kind: nvswitch, bandwidth: 300GB/s}\n"
+      "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s}\n",
+      "  inter_node: {kind: custom}\n"
+      "  custom:\n"
+      "    vertices:\n"
+      "      - {name: sw, kind: switch}\n"
+      "      - {name: nic0, kind: nic, node: 0}\n"
+      "    links:\n"
+      "      - {a: gpu0, b: gpu1, bandwidth: 100GB/s}\n"
+      "      - {a: gpu0, b: nic0, bandwidth: 32GB/s, latency: 1us}\n"
+      "      - {a: nic0, b: sw, bandwidth: 100Gb/s}\n"
+      "      - {a: gpu2, b: sw, bandwidth: 100Gb/s}\n"
+      "      - {a: gpu3, b: sw, bandwidth: 100Gb/s}\n");
+  Scenario s = parse(yaml);
+  ASSERT_TRUE(s.cluster.custom.has_value());
+  const auto& c = *s.cluster.custom;
+  ASSERT_EQ(c.vertices.size(), 2u);
+  EXPECT_EQ(c.vertices[1].name, "nic0");
+  EXPECT_EQ(c.vertices[1].kind, "nic");
+  EXPECT_EQ(c.vertices[1].node, 0);
+  EXPECT_EQ(c.vertices[0].node, -1);
+  ASSERT_EQ(c.links.size(), 5u);
+  EXPECT_EQ(c.links[1].a, "gpu0");
+  EXPECT_EQ(c.links[1].b, "nic0");
+  EXPECT_DOUBLE_EQ(c.links[1].bandwidth.value(), 32e9);
+  EXPECT_DOUBLE_EQ(c.links[1].latency.value(), 1e-6);
+  EXPECT_DOUBLE_EQ(c.links[0].latency.value(), 0.0);
+  EXPECT_EQ(c.links[1].where.line, 13);
+
+  // Unknown endpoint, with a hint.
+  std::string e = error_of(edit(yaml, "{a: nic0, b: sw,", "{a: nic0, b: sww,"));
+  EXPECT_THAT(e, StartsWith("test.yaml:14:22: "));
+  EXPECT_THAT(e, HasSubstr("cluster.custom.links[2].b: found 'sww'"));
+  EXPECT_THAT(e, HasSubstr("did you mean 'sw'?"));
+  // A GPU that no link reaches.
+  EXPECT_THAT(error_of(edit(yaml, "      - {a: gpu3, b: sw, bandwidth: 100Gb/s}\n", "")),
+              HasSubstr("cluster.custom.links: gpu3 is not connected to gpu0"));
+  EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: gpu1, kind: switch}")),
+              HasSubstr("cluster.custom.vertices[0].name: found 'gpu1', which names an implicit "
+                        "GPU"));
+  EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: sw, kind: router}")),
+              HasSubstr("cluster.custom.vertices[0].kind: found 'router', expected one of nic, "
+                        "nvswitch, pcie_switch, host_bridge or switch"));
+}
+
+TEST(ScenarioLoader, EditedTreeParsesLikeASweepPoint) {
+  // Sweeps edit the YAML tree of the base scenario and parse it again.
+  YAML::Node root = parse_yaml_string(kTiny, "base.yaml");
+  root["model"]["hidden_dim"] = 4096;
+  root["cluster"]["nodes"] = 4;
+  Scenario s = parse_scenario(root, "base.yaml");
+  EXPECT_EQ(s.model.hidden_dim, 4096);
+  EXPECT_EQ(s.num_gpus(), 8);
+  EXPECT_EQ(s.num_experts(), 8);
+  // An invalid edited value: a node built in memory has no line of its own; the error names the
+  // file, the key path, and the nearest location known (the enclosing `model:` section).
+  root["model"]["top_k"] = "two";
+  try {
+    parse_scenario(root, "base.yaml");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.key(), "model.top_k");
+    EXPECT_EQ(e.location().file, "base.yaml");
+    EXPECT_EQ(e.location().line, 8);
+    EXPECT_THAT(e.what(), HasSubstr("model.top_k: found 'two', expected an integer >= 1"));
+  }
+}
+
+TEST(ScenarioLoader, RelativePathsResolveAgainstTheFile) {
+  Scenario s = load_scenario(kData + "/with-calibration.yaml");
+  EXPECT_EQ(s.cluster.calibration_path, kData + "/calibration.yaml");
+  EXPECT_EQ(s.workload.routing.distribution, RoutingDistribution::kTrace);
+  EXPECT_EQ(s.workload.routing.trace_path, kData + "/routing_trace.csv");
+  // Intra bandwidth omitted: 0, left to the topology builder (the GPU's NVLink figure).
+  EXPECT_DOUBLE_EQ(s.cluster.intra.bandwidth.value(), 0.0);
+  EXPECT_EQ(s.cluster.inter.kind, InterKind::kNone);
+}
+
+TEST(ScenarioLoader, LoadsATopologyFile) {
+  ClusterSpec c = load_cluster_file(kData + "/two-node-topology.yaml");
+  EXPECT_EQ(c.name, "two-dgx");
+  EXPECT_EQ(c.num_gpus(), 16);
+  EXPECT_EQ(c.inter.kind, InterKind::kFatTree);
+  EXPECT_DOUBLE_EQ(c.inter.oversubscription, 2.0);
+  EXPECT_EQ(c.where.line, 3);
+  EXPECT_EQ(c.location_of("cluster.inter_node").line, 8);
+  // Nothing but name/description/cluster in such a file.
+  EXPECT_THROW(load_cluster_file(kData + "/with-calibration.yaml"), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One test per error class: each names file:line and the key path.
+
+TEST(ScenarioErrors, MissingFile) {
+  try {
+    load_scenario("/no/such/dir/scenario.yaml");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), StartsWith("/no/such/dir/scenario.yaml: "));
+    EXPECT_THAT(e.what(), HasSubstr("file not found"));
+  }
+  EXPECT_THROW(load_cluster_file("/no/such/topology.yaml"), InputError);
+}
+
+TEST(ScenarioErrors, YamlSyntaxError) {
+  std::string e = error_of(tiny_with("  seq_len: 8\n", "  seq_len: [8\n"));
+  EXPECT_THAT(e, StartsWith("test.yaml:11:"));  // the parser notices at the next key
+  EXPECT_THAT(e, HasSubstr("YAML syntax error"));
+}
+
+TEST(ScenarioErrors, UnknownKeyWithHint) {
+  std::string e = error_of(tiny_with("  nodes: 2", "  nodse: 2"));
+  EXPECT_THAT(e, StartsWith("test.yaml:4:3: cluster.nodse: unknown key 'nodse'"));
+  EXPECT_THAT(e, HasSubstr("did you mean 'nodes'?"));
+  // Deep keys and top-level keys too.
+  EXPECT_THAT(error_of(tiny_with("nic_bandwidth:", "nic_bandwith:")),
+              HasSubstr("test.yaml:7:30: cluster.inter_node.nic_bandwith: unknown key"));
+  EXPECT_THAT(error_of(std::string(kTiny) + "stratgies: []\n"),
+              HasSubstr("test.yaml:17:1: stratgies: unknown key 'stratgies' in the document (did "
+                        "you mean 'strategies'?)"));
+  // A key far from every known key gets no hint, but the list of known keys.
+  std::string far = error_of(tiny_with("  seq_len: 8", "  zzzzzzzzzz: 8"));
+  EXPECT_THAT(far, Not(HasSubstr("did you mean")));
+  EXPECT_THAT(far, HasSubstr("expected one of mode, layers"));
+}
+
+TEST(ScenarioErrors, DuplicateKey) {
+  EXPECT_THAT(error_of(tiny_with("  seq_len: 8\n", "  seq_len: 8\n  seq_len: 16\n")),
+              StartsWith("test.yaml:11:3: model.seq_len: duplicate key 'seq_len'"));
+}
+
+TEST(ScenarioErrors, WrongYamlType) {
+  EXPECT_THAT(error_of(tiny_with("{kind: nvswitch, bandwidth: 300GB/s}", "[nvswitch, 300GB/s]")),
+              AllOf(StartsWith("test.yaml:6:"), HasSubstr("cluster.intra_node: found a list"),
+                    HasSubstr("expected a map")));
+  EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: two")),
+              StartsWith("test.yaml:5:18: cluster.gpus_per_node: found 'two', expected an "
+                         "integer >= 1"));
+  EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: 2.5")),
+              HasSubstr("cluster.gpus_per_node: found '2.5', expected an integer"));
+  EXPECT_THAT(error_of(tiny_with("  - {name: baseline}\n", "  - baseline\n")),
+              AllOf(StartsWith("test.yaml:15:"), HasSubstr("strategies[0]: found 'baseline', "
+                                                           "expected a map")));
+  std::string head = std::string(kTiny).substr(0, std::string(kTiny).find("strategies:"));
+  EXPECT_THAT(error_of(head + "strategies: {name: baseline}\n"),
+              AllOf(StartsWith("test.yaml:14:"), HasSubstr("strategies: found a map, expected a "
+                                                           "list")));
+  EXPECT_THAT(error_of(tiny_with("seq_len: 8", "seq_len:")),
+              AllOf(StartsWith("test.yaml:10:"), HasSubstr("model.seq_len: found nothing")));
+}
+
+TEST(ScenarioErrors, NumberWithoutUnit) {
+  EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s", "bandwidth: 300")),
+              AllOf(StartsWith("test.yaml:6:43: cluster.intra_node.bandwidth: found the bare "
+                               "number '300' without a unit"),
+                    HasSubstr("expected a bandwidth")));
+}
+
+TEST(ScenarioErrors, UnitOfTheWrongKind) {
+  std::string e = error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
+                                     "{kind: switch, nic_bandwidth: 200Gb/s, latency: 5GB/s}"));
+  EXPECT_THAT(e, StartsWith("test.yaml:7:"));
+  EXPECT_THAT(e, HasSubstr("cluster.inter_node.latency: found '5GB/s', which is a bandwidth"));
+  EXPECT_THAT(e, HasSubstr("expected a duration"));
+}
+
+TEST(ScenarioErrors, InconsistentSizes) {
+  std::string e = error_of(tiny_with("strategies:", "parallelism: {ep: 8}\nstrategies:"));
+  EXPECT_THAT(e, StartsWith("test.yaml:14:"));
+  EXPECT_THAT(e, HasSubstr("parallelism.ep: ep*esp*mp = 8 does not divide P = 4 (cluster.nodes 2 "
+                           "x cluster.gpus_per_node 2)"));
+  std::string all = error_of(tiny_with("strategies:", "parallelism: {ep: 2, dp: 4}\nstrategies:"));
+  EXPECT_THAT(all, HasSubstr("parallelism.dp: ep*esp*mp*dp = 2*1*1*4 = 8, expected P = 4"));
+}
+
+TEST(ScenarioErrors, UnknownStrategyRoleValue) {
+  std::string e = error_of(tiny_with("pipeline: tutel_online", "pipeline: tutel_onlin"));
+  EXPECT_THAT(e, StartsWith("test.yaml:16:"));
+  EXPECT_THAT(e, HasSubstr("strategies[1].pipeline: found 'tutel_onlin', expected an integer >= "
+                           "1 or pipemoe or tutel_online (did you mean 'tutel_online'?)"));
+  EXPECT_THAT(error_of(tiny_with("a2a: auto", "a2a: 3dh")),
+              HasSubstr("strategies[1].a2a: found '3dh', expected one of linear, 2dh or auto"));
+  EXPECT_THAT(error_of(tiny_with("pipeline: tutel_online", "pipeline: 0")),
+              HasSubstr("strategies[1].pipeline: found '0', expected an integer in [1, 1024]"));
+}
+
+TEST(ScenarioErrors, MissingRequiredKey) {
+  std::string e = error_of(tiny_with("  gpus_per_node: 2\n", ""));
+  EXPECT_THAT(e, StartsWith("test.yaml:2:1: cluster.gpus_per_node: missing required key "
+                            "'gpus_per_node' in 'cluster'"));
+  EXPECT_THAT(error_of(tiny_with("  hidden_dim: 32\n", "")),
+              StartsWith("test.yaml:8:1: model.hidden_dim: missing required key"));
+  EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n", "")),
+              HasSubstr("model.experts_per_gpu: missing required key"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}", "{a2a: 2dh}")),
+              StartsWith("test.yaml:15:5: strategies[0].name: missing required key 'name'"));
+  EXPECT_THAT(error_of(""), HasSubstr("found an empty document"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation rules (scenarios/README.md, "Validation")
+
+TEST(ScenarioValidation, ClusterRules) {
+  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}", "{kind: none}")),
+              HasSubstr("cluster.inter_node.kind: found 'none' with cluster.nodes = 2"));
+  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}", "{kind: fat_tree}")),
+              HasSubstr("cluster.inter_node.nic_bandwidth: missing required key"));
+  EXPECT_THAT(error_of(tiny_with("  inter_node: {kind: switch, nic_bandwidth: 200Gb/s}\n", "")),
+              HasSubstr("cluster.inter_node: missing required key"));
+  EXPECT_THAT(error_of(tiny_with("nic_bandwidth: 200Gb/s", "nic_bandwidth: 200Gb/s, groups: 4")),
+              HasSubstr("cluster.inter_node.groups: 'groups' applies only to kind dragonfly, but "
+                        "kind is switch"));
+  EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s}", "bandwidth: 300GB/s, sockets: 2}")),
+              HasSubstr("cluster.intra_node.sockets: 'sockets' applies only to kind pcie"));
+  EXPECT_THAT(error_of(tiny_with("nic_bandwidth: 200Gb/s",
+                                 "nic_bandwidth: 200Gb/s, "
+                                 "nics_per_node: 3")),
+              HasSubstr("cluster.inter_node.nics_per_node: found 3, expected a divisor of "
+                        "cluster.gpus_per_node = 2"));
+  EXPECT_THAT(error_of(tiny_with("nodes: 2", "nodes: 0")),
+              HasSubstr("cluster.nodes: found 0, expected an integer >= 1"));
+  EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s", "bandwidth: 0GB/s")),
+              HasSubstr("cluster.intra_node.bandwidth: found a zero bandwidth"));
+  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
+                                 "{kind: tree, nic_bandwidth: 1Gb/s, tree: [[2], [1]]}")),
+              HasSubstr("cluster.inter_node.tree: the tree's leaves hold 3 nodes, expected "
+                        "cluster.nodes = 2"));
+  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
+                                 "{kind: tree, nic_bandwidth: 1Gb/s, tree: [1, 1], "
+                                 "tree_level_bandwidth: [1Gb/s, 1Gb/s]}")),
+              HasSubstr("found 2 bandwidth(s), expected at most 1"));
+  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
+                                 "{kind: tree, nic_bandwidth: 1Gb/s, tree: [[]]}")),
+              HasSubstr("cluster.inter_node.tree[0]: found a list of 0 item(s)"));
+  EXPECT_THAT(error_of(tiny_with("  nodes: 2\n", "  nodes: 2\n  calibration: nope.yaml\n")),
+              AllOf(StartsWith("test.yaml:5:"), HasSubstr("cluster.calibration: found 'nope.yaml' "
+                                                          "(resolved to 'nope.yaml'), which does "
+                                                          "not exist")));
+  EXPECT_THAT(error_of(tiny_with("inter_node: {kind: switch, nic_bandwidth: 200Gb/s}",
+                                 "inter_node: {kind: switch, nic_bandwidth: 200Gb/s}\n"
+                                 "  custom: {links: []}")),
+              HasSubstr("cluster.custom: found a custom graph, but inter_node.kind is switch"));
+}
+
+TEST(ScenarioValidation, ModelAndParallelismRules) {
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: -3")),
+              HasSubstr("model.experts_per_gpu: found -3 (one expert sharded over 3 GPUs), "
+                        "expected -x with x dividing parallelism.ep = 4"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 0")),
+              HasSubstr("model.experts_per_gpu: found 0"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts: 6")),
+              HasSubstr("model.experts: found 6, expected a multiple or a divisor of "
+                        "parallelism.ep = 4"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 1\n  experts: 4")),
+              HasSubstr("found both 'experts' and 'experts_per_gpu'"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 1\n  top_k: 5")),
+              AllOf(StartsWith("test.yaml:14:"),
+                    HasSubstr("model.top_k: found 5, expected at most the 4 experts (E)")));
+  EXPECT_THAT(
+      error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 1\n  dtype: fp12")),
+      HasSubstr("model.dtype: found 'fp12', expected one of fp32, tf32, fp16, bf16 or fp8"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 1\n  mode: serving")),
+              HasSubstr("model.mode: found 'serving', expected one of training or inference"));
+  EXPECT_THAT(error_of(tiny_with("experts_per_gpu: 1", "experts_per_gpu: 1\n  moe_every: 3")),
+              HasSubstr("model.moe_every: found 3 with model.layers = 1"));
+  EXPECT_THAT(error_of(tiny_with("strategies:", "parallelism: {ep: 2, dp: fast}\nstrategies:")),
+              HasSubstr("parallelism.dp: found 'fast', expected an integer >= 1 or 'auto'"));
+  EXPECT_THAT(error_of(tiny_with("strategies:", "parallelism: {mp: 3}\nstrategies:")),
+              HasSubstr("parallelism.mp: esp*mp = 3 does not divide P = 4"));
+  // Any real capacity factor is valid.
+  for (const char* f : {"2.0", "0", "-1.5"})
+    EXPECT_NO_THROW(parse(tiny_with("experts_per_gpu: 1",
+                                    std::string("experts_per_gpu: 1\n  capacity_factor: ") + f)));
+}
+
+TEST(ScenarioValidation, WorkloadAndEngineRules) {
+  auto with = [](const std::string& section) {
+    return tiny_with("strategies:", section + "\nstrategies:");
+  };
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: gaussian}}")),
+              HasSubstr("workload.routing.distribution: found 'gaussian', expected one of "
+                        "uniform, zipf, dirichlet or trace"));
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: zipf, skew: -1}}")),
+              HasSubstr("workload.routing.skew: found -1, expected a number >= 0"));
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace}}")),
+              HasSubstr("workload.routing.trace: missing required key"));
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace, trace: missing.csv}}")),
+              HasSubstr("workload.routing.trace: found 'missing.csv'"));
+  EXPECT_THAT(error_of(with("workload: {routing: {alpha: 2}}")),
+              HasSubstr("'alpha' applies only to distribution dirichlet"));
+  EXPECT_THAT(error_of(with("workload: {capacity: {kind: wobble}}")),
+              HasSubstr("workload.capacity.kind: found 'wobble', expected one of fixed, trace or "
+                        "random_walk"));
+  EXPECT_THAT(error_of(with("workload: {capacity: {kind: random_walk, min: 4, max: 2}}")),
+              HasSubstr("workload.capacity.max: found 2, expected a number >= min = 4"));
+  EXPECT_THAT(error_of(with("workload: {capacity: {kind: trace, factors: []}}")),
+              HasSubstr("workload.capacity.factors: found a list of 0 item(s), expected a "
+                        "non-empty list"));
+  EXPECT_THAT(error_of(with("workload: {capacity: {kind: trace, factors: [1, x]}}")),
+              HasSubstr("workload.capacity.factors[1]: found 'x', expected a plain number"));
+  EXPECT_THAT(error_of(with("workload: {capacity: {kind: fixed, min: 1}}")),
+              HasSubstr("'min' applies only to kind random_walk"));
+  EXPECT_THAT(error_of(with("workload: {iterations: 0}")),
+              HasSubstr("workload.iterations: found 0, expected an integer >= 1"));
+  EXPECT_THAT(error_of(with("engine: {network: packet}")),
+              HasSubstr("engine.network: found 'packet', expected one of analytical, flow or "
+                        "simgrid"));
+  EXPECT_THAT(error_of(with("engine: {interference: -0.1}")),
+              HasSubstr("engine.interference: found -0.1, expected a number >= 0"));
+  EXPECT_THAT(error_of(with("engine: {launch_overhead: 5}")),
+              HasSubstr("engine.launch_overhead: found the bare number '5' without a unit"));
+  Scenario s = parse(with("workload: {capacity: {kind: trace, factors: [1, 2.5, -2]}}"));
+  EXPECT_EQ(s.workload.capacity.factors, (std::vector<double>{1.0, 2.5, -2.0}));
+}
+
+TEST(ScenarioValidation, StrategyRules) {
+  EXPECT_THAT(error_of(tiny_with("strategies:\n  - {name: baseline}\n  - {name: tutel, a2a: auto, "
+                                 "pipeline: tutel_online}\n",
+                                 "strategies: []\n")),
+              HasSubstr("strategies: found an empty list, expected at least one strategy"));
+  EXPECT_THAT(error_of(tiny_with("{name: tutel,", "{name: baseline,")),
+              AllOf(StartsWith("test.yaml:16:"),
+                    HasSubstr("strategies[1].name: duplicate strategy name 'baseline' (first "
+                              "defined at line 15)")));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}", "{name: baseline, ta_moe: {lambda: 0.2}}")),
+              HasSubstr("strategies[0].ta_moe: 'ta_moe' parameters are given, but routing is not "
+                        "ta_moe"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, routing: ta_moe, ta_moe: {lambda: 1.5}}")),
+              HasSubstr("strategies[0].ta_moe.lambda: found 1.5, expected a number in [0, 1]"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, routing: ta_moe, ta_moe: {lamda: 0.5}}")),
+              HasSubstr("did you mean 'lambda'?"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}", "{name: baseline, inference: lina}")),
+              HasSubstr("strategies[0].inference: found 'lina' with model.mode = training"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}", "{name: baseline, parallel: 2}")),
+              HasSubstr("strategies[0].parallel: found 2, expected a divisor of the expert shard "
+                        "count n = 1"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, schedule: lina, "
+                                 "lina: {micro_op: 30}}")),
+              HasSubstr("strategies[0].lina.micro_op: found the bare number '30' without a unit"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, schedule: lina, "
+                                 "lina: {pack_experts: maybe}}")),
+              HasSubstr("strategies[0].lina.pack_experts: found 'maybe', expected true or false"));
+}
+
+}  // namespace
+}  // namespace moesim

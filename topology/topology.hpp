@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,9 +28,9 @@ using LinkId = std::uint32_t;
 
 struct Vertex {
   VertexKind kind;
-  int node = -1;   // node index for GPUs, NICs and node-local switches; -1 for fabric switches
-  int index = -1;  // GPU: global rank; NIC: local NIC index; switch: index within its kind
-  int level = 0;   // fabric switches: 1 = leaf/rail/router, 2 = spine/group, 3 = core; else 0
+  int node = -1;     // node index for GPUs, NICs and node-local switches; -1 for fabric switches
+  int index = -1;    // GPU: global rank; NIC: local NIC index; switch: index within its kind
+  int level = 0;     // fabric switches: 1 = leaf/rail/router, 2 = spine/group, 3 = core; else 0
   std::string name;  // "gpu12", "node1.nic0", "leaf3", ...
 };
 
@@ -42,11 +43,11 @@ struct Link {
 
 /// alpha/beta between two GPUs as the analytical model and TA-MoE read them.
 struct PairCost {
-  Seconds alpha{0};               // sum of link latencies on the route
-  BytesPerSecond bandwidth{0};    // bottleneck: min over route links, and for inter-node pairs
-                                  // the NIC bandwidth divided by the GPUs sharing that NIC
-  int hops = 0;                   // links on the route
-  int tier = 0;                   // 0 same node, then the highest link tier on the route
+  Seconds alpha{0};             // sum of link latencies on the route
+  BytesPerSecond bandwidth{0};  // bottleneck: min over route links, and for inter-node pairs
+                                // the NIC bandwidth divided by the GPUs sharing that NIC
+  int hops = 0;                 // links on the route
+  int tier = 0;                 // 0 same node, then the highest link tier on the route
   double beta() const { return 1.0 / bandwidth.value(); }  // seconds per byte
 };
 
@@ -74,8 +75,10 @@ class Topology {
   const std::vector<Link>& links() const { return links_; }  // directed; see LinkId
   VertexId gpu_vertex(int gpu) const { return gpu_vertex_[gpu]; }
 
-  /// Appends the directed links from GPU src to GPU dst (src != dst) to `out`. Shortest path;
-  /// among equal-cost paths one is chosen by a deterministic hash of (src, dst) (ECMP).
+  /// Appends the directed links from GPU src to GPU dst (src != dst) to `out`. Shortest path
+  /// (hop count); among equal-cost next hops one is chosen by a deterministic hash of
+  /// (src, dst, hop) (ECMP). GPUs are never transit vertices except on nvlink_ring nodes.
+  /// O(path length), allocates nothing beyond appending to `out`.
   virtual void route(int src, int dst, std::vector<LinkId>& out) const = 0;
   PairCost pair_cost(int src, int dst) const;
   int tier(int src, int dst) const { return pair_cost(src, dst).tier; }
@@ -86,18 +89,34 @@ class Topology {
   BytesPerSecond bisection_bandwidth() const;
   /// How many GPUs of a node send through the same NIC (1 if each has its own; 0 without NICs).
   int gpus_per_nic() const { return gpus_per_nic_; }
+  /// The share of its NIC one GPU gets when all GPUs on that NIC send: NIC bandwidth divided by
+  /// the GPUs using that NIC (0 without NICs).
+  BytesPerSecond nic_share_bandwidth(int gpu) const {
+    return gpu < static_cast<int>(nic_share_bandwidth_.size()) ? nic_share_bandwidth_[gpu]
+                                                               : BytesPerSecond(0);
+  }
 
  protected:
   explicit Topology(ClusterSpec spec) : spec_(std::move(spec)) {}
+  /// pair_cost() and tier_table() dispatch here. The defaults walk route(); builders with
+  /// per-node templates override them with cached path summaries (same answers, faster).
+  virtual PairCost compute_pair_cost(int src, int dst) const;
+  virtual std::vector<TierRow> compute_tier_table() const;
+
   ClusterSpec spec_;
   std::vector<Vertex> vertices_;
   std::vector<Link> links_;
   std::vector<VertexId> gpu_vertex_;
   int gpus_per_nic_ = 0;
+  std::vector<BytesPerSecond> nic_share_bandwidth_;  // per GPU; see nic_share_bandwidth()
 };
 
 /// Builds the graph for spec (intra-node builder x inter-node builder, or custom). Throws
 /// InputError (with spec locations) for inconsistent specs, e.g. an unknown GPU name.
 std::unique_ptr<Topology> build_topology(const ClusterSpec& spec);
+
+/// GraphViz (undirected `graph`): one node per vertex, one edge per full-duplex cable labelled
+/// with its per-direction bandwidth and latency. Writes everything, however big.
+void write_dot(const Topology& topo, std::ostream& os);
 
 }  // namespace moesim::topology

@@ -1,0 +1,99 @@
+#include "topology/gpu_catalog.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "test_util.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::topology {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(GpuCatalog, HasTheSixModelsWithPositiveFigures) {
+  const auto names = gpu_names();
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm",
+                                                     "h200-sxm", "rtx-2080-ti", "rtx-4090"));
+  for (const auto& n : names) {
+    const GpuSpec* g = find_gpu(n);
+    ASSERT_NE(g, nullptr) << n;
+    EXPECT_EQ(g->name, n);
+    EXPECT_GT(g->hbm_bandwidth.value(), 0) << n;
+    EXPECT_GT(g->memory.value(), 0) << n;
+    EXPECT_GT(g->pcie_bandwidth.value(), 0) << n;
+    ASSERT_TRUE(g->peak.count(Dtype::kFp32)) << n;
+    ASSERT_TRUE(g->peak.count(Dtype::kFp16)) << n;
+    // Tensor-core fp16 is always faster than plain fp32.
+    EXPECT_GT(g->peak.at(Dtype::kFp16), g->peak.at(Dtype::kFp32)) << n;
+  }
+}
+
+TEST(GpuCatalog, SpecSheetFigures) {
+  const GpuSpec* a100 = find_gpu("a100-sxm-80gb");
+  ASSERT_NE(a100, nullptr);
+  EXPECT_DOUBLE_EQ(a100->peak.at(Dtype::kFp16).value(), 312e12);
+  EXPECT_DOUBLE_EQ(a100->peak.at(Dtype::kBf16).value(), 312e12);
+  EXPECT_DOUBLE_EQ(a100->peak.at(Dtype::kTf32).value(), 156e12);
+  EXPECT_FALSE(a100->peak.count(Dtype::kFp8));              // Ampere has no FP8
+  EXPECT_DOUBLE_EQ(a100->nvlink_bandwidth.value(), 300e9);  // 600 GB/s bidirectional
+  EXPECT_DOUBLE_EQ(a100->memory.value(), 80.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(find_gpu("a100-sxm-40gb")->hbm_bandwidth.value(), 1555e9);
+
+  const GpuSpec* h100 = find_gpu("h100-sxm");
+  EXPECT_DOUBLE_EQ(h100->peak.at(Dtype::kFp8).value(), 1979e12);  // 3,958 with sparsity / 2
+  EXPECT_DOUBLE_EQ(h100->nvlink_bandwidth.value(), 450e9);
+  EXPECT_GT(find_gpu("h200-sxm")->hbm_bandwidth, h100->hbm_bandwidth);
+  EXPECT_GT(find_gpu("h200-sxm")->memory, h100->memory);
+
+  EXPECT_DOUBLE_EQ(find_gpu("rtx-4090")->nvlink_bandwidth.value(), 0);
+  EXPECT_FALSE(find_gpu("rtx-2080-ti")->peak.count(Dtype::kBf16));
+  EXPECT_EQ(find_gpu("A100"), nullptr);
+}
+
+TEST(GpuCatalog, ResolveFillsFiguresAndKeepsLocation) {
+  GpuSpec g;
+  g.name = "h100-sxm";
+  g.where = SourceLocation{"s.yaml", 3, 8};
+  resolve_gpu(g);
+  EXPECT_DOUBLE_EQ(g.hbm_bandwidth.value(), 3350e9);
+  EXPECT_EQ(g.where.file, "s.yaml");
+  EXPECT_EQ(g.where.line, 3);
+}
+
+TEST(GpuCatalog, InlineGpuIsLeftAlone) {
+  GpuSpec g;
+  g.name = "my-gpu";
+  g.from_catalog = false;
+  g.hbm_bandwidth = BytesPerSecond(1e12);
+  resolve_gpu(g);
+  EXPECT_EQ(g.name, "my-gpu");
+  EXPECT_DOUBLE_EQ(g.hbm_bandwidth.value(), 1e12);
+}
+
+TEST(GpuCatalog, UnknownGpuNamesLocationAndChoices) {
+  GpuSpec g;
+  g.name = "x100";
+  g.where = SourceLocation{"s.yaml", 4, 8};
+  try {
+    resolve_gpu(g);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.location().line, 4);
+    EXPECT_EQ(e.key(), "cluster.gpu");
+    EXPECT_THAT(e.message(), HasSubstr("unknown GPU 'x100', expected one of a100-sxm-80gb"));
+    EXPECT_THAT(e.message(), HasSubstr("rtx-4090"));
+  }
+}
+
+TEST(GpuCatalog, BuildTopologyResolvesTheGpu) {
+  auto spec = testing::make_spec(1, 2, IntraKind::kNvswitch, InterKind::kNone);
+  auto topo = build_topology(spec);
+  EXPECT_DOUBLE_EQ(topo->gpu().hbm_bandwidth.value(), 2039e9);
+  spec.gpu.name = "x100";
+  EXPECT_THROW(build_topology(spec), InputError);
+}
+
+}  // namespace
+}  // namespace moesim::topology

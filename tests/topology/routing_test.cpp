@@ -1,0 +1,165 @@
+// Properties every route must have, on a small instance of every builder: a connected chain of
+// directed links from the source GPU to the destination GPU, shortest, deterministic, never
+// through another GPU (except on NVLink rings) or a NIC inside a node; pair_cost must describe
+// exactly the links route() returns; ECMP must spread pairs over equal-cost spines.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "test_util.hpp"
+
+namespace moesim::topology {
+namespace {
+
+using namespace testing;  // NOLINT
+
+struct Case {
+  const char* name;
+  ClusterSpec spec;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  out.push_back({"nvswitch_switch", make_spec(3, 4, IntraKind::kNvswitch, InterKind::kSwitch)});
+  auto ring = make_spec(3, 6, IntraKind::kNvlinkRing, InterKind::kSwitch);
+  ring.inter.nics_per_node = 2;
+  out.push_back({"ring_switch", ring});
+  auto pcie = make_spec(3, 8, IntraKind::kPcie, InterKind::kSwitch);
+  pcie.intra.bandwidth = 16_GBps;
+  pcie.intra.sockets = 2;
+  pcie.inter.nics_per_node = 3;  // uneven sharing: 3, 3, 2 GPUs per NIC
+  out.push_back({"pcie_switch", pcie});
+  auto fat2 = make_spec(8, 2, IntraKind::kNvswitch, InterKind::kFatTree);
+  fat2.inter.switch_radix = 8;
+  fat2.inter.oversubscription = 2;
+  out.push_back({"fat_tree_2", fat2});
+  auto fat3 = make_spec(8, 2, IntraKind::kNvswitch, InterKind::kFatTree);
+  fat3.inter.switch_radix = 4;
+  out.push_back({"fat_tree_3", fat3});
+  auto rail = make_spec(5, 4, IntraKind::kNvswitch, InterKind::kRailOptimized);
+  rail.inter.switch_radix = 6;  // 3 nodes per rail leaf: 2 leaves per rail
+  out.push_back({"rail", rail});
+  auto fly = make_spec(9, 2, IntraKind::kNvswitch, InterKind::kDragonfly);
+  fly.inter.groups = 3;
+  fly.inter.routers_per_group = 3;
+  out.push_back({"dragonfly", fly});
+  auto tree = make_spec(5, 2, IntraKind::kNvswitch, InterKind::kTree);
+  const TreeSpec leaf1{true, 1, {}}, leaf2{true, 2, {}};
+  tree.inter.tree = TreeSpec{false, 0, {TreeSpec{false, 0, {leaf2, leaf1}}, leaf2}};
+  out.push_back({"tree_unbalanced", tree});
+  return out;
+}
+
+TEST(Routing, LinksComeInFullDuplexPairs) {
+  for (const auto& c : cases()) {
+    auto t = build_topology(c.spec);
+    const auto& links = t->links();
+    ASSERT_EQ(links.size() % 2, 0u) << c.name;
+    for (std::size_t l = 0; l < links.size(); l += 2) {
+      EXPECT_EQ(links[l].src, links[l + 1].dst) << c.name;
+      EXPECT_EQ(links[l].dst, links[l + 1].src) << c.name;
+      EXPECT_EQ(links[l].bandwidth, links[l + 1].bandwidth) << c.name;
+      EXPECT_GT(links[l].bandwidth.value(), 0) << c.name;
+    }
+  }
+}
+
+TEST(Routing, RoutesAreChainsAndPairCostDescribesThem) {
+  for (const auto& c : cases()) {
+    auto t = build_topology(c.spec);
+    const bool ring = c.spec.intra.kind == IntraKind::kNvlinkRing;
+    const auto& links = t->links();
+    const auto& vertices = t->vertices();
+    std::int64_t pairs = 0;
+    for (int s = 0; s < t->num_gpus(); ++s) {
+      for (int d = 0; d < t->num_gpus(); ++d) {
+        if (s == d) continue;
+        ++pairs;
+        const auto path = route_of(*t, s, d);
+        ASSERT_FALSE(path.empty()) << c.name;
+        EXPECT_EQ(path, route_of(*t, s, d)) << c.name << " deterministic";
+        VertexId at = t->gpu_vertex(s);
+        double alpha = 0, bw = 1e300;
+        int tier = 0;
+        for (std::size_t h = 0; h < path.size(); ++h) {
+          const Link& l = links[path[h]];
+          ASSERT_EQ(l.src, at) << c.name << " " << s << "->" << d << " hop " << h;
+          at = l.dst;
+          alpha += l.latency.value();
+          bw = std::min(bw, l.bandwidth.value());
+          tier = std::max(tier, l.tier);
+          if (h + 1 < path.size()) {
+            const Vertex& v = vertices[at];
+            if (!ring) {
+              EXPECT_NE(v.kind, VertexKind::kGpu) << c.name << " GPU transit";
+            }
+            if (t->node_of(s) == t->node_of(d)) {
+              EXPECT_NE(v.kind, VertexKind::kNic) << c.name << " NIC inside a node";
+              EXPECT_NE(v.kind, VertexKind::kSwitch) << c.name << " fabric inside a node";
+            }
+          }
+        }
+        EXPECT_EQ(at, t->gpu_vertex(d)) << c.name;
+        const PairCost pc = t->pair_cost(s, d);
+        const bool inter = t->node_of(s) != t->node_of(d);
+        if (inter) {
+          bw = std::min({bw, t->nic_share_bandwidth(s).value(), t->nic_share_bandwidth(d).value()});
+        }
+        EXPECT_EQ(pc.hops, static_cast<int>(path.size())) << c.name;
+        EXPECT_NEAR(pc.alpha.value(), alpha, 1e-15) << c.name;
+        EXPECT_DOUBLE_EQ(pc.bandwidth.value(), bw) << c.name << " " << s << "->" << d;
+        EXPECT_EQ(pc.tier, inter ? std::max(tier, 1) : 0) << c.name;
+        // The opposite direction never shares a directed link with this one.
+        const auto back = route_of(*t, d, s);
+        for (LinkId l : back) {
+          EXPECT_EQ(std::find(path.begin(), path.end(), l), path.end()) << c.name;
+        }
+      }
+    }
+    std::int64_t counted = 0;
+    for (const auto& row : t->tier_table()) counted += row.pairs;
+    EXPECT_EQ(counted, pairs) << c.name;
+  }
+}
+
+TEST(Routing, RoutesAreShortest) {
+  // In a leaf-spine fabric, same-leaf pairs never climb to a spine, and other pairs take exactly
+  // one spine.
+  auto spec = make_spec(8, 2, IntraKind::kNvswitch, InterKind::kFatTree);
+  spec.inter.switch_radix = 8;
+  auto t = build_topology(spec);
+  for (int s = 0; s < t->num_gpus(); ++s) {
+    for (int d = 0; d < t->num_gpus(); ++d) {
+      if (t->node_of(s) == t->node_of(d)) continue;
+      const auto sw = switches_on(*t, route_of(*t, s, d));
+      // NICs 0..3 on leaf 0, 4..7 on leaf 1, ...: 2 nodes per leaf.
+      const bool same_leaf = t->node_of(s) / 2 == t->node_of(d) / 2;
+      EXPECT_EQ(sw.size(), same_leaf ? 1u : 3u) << s << "->" << d;
+    }
+  }
+}
+
+TEST(Routing, EcmpSpreadsPairsOverSpines) {
+  // 2 nodes x 8 GPUs, radix 8: leaves with 4 NIC ports and 4 uplinks; node 0 on leaves 0-1,
+  // node 1 on leaves 2-3. All 64 node0 -> node1 pairs cross a spine; the hash spreads them.
+  auto spec = make_spec(2, 8, IntraKind::kNvswitch, InterKind::kFatTree);
+  spec.inter.switch_radix = 8;
+  auto t = build_topology(spec);
+  std::map<std::string, int> per_spine;
+  for (int s = 0; s < 8; ++s) {
+    for (int d = 8; d < 16; ++d) {
+      const auto sw = switches_on(*t, route_of(*t, s, d));
+      ASSERT_EQ(sw.size(), 3u);
+      EXPECT_EQ(t->vertices()[sw[1]].level, 2);
+      per_spine[t->vertices()[sw[1]].name]++;
+    }
+  }
+  ASSERT_EQ(per_spine.size(), 4u);  // every spine carries some pairs
+  for (const auto& [name, n] : per_spine) {
+    EXPECT_GE(n, 6) << name;  // 16 expected each; no spine starved
+    EXPECT_LE(n, 28) << name;
+  }
+}
+
+}  // namespace
+}  // namespace moesim::topology

@@ -1,0 +1,98 @@
+#include "topology/gpu_catalog.hpp"
+
+#include <array>
+
+#include "core/error.hpp"
+
+namespace moesim::topology {
+
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGB = 1e9;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+GpuSpec make(std::string name, double fp32_tflops, double tf32_tflops, double fp16_tflops,
+             double bf16_tflops, double fp8_tflops, double hbm_gbps, double memory_gib,
+             double nvlink_gbps, double pcie_gbps) {
+  GpuSpec g;
+  g.name = std::move(name);
+  g.from_catalog = true;
+  // A zero means "not supported by this GPU's tensor cores": such dtypes are left out of the map,
+  // so asking for them is an error rather than a silent zero rate.
+  const std::array<std::pair<Dtype, double>, 5> peaks = {{{Dtype::kFp32, fp32_tflops},
+                                                          {Dtype::kTf32, tf32_tflops},
+                                                          {Dtype::kFp16, fp16_tflops},
+                                                          {Dtype::kBf16, bf16_tflops},
+                                                          {Dtype::kFp8, fp8_tflops}}};
+  for (const auto& [dtype, tflops] : peaks) {
+    if (tflops > 0) g.peak[dtype] = FlopsPerSecond(tflops * kTera);
+  }
+  g.hbm_bandwidth = BytesPerSecond(hbm_gbps * kGB);
+  // Capacities on spec sheets ("80GB") are binary sizes: nvidia-smi shows 81920 MiB for 80GB.
+  g.memory = Bytes(memory_gib * kGiB);
+  g.nvlink_bandwidth = BytesPerSecond(nvlink_gbps * kGB);
+  g.pcie_bandwidth = BytesPerSecond(pcie_gbps * kGB);
+  return g;
+}
+
+// Spec sheets quote NVLink and PCIe as bidirectional totals ("600 GB/s NVLink", "PCIe Gen4
+// 64 GB/s"); the catalog stores one direction, i.e. half of that. Peaks are dense: where the
+// sheet lists only the with-sparsity figure (marked *), the dense peak is half of it.
+const std::vector<GpuSpec>& catalog() {
+  static const std::vector<GpuSpec> entries = {
+      // NVIDIA A100 Tensor Core GPU datasheet (2021), A100 80GB SXM column: FP32 19.5, TF32 156,
+      // BF16/FP16 312 TFLOPS dense; HBM2e 2,039 GB/s; 80GB; NVLink 600 GB/s; PCIe Gen4 64 GB/s.
+      make("a100-sxm-80gb", 19.5, 156, 312, 312, 0, 2039, 80, 300, 32),
+      // Same datasheet, A100 40GB SXM column: same compute; HBM2 1,555 GB/s; 40GB.
+      make("a100-sxm-40gb", 19.5, 156, 312, 312, 0, 1555, 40, 300, 32),
+      // NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: FP32 67; TF32 989*, BF16/FP16
+      // 1,979*, FP8 3,958* (with sparsity); HBM3 3.35 TB/s; 80GB; NVLink 900 GB/s; PCIe Gen5
+      // 128 GB/s.
+      make("h100-sxm", 67, 494.5, 989.5, 989.5, 1979, 3350, 80, 450, 64),
+      // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: compute as H100 SXM; HBM3e
+      // 4.8 TB/s; 141GB; NVLink 900 GB/s; PCIe Gen5 128 GB/s.
+      make("h200-sxm", 67, 494.5, 989.5, 989.5, 1979, 4800, 141, 450, 64),
+      // NVIDIA Turing GPU Architecture whitepaper, Appendix A, GeForce RTX 2080 Ti (reference
+      // 1545 MHz boost): FP32 13.4; FP16 tensor with FP32 accumulate 53.8 TFLOPS (no TF32, BF16
+      // or FP8); GDDR6 616 GB/s; 11GB; NVLink bridge 2 links, 100 GB/s total; PCIe Gen3 x16.
+      make("rtx-2080-ti", 13.4, 0, 53.8, 0, 0, 616, 11, 50, 16),
+      // NVIDIA Ada GPU Architecture whitepaper, Appendix A, GeForce RTX 4090: FP32 82.6; dense
+      // tensor TF32 82.6, FP16/BF16 with FP32 accumulate 165.2, FP8 with FP32 accumulate 330.3;
+      // GDDR6X 1,008 GB/s; 24GB; no NVLink; PCIe Gen4 x16.
+      make("rtx-4090", 82.6, 82.6, 165.2, 165.2, 330.3, 1008, 24, 0, 32),
+  };
+  return entries;
+}
+
+}  // namespace
+
+const GpuSpec* find_gpu(std::string_view name) {
+  for (const auto& g : catalog()) {
+    if (g.name == name) return &g;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> gpu_names() {
+  std::vector<std::string> names;
+  for (const auto& g : catalog()) names.push_back(g.name);
+  return names;
+}
+
+void resolve_gpu(GpuSpec& gpu) {
+  if (!gpu.from_catalog) return;
+  const GpuSpec* entry = find_gpu(gpu.name);
+  if (entry == nullptr) {
+    std::string expected;
+    for (const auto& n : gpu_names()) expected += (expected.empty() ? "" : ", ") + n;
+    throw InputError(gpu.where, "cluster.gpu",
+                     "unknown GPU '" + gpu.name + "', expected one of " + expected +
+                         " (or a map with peak_tflops, hbm_bandwidth, memory)");
+  }
+  SourceLocation where = gpu.where;
+  gpu = *entry;
+  gpu.where = std::move(where);
+}
+
+}  // namespace moesim::topology

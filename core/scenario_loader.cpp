@@ -342,15 +342,20 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   return inter;
 }
 
-CustomTopologySpec parse_custom(const MapReader& cluster, int nodes, int num_gpus) {
+CustomTopologySpec parse_custom(const MapReader& cluster, int nodes, int gpus_per_node) {
+  const int num_gpus = nodes * gpus_per_node;
   CustomTopologySpec custom;
   MapReader m = cluster.get_map("custom", {"vertices", "links"});
   Context& ctx = m.context();
-  static const std::vector<std::string_view> kKinds = {"nic", "nvswitch", "pcie_switch",
-                                                       "host_bridge", "switch"};
-  // Name -> union-find index; GPUs are implicit (gpu0..gpu{P-1}) and come first.
+  static const std::vector<std::string_view> kKinds = {"gpu",         "nic",         "nvswitch",
+                                                       "pcie_switch", "host_bridge", "switch"};
+  // Name -> union-find index. GPUs are gpu0..gpu{P-1} (node-major ranks) and take indices
+  // 0..P-1; listing them is optional, and the ones not listed are added to `vertices` (first, in
+  // rank order) so the topology builder sees every GPU.
   std::map<std::string, int> index;
   for (int g = 0; g < num_gpus; ++g) index[fmt::format("gpu{}", g)] = g;
+  std::vector<bool> gpu_listed(num_gpus, false);
+  std::vector<CustomVertex> listed;
   if (m.has("vertices")) {
     std::string path = m.path_of("vertices");
     YAML::Node list = ctx.require_list(m.get("vertices"), path);
@@ -358,31 +363,49 @@ CustomTopologySpec parse_custom(const MapReader& cluster, int nodes, int num_gpu
       std::string item = fmt::format("{}[{}]", path, i);
       MapReader v(ctx, list[i], item, {"name", "kind", "node"});
       v.require("name", "a vertex name");
-      v.require("kind", "nic, nvswitch, pcie_switch, host_bridge or switch");
+      v.require("kind", "gpu, nic, nvswitch, pcie_switch, host_bridge or switch");
       CustomVertex cv;
       cv.where = ctx.at(list[i]);
       cv.name = *v.get_string("name");
-      YAML::Node kind = v.get("kind");
-      if (kind.IsScalar() && kind.Scalar() == "gpu")
-        v.fail("kind",
-               "found 'gpu', expected nic, nvswitch, pcie_switch, host_bridge or switch "
-               "(GPUs are implicit: gpu0..gpu{P-1})");
       cv.kind = std::string(kKinds[*v.get_choice("kind", kKinds)]);
       if (auto n = v.get_int("node", 0, nodes - 1)) cv.node = to_int32(*n);
+      if (cv.name.empty()) v.fail("name", "found an empty name, expected a vertex name");
+      auto known = index.find(cv.name);
+      const bool names_gpu = known != index.end() && known->second < num_gpus;
+      if (cv.kind == "gpu") {
+        if (!names_gpu)
+          v.fail("name", fmt::format("found '{}' for a vertex of kind gpu, expected gpu0..gpu{} "
+                                     "(cluster.nodes x cluster.gpus_per_node GPUs)",
+                                     cv.name, num_gpus - 1));
+        const int rank = known->second;
+        if (gpu_listed[rank]) v.fail("name", fmt::format("duplicate vertex name '{}'", cv.name));
+        const int node = rank / gpus_per_node;
+        if (cv.node >= 0 && cv.node != node)
+          v.fail("node", fmt::format("found {} for {}, expected {} (GPU ranks are numbered node "
+                                     "by node)",
+                                     cv.node, cv.name, node));
+        cv.node = node;
+        gpu_listed[rank] = true;
+        listed.push_back(std::move(cv));
+        continue;
+      }
+      if (names_gpu)
+        v.fail("name", fmt::format("found '{}', which names a GPU, with kind {}; expected kind gpu "
+                                   "or another name",
+                                   cv.name, cv.kind));
+      if (known != index.end()) v.fail("name", fmt::format("duplicate vertex name '{}'", cv.name));
       if (cv.kind == "nic" && cv.node < 0)
         v.require("node", "the node (0-based) this NIC belongs to");
-      if (cv.name.empty()) v.fail("name", "found an empty name, expected a vertex name");
-      if (index.count(cv.name)) {
-        bool is_gpu = index[cv.name] < num_gpus;
-        v.fail("name", is_gpu ? fmt::format("found '{}', which names an implicit GPU; expected "
-                                            "a new name (GPUs are gpu0..gpu{})",
-                                            cv.name, num_gpus - 1)
-                              : fmt::format("duplicate vertex name '{}'", cv.name));
-      }
       index[cv.name] = static_cast<int>(index.size());
-      custom.vertices.push_back(std::move(cv));
+      listed.push_back(std::move(cv));
     }
   }
+  for (int g = 0; g < num_gpus; ++g) {
+    if (gpu_listed[g]) continue;
+    custom.vertices.push_back(
+        CustomVertex{fmt::format("gpu{}", g), "gpu", g / gpus_per_node, m.where()});
+  }
+  for (auto& cv : listed) custom.vertices.push_back(std::move(cv));
   m.require("links", "a list of {a, b, bandwidth, latency}");
   std::vector<int> parent(index.size());
   std::iota(parent.begin(), parent.end(), 0);
@@ -456,7 +479,7 @@ ClusterSpec parse_cluster(const MapReader& root) {
   }
   if (custom) {
     m.require("custom", "the explicit graph {vertices, links}, since inter_node.kind is custom");
-    c.custom = parse_custom(m, c.nodes, c.num_gpus());
+    c.custom = parse_custom(m, c.nodes, c.gpus_per_node);
   } else if (m.has("custom")) {
     m.fail("custom", fmt::format("found a custom graph, but inter_node.kind is {}; expected "
                                  "inter_node.kind: custom",

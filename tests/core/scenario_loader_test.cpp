@@ -375,11 +375,17 @@ TEST(ScenarioLoader, CustomGraph) {
   Scenario s = parse(yaml);
   ASSERT_TRUE(s.cluster.custom.has_value());
   const auto& c = *s.cluster.custom;
-  ASSERT_EQ(c.vertices.size(), 2u);
-  EXPECT_EQ(c.vertices[1].name, "nic0");
-  EXPECT_EQ(c.vertices[1].kind, "nic");
-  EXPECT_EQ(c.vertices[1].node, 0);
-  EXPECT_EQ(c.vertices[0].node, -1);
+  // The 4 implicit GPUs come first (rank order, node-major), then the listed vertices.
+  ASSERT_EQ(c.vertices.size(), 6u);
+  for (int g = 0; g < 4; ++g) {
+    EXPECT_EQ(c.vertices[g].name, "gpu" + std::to_string(g));
+    EXPECT_EQ(c.vertices[g].kind, "gpu");
+    EXPECT_EQ(c.vertices[g].node, g / 2);
+  }
+  EXPECT_EQ(c.vertices[5].name, "nic0");
+  EXPECT_EQ(c.vertices[5].kind, "nic");
+  EXPECT_EQ(c.vertices[5].node, 0);
+  EXPECT_EQ(c.vertices[4].node, -1);
   ASSERT_EQ(c.links.size(), 5u);
   EXPECT_EQ(c.links[1].a, "gpu0");
   EXPECT_EQ(c.links[1].b, "nic0");
@@ -397,11 +403,24 @@ TEST(ScenarioLoader, CustomGraph) {
   EXPECT_THAT(error_of(edit(yaml, "      - {a: gpu3, b: sw, bandwidth: 100Gb/s}\n", "")),
               HasSubstr("cluster.custom.links: gpu3 is not connected to gpu0"));
   EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: gpu1, kind: switch}")),
-              HasSubstr("cluster.custom.vertices[0].name: found 'gpu1', which names an implicit "
-                        "GPU"));
+              HasSubstr("cluster.custom.vertices[0].name: found 'gpu1', which names a GPU, with "
+                        "kind switch"));
   EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: sw, kind: router}")),
-              HasSubstr("cluster.custom.vertices[0].kind: found 'router', expected one of nic, "
-                        "nvswitch, pcie_switch, host_bridge or switch"));
+              HasSubstr("cluster.custom.vertices[0].kind: found 'router', expected one of gpu, "
+                        "nic, nvswitch, pcie_switch, host_bridge or switch"));
+  EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: gpu9, kind: gpu}")),
+              HasSubstr("cluster.custom.vertices[0].name: found 'gpu9' for a vertex of kind gpu, "
+                        "expected gpu0..gpu3"));
+  EXPECT_THAT(error_of(edit(yaml, "{name: sw, kind: switch}", "{name: gpu2, kind: gpu, node: 0}")),
+              HasSubstr("cluster.custom.vertices[0].node: found 0 for gpu2, expected 1"));
+  // GPUs may also be listed explicitly; they are then not added again.
+  std::string listed = edit(yaml, "      - {name: sw, kind: switch}\n",
+                            "      - {name: sw, kind: switch}\n      - {name: gpu3, kind: gpu}\n");
+  Scenario with_gpu = parse(listed);
+  ASSERT_EQ(with_gpu.cluster.custom->vertices.size(), 6u);
+  EXPECT_EQ(with_gpu.cluster.custom->vertices[3].name, "sw");
+  EXPECT_EQ(with_gpu.cluster.custom->vertices[4].name, "gpu3");
+  EXPECT_EQ(with_gpu.cluster.custom->vertices[4].node, 1);
 }
 
 TEST(ScenarioLoader, EditedTreeParsesLikeASweepPoint) {

@@ -1,0 +1,129 @@
+// `moesim topo SCENARIO.yaml [--json F] [--dot F]`: what the simulator sees of the cluster —
+// counts, bisection bandwidth and the per-tier table of alpha/beta that the analytical model and
+// TA-MoE read.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "apps/moesim/commands.hpp"
+#include "apps/moesim/output.hpp"
+#include "core/scenario_loader.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+struct TopoSummary {
+  std::map<std::string, int> vertex_counts;
+  std::size_t cables = 0;
+  BytesPerSecond bisection{0};
+  std::vector<topology::TierRow> tiers;
+};
+
+TopoSummary summarize(const topology::Topology& topo) {
+  TopoSummary s;
+  for (const auto& v : topo.vertices()) s.vertex_counts[std::string(vertex_kind_name(v.kind))]++;
+  s.cables = topo.links().size() / 2;
+  s.bisection = topo.bisection_bandwidth();
+  s.tiers = topo.tier_table();
+  return s;
+}
+
+nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& topo,
+                               const TopoSummary& s) {
+  nlohmann::ordered_json j;
+  j["scenario"] = sc.name;
+  j["gpu"] = topo.gpu().name;
+  j["gpus"] = topo.num_gpus();
+  j["nodes"] = topo.num_nodes();
+  j["gpus_per_node"] = topo.gpus_per_node();
+  j["intra_node"] = std::string(intra_kind_name(topo.spec().intra.kind));
+  j["inter_node"] = std::string(inter_kind_name(topo.spec().inter.kind));
+  nlohmann::ordered_json counts = nlohmann::ordered_json::object();
+  for (const auto& [k, n] : s.vertex_counts) counts[k] = n;
+  j["vertices"] = counts;
+  j["links"] = s.cables;
+  j["directed_links"] = topo.links().size();
+  j["gpus_per_nic"] = topo.gpus_per_nic();
+  j["bisection_bandwidth_Bps"] = s.bisection.value();
+  auto& tiers = j["tiers"] = nlohmann::ordered_json::array();
+  for (const auto& t : s.tiers) {
+    tiers.push_back({{"tier", t.tier},
+                     {"pairs", t.pairs},
+                     {"min_hops", t.min_hops},
+                     {"max_hops", t.max_hops},
+                     {"min_alpha_s", t.min_alpha.value()},
+                     {"max_alpha_s", t.max_alpha.value()},
+                     {"min_bandwidth_Bps", t.min_bandwidth.value()},
+                     {"max_bandwidth_Bps", t.max_bandwidth.value()}});
+  }
+  return j;
+}
+
+template <typename T>
+std::string range_str(T lo, T hi) {
+  return lo == hi ? to_string(lo) : to_string(lo) + " .. " + to_string(hi);
+}
+
+void print_table(const Scenario& sc, const topology::Topology& topo, const TopoSummary& s) {
+  const auto& spec = topo.spec();
+  fmt::print("scenario    {}\n", sc.name);
+  fmt::print("gpus        {} x {} = {} nodes x {} per node\n", topo.num_gpus(), topo.gpu().name,
+             topo.num_nodes(), topo.gpus_per_node());
+  fmt::print("intra-node  {}, {} per GPU per direction, latency {}\n",
+             intra_kind_name(spec.intra.kind), to_string(spec.intra.bandwidth),
+             to_string(spec.intra.latency));
+  if (spec.inter.kind != InterKind::kNone) {
+    fmt::print("inter-node  {}, {} NIC(s) per node at {}, latency {}\n",
+               inter_kind_name(spec.inter.kind), spec.inter.nics_per_node,
+               to_string(spec.inter.nic_bandwidth), to_string(spec.inter.latency));
+  } else {
+    fmt::print("inter-node  none\n");
+  }
+  std::string counts;
+  for (const auto& [k, n] : s.vertex_counts)
+    counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, k);
+  fmt::print("vertices    {}\n", counts);
+  fmt::print("links       {} full-duplex ({} directed)\n", s.cables, topo.links().size());
+  fmt::print("bisection   {} per direction (ranks 0..{} | {}..{})\n", to_string(s.bisection),
+             topo.num_gpus() / 2 - 1, topo.num_gpus() / 2, topo.num_gpus() - 1);
+  fmt::print("\n{:>4}  {:>12}  {:>5}  {:>18}  {:>22}\n", "tier", "pairs", "hops", "alpha",
+             "bandwidth");
+  for (const auto& t : s.tiers) {
+    std::string hops = t.min_hops == t.max_hops ? fmt::format("{}", t.min_hops)
+                                                : fmt::format("{}-{}", t.min_hops, t.max_hops);
+    fmt::print("{:>4}  {:>12}  {:>5}  {:>18}  {:>22}\n", t.tier, t.pairs, hops,
+               range_str(t.min_alpha, t.max_alpha), range_str(t.min_bandwidth, t.max_bandwidth));
+  }
+}
+
+}  // namespace
+
+void register_topo(CLI::App& app) {
+  auto* cmd =
+      app.add_subcommand("topo", "Topology summary: counts, bisection, per-tier alpha/beta");
+  auto scenario = std::make_shared<std::string>();
+  auto json_path = std::make_shared<std::string>();
+  auto dot_path = std::make_shared<std::string>();
+  cmd->add_option("scenario", *scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  cmd->add_option("--json", *json_path, "Write the summary as JSON to this file");
+  cmd->add_option("--dot", *dot_path, "Write the graph in GraphViz DOT format to this file");
+  cmd->callback([=] {
+    std::string path = scenario->empty() ? default_scenario_path() : *scenario;
+    Scenario sc = load_scenario(path);
+    auto topo = topology::build_topology(sc.cluster);
+    TopoSummary s = summarize(*topo);
+    print_table(sc, *topo, s);
+    if (!json_path->empty()) {
+      auto j = to_json(sc, *topo, s);
+      write_file_atomic(*json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+    }
+    if (!dot_path->empty())
+      write_file_atomic(*dot_path, [&](std::ostream& os) { topology::write_dot(*topo, os); });
+  });
+}
+
+}  // namespace moesim::app

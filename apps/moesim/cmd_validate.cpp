@@ -1,0 +1,62 @@
+// `moesim validate SCENARIO.yaml`: parse and check a scenario (schema, units, consistency, GPU
+// and topology), print what it resolved to. Errors name file:line, key, found and expected.
+#include <fmt/format.h>
+
+#include "apps/moesim/commands.hpp"
+#include "core/scenario_loader.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+void print_summary(const Scenario& sc, const topology::Topology& topo) {
+  const auto& m = sc.model;
+  const auto& p = sc.parallelism;
+  fmt::print("{}: valid\n", sc.source_file);
+  fmt::print("  name         {}\n", sc.name);
+  if (!sc.description.empty()) fmt::print("  description  {}\n", sc.description);
+  fmt::print("  cluster      {} GPUs ({}) = {} nodes x {}; {} intra-node; {} inter-node\n",
+             topo.num_gpus(), topo.gpu().name, sc.cluster.nodes, sc.cluster.gpus_per_node,
+             intra_kind_name(sc.cluster.intra.kind), inter_kind_name(sc.cluster.inter.kind));
+  fmt::print("  topology     {} vertices, {} full-duplex links\n", topo.vertices().size(),
+             topo.links().size() / 2);
+  fmt::print(
+      "  model        {}, {} layer(s), MoE every {}; B={} L={} (S={} tokens/GPU) M={} H={}\n",
+      name_of(m.mode), m.layers, m.moe_every, m.batch_per_gpu, m.seq_len, m.tokens_per_gpu(),
+      m.model_dim, m.hidden_dim);
+  std::string experts =
+      m.experts_per_gpu < 0
+          ? fmt::format("{} experts, each sharded over {} GPUs", m.experts, m.expert_shards())
+          : fmt::format("{} experts ({} per GPU)", m.experts, m.experts_per_gpu);
+  std::string cf =
+      m.capacity_factor > 0
+          ? fmt::format("f={}", m.capacity_factor)
+          : (m.capacity_factor == 0 ? std::string("f=dropless")
+                                    : fmt::format("f=dropless<={}", -m.capacity_factor));
+  fmt::print("  experts      {}; top-{}; {}; {}\n", experts, m.top_k, cf, dtype_name(m.dtype));
+  fmt::print("  parallelism  ep={} esp={} mp={} dp={}\n", p.ep, p.esp, p.mp, p.dp);
+  fmt::print("  workload     {} routing (seed {}), {} iteration(s)\n",
+             name_of(sc.workload.routing.distribution), sc.workload.routing.seed,
+             sc.workload.iterations);
+  fmt::print("  engine       {}\n", name_of(sc.engine.network));
+  for (const auto& s : sc.strategies)
+    fmt::print("  strategy     {:<16} {}\n", s.name, describe_roles(s));
+}
+
+}  // namespace
+
+void register_validate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("validate", "Parse and check a scenario, print a summary");
+  auto scenario = std::make_shared<std::string>();
+  cmd->add_option("scenario", *scenario, "Scenario YAML")->required();
+  cmd->callback([=] {
+    Scenario sc = load_scenario(*scenario);
+    // Building the topology resolves the GPU and checks the cluster's wiring, so a scenario that
+    // validates is one that every later command can run.
+    auto topo = topology::build_topology(sc.cluster);
+    print_summary(sc, *topo);
+  });
+}
+
+}  // namespace moesim::app

@@ -1,0 +1,104 @@
+// The `simgrid` network model: the same batches of transfers the `flow` model runs, executed by
+// SimGrid 3.32 on a platform generated from our Topology. It is the independent, well-validated
+// reference the flow model is checked against at small and medium scale (DESIGN.md 4.1).
+//
+// Semantics (identical to the flow model, checked by tests/sim/simgrid_model_test.cpp):
+//   - every Transfer (src != dst) is one flow along topology.route(src, dst) over directed links;
+//     each directed link is its own SimGrid link, so opposite directions never share;
+//   - a flow first waits L = sum of its route's link latencies + params.message_latency_s, then
+//     moves W = bytes + params.message_overhead_s * B_inj (B_inj: bandwidth of the route's first
+//     link) at the max-min fair rate among the flows moving at that time;
+//   - a zero-byte transfer only waits L; a transfer with src == dst is local (no network) and
+//     completes at once;
+//   - a batch completes when its last flow finishes (an empty batch at the time it starts).
+//
+// SimGrid is configured as the plain fluid max-min model: network/model:CM02,
+// network/crosstraffic:0, network/TCP-gamma:0 (no window bound), latency and bandwidth factors 1,
+// weight-S 0. With these, SimGrid's own latency semantics are exactly "wait L, then transfer" (the
+// flow takes no bandwidth during its latency phase); the tests check it to 1e-9.
+//
+// Two ways to express the traffic, chosen at construction (the SimGrid host model must be fixed
+// before the platform is built):
+//   - per_flow: one SimGrid Comm per transfer: exact per-flow max-min. Cost grows with the number
+//     of flows (about 1.5 KB and a few microseconds per flow), fine up to ~10^5 flows in flight.
+//   - ptask: one parallel task (host/model:ptask_L07) per (source node, destination node) pair of
+//     a batch, carrying the byte matrix of that pair's transfers. Much faster at scale. It differs
+//     from per-flow sharing in two ways: all flows of one task progress at one common rate (they
+//     end together, their bandwidth split in proportion to their sizes, where per-flow max-min
+//     splits a shared link equally and lets short flows finish first), and the task waits the
+//     largest latency of its flows before any of them moves. On symmetric traffic (a linear
+//     all-to-all of equal sizes) both give the same time; on skewed traffic (unequal sizes within
+//     a node pair) ptask is pessimistic for the small flows and may be optimistic or pessimistic
+//     for the batch, see the tests.
+//   - auto: per_flow when the topology has at most `auto_per_flow_max_gpus` GPUs, ptask above.
+//
+// Time: next_completion_time() asks SimGrid's models for their next event without advancing
+// (Model::next_occurring_event, idempotent in 3.32). Flows inside a batch end, and latency phases
+// end, at times when no batch completes; SimGrid cannot look past them without simulating them,
+// so next_completion_time() returns the next SimGrid event, which is a lower bound on the next
+// batch completion: advance_to() to such a time returns an empty list. Completions are then
+// reported at exactly the time advance_to() was given.
+//
+// One SimgridModel per process: SimGrid 3.32 allows one Engine per process and no re-creation
+// after it is destroyed. Constructing a second SimgridModel in the same process throws
+// RuntimeError (run comparisons in separate processes, as the tests do).
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "sim/network_model.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::sim {
+
+enum class SimgridMode { kPerFlow, kPtask, kAuto };
+std::string_view simgrid_mode_name(SimgridMode m);  // "per_flow" | "ptask" | "auto"
+/// Parses "per_flow" | "ptask" | "auto"; throws InputError naming the accepted values.
+SimgridMode parse_simgrid_mode(std::string_view text);
+
+struct SimgridOptions {
+  SimgridMode mode = SimgridMode::kAuto;
+  /// kAuto picks per_flow up to this many GPUs (a full all-to-all is then <= 128^2 = 16k flows),
+  /// ptask above.
+  int auto_per_flow_max_gpus = 128;
+};
+
+class SimgridModel final : public NetworkModel {
+ public:
+  /// Builds the SimGrid engine and platform for `topo` (which must outlive the model). Throws
+  /// RuntimeError if this process already created a SimGrid engine.
+  SimgridModel(const topology::Topology& topo, NetworkParams params, SimgridOptions options = {});
+  ~SimgridModel() override;
+  SimgridModel(const SimgridModel&) = delete;
+  SimgridModel& operator=(const SimgridModel&) = delete;
+
+  std::string_view name() const override { return "simgrid"; }
+  BatchId start_batch(double now_s, const std::vector<Transfer>& transfers,
+                      int priority = 0) override;
+  double next_completion_time() override;
+  std::vector<BatchCompletion> advance_to(double t) override;
+  /// Payload bytes (without the per-message overhead) of the flows finished so far, per directed
+  /// link.
+  std::vector<double> link_bytes() const override;
+
+  /// The mode in use (never kAuto).
+  SimgridMode mode() const;
+  /// Current simulated time of the model, seconds.
+  double now() const;
+  /// SimGrid activities (Comms or parallel tasks) started so far.
+  std::int64_t num_activities_started() const;
+
+  /// True once this process has created a SimGrid engine (a second model cannot be built).
+  static bool engine_created();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesim::sim

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include "core/error.hpp"
 #include "topology/detail.hpp"
@@ -793,12 +794,51 @@ std::vector<TierRow> StructuredTopology::compute_tier_table() const {
       }
     }
   }
-  for (int n1 = 0; n1 < spec_.nodes; ++n1) {
-    for (int n2 = 0; n2 < spec_.nodes; ++n2) {
-      if (n1 == n2) continue;
-      for (int i = 0; i < m_; ++i) {
-        for (int j = 0; j < m_; ++j) {
-          acc.add(cost(inter_summary(n1 * m_ + i, n2 * m_ + j, n1, n2)));
+  if (nics_ == 0) return acc.rows();
+  // Inter-node pairs: with uniform fabric cells, a pair's summary depends only on the local GPUs
+  // and on which switches the two nodes' NICs hang off. Nodes with the same NIC switches form a
+  // class (e.g. all nodes under one leaf), and each class pair is summarised once, weighted by
+  // its number of node pairs: 4,096 GPUs cost ~leaves^2 * m^2 summaries instead of P^2.
+  std::map<std::vector<std::uint32_t>, int> class_index;
+  std::vector<std::vector<int>> members;
+  for (int n = 0; n < spec_.nodes; ++n) {
+    std::vector<std::uint32_t> key(
+        nic_switch_.begin() + static_cast<std::ptrdiff_t>(n) * nics_,
+        nic_switch_.begin() + static_cast<std::ptrdiff_t>(n + 1) * nics_);
+    auto [it, fresh] = class_index.emplace(std::move(key), static_cast<int>(members.size()));
+    if (fresh) members.emplace_back();
+    members[it->second].push_back(n);
+  }
+  for (const auto& a : members) {
+    for (const auto& b : members) {
+      const int n1 = a.front(), n2 = b.front();
+      bool uniform = true;
+      for (int k1 = 0; k1 < nics_ && uniform; ++k1) {
+        for (int k2 = 0; k2 < nics_ && uniform; ++k2) {
+          const std::size_t cell =
+              static_cast<std::size_t>(nic_switch_[static_cast<std::size_t>(n1) * nics_ + k1]) *
+                  num_dest_ +
+              nic_dest_[static_cast<std::size_t>(n2) * nics_ + k2];
+          uniform = fabric_sum_[cell].uniform;
+        }
+      }
+      if (uniform) {
+        const std::int64_t node_pairs = static_cast<std::int64_t>(a.size()) * b.size() -
+                                        (&a == &b ? static_cast<std::int64_t>(a.size()) : 0);
+        if (node_pairs == 0) continue;
+        for (int i = 0; i < m_; ++i) {
+          for (int j = 0; j < m_; ++j) {
+            acc.add(cost(inter_summary(n1 * m_ + i, n2 * m_ + j, n1, n2)), node_pairs);
+          }
+        }
+        continue;
+      }
+      for (int x : a) {  // ECMP may pick paths with different summaries: every pair on its own
+        for (int y : b) {
+          if (x == y) continue;
+          for (int i = 0; i < m_; ++i) {
+            for (int j = 0; j < m_; ++j) acc.add(cost(inter_summary(x * m_ + i, y * m_ + j, x, y)));
+          }
         }
       }
     }

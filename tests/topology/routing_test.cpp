@@ -122,6 +122,52 @@ TEST(Routing, RoutesAreChainsAndPairCostDescribesThem) {
   }
 }
 
+TEST(Routing, TierTableMatchesEveryPairCost) {
+  // tier_table() summarises classes of alike nodes; it must agree with pair_cost on every pair.
+  auto many = cases();
+  auto big_fat = make_spec(24, 4, IntraKind::kNvswitch, InterKind::kFatTree);
+  big_fat.inter.switch_radix = 8;  // 4 NIC ports per leaf: one node per leaf, 3 levels
+  many.push_back({"fat_tree_24", big_fat});
+  auto shared = make_spec(12, 4, IntraKind::kNvlinkRing, InterKind::kRailOptimized);
+  shared.inter.nics_per_node = 2;
+  shared.inter.switch_radix = 10;
+  many.push_back({"rail_shared_nics", shared});
+  for (const auto& c : many) {
+    auto t = build_topology(c.spec);
+    std::map<int, TierRow> expect;
+    for (int s = 0; s < t->num_gpus(); ++s) {
+      for (int d = 0; d < t->num_gpus(); ++d) {
+        if (s == d) continue;
+        const PairCost pc = t->pair_cost(s, d);
+        auto [it, fresh] = expect.try_emplace(pc.tier);
+        TierRow& r = it->second;
+        if (fresh) {
+          r = TierRow{pc.tier, 0, pc.hops, pc.hops, pc.alpha, pc.alpha, pc.bandwidth, pc.bandwidth};
+        }
+        ++r.pairs;
+        r.min_hops = std::min(r.min_hops, pc.hops);
+        r.max_hops = std::max(r.max_hops, pc.hops);
+        r.min_alpha = std::min(r.min_alpha, pc.alpha);
+        r.max_alpha = std::max(r.max_alpha, pc.alpha);
+        r.min_bandwidth = std::min(r.min_bandwidth, pc.bandwidth);
+        r.max_bandwidth = std::max(r.max_bandwidth, pc.bandwidth);
+      }
+    }
+    const auto rows = t->tier_table();
+    ASSERT_EQ(rows.size(), expect.size()) << c.name;
+    for (const auto& row : rows) {
+      const TierRow& e = expect.at(row.tier);
+      EXPECT_EQ(row.pairs, e.pairs) << c.name << " tier " << row.tier;
+      EXPECT_EQ(row.min_hops, e.min_hops) << c.name;
+      EXPECT_EQ(row.max_hops, e.max_hops) << c.name;
+      EXPECT_DOUBLE_EQ(row.min_alpha.value(), e.min_alpha.value()) << c.name;
+      EXPECT_DOUBLE_EQ(row.max_alpha.value(), e.max_alpha.value()) << c.name;
+      EXPECT_DOUBLE_EQ(row.min_bandwidth.value(), e.min_bandwidth.value()) << c.name;
+      EXPECT_DOUBLE_EQ(row.max_bandwidth.value(), e.max_bandwidth.value()) << c.name;
+    }
+  }
+}
+
 TEST(Routing, RoutesAreShortest) {
   // In a leaf-spine fabric, same-leaf pairs never climb to a spine, and other pairs take exactly
   // one spine.

@@ -15,7 +15,7 @@ namespace {
 
 constexpr std::uint16_t kUnreached = std::numeric_limits<std::uint16_t>::max();
 
-VertexKind parse_kind(const CustomVertex& v, std::size_t index) {
+VertexKind parse_kind(const CustomVertex& v, std::size_t index, const SourceLocation& where) {
   static const std::pair<const char*, VertexKind> kinds[] = {
       {"gpu", VertexKind::kGpu},
       {"nic", VertexKind::kNic},
@@ -27,7 +27,7 @@ VertexKind parse_kind(const CustomVertex& v, std::size_t index) {
     if (v.kind == name) return kind;
   }
   throw InputError(
-      v.where, "cluster.custom.vertices[" + std::to_string(index) + "].kind",
+      where, "cluster.custom.vertices[" + std::to_string(index) + "].kind",
       "found '" + v.kind + "', expected gpu, nic, nvswitch, pcie_switch, host_bridge or switch");
 }
 
@@ -51,60 +51,68 @@ class CustomTopology final : public Topology {
 CustomTopology::CustomTopology(const ClusterSpec& spec) : Topology(spec) {
   const CustomTopologySpec& custom = *spec_.custom;
   const int p = num_gpus();
+  // The loader's locations when it recorded them on the entry, else by key path.
+  auto where = [&](const SourceLocation& loc, const std::string& key) {
+    return loc.line > 0 ? loc : spec_.location_of(key);
+  };
   GraphBuilder b(vertices_, links_);
   std::unordered_map<std::string, VertexId> by_name;
-  gpu_vertex_.assign(p, std::numeric_limits<VertexId>::max());
+  // GPUs are implicit (gpu0..gpu{P-1}, node-major) and come first, so gpu r is vertex r; listing
+  // one is allowed and only checked.
+  gpu_vertex_.resize(p);
+  for (int r = 0; r < p; ++r) {
+    const std::string name = "gpu" + std::to_string(r);
+    gpu_vertex_[r] = b.add_vertex(VertexKind::kGpu, r / spec_.gpus_per_node, r, 0, name);
+    by_name.emplace(name, gpu_vertex_[r]);
+  }
+  std::vector<char> listed(p, 0);
   std::vector<int> nics_in_node(spec_.nodes, 0);
   int other = 0;
   for (std::size_t x = 0; x < custom.vertices.size(); ++x) {
     const CustomVertex& cv = custom.vertices[x];
     const std::string key = "cluster.custom.vertices[" + std::to_string(x) + "]";
-    const VertexKind kind = parse_kind(cv, x);
-    if (by_name.count(cv.name) != 0) {
-      throw InputError(cv.where, key + ".name", "found duplicate vertex name '" + cv.name + "'");
-    }
+    const VertexKind kind = parse_kind(cv, x, where(cv.where, key + ".kind"));
     int node = cv.node;
-    int index = 0;
     if (kind == VertexKind::kGpu) {
       int rank = -1;
-      if (cv.name.rfind("gpu", 0) == 0 && cv.name.size() > 3 &&
-          cv.name.find_first_not_of("0123456789", 3) == std::string::npos && cv.name.size() < 12) {
+      if (cv.name.rfind("gpu", 0) == 0 && cv.name.size() > 3 && cv.name.size() < 12 &&
+          cv.name.find_first_not_of("0123456789", 3) == std::string::npos) {
         rank = std::stoi(cv.name.substr(3));
       }
       if (rank < 0 || rank >= p) {
-        throw InputError(cv.where, key + ".name",
+        throw InputError(where(cv.where, key + ".name"), key + ".name",
                          "found GPU '" + cv.name + "', expected gpu0..gpu" + std::to_string(p - 1) +
                              " (cluster.nodes x cluster.gpus_per_node GPUs)");
       }
+      if (listed[rank]++) {
+        throw InputError(where(cv.where, key + ".name"), key + ".name",
+                         "found duplicate vertex name '" + cv.name + "'");
+      }
       if (node >= 0 && node != rank / spec_.gpus_per_node) {
-        throw InputError(cv.where, key + ".node",
+        throw InputError(where(cv.where, key + ".node"), key + ".node",
                          "found node " + std::to_string(node) + " for " + cv.name + ", expected " +
                              std::to_string(rank / spec_.gpus_per_node) +
                              " (GPU ranks are numbered node by node)");
       }
-      node = rank / spec_.gpus_per_node;
-      index = rank;
-    } else if (kind == VertexKind::kNic) {
-      if (node >= spec_.nodes) {
-        throw InputError(
-            cv.where, key + ".node",
-            "found " + std::to_string(node) + ", expected 0.." + std::to_string(spec_.nodes - 1));
-      }
+      continue;
+    }
+    if (by_name.count(cv.name) != 0) {
+      throw InputError(where(cv.where, key + ".name"), key + ".name",
+                       "found duplicate vertex name '" + cv.name + "'");
+    }
+    if (node >= spec_.nodes) {
+      throw InputError(
+          where(cv.where, key + ".node"), key + ".node",
+          "found " + std::to_string(node) + ", expected 0.." + std::to_string(spec_.nodes - 1));
+    }
+    int index = 0;
+    if (kind == VertexKind::kNic) {
       index = node >= 0 ? nics_in_node[node]++ : other++;
     } else {
       index = other++;
       if (kind == VertexKind::kSwitch) node = -1;
     }
-    const VertexId v = b.add_vertex(kind, node, index, 0, cv.name);
-    by_name.emplace(cv.name, v);
-    if (kind == VertexKind::kGpu) gpu_vertex_[index] = v;
-  }
-  for (int r = 0; r < p; ++r) {
-    if (gpu_vertex_[r] == std::numeric_limits<VertexId>::max()) {
-      throw InputError(spec_.where, "cluster.custom.vertices",
-                       "found no vertex gpu" + std::to_string(r) + ", expected gpu0..gpu" +
-                           std::to_string(p - 1) + " (one per GPU of the cluster)");
-    }
+    by_name.emplace(cv.name, b.add_vertex(kind, node, index, 0, cv.name));
   }
   for (std::size_t x = 0; x < custom.links.size(); ++x) {
     const CustomLink& cl = custom.links[x];
@@ -114,19 +122,20 @@ CustomTopology::CustomTopology(const ClusterSpec& spec) : Topology(spec) {
     for (int e = 0; e < 2; ++e) {
       auto it = by_name.find(*names[e]);
       if (it == by_name.end()) {
-        throw InputError(cl.where, key,
+        throw InputError(where(cl.where, key), key,
                          "found unknown vertex '" + *names[e] +
                              "', expected a name from cluster.custom.vertices");
       }
       ends[e] = it->second;
     }
     if (ends[0] == ends[1]) {
-      throw InputError(cl.where, key, "found a link from '" + cl.a + "' to itself");
+      throw InputError(where(cl.where, key), key, "found a link from '" + cl.a + "' to itself");
     }
     if (cl.bandwidth.value() <= 0) {
-      throw InputError(cl.where, key + ".bandwidth", "must be > 0");
+      throw InputError(where(cl.where, key + ".bandwidth"), key + ".bandwidth", "must be > 0");
     }
-    if (cl.latency.value() < 0) throw InputError(cl.where, key + ".latency", "must be >= 0");
+    if (cl.latency.value() < 0)
+      throw InputError(where(cl.where, key + ".latency"), key + ".latency", "must be >= 0");
     // A custom link's latency is the link's own (not half of a tier's).
     b.add_cable(ends[0], ends[1], cl.bandwidth, cl.latency, 0);
   }
@@ -199,7 +208,7 @@ void CustomTopology::compute_distances(const Graph& g) {
     }
     for (int s = 0; s < p; ++s) {
       if (dist[gpu_vertex_[s]] == kUnreached) {
-        throw InputError(spec_.where, "cluster.custom.links",
+        throw InputError(spec_.location_of("cluster.custom.links"), "cluster.custom.links",
                          "gpu" + std::to_string(s) + " cannot reach gpu" + std::to_string(t) +
                              " (GPUs do not forward traffic), expected a connected topology");
       }

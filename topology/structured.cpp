@@ -317,11 +317,11 @@ void StructuredTopology::build_fat_tree() {
   int levels = inter.levels;
   if (levels == 0) levels = leaves <= r ? 2 : 3;
   if (levels != 2 && levels != 3) {
-    throw InputError(spec_.where, "cluster.inter_node.levels",
+    throw InputError(spec_.location_of("cluster.inter_node.levels"), "cluster.inter_node.levels",
                      "found " + std::to_string(levels) + ", expected 2 or 3 (or 0 for auto)");
   }
   if (levels == 2 && leaves > r) {
-    throw InputError(spec_.where, "cluster.inter_node.levels",
+    throw InputError(spec_.location_of("cluster.inter_node.levels"), "cluster.inter_node.levels",
                      "a 2-level fat_tree of radix " + std::to_string(r) + " holds at most " +
                          std::to_string(std::int64_t{down} * r) + " NICs, found " +
                          std::to_string(num_nics) + "; use 3 levels or a larger switch_radix");
@@ -329,7 +329,8 @@ void StructuredTopology::build_fat_tree() {
   const int per_pod = std::max(1, r / 2);  // an aggregation switch: half its ports down
   const int pods = ceil_div(leaves, per_pod);
   if (levels == 3 && pods > r) {
-    throw InputError(spec_.where, "cluster.inter_node.switch_radix",
+    throw InputError(spec_.location_of("cluster.inter_node.switch_radix"),
+                     "cluster.inter_node.switch_radix",
                      "a 3-level fat_tree of radix " + std::to_string(r) + " holds at most " +
                          std::to_string(std::int64_t{down} * per_pod * r) + " NICs, found " +
                          std::to_string(num_nics));
@@ -406,7 +407,7 @@ void StructuredTopology::build_dragonfly() {
   int groups = inter.groups;
   if (groups == 0) groups = std::max(1, static_cast<int>(std::ceil(std::sqrt(nodes))));
   if (groups < 1 || groups > nodes) {
-    throw InputError(spec_.where, "cluster.inter_node.groups",
+    throw InputError(spec_.location_of("cluster.inter_node.groups"), "cluster.inter_node.groups",
                      "found " + std::to_string(groups) + ", expected 1.." + std::to_string(nodes) +
                          " (at most one group per node)");
   }
@@ -422,7 +423,8 @@ void StructuredTopology::build_dragonfly() {
         std::clamp(ceil_div(std::int64_t{max_group_nodes} * nics_, terminals), 1, max_group_nodes);
   }
   if (routers < 1) {
-    throw InputError(spec_.where, "cluster.inter_node.routers_per_group", "must be at least 1");
+    throw InputError(spec_.location_of("cluster.inter_node.routers_per_group"),
+                     "cluster.inter_node.routers_per_group", "must be at least 1");
   }
   GraphBuilder b(vertices_, links_);
   const Seconds half = inter.latency * 0.5;
@@ -466,7 +468,7 @@ void StructuredTopology::build_tree() {
   std::function<int(const TreeSpec&)> height = [&](const TreeSpec& t) -> int {
     if (t.is_leaf) return 1;
     if (t.children.empty()) {
-      throw InputError(spec_.where, "cluster.inter_node.tree",
+      throw InputError(spec_.location_of("cluster.inter_node.tree"), "cluster.inter_node.tree",
                        "found an empty list, expected switches or node counts");
     }
     int h = 0;
@@ -475,14 +477,15 @@ void StructuredTopology::build_tree() {
   };
   const int top = height(inter.tree);
   if (static_cast<int>(level_bw.size()) > top - 1) {
-    throw InputError(spec_.where, "cluster.inter_node.tree_level_bandwidth",
+    throw InputError(spec_.location_of("cluster.inter_node.tree_level_bandwidth"),
+                     "cluster.inter_node.tree_level_bandwidth",
                      "found " + std::to_string(level_bw.size()) + " levels, expected at most " +
                          std::to_string(top - 1) + " (one per switch level below the root)");
   }
   for (const auto& bw : level_bw) {
     if (bw.value() <= 0) {
-      throw InputError(spec_.where, "cluster.inter_node.tree_level_bandwidth",
-                       "bandwidths must be > 0");
+      throw InputError(spec_.location_of("cluster.inter_node.tree_level_bandwidth"),
+                       "cluster.inter_node.tree_level_bandwidth", "bandwidths must be > 0");
     }
   }
   GraphBuilder b(vertices_, links_);
@@ -497,7 +500,7 @@ void StructuredTopology::build_tree() {
   std::function<Built(const TreeSpec&)> make = [&](const TreeSpec& t) -> Built {
     if (t.is_leaf) {
       if (t.leaf_nodes < 1) {
-        throw InputError(spec_.where, "cluster.inter_node.tree",
+        throw InputError(spec_.location_of("cluster.inter_node.tree"), "cluster.inter_node.tree",
                          "found a leaf switch with " + std::to_string(t.leaf_nodes) +
                              " nodes, expected at least 1");
       }
@@ -526,7 +529,7 @@ void StructuredTopology::build_tree() {
   };
   make(inter.tree);
   if (next_node != spec_.nodes) {
-    throw InputError(spec_.where, "cluster.inter_node.tree",
+    throw InputError(spec_.location_of("cluster.inter_node.tree"), "cluster.inter_node.tree",
                      "the tree's leaf switches hold " + std::to_string(next_node) +
                          " nodes, expected cluster.nodes = " + std::to_string(spec_.nodes));
   }

@@ -138,10 +138,12 @@ BytesPerSecond Topology::bisection_bandwidth() const {
 namespace {
 
 void apply_defaults(ClusterSpec& spec) {
-  const auto& loc = spec.where;
   resolve_gpu(spec.gpu);
-  if (spec.nodes < 1) throw InputError(loc, "cluster.nodes", "must be at least 1");
-  if (spec.gpus_per_node < 1) throw InputError(loc, "cluster.gpus_per_node", "must be at least 1");
+  if (spec.nodes < 1)
+    throw InputError(spec.location_of("cluster.nodes"), "cluster.nodes", "must be at least 1");
+  if (spec.gpus_per_node < 1)
+    throw InputError(spec.location_of("cluster.gpus_per_node"), "cluster.gpus_per_node",
+                     "must be at least 1");
   auto& intra = spec.intra;
   if (intra.bandwidth.value() <= 0) {
     // Unset: the GPU's own link (NVLink per direction, or its PCIe slot).
@@ -150,50 +152,61 @@ void apply_defaults(ClusterSpec& spec) {
   }
   if (intra.bandwidth.value() <= 0 && spec.gpus_per_node > 1 &&
       spec.inter.kind != InterKind::kCustom) {
-    throw InputError(loc, "cluster.intra_node.bandwidth",
+    throw InputError(spec.location_of("cluster.intra_node.bandwidth"),
+                     "cluster.intra_node.bandwidth",
                      "found no bandwidth (GPU '" + spec.gpu.name + "' has no " +
                          (intra.kind == IntraKind::kPcie ? "PCIe" : "NVLink") +
                          " figure), expected a rate such as 300GB/s");
   }
   if (intra.latency.value() < 0) {
-    throw InputError(loc, "cluster.intra_node.latency", "must not be negative");
+    throw InputError(spec.location_of("cluster.intra_node.latency"), "cluster.intra_node.latency",
+                     "must not be negative");
   }
   if (intra.kind == IntraKind::kPcie) {
     if (intra.gpus_per_pcie_switch < 1) {
-      throw InputError(loc, "cluster.intra_node.gpus_per_pcie_switch", "must be at least 1");
+      throw InputError(spec.location_of("cluster.intra_node.gpus_per_pcie_switch"),
+                       "cluster.intra_node.gpus_per_pcie_switch", "must be at least 1");
     }
-    if (intra.sockets < 1) throw InputError(loc, "cluster.intra_node.sockets", "must be >= 1");
+    if (intra.sockets < 1)
+      throw InputError(spec.location_of("cluster.intra_node.sockets"), "cluster.intra_node.sockets",
+                       "must be >= 1");
     if (intra.socket_link_bandwidth.value() <= 0) intra.socket_link_bandwidth = intra.bandwidth;
   }
   auto& inter = spec.inter;
   if (inter.kind == InterKind::kNone && spec.nodes > 1) {
-    throw InputError(loc, "cluster.inter_node.kind",
+    throw InputError(spec.location_of("cluster.inter_node.kind"), "cluster.inter_node.kind",
                      "found none with " + std::to_string(spec.nodes) +
                          " nodes, expected switch, fat_tree, rail_optimized, dragonfly, tree or "
                          "custom");
   }
   if (inter.kind != InterKind::kNone && inter.kind != InterKind::kCustom) {
     if (inter.nics_per_node < 1) {
-      throw InputError(loc, "cluster.inter_node.nics_per_node", "must be at least 1");
+      throw InputError(spec.location_of("cluster.inter_node.nics_per_node"),
+                       "cluster.inter_node.nics_per_node", "must be at least 1");
     }
     if (inter.nic_bandwidth.value() <= 0) {
-      throw InputError(loc, "cluster.inter_node.nic_bandwidth",
+      throw InputError(spec.location_of("cluster.inter_node.nic_bandwidth"),
+                       "cluster.inter_node.nic_bandwidth",
                        "found no bandwidth, expected a rate such as 200Gb/s");
     }
     if (inter.latency.value() < 0) {
-      throw InputError(loc, "cluster.inter_node.latency", "must not be negative");
+      throw InputError(spec.location_of("cluster.inter_node.latency"), "cluster.inter_node.latency",
+                       "must not be negative");
     }
     if (!(inter.oversubscription > 0)) {
-      throw InputError(loc, "cluster.inter_node.oversubscription", "must be > 0");
+      throw InputError(spec.location_of("cluster.inter_node.oversubscription"),
+                       "cluster.inter_node.oversubscription", "must be > 0");
     }
     if (inter.switch_radix < 2) {
-      throw InputError(loc, "cluster.inter_node.switch_radix", "must be at least 2");
+      throw InputError(spec.location_of("cluster.inter_node.switch_radix"),
+                       "cluster.inter_node.switch_radix", "must be at least 2");
     }
     if (inter.local_bandwidth.value() <= 0) inter.local_bandwidth = inter.nic_bandwidth;
     if (inter.global_bandwidth.value() <= 0) inter.global_bandwidth = inter.nic_bandwidth;
   }
   if (inter.kind == InterKind::kCustom && !spec.custom) {
-    throw InputError(loc, "cluster.custom", "inter_node.kind is custom but no custom topology");
+    throw InputError(spec.location_of("cluster.custom"), "cluster.custom",
+                     "inter_node.kind is custom but no custom topology");
   }
 }
 

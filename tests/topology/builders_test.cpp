@@ -229,11 +229,14 @@ TEST(FatTree, ThreeLevelsWhenTwoDoNotFit) {
   EXPECT_DOUBLE_EQ(t->bisection_bandwidth().value(), 8 * 25 * kGB);
 
   spec.inter.levels = 2;
+  spec.locations["cluster.inter_node.levels"] = SourceLocation{"ft.yaml", 9, 5};
   try {
     build_topology(spec);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_EQ(e.key(), "cluster.inter_node.levels");
+    EXPECT_EQ(e.location().file, "ft.yaml");  // the loader's location of the key
+    EXPECT_EQ(e.location().line, 9);
     EXPECT_THAT(e.message(), HasSubstr("holds at most 8 NICs"));
   }
 }

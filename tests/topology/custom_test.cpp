@@ -48,6 +48,40 @@ TEST(Custom, BuildsTheGivenGraph) {
   EXPECT_DOUBLE_EQ(t->bisection_bandwidth().value(), 32 * kGB);
 }
 
+TEST(Custom, GpusAreImplicit) {
+  // The scenarios/custom-2x2.yaml shape: GPUs not listed, both GPUs of a node and its NIC under
+  // one PCIe switch, NICs on one switch.
+  ClusterSpec s = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kCustom);
+  CustomTopologySpec c;
+  c.vertices = {{"node0.pcie", "pcie_switch", 0, {}},
+                {"node1.pcie", "pcie_switch", 1, {}},
+                {"node0.nic", "nic", 0, {}},
+                {"node1.nic", "nic", 1, {}},
+                {"tor", "switch", -1, {}}};
+  c.links = {{"gpu0", "node0.pcie", 32_GBps, 1_us, {}},
+             {"gpu1", "node0.pcie", 32_GBps, 1_us, {}},
+             {"gpu2", "node1.pcie", 32_GBps, 1_us, {}},
+             {"gpu3", "node1.pcie", 32_GBps, 1_us, {}},
+             {"node0.nic", "node0.pcie", 32_GBps, 500_ns, {}},
+             {"node1.nic", "node1.pcie", 32_GBps, 500_ns, {}},
+             {"node0.nic", "tor", 100_Gbps, 1_us, {}},
+             {"node1.nic", "tor", 100_Gbps, 1_us, {}}};
+  s.custom = c;
+  auto t = build_topology(s);
+  EXPECT_EQ(t->vertices().size(), 4u + 5);
+  EXPECT_EQ(t->vertices()[t->gpu_vertex(3)].name, "gpu3");
+  EXPECT_EQ(t->vertices()[t->gpu_vertex(3)].node, 1);
+  const PairCost intra = t->pair_cost(0, 1);
+  EXPECT_EQ(intra.hops, 2);
+  EXPECT_DOUBLE_EQ(intra.alpha.value(), 2 * kUs);
+  EXPECT_EQ(intra.tier, 0);
+  const PairCost inter = t->pair_cost(1, 2);  // gpu1-pcie-nic-tor-nic-pcie-gpu2
+  EXPECT_EQ(inter.hops, 6);
+  EXPECT_DOUBLE_EQ(inter.alpha.value(), 1 * kUs + 0.5 * kUs + 2 * kUs + 0.5 * kUs + 1 * kUs);
+  EXPECT_DOUBLE_EQ(inter.bandwidth.value(), 12.5 * kGB / 2);  // 100 Gb/s NIC, 2 GPUs on it
+  EXPECT_EQ(inter.tier, 1);
+}
+
 TEST(Custom, EcmpUsesBothParallelSwitches) {
   // 2 nodes x 4 GPUs sharing one NIC per node: 16 inter-node pairs over two switches.
   ClusterSpec s = make_spec(2, 4, IntraKind::kNvswitch, InterKind::kCustom);
@@ -129,6 +163,16 @@ TEST(Custom, ErrorsNameTheProblem) {
   {
     auto s = custom_spec();
     s.custom->vertices.push_back({"sw0", "switch", -1, {}});
+    EXPECT_THROW(build_topology(s), InputError);
+  }
+  {
+    auto s = custom_spec();
+    s.custom->vertices.push_back({"gpu1", "gpu", -1, {}});  // listed twice
+    EXPECT_THROW(build_topology(s), InputError);
+  }
+  {
+    auto s = custom_spec();
+    s.custom->vertices[1].node = 0;  // gpu1 is on node 1
     EXPECT_THROW(build_topology(s), InputError);
   }
 }

@@ -962,6 +962,12 @@ ClusterSpec load_cluster_file(const std::string& path) {
   if (!root.IsDefined() || root.IsNull())
     throw InputError(SourceLocation{path, 1, 1}, "",
                      "found an empty document, expected a map with a 'cluster:' section");
+  // A whole scenario is accepted too (its cluster is taken), so `compare --topology` can point
+  // at another scenario file; it is then validated in full.
+  if (root.IsMap()) {
+    for (std::string_view key : {"model", "parallelism", "workload", "engine", "strategies"})
+      if (root[std::string(key)]) return parse_scenario(root, path).cluster;
+  }
   MapReader m(ctx, root, "", {"name", "description", "cluster"}, SourceLocation{path, 1, 1});
   m.require("cluster", "the cluster section (gpu, nodes, gpus_per_node, intra_node, inter_node)");
   ClusterSpec c = parse_cluster(m);

@@ -26,7 +26,8 @@ Scenario parse_scenario(const YAML::Node& root, const std::string& file);
 Scenario parse_scenario_string(std::string_view yaml, const std::string& pseudo_file);
 
 /// A topology file for `compare --topology`: top-level `cluster:`, optionally with `name:` and
-/// `description:`. The cluster's name is `name:`, else the file stem.
+/// `description:`. The cluster's name is `name:`, else the file stem. A full scenario file is
+/// accepted as well (validated in full; its cluster is returned, named after the scenario).
 ClusterSpec load_cluster_file(const std::string& path);
 
 /// Reads a YAML file into a tree: InputError for a missing/unreadable file or a syntax error

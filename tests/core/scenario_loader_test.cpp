@@ -464,8 +464,17 @@ TEST(ScenarioLoader, LoadsATopologyFile) {
   EXPECT_DOUBLE_EQ(c.inter.oversubscription, 2.0);
   EXPECT_EQ(c.where.line, 3);
   EXPECT_EQ(c.location_of("cluster.inter_node").line, 8);
-  // Nothing but name/description/cluster in such a file.
-  EXPECT_THROW(load_cluster_file(kData + "/with-calibration.yaml"), InputError);
+  // A whole scenario file also works as a topology: its cluster, named after the scenario.
+  ClusterSpec from_scenario = load_cluster_file(kData + "/with-calibration.yaml");
+  EXPECT_EQ(from_scenario.name, "with-calibration");
+  EXPECT_EQ(from_scenario.num_gpus(), 2);
+  // Otherwise only name/description/cluster are allowed.
+  try {
+    load_cluster_file(kData + "/routing_trace.csv");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), StartsWith(kData + "/routing_trace.csv:1:1: "));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

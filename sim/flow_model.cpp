@@ -1,2 +1,551 @@
-// Placeholder: being written.
-namespace moesim::sim {}
+#include "sim/flow_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "core/error.hpp"
+
+namespace moesim::sim {
+
+namespace {
+
+// Events closer than this relative amount of simulated time are one event (DESIGN: batching of
+// simultaneous events, so symmetric collectives cost one recomputation per phase, not per flow).
+constexpr double kRelTol = 1e-9;
+
+// Per-flow state codes. Moving flows alternate between two codes so that a solve can tell the
+// flows it has already assigned (the other code) from those it has not, without a reset pass.
+constexpr std::uint8_t kPending = 0;
+constexpr std::uint8_t kMovingA = 1;
+constexpr std::uint8_t kMovingB = 2;
+constexpr std::uint8_t kDone = 3;
+inline bool is_moving(std::uint8_t s) { return s == kMovingA || s == kMovingB; }
+
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() {
+    acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double& acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+bool transfer_less(const Transfer& a, const Transfer& b) {
+  return std::tie(a.src, a.dst, a.bytes) < std::tie(b.src, b.dst, b.bytes);
+}
+bool transfer_same(const Transfer& a, const Transfer& b) {
+  return a.src == b.src && a.dst == b.dst && a.bytes == b.bytes;
+}
+
+}  // namespace
+
+// One batch: its flows in flat arrays, indexed by a local flow id.
+struct FlowModel::Segment {
+  BatchId id = -1;
+  std::int64_t unfinished = 0;      // flow entries not done (pending or moving)
+  std::int64_t num_moving = 0;      // flow entries moving
+  std::vector<double> remaining;    // bytes per copy still to move (W before the flow starts)
+  std::vector<double> rate;         // bytes/s per copy, valid while moving
+  std::vector<std::uint32_t> mult;  // identical copies represented by this entry
+  std::vector<std::uint8_t> state;
+  std::vector<std::uint32_t> route_begin;  // size n+1, into routes
+  std::vector<topology::LinkId> routes;
+  std::vector<std::uint32_t> link_begin;  // size num_links+1, into link_flows (CSR link -> flows)
+  std::vector<std::uint32_t> link_flows;
+  // Flows grouped by the absolute time at which they start moving, sorted by time.
+  struct Group {
+    double time_s = 0;
+    std::vector<std::uint32_t> flows;
+  };
+  std::vector<Group> groups;
+  std::size_t next_group = 0;
+
+  // Checkpoint (see FlowModel::take_checkpoint).
+  std::vector<double> ck_remaining;
+  std::vector<std::uint8_t> ck_state;
+  std::int64_t ck_unfinished = 0, ck_num_moving = 0;
+  std::size_t ck_next_group = 0;
+
+  std::size_t size() const { return remaining.size(); }
+};
+
+FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params)
+    : topo_(topo), params_(params) {
+  const auto& links = topo.links();
+  cap_.reserve(links.size());
+  latency_.reserve(links.size());
+  for (std::size_t l = 0; l < links.size(); ++l) {
+    MOESIM_ASSERT(links[l].bandwidth.value() > 0 && std::isfinite(links[l].bandwidth.value()),
+                  "link " + std::to_string(l) + " has no positive bandwidth");
+    MOESIM_ASSERT(links[l].latency.value() >= 0, "link " + std::to_string(l) + " latency < 0");
+    cap_.push_back(links[l].bandwidth.value());
+    latency_.push_back(links[l].latency.value());
+  }
+  MOESIM_ASSERT(params_.message_latency_s >= 0 && params_.message_overhead_s >= 0,
+                "negative message cost");
+  const std::size_t num_links = cap_.size();
+  moving_cnt_.assign(num_links, 0.0);
+  load_.assign(num_links, 0.0);
+  link_bytes_.assign(num_links, 0.0);
+  saturated_.assign(num_links, 0);
+}
+
+FlowModel::~FlowModel() = default;
+
+std::int64_t FlowModel::num_flow_entries() const {
+  std::int64_t n = 0;
+  for (const auto& g : segments_) n += static_cast<std::int64_t>(g->size());
+  return n;
+}
+
+void FlowModel::add_moving(const Segment& g, std::uint32_t i, double sign) {
+  const double m = sign * g.mult[i];
+  for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+    moving_cnt_[g.routes[k]] += m;
+  }
+}
+
+BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transfers,
+                               int /*priority*/) {
+  MOESIM_ASSERT(std::isfinite(now_s), "start_batch at a non-finite time");
+  MOESIM_ASSERT(now_s >= committed_, "start_batch earlier than the model's clock");
+  if (spec_valid_ && spec_time_ != kNever && now_s >= spec_time_) {
+    MOESIM_ASSERT(now_s == spec_time_, "start_batch past a completion not yet advanced to");
+    // The lookahead stopped exactly here: its completions are real, report them later.
+    for (BatchId id : spec_done_) ready_.push_back({id, spec_time_});
+    spec_done_.clear();
+    spec_valid_ = false;
+    committed_ = now_s;
+    commit();
+  } else {
+    spec_valid_ = false;
+    spec_done_.clear();
+    committed_ = now_s;
+    materialize(now_s);
+  }
+
+  ScopedTimer timer(stats_.build_s);
+  const BatchId id = next_id_++;
+  const int num_gpus = topo_.num_gpus();
+  const std::size_t num_links = cap_.size();
+
+  // Validate, count the real flows and check whether they are already sorted (the usual case for
+  // generated collectives), so that aggregation needs no sort.
+  std::size_t kept = 0;
+  bool sorted = true;
+  const Transfer* prev = nullptr;
+  for (const Transfer& t : transfers) {
+    if (t.src < 0 || t.src >= num_gpus || t.dst < 0 || t.dst >= num_gpus) {
+      throw InputError("flow model: transfer " + std::to_string(t.src) + " -> " +
+                       std::to_string(t.dst) + " names a rank outside 0.." +
+                       std::to_string(num_gpus - 1));
+    }
+    if (!(t.bytes >= 0) || !std::isfinite(t.bytes)) {
+      throw InputError("flow model: transfer " + std::to_string(t.src) + " -> " +
+                       std::to_string(t.dst) + " has invalid size " + std::to_string(t.bytes) +
+                       " bytes, expected a finite number >= 0");
+    }
+    if (t.src == t.dst) continue;
+    if (prev != nullptr && transfer_less(t, *prev)) sorted = false;
+    prev = &t;
+    ++kept;
+  }
+  stats_.transfers += static_cast<std::int64_t>(kept);
+  if (kept == 0) {
+    ready_.push_back({id, now_s});
+    return id;
+  }
+  std::vector<std::uint32_t> order;
+  if (!sorted) {
+    MOESIM_ASSERT(transfers.size() < (std::size_t{1} << 32), "batch too large");
+    order.reserve(kept);
+    for (std::uint32_t i = 0; i < transfers.size(); ++i) {
+      if (transfers[i].src != transfers[i].dst) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return transfer_less(transfers[a], transfers[b]);
+    });
+  }
+
+  auto seg = std::make_unique<Segment>();
+  Segment& g = *seg;
+  g.id = id;
+  g.remaining.reserve(kept);
+  g.mult.reserve(kept);
+  g.route_begin.reserve(kept + 1);
+  g.route_begin.push_back(0);
+  {
+    // Reserve the route pool from a sample so that it is not regrown (and copied) at scale.
+    std::size_t max_len = 1;
+    const std::size_t step = std::max<std::size_t>(1, transfers.size() / 64);
+    for (std::size_t i = 0; i < transfers.size(); i += step) {
+      if (transfers[i].src == transfers[i].dst) continue;
+      route_buf_.clear();
+      topo_.route(transfers[i].src, transfers[i].dst, route_buf_);
+      max_len = std::max(max_len, route_buf_.size());
+    }
+    g.routes.reserve(kept * max_len);
+  }
+
+  std::unordered_map<double, std::uint32_t> group_of_time;
+  double last_time = -1;
+  std::uint32_t last_group = 0;
+  double route_latency = 0;
+  int route_src = -1, route_dst = -1;
+  const Transfer* cur = nullptr;
+  auto emit = [&](const Transfer& t, std::uint32_t mult) {
+    if (t.src != route_src || t.dst != route_dst) {
+      route_buf_.clear();
+      topo_.route(t.src, t.dst, route_buf_);
+      MOESIM_ASSERT(!route_buf_.empty(),
+                    "empty route " + std::to_string(t.src) + " -> " + std::to_string(t.dst));
+      route_latency = params_.message_latency_s;
+      for (topology::LinkId l : route_buf_) {
+        MOESIM_ASSERT(l < num_links, "route names an unknown link");
+        route_latency += latency_[l];
+      }
+      route_src = t.src;
+      route_dst = t.dst;
+    }
+    const auto flow = static_cast<std::uint32_t>(g.remaining.size());
+    g.routes.insert(g.routes.end(), route_buf_.begin(), route_buf_.end());
+    MOESIM_ASSERT(g.routes.size() < (std::size_t{1} << 32), "route pool overflow");
+    g.route_begin.push_back(static_cast<std::uint32_t>(g.routes.size()));
+    const double w =
+        t.bytes > 0 ? t.bytes + params_.message_overhead_s * cap_[route_buf_.front()] : 0.0;
+    g.remaining.push_back(w);
+    g.mult.push_back(mult);
+    const double start = now_s + route_latency;
+    if (start != last_time) {
+      auto [it, inserted] =
+          group_of_time.try_emplace(start, static_cast<std::uint32_t>(g.groups.size()));
+      if (inserted) g.groups.push_back({start, {}});
+      last_time = start;
+      last_group = it->second;
+    }
+    g.groups[last_group].flows.push_back(flow);
+  };
+  std::uint32_t run = 0;
+  auto feed = [&](const Transfer& t) {
+    if (cur != nullptr && transfer_same(t, *cur)) {
+      ++run;
+      return;
+    }
+    if (cur != nullptr) emit(*cur, run);
+    cur = &t;
+    run = 1;
+  };
+  if (sorted) {
+    for (const Transfer& t : transfers) {
+      if (t.src != t.dst) feed(t);
+    }
+  } else {
+    for (std::uint32_t i : order) feed(transfers[i]);
+    std::vector<std::uint32_t>().swap(order);
+  }
+  emit(*cur, run);
+
+  const std::size_t n = g.remaining.size();
+  g.rate.assign(n, 0.0);
+  g.state.assign(n, kPending);
+  g.unfinished = static_cast<std::int64_t>(n);
+  stats_.flows += static_cast<std::int64_t>(n);
+  std::sort(g.groups.begin(), g.groups.end(),
+            [](const Segment::Group& a, const Segment::Group& b) { return a.time_s < b.time_s; });
+
+  // CSR link -> flows (counting sort over the route pool).
+  g.link_begin.assign(num_links + 1, 0);
+  for (topology::LinkId l : g.routes) ++g.link_begin[l + 1];
+  std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
+  g.link_flows.resize(g.routes.size());
+  {
+    std::vector<std::uint32_t> pos(g.link_begin.begin(), g.link_begin.end() - 1);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        g.link_flows[pos[g.routes[k]]++] = i;
+      }
+    }
+  }
+  segments_.push_back(std::move(seg));
+  return id;
+}
+
+double FlowModel::next_event_time() const {
+  double t = next_finish_;
+  for (const auto& g : segments_) {
+    if (g->next_group < g->groups.size()) t = std::min(t, g->groups[g->next_group].time_s);
+  }
+  return t;
+}
+
+std::vector<BatchId> FlowModel::process_event(double t) {
+  MOESIM_ASSERT(t >= sim_t_, "flow model event in the past");
+  ++stats_.events;
+  bool changed = false;
+  std::vector<BatchId> completed;
+  {
+    ScopedTimer timer(stats_.advance_s);
+    const double dt = t - sim_t_;
+    const double slack_s = kRelTol * t;  // flows finishing within it finish now
+    if (dt > 0) {
+      for (std::size_t l = 0; l < load_.size(); ++l) link_bytes_[l] += load_[l] * dt;
+    }
+    for (auto& gp : segments_) {
+      Segment& g = *gp;
+      const std::int64_t unfinished_before = g.unfinished;
+      if (g.num_moving > 0) {
+        const std::uint32_t n = static_cast<std::uint32_t>(g.size());
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (!is_moving(g.state[i])) continue;
+          const double r = g.rate[i];
+          double rem = g.remaining[i] - r * dt;
+          // Compared before subtracting, with the same rounding as next_finish_ in solve(), so the
+          // flow that defines the event time always finishes at it.
+          if (g.remaining[i] <= r * (dt + slack_s)) {
+            rem = 0;
+            g.state[i] = kDone;
+            --g.unfinished;
+            --g.num_moving;
+            add_moving(g, i, -1.0);
+            changed = true;
+          }
+          g.remaining[i] = rem;
+        }
+      }
+      while (g.next_group < g.groups.size() && g.groups[g.next_group].time_s <= t + slack_s) {
+        for (std::uint32_t i : g.groups[g.next_group].flows) {
+          if (g.remaining[i] <= 0) {  // zero-byte message: latency only
+            g.state[i] = kDone;
+            --g.unfinished;
+          } else {
+            g.state[i] = cur_code_;
+            ++g.num_moving;
+            add_moving(g, i, 1.0);
+            changed = true;
+          }
+        }
+        ++g.next_group;
+      }
+      if (unfinished_before > 0 && g.unfinished == 0) completed.push_back(g.id);
+    }
+    sim_t_ = t;
+  }
+  if (changed) solve();
+  return completed;
+}
+
+void FlowModel::solve() {
+  ScopedTimer timer(stats_.solve_s);
+  ++stats_.solves;
+  const std::size_t num_links = cap_.size();
+  w_rem_ = cap_;
+  w_cnt_ = moving_cnt_;
+  active_.clear();
+  for (std::uint32_t l = 0; l < num_links; ++l) {
+    if (w_cnt_[l] > 0.5) active_.push_back(l);
+  }
+  const std::uint8_t unassigned = cur_code_;
+  const std::uint8_t assigned = cur_code_ == kMovingA ? kMovingB : kMovingA;
+  double min_dt = kNever;
+  double share = 0;
+  auto assign = [&](Segment& g, std::uint32_t i) {
+    g.state[i] = assigned;
+    g.rate[i] = share;
+    const double m = g.mult[i];
+    const double used = share * m;
+    for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+      const topology::LinkId l = g.routes[k];
+      w_rem_[l] -= used;
+      w_cnt_[l] -= m;
+    }
+    min_dt = std::min(min_dt, g.remaining[i] / share);
+  };
+
+  while (!active_.empty()) {
+    ++stats_.levels;
+    share = kNever;
+    double remaining_entries = 0;
+    for (std::uint32_t l : active_) {
+      share = std::min(share, std::max(w_rem_[l], 0.0) / w_cnt_[l]);
+      remaining_entries += w_cnt_[l];
+    }
+    MOESIM_ASSERT(share > 0 && std::isfinite(share), "max-min share must be positive");
+    // Links whose fair share is within kRelTol of the minimum saturate at this level together:
+    // in exact arithmetic freezing flows at `share` leaves their share unchanged.
+    const double threshold = share * (1 + kRelTol);
+    bottleneck_.clear();
+    double csr_entries = 0;
+    for (std::uint32_t l : active_) {
+      if (std::max(w_rem_[l], 0.0) / w_cnt_[l] <= threshold) {
+        bottleneck_.push_back(l);
+        saturated_[l] = 1;
+        for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
+      }
+    }
+    // The CSR visits only the bottleneck links' flows but in scattered order; a sequential scan
+    // visits every remaining flow. Scattered access costs a few times a sequential one.
+    if (csr_entries * 4 < remaining_entries) {
+      for (std::uint32_t l : bottleneck_) {
+        for (auto& gp : segments_) {
+          Segment& g = *gp;
+          if (g.num_moving == 0) continue;
+          for (std::uint32_t j = g.link_begin[l]; j < g.link_begin[l + 1]; ++j) {
+            const std::uint32_t i = g.link_flows[j];
+            if (g.state[i] == unassigned) assign(g, i);
+          }
+        }
+      }
+    } else {
+      ++stats_.scan_levels;
+      for (auto& gp : segments_) {
+        Segment& g = *gp;
+        if (g.num_moving == 0) continue;
+        const std::uint32_t n = static_cast<std::uint32_t>(g.size());
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (g.state[i] != unassigned) continue;
+          for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+            if (saturated_[g.routes[k]]) {
+              assign(g, i);
+              break;
+            }
+          }
+        }
+      }
+    }
+    for (std::uint32_t l : bottleneck_) {
+      saturated_[l] = 0;
+      MOESIM_ASSERT(w_cnt_[l] < 0.5, "bottleneck link kept unassigned flows");
+    }
+    std::erase_if(active_, [&](std::uint32_t l) { return w_cnt_[l] < 0.5; });
+  }
+  cur_code_ = assigned;
+  for (std::size_t l = 0; l < num_links; ++l) load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
+  next_finish_ = min_dt == kNever ? kNever : sim_t_ + min_dt;
+}
+
+void FlowModel::take_checkpoint() {
+  ScopedTimer timer(stats_.checkpoint_s);
+  ++stats_.checkpoints;
+  has_ck_ = true;
+  ck_t_ = sim_t_;
+  ck_code_ = cur_code_;
+  ck_moving_cnt_ = moving_cnt_;
+  ck_link_bytes_ = link_bytes_;
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    g.ck_remaining = g.remaining;
+    g.ck_state = g.state;
+    g.ck_unfinished = g.unfinished;
+    g.ck_num_moving = g.num_moving;
+    g.ck_next_group = g.next_group;
+  }
+}
+
+void FlowModel::restore_checkpoint() {
+  MOESIM_ASSERT(has_ck_, "flow model: no checkpoint to rewind to");
+  {
+    ScopedTimer timer(stats_.checkpoint_s);
+    ++stats_.restores;
+    sim_t_ = ck_t_;
+    cur_code_ = ck_code_;
+    moving_cnt_ = ck_moving_cnt_;
+    link_bytes_ = ck_link_bytes_;
+    for (auto& gp : segments_) {
+      Segment& g = *gp;
+      g.remaining = g.ck_remaining;
+      g.state = g.ck_state;
+      g.unfinished = g.ck_unfinished;
+      g.num_moving = g.ck_num_moving;
+      g.next_group = g.ck_next_group;
+    }
+  }
+  // Rates are a function of the moving set only, so they come back identical.
+  solve();
+}
+
+void FlowModel::commit() {
+  has_ck_ = false;
+  std::vector<double>().swap(ck_moving_cnt_);
+  std::vector<double>().swap(ck_link_bytes_);
+  std::erase_if(segments_, [](const std::unique_ptr<Segment>& g) { return g->unfinished == 0; });
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    std::vector<double>().swap(g.ck_remaining);
+    std::vector<std::uint8_t>().swap(g.ck_state);
+    for (std::size_t k = 0; k < g.next_group; ++k) {
+      std::vector<std::uint32_t>().swap(g.groups[k].flows);
+    }
+  }
+}
+
+void FlowModel::materialize(double now_s) {
+  if (sim_t_ > now_s) restore_checkpoint();
+  for (double t = next_event_time(); t <= now_s; t = next_event_time()) {
+    for (BatchId id : process_event(t)) ready_.push_back({id, t});
+  }
+  if (sim_t_ < now_s) {
+    for (BatchId id : process_event(now_s)) ready_.push_back({id, now_s});
+  }
+  commit();
+}
+
+double FlowModel::next_completion_time() {
+  if (!ready_.empty()) {
+    double t = kNever;
+    for (const auto& c : ready_) t = std::min(t, c.time_s);
+    return t;
+  }
+  if (spec_valid_) return spec_time_;
+  for (;;) {
+    const double t = next_event_time();
+    if (t == kNever) {
+      spec_valid_ = true;
+      spec_time_ = kNever;
+      return kNever;
+    }
+    if (t > committed_ && !has_ck_) take_checkpoint();
+    std::vector<BatchId> done = process_event(t);
+    if (!done.empty()) {
+      spec_valid_ = true;
+      spec_time_ = t;
+      spec_done_ = std::move(done);
+      return t;
+    }
+  }
+}
+
+std::vector<BatchCompletion> FlowModel::advance_to(double t) {
+  MOESIM_ASSERT(t >= committed_, "advance_to earlier than the model's clock");
+  const double next = next_completion_time();
+  MOESIM_ASSERT(t <= next, "advance_to past the next completion");
+  committed_ = t;
+  std::vector<BatchCompletion> out;
+  if (!ready_.empty()) {
+    std::erase_if(ready_, [&](const BatchCompletion& c) {
+      if (c.time_s > t) return false;
+      out.push_back(c);
+      return true;
+    });
+  } else if (spec_valid_ && spec_time_ == t) {
+    for (BatchId id : spec_done_) out.push_back({id, t});
+    spec_done_.clear();
+    spec_valid_ = false;
+    commit();
+  }
+  std::sort(out.begin(), out.end(),
+            [](const BatchCompletion& a, const BatchCompletion& b) { return a.id < b.id; });
+  return out;
+}
+
+}  // namespace moesim::sim

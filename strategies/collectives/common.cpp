@@ -1,6 +1,7 @@
 #include "strategies/collectives/common.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
@@ -87,6 +88,15 @@ std::optional<NodeGrid> node_grid(const std::vector<int>& group, const topology:
     }
   }
   return NodeGrid{m, n};
+}
+
+std::shared_ptr<const GridInfo> grid_info(const std::vector<int>& group,
+                                          const topology::Topology& topo) {
+  return cached<GridInfo>(topo, kTagGrid, 0, group, [&] {
+    GridInfo info;
+    info.grid = node_grid(group, topo, &info.why);
+    return info;
+  });
 }
 
 double copy_bandwidth(const CostContext& ctx) {
@@ -209,9 +219,9 @@ std::vector<int> representative_positions(int group_size) {
 
 namespace {
 struct CacheEntry {
-  const topology::Topology* topo;
-  size_t num_vertices, num_links;
-  int tag, extra;
+  const topology::Topology* topo = nullptr;
+  size_t num_vertices = 0, num_links = 0;
+  int tag = 0, extra = 0;
   std::vector<int> group;
   std::shared_ptr<const void> value;
 };
@@ -228,7 +238,15 @@ Cache& cache() {
 
 std::uint64_t cache_hash(const topology::Topology& topo, int tag, int extra,
                          const std::vector<int>& group) {
-  // FNV-1a style mixing of 32-bit words; cheap enough to hash a 4,096-rank group per lookup.
+  // Hashing the group is on the hot path (every analytical evaluation looks its summary up), so
+  // the group part is a position-weighted sum the compiler vectorises; equal hashes are always
+  // confirmed by a full comparison, so collisions cost time, never correctness.
+  std::uint32_t sum = 0;
+  const size_t n = group.size();
+  for (size_t i = 0; i < n; ++i) {
+    sum += static_cast<std::uint32_t>(group[i]) *
+           (static_cast<std::uint32_t>(i) * 2654435761u + 0x9E3779B9u);
+  }
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&h](std::uint64_t x) {
     h ^= x;
@@ -237,32 +255,64 @@ std::uint64_t cache_hash(const topology::Topology& topo, int tag, int extra,
   mix(reinterpret_cast<std::uintptr_t>(&topo));
   mix(static_cast<std::uint64_t>(tag));
   mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(extra)));
-  mix(group.size());
-  for (int r : group) mix(static_cast<std::uint32_t>(r));
+  mix(n);
+  mix(sum);
+  if (n > 0) {
+    mix(static_cast<std::uint32_t>(group.front()));
+    mix(static_cast<std::uint32_t>(group.back()));
+  }
   return h;
 }
 
 bool matches(const CacheEntry& e, const topology::Topology& topo, int tag, int extra,
              const std::vector<int>& group) {
-  return e.topo == &topo && e.num_vertices == topo.vertices().size() &&
-         e.num_links == topo.links().size() && e.tag == tag && e.extra == extra && e.group == group;
+  // Cheap fields first; the group comparison only runs for a likely hit.
+  return e.tag == tag && e.extra == extra && e.topo == &topo && e.group.size() == group.size() &&
+         e.num_vertices == topo.vertices().size() && e.num_links == topo.links().size() &&
+         e.group == group;
+}
+}  // namespace
+
+namespace {
+// A few most recent hits per thread, checked before the shared map: no hashing, no lock, just a
+// comparison of the group (the same group is typically evaluated many times in a row: `auto`
+// asks every candidate, a sweep varies only the size).
+struct Memo {
+  static constexpr size_t kSlots = 8;
+  std::array<CacheEntry, kSlots> slots{};
+  size_t next = 0;
+};
+thread_local Memo t_memo;
+
+void memo_put(const CacheEntry& e) {
+  t_memo.slots[t_memo.next] = e;
+  t_memo.next = (t_memo.next + 1) % Memo::kSlots;
 }
 }  // namespace
 
 std::shared_ptr<const void> cache_find(const topology::Topology& topo, int tag, int extra,
                                        const std::vector<int>& group) {
+  for (const CacheEntry& e : t_memo.slots)
+    if (e.value && matches(e, topo, tag, extra, group)) return e.value;
   const std::uint64_t h = cache_hash(topo, tag, extra, group);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   auto [b, e] = c.map.equal_range(h);
-  for (auto it = b; it != e; ++it)
-    if (matches(it->second, topo, tag, extra, group)) return it->second.value;
+  for (auto it = b; it != e; ++it) {
+    if (matches(it->second, topo, tag, extra, group)) {
+      memo_put(it->second);
+      return it->second.value;
+    }
+  }
   return nullptr;
 }
 
 void cache_insert(const topology::Topology& topo, int tag, int extra, const std::vector<int>& group,
                   std::shared_ptr<const void> value) {
   const std::uint64_t h = cache_hash(topo, tag, extra, group);
+  CacheEntry entry{&topo, topo.vertices().size(), topo.links().size(), tag, extra,
+                   group, std::move(value)};
+  memo_put(entry);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   constexpr size_t kMaxEntries = 4096;  // bound memory across long sweeps
@@ -270,8 +320,7 @@ void cache_insert(const topology::Topology& topo, int tag, int extra, const std:
   auto [b, e] = c.map.equal_range(h);
   for (auto it = b; it != e; ++it)
     if (matches(it->second, topo, tag, extra, group)) return;  // another thread won the race
-  c.map.emplace(h, CacheEntry{&topo, topo.vertices().size(), topo.links().size(), tag, extra, group,
-                              std::move(value)});
+  c.map.emplace(h, std::move(entry));
 }
 
 std::shared_ptr<const CostShape> scaled_shape(const Algorithm& algo, const CollectiveCall& call,

@@ -129,7 +129,17 @@ enum CacheTag : int {
   kTagRingAllGather,
   kTagRingReduceScatter,
   kTagSendRecv,
+  kTagGrid,
 };
+
+/// node_grid() of a group, cached (hierarchical algorithms ask on every applicable() and
+/// analytical_time() call).
+struct GridInfo {
+  std::optional<NodeGrid> grid;
+  std::string why;  // when !grid
+};
+std::shared_ptr<const GridInfo> grid_info(const std::vector<int>& group,
+                                          const topology::Topology& topo);
 
 /// Shape of a collective whose lowering scales linearly with spec.bytes: lowers it once at a
 /// reference size (without layout) and converts every phase with phase_shape; cached.

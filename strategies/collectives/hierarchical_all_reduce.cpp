@@ -17,17 +17,16 @@ class HierarchicalAllReduce final : public Algorithm {
 
   std::string inapplicable_reason(const CollectiveCall& call,
                                   const topology::Topology& topo) const override {
-    std::string why;
-    if (!node_grid(*call.group, topo, &why))
-      return "hierarchical all_reduce needs a node-aligned group: " + why;
-    return "";
+    const auto info = grid_info(*call.group, topo);
+    return info->grid ? "" : "hierarchical all_reduce needs a node-aligned group: " + info->why;
   }
 
   std::vector<Phase> lower(const CollectiveCall& call,
                            const topology::Topology& topo) const override {
-    std::string why;
-    const auto grid = node_grid(*call.group, topo, &why);
-    if (!grid) throw InputError("hierarchical all_reduce needs a node-aligned group: " + why);
+    const auto info = grid_info(*call.group, topo);
+    if (!info->grid)
+      throw InputError("hierarchical all_reduce needs a node-aligned group: " + info->why);
+    const auto grid = info->grid;
     const std::vector<int>& g = *call.group;
     const int m = grid->m, n = grid->n;
     const double size = call.spec->bytes.value();

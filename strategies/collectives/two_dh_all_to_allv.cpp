@@ -45,10 +45,8 @@ class TwoDhAllToAllv final : public Algorithm {
 
   std::string inapplicable_reason(const CollectiveCall& call,
                                   const topology::Topology& topo) const override {
-    std::string why;
-    if (!node_grid(*call.group, topo, &why))
-      return "2dh all_to_allv needs a node-aligned group: " + why;
-    return "";
+    const auto info = grid_info(*call.group, topo);
+    return info->grid ? "" : "2dh all_to_allv needs a node-aligned group: " + info->why;
   }
 
   std::vector<Phase> lower(const CollectiveCall& call,
@@ -241,9 +239,9 @@ class TwoDhAllToAllv final : public Algorithm {
 
  private:
   NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo) const {
-    std::string why;
-    auto grid = node_grid(*call.group, topo, &why);
-    if (!grid) throw InputError("2dh all_to_allv needs a node-aligned group: " + why);
+    const auto info = grid_info(*call.group, topo);
+    if (!info->grid) throw InputError("2dh all_to_allv needs a node-aligned group: " + info->why);
+    const auto grid = info->grid;
     return *grid;
   }
 };

@@ -891,6 +891,27 @@ TEST(Select, MissingOrMisSizedMatrixIsAnInputError) {
   EXPECT_THROW(find_algorithm(spec.type, spec.algo)->analytical_time(call, ctx), InputError);
 }
 
+TEST(Cache, SummariesFollowTheGroupContentNotItsAddress) {
+  FakeCluster topo({.nodes = 2, .m = 2});
+  const CostContext ctx{&topo, {1e-6, 1e-6}, BytesPerSecond(0)};
+  std::vector<int> group = iota_group(4);
+  const auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::k2dh, 4096);
+  const CollectiveCall call = make_call(spec, group);
+  const auto& tdh = algo_of(CollectiveType::kAllToAll, CollectiveAlgo::k2dh);
+  ASSERT_TRUE(tdh.applicable(call, topo));
+  const double t_aligned = tdh.analytical_time(call, ctx).value();
+  group = {0, 2, 1, 3};  // same vector, now interleaving the nodes
+  EXPECT_FALSE(tdh.applicable(call, topo));
+  group = {2, 3, 0, 1};  // aligned again (node 1 first): same cost by symmetry
+  EXPECT_TRUE(tdh.applicable(call, topo));
+  EXPECT_DOUBLE_EQ(tdh.analytical_time(call, ctx).value(), t_aligned);
+  // A different topology object with the same group gets its own summary.
+  FakeCluster slower({.nodes = 2, .m = 2, .nic_bw = 5e9});
+  CostContext sctx = ctx;
+  sctx.topo = &slower;
+  EXPECT_GT(tdh.analytical_time(call, sctx).value(), t_aligned);
+}
+
 TEST(Registry, EveryAlgorithmIsFoundUnderItsOwnTypeAndName) {
   for (int t = 0; t <= static_cast<int>(CollectiveType::kSendRecv); ++t) {
     const auto type = static_cast<CollectiveType>(t);

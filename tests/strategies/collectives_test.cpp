@@ -754,6 +754,34 @@ TEST(Analytical, FastPathsEqualTheGenericEvaluationOfTheLowering) {
   }
 }
 
+// The same agreement on topologies from build_topology, NIC sharing included (4 GPUs per NIC).
+TEST(Analytical, FastPathsEqualTheGenericEvaluationOnBuiltTopologies) {
+  for (const InterKind kind : {InterKind::kSwitch, InterKind::kFatTree}) {
+    ClusterSpec cs;
+    cs.gpu.name = "a100-sxm-80gb";
+    cs.nodes = 4;
+    cs.gpus_per_node = 4;
+    cs.intra.kind = IntraKind::kNvswitch;
+    cs.intra.bandwidth = BytesPerSecond(300e9);
+    cs.inter.kind = kind;
+    cs.inter.nic_bandwidth = BytesPerSecond(25e9);
+    cs.inter.nics_per_node = 1;
+    const auto topo = topology::build_topology(cs);
+    ASSERT_LT(topo->pair_cost(0, 4).bandwidth.value(), 25e9 / 4 * 1.0000001);
+    const CostContext ctx{topo.get(), {1e-6, 1e-6}, BytesPerSecond(0)};
+    const auto group = iota_group(16);
+    for (const CollectiveType type : {CollectiveType::kAllToAll, CollectiveType::kAllReduce}) {
+      for (const Algorithm* algo : algorithms_for(type)) {
+        const auto spec = make_spec(type, algo->algo(), 16 << 20);
+        const CollectiveCall call = make_call(spec, group);
+        const double fast = algo->analytical_time(call, ctx).value();
+        const double generic = phases_time(algo->lower(call, *topo), ctx).value();
+        EXPECT_NEAR(fast, generic, 1e-9 * generic) << collective_algo_name(algo->algo());
+      }
+    }
+  }
+}
+
 TEST(Analytical, UniformAllToAllvCostsTheSameAsAllToAll) {
   FakeCluster topo({.nodes = 4, .m = 4});
   const CostContext ctx{&topo, {2e-6, 1e-6}, BytesPerSecond(2e12)};

@@ -1,0 +1,196 @@
+#include "core/run_result.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace moesim {
+
+double RunResult::op_first_start(OpId op) const {
+  double t = std::numeric_limits<double>::infinity();
+  for (auto e = op_offset[op]; e < op_offset[op + 1]; ++e) t = std::min(t, start_s[e]);
+  return t;
+}
+
+double RunResult::op_last_end(OpId op) const {
+  double t = -std::numeric_limits<double>::infinity();
+  for (auto e = op_offset[op]; e < op_offset[op + 1]; ++e) t = std::max(t, end_s[e]);
+  return t;
+}
+
+const CollectiveRecord* RunResult::collective(OpId op) const {
+  auto it = std::lower_bound(collectives.begin(), collectives.end(), op,
+                             [](const CollectiveRecord& c, OpId id) { return c.op < id; });
+  return it != collectives.end() && it->op == op ? &*it : nullptr;
+}
+
+void init_run_result(const Plan& plan, RunResult& result) {
+  const auto& ops = plan.ops();
+  result.num_ranks = plan.num_ranks();
+  result.op_offset.assign(ops.size() + 1, 0);
+  for (size_t i = 0; i < ops.size(); ++i)
+    result.op_offset[i + 1] = result.op_offset[i] + ops[i].ranks.size();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  result.start_s.assign(result.op_offset.back(), nan);
+  result.end_s.assign(result.op_offset.back(), nan);
+}
+
+namespace {
+
+using Interval = std::pair<double, double>;
+
+// Sorts and merges in place; returns the merged list (disjoint, ascending).
+void merge_intervals(std::vector<Interval>& v) {
+  std::sort(v.begin(), v.end());
+  size_t out = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i].second <= v[i].first) continue;  // empty intervals take no time
+    if (out > 0 && v[i].first <= v[out - 1].second) {
+      v[out - 1].second = std::max(v[out - 1].second, v[i].second);
+    } else {
+      v[out++] = v[i];
+    }
+  }
+  v.resize(out);
+}
+
+double measure(const std::vector<Interval>& merged) {
+  double s = 0;
+  for (const auto& [a, b] : merged) s += b - a;
+  return s;
+}
+
+// Measure of the intersection of two merged interval lists.
+double intersection_measure(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  double s = 0;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    double lo = std::max(a[i].first, b[j].first);
+    double hi = std::min(a[i].second, b[j].second);
+    if (hi > lo) s += hi - lo;
+    if (a[i].second < b[j].second) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return s;
+}
+
+// Interval categories per rank.
+enum Cat { kCompute, kCopy, kComm, kA2a, kAllReduce, kAllGather, kReduceScatter, kSendRecv, kNum };
+
+}  // namespace
+
+void summarize_run(const Plan& plan, RunResult& result) {
+  const auto& ops = plan.ops();
+  MOESIM_ASSERT(result.op_offset.size() == ops.size() + 1, "RunResult not initialised for plan");
+  const int P = plan.num_ranks();
+
+  // Bucket intervals per (category, rank) with a counting pass first, so the arrays are sized
+  // exactly (4,096 ranks x many ops must not reallocate per push).
+  std::vector<std::int64_t> count(static_cast<size_t>(kNum) * P + 1, 0);
+  auto cats_of = [](const Op& op, int out[2]) {
+    if (op.kind == OpKind::kCompute) {
+      out[0] = kCompute;
+      return 1;
+    }
+    if (op.kind == OpKind::kCopy) {
+      out[0] = kCopy;
+      return 1;
+    }
+    out[0] = kComm;
+    switch (op.collective().type) {
+      case CollectiveType::kAllToAll:
+      case CollectiveType::kAllToAllv:
+        out[1] = kA2a;
+        break;
+      case CollectiveType::kAllReduce:
+        out[1] = kAllReduce;
+        break;
+      case CollectiveType::kAllGather:
+        out[1] = kAllGather;
+        break;
+      case CollectiveType::kReduceScatter:
+        out[1] = kReduceScatter;
+        break;
+      case CollectiveType::kSendRecv:
+        out[1] = kSendRecv;
+        break;
+    }
+    return 2;
+  };
+
+  double makespan = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    int cats[2];
+    int nc = cats_of(op, cats);
+    for (int p = 0; p < op.ranks.size(); ++p) {
+      auto e = result.op_offset[i] + p;
+      double s = result.start_s[e], t = result.end_s[e];
+      if (std::isnan(s) || std::isnan(t))
+        throw InternalError(fmt::format("run result: op {} '{}' has no time on rank {}", op.id,
+                                        op.label, op.ranks.at(p)));
+      makespan = std::max(makespan, t);
+      for (int c = 0; c < nc; ++c) ++count[static_cast<size_t>(cats[c]) * P + op.ranks.at(p) + 1];
+    }
+  }
+  for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
+  std::vector<Interval> iv(count.back());
+  std::vector<std::int64_t> fill(count.begin(), count.end() - 1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    int cats[2];
+    int nc = cats_of(op, cats);
+    for (int p = 0; p < op.ranks.size(); ++p) {
+      auto e = result.op_offset[i] + p;
+      for (int c = 0; c < nc; ++c)
+        iv[fill[static_cast<size_t>(cats[c]) * P + op.ranks.at(p)]++] = {result.start_s[e],
+                                                                         result.end_s[e]};
+    }
+  }
+
+  double sum[kNum] = {};
+  double exposed = 0, overlap = 0;
+  std::vector<Interval> merged[kNum];
+  for (int r = 0; r < P; ++r) {
+    for (int c = 0; c < kNum; ++c) {
+      size_t k = static_cast<size_t>(c) * P + r;
+      merged[c].assign(iv.begin() + count[k], iv.begin() + count[k + 1]);
+      merge_intervals(merged[c]);
+      sum[c] += measure(merged[c]);
+    }
+    double ov = intersection_measure(merged[kComm], merged[kCompute]);
+    overlap += ov;
+    exposed += measure(merged[kComm]) - ov;
+  }
+
+  const double inv = P > 0 ? 1.0 / P : 0.0;
+  Breakdown& b = result.breakdown;
+  b.compute_s = sum[kCompute] * inv;
+  b.copy_s = sum[kCopy] * inv;
+  b.comm_s = sum[kComm] * inv;
+  b.a2a_s = sum[kA2a] * inv;
+  b.allreduce_s = sum[kAllReduce] * inv;
+  b.allgather_s = sum[kAllGather] * inv;
+  b.reduce_scatter_s = sum[kReduceScatter] * inv;
+  b.send_recv_s = sum[kSendRecv] * inv;
+  b.exposed_comm_s = exposed * inv;
+  b.overlap_s = overlap * inv;
+  result.makespan_s = makespan;
+}
+
+std::int64_t process_peak_rss_bytes() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<std::int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace moesim

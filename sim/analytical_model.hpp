@@ -1,0 +1,64 @@
+// The `analytical` network path (DESIGN §4.1): closed-form alpha-beta costs, no contention.
+//
+// Two levels:
+//  - Whole collectives: with EngineConfig::network == analytical the engine never lowers a
+//    collective into transfers; each group's collective takes
+//    select_algorithm(call, ctx).analytical_time(call, ctx) from the collective library, as if it
+//    ran alone on the cluster. Concurrent collectives (an all-to-all and an allreduce on two
+//    streams) therefore do not slow each other down: that is the point of the flow model.
+//  - Batches: AnalyticalModel is also a NetworkModel, so lowered phases can be costed in closed
+//    form (tests, quick what-ifs, and a contention-free reference for the flow model). Each GPU
+//    sends and receives its messages back to back at the pair's bottleneck bandwidth and pays
+//    the route latency once:
+//      batch_time = max over GPUs g of [ max alpha of g's messages + message_latency
+//                                        + sum over g's messages (message_overhead + bytes / bw) ]
+//    where the messages of g are those it sends, or those it receives, whichever costs more;
+//    alpha and bw come from Topology::pair_cost. Batches never share anything.
+#pragma once
+
+#include <queue>
+#include <vector>
+
+#include "sim/network_model.hpp"
+#include "strategies/collectives/collective.hpp"
+
+namespace moesim::sim {
+
+/// The cost context the collective library reads for the analytical formulas.
+collectives::CostContext make_cost_context(const topology::Topology& topo,
+                                           const NetworkParams& params,
+                                           BytesPerSecond local_copy_bandwidth);
+
+/// Time of one group's collective on the analytical path, and the algorithm it resolved to.
+struct AnalyticalCollective {
+  const collectives::Algorithm* algorithm = nullptr;
+  Seconds time{0};
+};
+AnalyticalCollective analytical_collective_time(const collectives::CollectiveCall& call,
+                                                const collectives::CostContext& ctx);
+
+class AnalyticalModel final : public NetworkModel {
+ public:
+  AnalyticalModel(const topology::Topology& topo, NetworkParams params);
+  std::string_view name() const override { return "analytical"; }
+  BatchId start_batch(double now_s, const std::vector<Transfer>& transfers,
+                      int priority = 0) override;
+  double next_completion_time() override;
+  std::vector<BatchCompletion> advance_to(double t) override;
+
+  /// The closed-form duration of a batch (what start_batch adds to now).
+  double batch_time(const std::vector<Transfer>& transfers) const;
+
+ private:
+  const topology::Topology& topo_;
+  NetworkParams params_;
+  BatchId next_id_ = 0;
+  using Pending = std::pair<double, BatchId>;  // (completion time, id)
+  std::priority_queue<Pending, std::vector<Pending>, std::greater<>> pending_;
+  // Scratch, per GPU: busy time as sender / receiver and the largest alpha seen.
+  mutable std::vector<double> send_busy_, recv_busy_, send_alpha_, recv_alpha_;
+  mutable std::vector<char> seen_;
+  mutable std::vector<int> touched_;
+};
+
+}  // namespace moesim::sim

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   moesim::app::register_validate(app);
   moesim::app::register_topo(app);
+  moesim::app::register_simulate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,175 @@
+// `moesim simulate`: for now the single-collective mode (DESIGN §5, nccl-tests style):
+//   moesim simulate SCENARIO.yaml --collective all_to_all --size 128MiB [--algo A] [--engine E]
+//                   [--json F] [--trace F]
+// One collective over all GPUs of the scenario's cluster, simulated; prints time, algbw and busbw
+// as nccl-tests defines them, plus the simulator's own wall time and peak memory.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/moesim/commands.hpp"
+#include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/output.hpp"
+#include "core/error.hpp"
+#include "core/plan.hpp"
+#include "core/scenario_loader.hpp"
+#include "sim/engine.hpp"
+#include "sim/trace.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+struct CollectiveArgs {
+  std::string scenario;
+  std::string collective;
+  std::vector<std::string> sizes;
+  std::string algo = "auto";
+  std::string engine;
+  std::string json_path;
+  std::string trace_path;
+};
+
+struct CollectiveRow {
+  CollectiveType type;
+  CollectiveAlgo algo;
+  double size_bytes;
+  double time_s;
+  double algbw_Bps;
+  double busbw_Bps;
+  double wall_s;
+};
+
+// The world grouping: one group of all GPUs in rank order.
+Plan single_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size) {
+  Plan plan(gpus);
+  StreamId comm = plan.stream("comm");
+  Grouping world{"world", {{}}};
+  for (int r = 0; r < gpus; ++r) world.groups[0].push_back(r);
+  GroupingId g = plan.add_grouping(std::move(world));
+  CollectiveSpec spec;
+  spec.type = type;
+  spec.algo = algo;
+  spec.grouping = g;
+  spec.bytes = size;
+  plan.add_collective(comm, spec, {},
+                      fmt::format("{}.{}", collective_type_name(type), collective_algo_name(algo)));
+  return plan;
+}
+
+void run_collective(const CollectiveArgs& a) {
+  auto type = parse_collective_type(a.collective);
+  if (!type || *type == CollectiveType::kAllToAllv)
+    throw InputError(
+        fmt::format("--collective: found '{}', expected one of all_to_all, "
+                    "all_reduce, all_gather, reduce_scatter, send_recv",
+                    a.collective));
+  auto algo = parse_collective_algo(a.algo);
+  if (!algo)
+    throw InputError(
+        fmt::format("--algo: found '{}', expected one of linear, 2dh, ring, tree, "
+                    "hierarchical, auto",
+                    a.algo));
+  std::vector<Bytes> sizes;
+  for (const auto& s : a.sizes) {
+    auto p = parse_quantity(s, UnitKind::kBytes);
+    if (!p.value) throw InputError("--size: " + p.error);
+    sizes.push_back(Bytes(*p.value));
+  }
+  if (sizes.empty()) throw InputError("--size: missing, expected a size such as 128MiB");
+
+  std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  Scenario sc = load_scenario(path);
+  auto topo = topology::build_topology(sc.cluster);
+  sim::EngineConfig cfg = engine_config_from(sc, a.engine);
+  const int gpus = topo->num_gpus();
+
+  fmt::print("# {} on {} ({} GPUs), engine {}\n", a.collective, sc.name, gpus,
+             sim::network_kind_name(cfg.network));
+  fmt::print("{:>12} {:>8} {:>12} {:>10} {:>10} {:>9}\n", "size", "algo", "time(us)", "algbw(GB/s)",
+             "busbw(GB/s)", "wall(s)");
+  std::vector<CollectiveRow> rows;
+  RunResult last;
+  Plan last_plan;
+  for (Bytes size : sizes) {
+    Plan plan = single_collective_plan(gpus, *type, *algo, size);
+    auto t0 = std::chrono::steady_clock::now();
+    RunResult res = sim::run_plan(plan, *topo, cfg);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const CollectiveRecord& rec = res.collectives.at(0);
+    CollectiveRow row{*type, rec.algo, size.value(), rec.duration_s(), 0, 0, wall};
+    row.algbw_Bps = row.time_s > 0 ? size.value() / row.time_s : 0;
+    row.busbw_Bps = row.algbw_Bps * collectives::busbw_factor(*type, gpus);
+    fmt::print("{:>12} {:>8} {:>12.2f} {:>10.2f} {:>10.2f} {:>9.3f}\n", to_string(size),
+               collective_algo_name(rec.algo), row.time_s * 1e6, row.algbw_Bps / 1e9,
+               row.busbw_Bps / 1e9, wall);
+    rows.push_back(row);
+    last = std::move(res);
+    last_plan = std::move(plan);
+  }
+  double rss = peak_rss_bytes();
+  fmt::print("# peak memory {}\n", to_string(Bytes(rss)));
+
+  if (!a.json_path.empty()) {
+    auto to_json = [&](const CollectiveRow& r) {
+      nlohmann::ordered_json c;
+      c["type"] = std::string(collective_type_name(r.type));
+      c["algo"] = std::string(collective_algo_name(r.algo));
+      c["size_bytes"] = r.size_bytes;
+      c["gpus"] = gpus;
+      c["engine"] = std::string(sim::network_kind_name(cfg.network));
+      c["time_s"] = r.time_s;
+      c["algbw_GBps"] = r.algbw_Bps / 1e9;
+      c["busbw_GBps"] = r.busbw_Bps / 1e9;
+      c["wall_s"] = r.wall_s;
+      return c;
+    };
+    nlohmann::ordered_json j;
+    j["moesim_version"] = MOESIM_VERSION;
+    j["scenario"] = sc.name;
+    j["collective"] = to_json(rows.front());
+    if (rows.size() > 1) {
+      auto& all = j["collectives"] = nlohmann::ordered_json::array();
+      for (const auto& r : rows) all.push_back(to_json(r));
+    }
+    double wall_total = 0;
+    for (const auto& r : rows) wall_total += r.wall_s;
+    j["wall_s"] = wall_total;
+    j["peak_rss_bytes"] = rss;
+    write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+  }
+  if (!a.trace_path.empty())
+    write_file_atomic(a.trace_path, [&](std::ostream& os) {
+      sim::write_chrome_trace(last_plan, last, os, cfg.trace_max_ranks);
+    });
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app) {
+  auto* cmd =
+      app.add_subcommand("simulate", "Simulate a scenario, or one collective on its cluster");
+  auto a = std::make_shared<CollectiveArgs>();
+  cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  cmd->add_option("--collective", a->collective,
+                  "Simulate one collective over all GPUs: all_to_all, all_reduce, all_gather, "
+                  "reduce_scatter, send_recv");
+  cmd->add_option("--size", a->sizes, "Collective size per rank, e.g. 128MiB (repeatable)");
+  cmd->add_option("--algo", a->algo, "linear, 2dh, ring, tree, hierarchical or auto");
+  cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
+  cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
+  cmd->add_option("--trace", a->trace_path, "Write a Chrome trace (chrome://tracing, Perfetto)");
+  cmd->callback([a] {
+    if (a->collective.empty())
+      throw InputError(
+          "simulate: the MoE step simulation lands with the strategies milestone; for now give "
+          "--collective TYPE --size SIZE to simulate one collective on the scenario's cluster");
+    run_collective(*a);
+  });
+}
+
+}  // namespace moesim::app

@@ -1,0 +1,32 @@
+// What the strategy stack decides for one iteration (DESIGN §1): the knobs the plan builder turns
+// into a Plan. Every strategy module fills its part; a role left out keeps the baseline value.
+#pragma once
+
+#include <string>
+
+#include "core/plan.hpp"
+#include "core/scenario.hpp"
+
+namespace moesim::strategies {
+
+struct Decision {
+  /// Chunks along the capacity dimension for dispatch / expert / combine (STRATEGIES §3); r >= 1.
+  int pipeline_degree = 1;
+  /// All-to-all algorithm of dispatch and combine: kLinear or k2dh (auto is resolved by the
+  /// a2a strategy before building, so the plan says what runs).
+  CollectiveAlgo a2a = CollectiveAlgo::kLinear;
+  /// Expert buffer layout (Tutel §3.1): plain (W, dE, dC, M) runs W*dE small GEMMs; flexible
+  /// (dE, C, M) runs dE large ones.
+  LayoutRole layout = LayoutRole::kPlain;
+  /// Parallel mode for n-sharded experts (STRATEGIES §4): token repeat factor r, a divisor of
+  /// the shard count n. r = 1 is P1 (EP+DP, ZeRO-style parameter all-gather), r = n is P2
+  /// (EP+MP, tokens repeated n times, partial outputs summed).
+  int parallel_degree = 1;
+  /// Communication schedule (Parm, Lina): later milestones.
+  ScheduleRole schedule = ScheduleRole::kNone;
+
+  /// "r=2 a2a=2dh layout=flexible parallel=1" — stable, for tables and JSON.
+  std::string describe() const;
+};
+
+}  // namespace moesim::strategies

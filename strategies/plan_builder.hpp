@@ -1,0 +1,55 @@
+// Builds the Plan of one training (or inference) step from the scenario, this iteration's
+// workload and the strategy stack's Decision (DESIGN §3, STRATEGIES §1-§4). Deterministic.
+//
+// Rank map (documented contract, shared with exec/): rank = ((d * ep + e) * esp + s) * mp + t for
+// DP index d, EP index e, ESP index s, MP index t: MP varies fastest, so MP groups sit inside a
+// node when mp <= gpus_per_node.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "core/scenario.hpp"
+#include "strategies/decision.hpp"
+#include "strategies/workload/workload.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::strategies {
+
+/// Which ops of the plan belong to what, so results can be summarised per MoE layer and per
+/// phase without parsing labels.
+struct PlanIndex {
+  struct MoeLayerOps {
+    int layer = 0;                 // MoE layer number (0-based)
+    std::vector<OpId> forward;     // every op of the forward MoE layer (gate .. decode)
+    std::vector<OpId> backward;    // every op of its backward (training)
+    std::vector<OpId> dispatch;    // dispatch all-to-all ops (forward and backward), all chunks
+    std::vector<OpId> combine;     // combine all-to-all ops (forward and backward), all chunks
+    std::vector<OpId> expert;      // expert FFN compute ops, all chunks
+  };
+  std::vector<MoeLayerOps> moe_layers;
+  std::vector<OpId> gradient_sync;  // allreduce ops of the gradients (training)
+};
+
+struct BuiltPlan {
+  Plan plan;
+  PlanIndex index;
+};
+
+/// The groups of `parallelism` under the rank map above.
+struct Groups {
+  Grouping ep, esp, mp, dp, ep_esp;
+};
+Groups make_groups(const Scenario& sc);
+
+/// Builds the step. Throws InputError when the decision cannot apply (pipeline degree larger
+/// than the capacity, 2DH on groups that are not node-aligned, a parallel degree that does not
+/// divide the shard count) naming the strategy role at fault.
+BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
+                          const workload::IterationWorkload& work, const Decision& decision);
+
+}  // namespace moesim::strategies

@@ -1,0 +1,50 @@
+// The iteration loop shared by simulation and real execution (DESIGN §1): sample the workload,
+// let the strategy stack decide, build the Plan, run it on a backend, feed the measured time back
+// to the adaptive strategies. Only the Backend differs between `simulate` and `exec`.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/run_result.hpp"
+#include "core/scenario.hpp"
+#include "strategies/decision.hpp"
+#include "strategies/plan_builder.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::strategies {
+
+/// Runs a plan and reports what happened: sim::run_plan, or the real executor.
+using Backend = std::function<RunResult(const Plan&)>;
+
+struct IterationRecord {
+  int index = 0;
+  double capacity_factor = 0;
+  Decision decision;
+  double step_time_s = 0;       // makespan of the step
+  double moe_layer_time_s = 0;  // mean over MoE layers of (last op end - first op start), fwd+bwd
+  double a2a_s = 0;             // all-to-all time (sum of dispatch + combine collective times)
+  double allreduce_s = 0;
+  double compute_s = 0;
+  double exposed_comm_s = 0;
+  std::int64_t dropped_tokens = 0;
+};
+
+struct StackRun {
+  std::string strategy;                 // StrategySpec::name
+  std::vector<IterationRecord> iterations;
+  RunResult last_result;                // of the last iteration (for traces and breakdowns)
+  BuiltPlan last_plan;
+};
+
+/// Runs `iterations` iterations of the stack described by `spec`. The workload is sampled from
+/// the scenario's seed, so every stack of one scenario sees the same token routing.
+StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
+                   const Backend& backend, int iterations);
+
+}  // namespace moesim::strategies

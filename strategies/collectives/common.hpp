@@ -100,9 +100,10 @@ struct ClassStats {
 std::vector<int> representative_positions(int group_size);
 
 // ---- Cache -----------------------------------------------------------------------------------
-// Per-(topology, group, tag, extra) summaries. The topology is identified by its address plus
-// its vertex and link counts (a freed topology whose address is reused by a different one of the
-// same size would alias: acceptable for a cost cache, and documented). Thread-safe.
+// Per-(topology, group, tag, extra) summaries. The topology is identified by its address plus a
+// fingerprint of its contents (sizes, a sample of link bandwidths/latencies, NIC shares), so a
+// topology rebuilt at a freed address with other parameters does not alias. Thread-safe; a small
+// per-thread memo of recent hits avoids hashing and locking in tight loops.
 std::shared_ptr<const void> cache_find(const topology::Topology& topo, int tag, int extra,
                                        const std::vector<int>& group);
 void cache_insert(const topology::Topology& topo, int tag, int extra, const std::vector<int>& group,

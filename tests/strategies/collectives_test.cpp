@@ -940,6 +940,23 @@ TEST(Cache, SummariesFollowTheGroupContentNotItsAddress) {
   EXPECT_GT(tdh.analytical_time(call, sctx).value(), t_aligned);
 }
 
+TEST(Cache, ATopologyRebuiltWithOtherBandwidthsIsNotConfusedWithTheFreedOne) {
+  // Sweeps free a topology and build the next, often at the same address.
+  const auto group = iota_group(8);
+  const auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::kLinear, 8 << 20);
+  const CollectiveCall call = make_call(spec, group);
+  std::vector<double> times;
+  for (double nic : {25e9, 5e9, 25e9}) {
+    auto topo =
+        std::make_unique<FakeCluster>(FakeCluster::Params{.nodes = 2, .m = 4, .nic_bw = nic});
+    const CostContext ctx{topo.get(), {}, BytesPerSecond(0)};
+    times.push_back(select_algorithm(call, ctx).analytical_time(call, ctx).value());
+  }
+  EXPECT_DOUBLE_EQ(times[0], 4e-6 + 4 * (1 << 20) / 25e9);
+  EXPECT_DOUBLE_EQ(times[1], 4e-6 + 4 * (1 << 20) / 5e9);
+  EXPECT_DOUBLE_EQ(times[2], times[0]);
+}
+
 TEST(Registry, EveryAlgorithmIsFoundUnderItsOwnTypeAndName) {
   for (int t = 0; t <= static_cast<int>(CollectiveType::kSendRecv); ++t) {
     const auto type = static_cast<CollectiveType>(t);

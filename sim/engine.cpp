@@ -12,11 +12,7 @@
 
 #include "core/error.hpp"
 #include "sim/analytical_model.hpp"
-// TEMPORARY until the flow engineer's header lands in the tree.
-#if __has_include("sim/flow_model.hpp")
 #include "sim/flow_model.hpp"
-#define MOESIM_ENGINE_HAS_FLOW 1
-#endif
 #include "strategies/collectives/collective.hpp"
 #include "topology/topology.hpp"
 #ifdef MOESIM_HAVE_SIMGRID
@@ -49,11 +45,7 @@ std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topolog
     case NetworkKind::kAnalytical:
       return std::make_unique<AnalyticalModel>(topo, params);
     case NetworkKind::kFlow:
-#ifdef MOESIM_ENGINE_HAS_FLOW
       return std::make_unique<FlowModel>(topo, params);
-#else
-      throw InputError("engine: network 'flow' is not available yet");
-#endif
     case NetworkKind::kSimgrid:
 #ifdef MOESIM_HAVE_SIMGRID
       return std::make_unique<SimgridModel>(topo, params);

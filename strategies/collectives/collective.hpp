@@ -10,10 +10,12 @@
 //
 // ---------------------------------------------------------------------------------------------
 // Buffer layout (what ChunkRef / LocalCopy offsets mean). Every rank has three byte buffers:
-// kSend (the collective's input), kRecv (its output) and kScratch (algorithm temporary, same
-// size as kSend). Offsets are bytes from the start of the named buffer; they may be fractional
-// when a size is not a multiple of the group size (the simulator only needs bytes; exec/ works
-// in elements and rounds). Positions below are group positions (index into the group).
+// kSend (the collective's input), kRecv (its output) and kScratch (algorithm temporary: S for
+// 2dh all_to_all; for 2dh all_to_allv the largest of stride_copy_1's and stride_copy_2's
+// local_bytes / 2, since a rank may hold more after the intra phase than it sends or receives).
+// Offsets are bytes from the start of the named buffer; they may be fractional when a size is not a
+// multiple of the group size (the simulator only needs bytes; exec/ works in elements and rounds).
+// Positions below are group positions (index into the group).
 //
 //  all_to_all (S = spec.bytes per rank, W ranks, c = S/W): kSend holds W chunks, chunk d for
 //    position d at d*c; kRecv slot s (offset s*c) receives the chunk from position s.
@@ -34,13 +36,15 @@
 //    permuted order (offsets are prefix sums of the permuted block sizes).
 //  all_reduce / reduce_scatter / all_gather (ring family): the work is in place in kRecv (exec
 //    first copies kSend there for all_reduce / reduce_scatter; all_gather has an explicit
-//    self-copy phase). Chunk k (size c) is at k*c. A repeated ring phase lists the transfers of
-//    its step 0; at step t every chunk index shifts by -t (mod the ring size).
+//    self-copy phase). Chunk k (size c) of a ring of R ranks is at base + k*c (base 0, except
+//    the inter-node rings of hierarchical all_reduce: base j*S/m on local index j). A repeated
+//    ring phase lists the transfers of its step 0; at step t chunk index k becomes
+//    (k - t) mod R, on sender and receiver alike (the chunk keeps its index when it moves).
 //  send_recv: kSend [0, S) of position p goes to kRecv [0, S) of position p + peer_offset.
 //  tree all_reduce: whole buffers (offset 0) in kRecv.
 // ---------------------------------------------------------------------------------------------
 //
-// Analytical cost (one closed form, shared by every algorithm; see phase_lines() in
+// Analytical cost (one closed form, shared by every algorithm; see phase_shape() in
 // common.cpp for the code). For a kTransfers phase, rank r's send side costs
 //
 //   T_send(r) = net.message_latency_s + N_r * net.message_overhead_s
@@ -57,7 +61,12 @@
 // concurrently with the network (max of both). kCopy / kReduce phases take local_bytes /
 // local_copy_bandwidth. The collective is the sum of its phases (no overlap between phases, no
 // contention with other traffic). Fast paths evaluate only representative ranks and cache
-// per-(topology, group) summaries, so a 1,024-GPU all-to-all evaluates in microseconds.
+// per-(topology, group) summaries, so a 1,024-GPU all-to-all evaluates in microseconds: uniform
+// all-to-all takes the send side of up to 8 evenly spaced ranks (every rank for W <= 16; the
+// receive side equals it on symmetric topologies), all_to_allv prices each rank's per-class
+// bytes with the class's mean 1/bw; ring, tree, hierarchical and send_recv cache the exact
+// per-rank lines of one lowering (their transfers are O(W)). All are tested equal to
+// phases_time(lower()) on homogeneous topologies.
 #pragma once
 
 #include <cstdint>
@@ -151,8 +160,8 @@ class Algorithm {
   virtual ~Algorithm() = default;
   virtual CollectiveType type() const = 0;
   virtual CollectiveAlgo algo() const = 0;
-  /// False when the algorithm cannot run this call (2DH across groups that are not node-aligned,
-  /// tree for non-power-of-two, ...). `auto` skips those.
+  /// False when the algorithm cannot run this call (2DH and hierarchical across groups that are
+  /// not node-aligned, ...). `auto` skips those.
   virtual bool applicable(const CollectiveCall& call, const topology::Topology& topo) const {
     return inapplicable_reason(call, topo).empty();
   }

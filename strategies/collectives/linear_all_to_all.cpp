@@ -32,8 +32,8 @@ class LinearAllToAll final : public Algorithm {
     if (call.with_layout) ph.chunks.reserve(static_cast<size_t>(w) * (w - 1));
     for (int p = 0; p < w; ++p) {
       // Destinations in rotated order (p+1, p+2, ...) so that posting order spreads the load.
-      for (int i = 1; i < w; ++i) {
-        const int q = (p + i) % w;
+      for (int i = 1, q = p + 1; i < w; ++i, ++q) {
+        if (q == w) q = 0;  // (p + i) mod w without a division per transfer
         ph.transfers.push_back({g[p], g[q], c});
         if (call.with_layout) ph.chunks.push_back({q * c, p * c});
       }

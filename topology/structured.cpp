@@ -71,9 +71,9 @@ class StructuredTopology final : public Topology {
   void attach_nic(int node, int k, VertexId sw);
   void build_templates(const Graph& g);
   void build_fabric_tables(const Graph& g);
-  /// Leaf-spine port split: NIC-facing ports d and uplinks u of a leaf, and the bandwidth of each
-  /// uplink so that down/up capacity is exactly the oversubscription.
-  void leaf_ports(int& down, int& up, BytesPerSecond& up_bw) const;
+  /// Leaf-spine split: NIC ports in use (a multiple of `granularity` when possible), uplinks
+  /// (one per spine) and each uplink's bandwidth, so that down/up is the oversubscription.
+  void leaf_ports(int granularity, int& down, int& up, BytesPerSecond& up_bw) const;
 
   // --- queries
   const Alt& local_alt(int src, int dst) const {
@@ -289,11 +289,16 @@ void StructuredTopology::attach_nic(int node, int k, VertexId sw) {
   nic_switch_[g] = static_cast<std::uint32_t>(vertices_[sw].index);
 }
 
-void StructuredTopology::leaf_ports(int& down, int& up, BytesPerSecond& up_bw) const {
+void StructuredTopology::leaf_ports(int granularity, int& down, int& up,
+                                    BytesPerSecond& up_bw) const {
   const int r = spec_.inter.switch_radix;
   const double o = spec_.inter.oversubscription;
   down = std::clamp(static_cast<int>(std::lround(r * o / (1.0 + o))), 1, r - 1);
-  up = r - down;
+  // Whole nodes per leaf when a node's NICs fit one (as clusters are cabled).
+  if (down >= granularity) down = down / granularity * granularity;
+  // Uplinks are cables like the NICs' (as many as the ratio needs), each leaf-spine link summing
+  // its cables, so that down/up capacity is exactly the oversubscription.
+  up = std::clamp(static_cast<int>(std::lround(down / o)), 1, r - down);
   up_bw = spec_.inter.nic_bandwidth * (static_cast<double>(down) / (o * up));
 }
 
@@ -311,7 +316,7 @@ void StructuredTopology::build_fat_tree() {
   const int r = inter.switch_radix;
   int down = 0, up = 0;
   BytesPerSecond up_bw;
-  leaf_ports(down, up, up_bw);
+  leaf_ports(nics_, down, up, up_bw);
   const std::int64_t num_nics = std::int64_t{spec_.nodes} * nics_;
   const int leaves = ceil_div(num_nics, down);
   int levels = inter.levels;
@@ -371,7 +376,9 @@ void StructuredTopology::build_fat_tree() {
     }
   }
   for (int n = 0; n < spec_.nodes; ++n) {
-    for (int k = 0; k < nics_; ++k) attach_nic(n, k, leaf[(std::int64_t{n} * nics_ + k) / down]);
+    for (int k = 0; k < nics_; ++k) {
+      attach_nic(n, k, leaf[static_cast<int>((std::int64_t{n} * nics_ + k) / down)]);
+    }
   }
 }
 
@@ -380,7 +387,7 @@ void StructuredTopology::build_rail_optimized() {
   // fit one switch's NIC ports). Every rail leaf has an uplink to every spine.
   int down = 0, up = 0;
   BytesPerSecond up_bw;
-  leaf_ports(down, up, up_bw);
+  leaf_ports(1, down, up, up_bw);
   const int per_rail = ceil_div(spec_.nodes, down);
   GraphBuilder b(vertices_, links_);
   const Seconds half = spec_.inter.latency * 0.5;

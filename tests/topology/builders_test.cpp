@@ -241,6 +241,25 @@ TEST(FatTree, ThreeLevelsWhenTwoDoNotFit) {
   }
 }
 
+TEST(FatTree, WholeNodesPerLeaf) {
+  // Radix 8 gives 4 NIC ports per leaf; with 3 NICs per node only 3 are cabled, so each node sits
+  // on its own leaf with 3 uplinks of 25 GB/s (3 spines), never split over two leaves.
+  auto spec = make_spec(4, 3, IntraKind::kNvswitch, InterKind::kFatTree);
+  spec.inter.switch_radix = 8;
+  auto t = build_topology(spec);
+  int leaves = 0, spines = 0;
+  for (const auto& v : t->vertices()) {
+    if (v.kind == VertexKind::kSwitch) (v.level == 1 ? leaves : spines)++;
+  }
+  EXPECT_EQ(leaves, 4);
+  EXPECT_EQ(spines, 3);
+  const auto rows = t->tier_table();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(find_tier(rows, 0)->pairs, 4 * 3 * 2);
+  EXPECT_EQ(find_tier(rows, 2)->pairs, 4 * 3 * 9);
+  EXPECT_DOUBLE_EQ(find_tier(rows, 2)->min_bandwidth.value(), 25 * kGB);
+}
+
 TEST(FatTree, OversubscriptionCutsBisection) {
   // 12 single-GPU nodes, radix 8. Oversubscription 3: leaves have 6 NIC ports and 2 uplinks of
   // 6 * 25 / (3 * 2) = 25 GB/s, so half the cluster (one leaf) sends 50 GB/s.

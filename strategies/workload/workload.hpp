@@ -9,13 +9,18 @@
 // f = 0: dC = max over (GPU, expert) of the demanded count (dropless; all GPUs agree on it, as
 // Tutel's dynamic capacity does with an all-reduce of the max); f < 0: the same, capped at the
 // value for f = -f.
+//
+// docs/workload.md documents the sampling method, its one approximation and the trace format.
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
-#include <random>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "core/plan.hpp"
 #include "core/scenario.hpp"
 
 namespace moesim::workload {
@@ -23,24 +28,32 @@ namespace moesim::workload {
 /// One MoE layer of one iteration. Rows are source GPUs (0..P-1) of the EP group(s) in global
 /// rank order, columns global experts (0..E-1).
 struct LayerDispatch {
-  int num_gpus = 0;      // P (rows)
-  int num_experts = 0;   // E (columns)
+  int num_gpus = 0;     // P (rows)
+  int num_experts = 0;  // E (columns)
   int top_k = 0;
-  double capacity_factor = 0;   // f in force this iteration (after workload.capacity)
-  std::int64_t capacity = 0;    // dC: slots per (source GPU, expert); the padded buffer size
+  double capacity_factor = 0;  // f in force this iteration (after workload.capacity)
+  std::int64_t capacity = 0;   // dC: slots per (source GPU, expert); the padded buffer size
   /// kept[i * E + e]: tokens GPU i sends to expert e after drops (<= capacity).
   std::vector<std::uint32_t> kept;
   /// demanded[i * E + e]: choices before drops (first + later choices).
   std::vector<std::uint32_t> demanded;
   std::int64_t dropped = 0;  // sum(demanded - kept)
+  /// dropped_by_choice[j]: (j+1)-th choices dropped (size top_k; sums to `dropped`). Trace rows
+  /// without a choice column count as first choices.
+  std::vector<std::int64_t> dropped_by_choice;
 
   std::uint32_t at(int gpu, int expert) const {
     return kept[static_cast<std::size_t>(gpu) * num_experts + expert];
   }
+  std::uint32_t demanded_at(int gpu, int expert) const {
+    return demanded[static_cast<std::size_t>(gpu) * num_experts + expert];
+  }
   /// Tokens expert e receives in total (column sum of kept).
   std::int64_t expert_load(int expert) const;
-  /// Largest expert load / mean expert load (1 = balanced).
+  /// Largest expert load / mean expert load (1 = balanced; 0 when nothing is kept).
   double imbalance() const;
+  /// Tokens GPU i sends in total after drops (row sum of kept).
+  std::int64_t gpu_sent(int gpu) const;
 };
 
 /// Which GPU holds expert e: experts are placed round-robin in blocks, expert e on EP-group
@@ -50,6 +63,11 @@ struct ExpertPlacement {
   int experts_per_gpu = 1;  // >= 1, or 1 when sharded
   int shards = 1;           // GPUs one expert spans (>= 1)
   int owner(int expert) const { return expert / experts_per_gpu * shards; }
+
+  /// The placement of `model` (experts_per_gpu = -x means x shards of one expert).
+  static ExpertPlacement of(const ModelSpec& model) {
+    return ExpertPlacement{model.local_experts(), model.expert_shards()};
+  }
 };
 
 struct IterationWorkload {
@@ -58,19 +76,92 @@ struct IterationWorkload {
   std::vector<LayerDispatch> layers;  // one per MoE layer
 };
 
-/// Deterministic: the same scenario, seed and call sequence give the same counts.
+// ---------------------------------------------------------------------------------------------
+// Capacity (pure functions; the generator applies them, tests check them by hand).
+
+/// dC for capacity factor f (STRATEGIES §1), rounded up to a multiple of `multiple` (>= 1):
+/// f > 0: ceil(k * f * S / E); f = 0: max_demanded (the largest demanded count of any (GPU,
+/// expert) pair: dropless); f < 0: min(max_demanded, the value for -f), both rounded up.
+std::int64_t capacity_slots(double f, int top_k, std::int64_t tokens_per_gpu, int num_experts,
+                            std::int64_t max_demanded, int multiple = 1);
+
+/// Slot assignment of one (source GPU, expert) pair, all first choices before any second choice:
+/// kept[j] = min(counts[j], capacity - (kept[0] + ... + kept[j-1])). Returns the total kept
+/// (= min(sum counts, capacity)). `kept_by_choice` has the size of `counts_by_choice`.
+std::int64_t apply_capacity(std::span<const std::uint32_t> counts_by_choice, std::int64_t capacity,
+                            std::span<std::uint32_t> kept_by_choice);
+
+// ---------------------------------------------------------------------------------------------
+// Per-pair dispatch / combine matrices for the plan (core/plan.hpp ByteMatrix).
+
+/// Tokens the dispatch all-to-all of one EP group moves: entry (a, b) = tokens the GPU at group
+/// position a sends to the GPU at group position b, the sum of kept[group_ranks[a]][e] over the
+/// experts e that position b owns (ExpertPlacement::owner; a sharded expert's tokens go to its
+/// first shard, the plan's parallel mode repeats them). `padded`: every (source, expert) pair
+/// sends its full dC slots, as GShard/Tutel's fixed-size buffers do. unit = bytes_per_token
+/// (M * bytes per element). The combine all-to-all is the transpose (combine_matrix).
+ByteMatrix dispatch_matrix(const LayerDispatch& layer, std::span<const int> group_ranks,
+                           const ExpertPlacement& placement, Bytes bytes_per_token,
+                           bool padded = false);
+/// The transpose of dispatch_matrix: expert outputs returning to the tokens' GPUs.
+ByteMatrix combine_matrix(const LayerDispatch& layer, std::span<const int> group_ranks,
+                          const ExpertPlacement& placement, Bytes bytes_per_token,
+                          bool padded = false);
+
+// ---------------------------------------------------------------------------------------------
+// Routing trace files (docs/workload.md): CSV with a header naming the columns iteration, layer,
+// gpu (or src), expert, count (or tokens) and optionally choice; '#' comments and blank lines
+// are skipped; absent (gpu, expert) pairs are 0; iteration i of a run replays trace iteration
+// i mod T (T = largest iteration + 1).
+
+struct TraceEntry {
+  int gpu = 0;
+  int expert = 0;
+  int choice = 0;  // 0 = first choice
+  std::uint32_t count = 0;
+};
+
+struct RoutingTrace {
+  int num_iterations = 0;  // T
+  int num_layers = 0;
+  /// entries[t * num_layers + l]: the non-zero counts of trace iteration t, MoE layer l.
+  std::vector<std::vector<TraceEntry>> entries;
+};
+
+/// Reads and validates a trace against the scenario's shape (P GPUs, E experts, MoE layers,
+/// top_k). Throws InputError naming file:line (and the column) on any malformed or
+/// out-of-range row, and on duplicate rows.
+RoutingTrace read_routing_trace(const std::string& path, int num_gpus, int num_experts,
+                                int num_layers, int top_k);
+/// Writes the demanded counts of `iterations` (all layers) in the trace format, choice column
+/// omitted (so totals, not the first/second split, survive the round trip).
+void write_routing_trace(std::ostream& out, const std::vector<IterationWorkload>& iterations);
+
+// ---------------------------------------------------------------------------------------------
+
+/// Deterministic: every draw comes from a substream keyed by (workload.routing.seed, iteration,
+/// layer, GPU), so the counts of iteration i do not depend on which iterations were sampled
+/// before it or in which order.
 class WorkloadGenerator {
  public:
   /// Throws InputError for unusable inputs (trace file unreadable or of the wrong shape; the
   /// message names the file and line).
   explicit WorkloadGenerator(const Scenario& scenario);
   ~WorkloadGenerator();
+  WorkloadGenerator(WorkloadGenerator&&) noexcept;
+  WorkloadGenerator& operator=(WorkloadGenerator&&) noexcept;
 
   /// Capacity factor in force at iteration i (workload.capacity: fixed, trace, random_walk).
   double capacity_factor(int iteration);
-  /// Samples iteration i (call with i = 0, 1, 2, ... in order). `capacity_multiple` rounds dC up
-  /// to a multiple (the pipeline degree, so chunks split evenly).
+  /// Samples iteration i (any order; i >= 0). `capacity_multiple` rounds dC up to a multiple
+  /// (the pipeline degree, so chunks split evenly).
   IterationWorkload next(int iteration, int capacity_multiple = 1);
+  /// One MoE layer of iteration i with capacity factor f (next() uses capacity_factor(i)).
+  LayerDispatch sample_layer(int iteration, int layer, double f, int capacity_multiple = 1);
+
+  /// Expert popularity p_e of MoE layer `layer` at iteration i (the distribution the tokens'
+  /// choices are drawn from; uniform 1/E; empty for trace).
+  std::vector<double> expert_popularity(int iteration, int layer);
 
  private:
   struct Impl;

@@ -1,0 +1,555 @@
+// Workload generator (STRATEGIES §1): capacity modes and the slot rule by hand, sampling
+// properties (totals, distinct choices, skew ordering, exact second-choice marginals),
+// determinism, dynamic capacity, trace files, dispatch matrices.
+#include "strategies/workload/workload.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "strategies/workload/random.hpp"
+#include "strategies/workload/sampling.hpp"
+
+namespace moesim::workload {
+namespace {
+
+Scenario make_scenario(int gpus, int experts, int top_k, int tokens, double f = 1.0,
+                       RoutingDistribution dist = RoutingDistribution::kUniform, double skew = 0.0,
+                       std::uint64_t seed = 1, int layers = 1) {
+  Scenario s;
+  s.name = "workload-test";
+  s.source_file = "workload-test.yaml";
+  s.cluster.nodes = 1;
+  s.cluster.gpus_per_node = gpus;
+  s.model.layers = layers;
+  s.model.moe_every = 1;
+  s.model.batch_per_gpu = 1;
+  s.model.seq_len = tokens;
+  s.model.experts = experts;
+  s.model.experts_per_gpu = std::max(1, experts / gpus);
+  s.model.top_k = top_k;
+  s.model.capacity_factor = f;
+  s.parallelism.ep = gpus;
+  s.parallelism.dp = 1;
+  s.workload.routing.distribution = dist;
+  s.workload.routing.skew = skew;
+  s.workload.routing.seed = seed;
+  return s;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("moesim_workload_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+// Checks the invariants every LayerDispatch must satisfy.
+void expect_consistent(const LayerDispatch& d, std::int64_t tokens) {
+  std::int64_t dropped = 0;
+  for (int i = 0; i < d.num_gpus; ++i) {
+    std::int64_t demanded = 0;
+    for (int e = 0; e < d.num_experts; ++e) {
+      EXPECT_LE(d.at(i, e), d.demanded_at(i, e));
+      EXPECT_LE(d.at(i, e), d.capacity);
+      // Kept is exactly min(demanded, dC): drops happen only beyond capacity.
+      EXPECT_EQ(d.at(i, e), std::min<std::int64_t>(d.demanded_at(i, e), d.capacity));
+      demanded += d.demanded_at(i, e);
+      dropped += d.demanded_at(i, e) - d.at(i, e);
+    }
+    if (tokens >= 0) {
+      EXPECT_EQ(demanded, d.top_k * tokens) << "gpu " << i;
+    }
+  }
+  EXPECT_EQ(d.dropped, dropped);
+  EXPECT_EQ(
+      std::accumulate(d.dropped_by_choice.begin(), d.dropped_by_choice.end(), std::int64_t{0}),
+      dropped);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capacity by hand.
+
+TEST(CapacitySlots, FixedFactorIsCeilOfKfSOverE) {
+  EXPECT_EQ(capacity_slots(1.0, 2, 16, 4, 0), 8);     // 2 * 1 * 16 / 4
+  EXPECT_EQ(capacity_slots(1.25, 2, 16, 4, 0), 10);   // 10 exactly
+  EXPECT_EQ(capacity_slots(1.3, 2, 16, 4, 0), 11);    // 10.4 -> 11
+  EXPECT_EQ(capacity_slots(1.0, 2, 16, 4, 0, 3), 9);  // 8 rounded up to a multiple of 3
+  EXPECT_EQ(capacity_slots(1.2, 2, 10, 24, 0), 1);    // 1.0000000000000002 in doubles
+  EXPECT_EQ(capacity_slots(0.01, 1, 10, 100, 0), 1);  // any positive factor gives >= 1 slot
+  EXPECT_EQ(capacity_slots(1.0, 2, 16384, 8192, 0), 4);
+}
+
+TEST(CapacitySlots, ZeroIsDroplessMaxDemand) {
+  EXPECT_EQ(capacity_slots(0.0, 2, 16, 4, 7), 7);
+  EXPECT_EQ(capacity_slots(0.0, 2, 16, 4, 7, 4), 8);
+  EXPECT_EQ(capacity_slots(0.0, 2, 16, 4, 0), 0);
+}
+
+TEST(CapacitySlots, NegativeIsDroplessCappedAtMinusF) {
+  // -1 caps at 2 * 1 * 16 / 4 = 8.
+  EXPECT_EQ(capacity_slots(-1.0, 2, 16, 4, 5), 5);
+  EXPECT_EQ(capacity_slots(-1.0, 2, 16, 4, 8), 8);
+  EXPECT_EQ(capacity_slots(-1.0, 2, 16, 4, 11), 8);
+  EXPECT_EQ(capacity_slots(-1.0, 2, 16, 4, 5, 4), 8);  // 5 -> 8, cap 8
+  EXPECT_EQ(capacity_slots(-1.0, 2, 16, 4, 5, 3), 6);  // 5 -> 6, cap 9
+  EXPECT_EQ(capacity_slots(-2.0, 2, 16, 4, 11), 11);   // cap 16
+}
+
+TEST(ApplyCapacity, FirstChoicesBeforeSecondChoices) {
+  auto run = [](std::vector<std::uint32_t> counts, std::int64_t cap) {
+    std::vector<std::uint32_t> kept(counts.size());
+    const std::int64_t total = apply_capacity(counts, cap, kept);
+    EXPECT_EQ(total, std::accumulate(kept.begin(), kept.end(), std::int64_t{0}));
+    return kept;
+  };
+  EXPECT_EQ(run({5, 4}, 7), (std::vector<std::uint32_t>{5, 2}));
+  EXPECT_EQ(run({9, 3}, 7), (std::vector<std::uint32_t>{7, 0}));
+  EXPECT_EQ(run({2, 3, 4}, 6), (std::vector<std::uint32_t>{2, 3, 1}));
+  EXPECT_EQ(run({2, 3, 4}, 100), (std::vector<std::uint32_t>{2, 3, 4}));
+  EXPECT_EQ(run({2, 3, 4}, 0), (std::vector<std::uint32_t>{0, 0, 0}));
+  EXPECT_EQ(run({0, 6}, 4), (std::vector<std::uint32_t>{0, 4}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling properties.
+
+TEST(WorkloadGenerator, TotalsAndCapacityBothMethods) {
+  // S = 60 <= 8 * E: token method; S = 1000 > 8 * E: count method.
+  for (const int tokens : {60, 1000}) {
+    for (const double f : {1.0, 0.5, 2.0}) {
+      WorkloadGenerator gen(make_scenario(4, 8, 2, tokens, f));
+      const IterationWorkload w = gen.next(0);
+      ASSERT_EQ(w.layers.size(), 1u);
+      const LayerDispatch& d = w.layers[0];
+      EXPECT_EQ(d.capacity, capacity_slots(f, 2, tokens, 8, 0)) << tokens << " " << f;
+      expect_consistent(d, tokens);
+    }
+  }
+}
+
+TEST(WorkloadGenerator, CapacityFactorHalfDropsTokens) {
+  // f = 0.5 gives half the slots the average demand needs: at least half the choices drop.
+  WorkloadGenerator gen(make_scenario(4, 8, 2, 400, 0.5));
+  const LayerDispatch d = gen.next(0).layers[0];
+  EXPECT_EQ(d.capacity, 50);
+  EXPECT_GE(d.dropped, 4 * 2 * 400 / 2);
+  // Second choices are dropped before first choices wherever a pair overflows.
+  EXPECT_GT(d.dropped_by_choice[1], d.dropped_by_choice[0]);
+}
+
+TEST(WorkloadGenerator, DroplessDropsNothingAndCapacityIsMaxDemand) {
+  for (const auto dist : {RoutingDistribution::kUniform, RoutingDistribution::kZipf}) {
+    WorkloadGenerator gen(make_scenario(4, 8, 2, 300, 0.0, dist, 1.5));
+    const LayerDispatch d = gen.next(0).layers[0];
+    EXPECT_EQ(d.dropped, 0);
+    EXPECT_EQ(d.kept, d.demanded);
+    EXPECT_EQ(d.capacity, *std::max_element(d.demanded.begin(), d.demanded.end()));
+    expect_consistent(d, 300);
+    // Rounded to the pipeline degree.
+    const LayerDispatch d3 = gen.next(0, 3).layers[0];
+    EXPECT_EQ(d3.capacity % 3, 0);
+    EXPECT_LT(d3.capacity - d.capacity, 3);
+    EXPECT_EQ(d3.dropped, 0);
+  }
+}
+
+TEST(WorkloadGenerator, NegativeFactorCapsDropless) {
+  // Heavy skew: dropless would need far more than the -1 cap (2 * 1 * 300 / 8 = 75).
+  WorkloadGenerator gen(make_scenario(4, 8, 2, 300, -1.0, RoutingDistribution::kZipf, 2.0));
+  const LayerDispatch d = gen.next(0).layers[0];
+  EXPECT_EQ(d.capacity, 75);
+  EXPECT_GT(d.dropped, 0);
+  expect_consistent(d, 300);
+  // A generous cap leaves the dropless capacity in force.
+  WorkloadGenerator loose(make_scenario(4, 8, 2, 300, -100.0, RoutingDistribution::kZipf, 2.0));
+  const LayerDispatch dl = loose.next(0).layers[0];
+  EXPECT_EQ(dl.dropped, 0);
+  EXPECT_EQ(dl.capacity, *std::max_element(dl.demanded.begin(), dl.demanded.end()));
+  EXPECT_EQ(dl.demanded, d.demanded);  // same seed, same choices
+}
+
+TEST(WorkloadGenerator, TokenMethodChoicesAreDistinct) {
+  // k = E: every token picks every expert once, so each (GPU, expert) is demanded exactly S times.
+  WorkloadGenerator gen(make_scenario(3, 3, 3, 20, 0.0, RoutingDistribution::kZipf, 3.0));
+  const LayerDispatch d = gen.next(0).layers[0];
+  for (std::uint32_t c : d.demanded) EXPECT_EQ(c, 20u);
+  // k = 2 of 4 under heavy skew: a pair can never be demanded more than S times.
+  WorkloadGenerator gen2(make_scenario(2, 4, 2, 32, 0.0, RoutingDistribution::kZipf, 4.0));
+  const LayerDispatch d2 = gen2.next(0).layers[0];
+  for (std::uint32_t c : d2.demanded) EXPECT_LE(c, 32u);
+  expect_consistent(d2, 32);
+}
+
+TEST(ChoiceSampler, TokenMethodSecondChoiceMarginalIsExact) {
+  // Second choice of a token drawn from p without replacement: P(second = e) =
+  // p_e * sum_{f != e} p_f / (1 - p_f). The token method must match it (statistically).
+  const std::vector<double> p = {0.5, 0.25, 0.15, 0.1};
+  const int tokens = 200000;
+  detail::ChoiceSampler sampler(p, 4, 2, tokens, detail::ChoiceSampler::Method::kTokens);
+  detail::Xoshiro256 rng(42);
+  std::vector<std::uint32_t> counts(8);
+  sampler.sample(rng, counts);
+  for (int e = 0; e < 4; ++e) {
+    double rest = 0;
+    for (int f = 0; f < 4; ++f)
+      if (f != e) rest += p[f] / (1 - p[f]);
+    const double first = tokens * p[e], second = tokens * p[e] * rest;
+    EXPECT_NEAR(counts[e], first, 5 * std::sqrt(first)) << e;
+    EXPECT_NEAR(counts[4 + e], second, 5 * std::sqrt(second)) << e;
+  }
+}
+
+TEST(ChoiceSampler, CountMethodRankWeights) {
+  // Uniform: the approximation is exact (every rank uniform).
+  detail::ChoiceSampler uniform({}, 16, 2, 1000, detail::ChoiceSampler::Method::kCounts);
+  for (double q : uniform.rank_weights(1)) EXPECT_DOUBLE_EQ(q, 1.0 / 16);
+  // Skewed: rank 2 weights are p_e (1 - p_e), normalised; first-choice counts are a multinomial
+  // of S with probabilities p, so each rank sums to S.
+  const std::vector<double> p = {0.5, 0.25, 0.15, 0.1};
+  detail::ChoiceSampler skewed(p, 4, 2, 100000, detail::ChoiceSampler::Method::kCounts);
+  double norm = 0;
+  for (double x : p) norm += x * (1 - x);
+  for (int e = 0; e < 4; ++e)
+    EXPECT_NEAR(skewed.rank_weights(1)[e], p[e] * (1 - p[e]) / norm, 1e-12);
+  detail::Xoshiro256 rng(7);
+  std::vector<std::uint32_t> counts(8);
+  skewed.sample(rng, counts);
+  EXPECT_EQ(std::accumulate(counts.begin(), counts.begin() + 4, 0u), 100000u);
+  EXPECT_EQ(std::accumulate(counts.begin() + 4, counts.end(), 0u), 100000u);
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(counts[e], 100000 * p[e], 5 * std::sqrt(100000 * p[e]));
+}
+
+TEST(WorkloadGenerator, ZipfPopularityFollowsRanks) {
+  WorkloadGenerator gen(make_scenario(2, 16, 2, 64, 0.0, RoutingDistribution::kZipf, 1.2));
+  std::vector<double> p = gen.expert_popularity(0, 0);
+  ASSERT_EQ(p.size(), 16u);
+  EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-12);
+  const std::vector<double> unsorted = p;
+  std::sort(p.rbegin(), p.rend());
+  for (int r = 0; r < 16; ++r) EXPECT_NEAR(p[r] / p[0], std::pow(r + 1.0, -1.2), 1e-12);
+  // The ranking is a seeded permutation: not simply expert 0 first for every seed.
+  bool differs = false;
+  for (std::uint64_t seed = 1; seed <= 5 && !differs; ++seed) {
+    WorkloadGenerator other(
+        make_scenario(2, 16, 2, 64, 0.0, RoutingDistribution::kZipf, 1.2, seed + 10));
+    differs = other.expert_popularity(0, 0) != unsorted;
+  }
+  EXPECT_TRUE(differs);
+  // Fixed per layer across iterations.
+  EXPECT_EQ(gen.expert_popularity(3, 0), unsorted);
+}
+
+double mean_imbalance(RoutingDistribution dist, double skew_or_alpha, int seeds) {
+  double sum = 0;
+  for (int s = 1; s <= seeds; ++s) {
+    Scenario sc = make_scenario(8, 32, 2, 512, 0.0, dist, 0.0, static_cast<std::uint64_t>(s));
+    if (dist == RoutingDistribution::kZipf) sc.workload.routing.skew = skew_or_alpha;
+    if (dist == RoutingDistribution::kDirichlet)
+      sc.workload.routing.dirichlet_alpha = skew_or_alpha;
+    WorkloadGenerator gen(sc);
+    sum += gen.next(0).layers[0].imbalance();
+  }
+  return sum / seeds;
+}
+
+TEST(WorkloadGenerator, SkewRaisesImbalance) {
+  const double uniform = mean_imbalance(RoutingDistribution::kUniform, 0, 6);
+  const double zipf0 = mean_imbalance(RoutingDistribution::kZipf, 0.0, 6);
+  // Expected load 8 * 2 * 512 / 32 = 256 per expert, max of 32 ~ +2.1 sigma: ~1.13 both.
+  EXPECT_NEAR(zipf0, uniform, 0.05);
+  EXPECT_LT(uniform, 1.3);
+  double previous = zipf0;
+  for (const double skew : {0.5, 1.0, 1.5, 2.0}) {
+    const double x = mean_imbalance(RoutingDistribution::kZipf, skew, 6);
+    EXPECT_GT(x, previous) << "skew " << skew;
+    previous = x;
+  }
+  // Dirichlet: smaller alpha, more skewed popularity.
+  const double dir_flat = mean_imbalance(RoutingDistribution::kDirichlet, 100.0, 6);
+  const double dir_mid = mean_imbalance(RoutingDistribution::kDirichlet, 1.0, 6);
+  const double dir_peaked = mean_imbalance(RoutingDistribution::kDirichlet, 0.1, 6);
+  EXPECT_LT(dir_flat, dir_mid);
+  EXPECT_LT(dir_mid, dir_peaked);
+}
+
+TEST(WorkloadGenerator, DirichletPopularityChangesPerIterationAndLayer) {
+  Scenario sc = make_scenario(2, 16, 2, 64, 0.0, RoutingDistribution::kDirichlet, 0, 3, 2);
+  sc.workload.routing.dirichlet_alpha = 0.05;  // tiny alpha: log-space draws must not underflow
+  WorkloadGenerator gen(sc);
+  const auto p00 = gen.expert_popularity(0, 0);
+  EXPECT_NEAR(std::accumulate(p00.begin(), p00.end(), 0.0), 1.0, 1e-12);
+  EXPECT_NE(p00, gen.expert_popularity(1, 0));
+  EXPECT_NE(p00, gen.expert_popularity(0, 1));
+  EXPECT_EQ(p00, gen.expert_popularity(0, 0));
+  const IterationWorkload w = gen.next(0);
+  ASSERT_EQ(w.layers.size(), 2u);
+  for (const auto& d : w.layers) expect_consistent(d, 64);
+}
+
+TEST(WorkloadGenerator, Deterministic) {
+  for (const auto dist : {RoutingDistribution::kUniform, RoutingDistribution::kZipf,
+                          RoutingDistribution::kDirichlet}) {
+    const Scenario a = make_scenario(4, 8, 2, 200, 1.0, dist, 1.0, 11, 2);
+    WorkloadGenerator g1(a), g2(a);
+    const IterationWorkload w1 = g1.next(0), w2 = g2.next(0);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(w1.layers[l].kept, w2.layers[l].kept);
+      EXPECT_EQ(w1.layers[l].demanded, w2.layers[l].demanded);
+    }
+    EXPECT_NE(w1.layers[0].demanded, w1.layers[1].demanded);  // layers are independent draws
+    EXPECT_NE(w1.layers[0].demanded, g1.next(1).layers[0].demanded);  // so are iterations
+    // Another seed, other counts.
+    WorkloadGenerator g3(make_scenario(4, 8, 2, 200, 1.0, dist, 1.0, 12, 2));
+    EXPECT_NE(g3.next(0).layers[0].demanded, w1.layers[0].demanded);
+    // Order independence: iteration 3 straight away equals iteration 3 after 0..2.
+    WorkloadGenerator g4(a);
+    const auto direct = g4.next(3).layers[1].demanded;
+    WorkloadGenerator g5(a);
+    for (int i = 0; i < 3; ++i) g5.next(i);
+    EXPECT_EQ(g5.next(3).layers[1].demanded, direct);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic capacity.
+
+TEST(CapacityFactor, FixedAndTrace) {
+  Scenario sc = make_scenario(2, 4, 2, 8, 1.5);
+  WorkloadGenerator fixed(sc);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(fixed.capacity_factor(i), 1.5);
+  sc.workload.capacity.kind = CapacityKind::kTrace;
+  sc.workload.capacity.factors = {1.0, 2.5, 0.0, -3.0};
+  WorkloadGenerator trace(sc);
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(trace.capacity_factor(i), sc.workload.capacity.factors[i % 4]);
+  // The factor reaches the layer: iteration 1 (f = 2.5): 2 * 2.5 * 8 / 4 = 10 slots.
+  const IterationWorkload w = trace.next(1);
+  EXPECT_EQ(w.capacity_factor, 2.5);
+  EXPECT_EQ(w.layers[0].capacity, 10);
+  EXPECT_EQ(w.layers[0].capacity_factor, 2.5);
+}
+
+TEST(CapacityFactor, RandomWalkStaysInBoundsAndMovesByStep) {
+  Scenario sc = make_scenario(2, 4, 2, 8, 9.0);  // start 9 clamps to max
+  sc.workload.capacity.kind = CapacityKind::kRandomWalk;
+  sc.workload.capacity.min = 1.0;
+  sc.workload.capacity.max = 4.0;
+  sc.workload.capacity.step = 0.5;
+  WorkloadGenerator gen(sc);
+  EXPECT_EQ(gen.capacity_factor(0), 4.0);
+  std::vector<double> walk;
+  for (int i = 0; i < 400; ++i) walk.push_back(gen.capacity_factor(i));
+  bool reached_min = false;
+  for (int i = 0; i < 400; ++i) {
+    EXPECT_GE(walk[i], 1.0);
+    EXPECT_LE(walk[i], 4.0);
+    reached_min |= walk[i] == 1.0;
+    if (i > 0) {
+      const double delta = std::abs(walk[i] - walk[i - 1]);
+      // +-step, or 0 when clamped at a bound.
+      EXPECT_TRUE(delta == 0.5 || (delta == 0.0 && (walk[i] == 1.0 || walk[i] == 4.0))) << i;
+    }
+  }
+  EXPECT_TRUE(reached_min);  // 400 steps of a 6-position walk visit both ends
+  // Deterministic and order independent.
+  WorkloadGenerator again(sc);
+  EXPECT_EQ(again.capacity_factor(250), walk[250]);
+  EXPECT_EQ(again.capacity_factor(3), walk[3]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trace files.
+
+TEST(RoutingTrace, RoundTripAndWrapAround) {
+  const Scenario sc = make_scenario(3, 6, 2, 40, 0.0, RoutingDistribution::kZipf, 1.0, 5, 2);
+  WorkloadGenerator gen(sc);
+  std::vector<IterationWorkload> its = {gen.next(0), gen.next(1)};
+  const std::string path = temp_path("roundtrip.csv");
+  {
+    std::ofstream out(path);
+    write_routing_trace(out, its);
+  }
+  Scenario replay = sc;
+  replay.workload.routing.distribution = RoutingDistribution::kTrace;
+  replay.workload.routing.trace_path = path;
+  WorkloadGenerator from_trace(replay);
+  for (int i = 0; i < 5; ++i) {  // iterations 2, 3, 4 wrap to 0, 1, 0
+    const IterationWorkload w = from_trace.next(i);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(w.layers[l].demanded, its[i % 2].layers[l].demanded) << i << " " << l;
+      EXPECT_EQ(w.layers[l].kept, its[i % 2].layers[l].kept);
+      EXPECT_EQ(w.layers[l].capacity, its[i % 2].layers[l].capacity);
+    }
+  }
+  // Under a fixed capacity the kept totals match too (kept = min(demanded, dC) per pair).
+  replay.model.capacity_factor = 0.5;
+  WorkloadGenerator capped(replay);
+  const LayerDispatch d = capped.next(1).layers[1];
+  EXPECT_EQ(d.capacity, 7);  // ceil(2 * 0.5 * 40 / 6)
+  expect_consistent(d, 40);
+  std::filesystem::remove(path);
+}
+
+TEST(RoutingTrace, ChoiceColumnDropsSecondChoicesFirst) {
+  // Hand-built: S = 7, E = 2, k = 2, f = 1: dC = 2 * 7 / 2 = 7.
+  const std::string path = temp_path("choices.csv");
+  write_file(path,
+             "# hand-built routing trace\n"
+             "iteration,layer,gpu,expert,choice,count\n"
+             "0,0,0,0,0,5\n"
+             "0,0,0,0,1,4\n"
+             "0,0,0,1,0,9\n"
+             "0,0,0,1,1,3\n"
+             "\n"
+             "0,0,1,1,1,6\n");
+  Scenario sc = make_scenario(2, 2, 2, 7, 1.0);
+  sc.workload.routing.distribution = RoutingDistribution::kTrace;
+  sc.workload.routing.trace_path = path;
+  WorkloadGenerator gen(sc);
+  const LayerDispatch d = gen.next(0).layers[0];
+  EXPECT_EQ(d.capacity, 7);
+  EXPECT_EQ(d.demanded, (std::vector<std::uint32_t>{9, 12, 0, 6}));
+  EXPECT_EQ(d.kept, (std::vector<std::uint32_t>{7, 7, 0, 6}));
+  // (0,0): first 5 kept, second 2 of 4 kept; (0,1): first 7 of 9, no second.
+  EXPECT_EQ(d.dropped_by_choice, (std::vector<std::int64_t>{2, 2 + 3}));
+  EXPECT_EQ(d.dropped, 7);
+  std::filesystem::remove(path);
+}
+
+TEST(RoutingTrace, AliasColumnsAndAnyColumnOrder) {
+  const std::string path = temp_path("alias.csv");
+  write_file(path, "src, expert ,tokens,layer,iteration\r\n1,0,3,0,0\r\n");
+  const RoutingTrace t = read_routing_trace(path, 2, 2, 1, 2);
+  ASSERT_EQ(t.num_iterations, 1);
+  ASSERT_EQ(t.entries[0].size(), 1u);
+  EXPECT_EQ(t.entries[0][0].gpu, 1);
+  EXPECT_EQ(t.entries[0][0].expert, 0);
+  EXPECT_EQ(t.entries[0][0].count, 3u);
+  std::filesystem::remove(path);
+}
+
+TEST(RoutingTrace, MalformedTracesNameFileLineAndColumn) {
+  struct Case {
+    std::string text;
+    int line;
+    int column;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"iteration,layer,gpu,expert,count\n0,0,0,0,x\n", 2, 9, "non-negative integer"},
+      {"iteration,layer,gpu,expert,count\n0,0,0,0,-3\n", 2, 9, "non-negative integer"},
+      {"# c\niteration,layer,gpu,expert,count\n0,0,0,4,1\n", 3, 7, "experts (E)"},
+      {"iteration,layer,gpu,expert,count\n0,0,2,0,1\n", 2, 5, "GPUs (P)"},
+      {"iteration,layer,gpu,expert,count\n0,1,0,0,1\n", 2, 3, "MoE layers"},
+      {"iteration,layer,gpu,expert,count,choice\n0,0,0,0,1,2\n", 2, 11, "top_k"},
+      {"iteration,layer,gpu,expert,count\n0,0,0,0\n", 2, 1, "found 4 fields, expected 5"},
+      {"iteration,layer,gpu,expert,count\n0,0,1,1,1\n\n0,0,1,1,2\n", 4, 1, "first on line 2"},
+      {"iteration,layer,gpu,expert,cnt\n", 1, 28, "column 'cnt'"},
+      {"iteration,layer,gpu,count\n0,0,0,1\n", 1, 1, "no 'expert' column"},
+      {"# only a comment\n", 0, 0, "no header"},
+      {"iteration,layer,gpu,expert,count\n", 0, 0, "no data rows"},
+  };
+  const std::string path = temp_path("bad.csv");
+  for (const Case& c : cases) {
+    write_file(path, c.text);
+    try {
+      read_routing_trace(path, 2, 4, 1, 2);
+      ADD_FAILURE() << "no error for:\n" << c.text;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.location().file, path);
+      EXPECT_EQ(e.location().line, c.line) << e.what();
+      EXPECT_EQ(e.location().column, c.column) << e.what();
+      EXPECT_EQ(e.key(), "workload.routing.trace");
+      EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+      if (c.line > 0) {
+        EXPECT_NE(std::string(e.what()).find(path + ":" + std::to_string(c.line)),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(read_routing_trace(path, 2, 4, 1, 2), InputError);  // missing file
+  // Through the generator: the scenario's shape is what the trace is checked against.
+  write_file(path, "iteration,layer,gpu,expert,count\n0,0,0,7,1\n");
+  Scenario sc = make_scenario(2, 4, 2, 8);
+  sc.workload.routing.distribution = RoutingDistribution::kTrace;
+  sc.workload.routing.trace_path = path;
+  EXPECT_THROW(WorkloadGenerator{sc}, InputError);
+  std::filesystem::remove(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch / combine matrices.
+
+TEST(DispatchMatrix, SumsKeptOverOwnedExpertsAndTransposesForCombine) {
+  LayerDispatch d;
+  d.num_gpus = 4;
+  d.num_experts = 4;
+  d.top_k = 2;
+  d.capacity = 5;
+  // kept[i][e]
+  d.kept = {1, 2, 3, 4,  //
+            5, 0, 1, 0,  //
+            2, 2, 2, 2,  //
+            0, 0, 0, 5};
+  d.demanded = d.kept;
+  const ExpertPlacement two_per_gpu{2, 1};  // experts 0,1 -> position 0; 2,3 -> position 1
+  const std::vector<int> group = {1, 3};    // an EP group of ranks 1 and 3
+  const ByteMatrix m = dispatch_matrix(d, group, two_per_gpu, Bytes(64));
+  EXPECT_EQ(m.size, 2);
+  EXPECT_EQ(m.unit, Bytes(64));
+  EXPECT_EQ(m.counts, (std::vector<std::uint32_t>{5, 1, 0, 5}));
+  EXPECT_EQ(m.at(0, 1), Bytes(64));
+  const ByteMatrix c = combine_matrix(d, group, two_per_gpu, Bytes(64));
+  EXPECT_EQ(c.counts, (std::vector<std::uint32_t>{5, 0, 1, 5}));
+  const ByteMatrix padded = dispatch_matrix(d, group, two_per_gpu, Bytes(64), true);
+  EXPECT_EQ(padded.counts, (std::vector<std::uint32_t>{10, 10, 10, 10}));
+  // Sharded experts (2 experts over 4 GPUs, 2 shards each): tokens go to the first shard.
+  LayerDispatch s = d;
+  s.num_experts = 2;
+  s.kept = {1, 2, 3, 4, 5, 6, 7, 8};
+  const ByteMatrix sm =
+      dispatch_matrix(s, std::vector<int>{0, 1, 2, 3}, ExpertPlacement{1, 2}, Bytes(2));
+  EXPECT_EQ(sm.counts,
+            (std::vector<std::uint32_t>{1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0, 8, 0}));
+  EXPECT_EQ(ExpertPlacement::of(make_scenario(4, 8, 2, 8).model).experts_per_gpu, 2);
+}
+
+TEST(DispatchMatrix, ConservesKeptTokensOfSampledLayer) {
+  WorkloadGenerator gen(make_scenario(8, 16, 2, 64, 1.0));
+  const LayerDispatch d = gen.next(0).layers[0];
+  std::vector<int> group(8);
+  std::iota(group.begin(), group.end(), 0);
+  const ByteMatrix m = dispatch_matrix(d, group, ExpertPlacement{2, 1}, Bytes(1));
+  std::int64_t kept = 0;
+  for (std::uint32_t x : d.kept) kept += x;
+  EXPECT_EQ(m.total(), Bytes(static_cast<double>(kept)));
+  for (int a = 0; a < 8; ++a) EXPECT_EQ(m.row_sum(a), Bytes(static_cast<double>(d.gpu_sent(a))));
+  for (int b = 0; b < 8; ++b)
+    EXPECT_EQ(m.col_sum(b),
+              Bytes(static_cast<double>(d.expert_load(2 * b) + d.expert_load(2 * b + 1))));
+}
+
+TEST(WorkloadGenerator, RejectsBadInputs) {
+  EXPECT_THROW(WorkloadGenerator{make_scenario(2, 4, 5, 8)}, InputError);  // k > E
+  WorkloadGenerator gen(make_scenario(2, 4, 2, 8));
+  EXPECT_THROW(gen.next(-1), InputError);
+  EXPECT_THROW(gen.next(0, 0), InputError);
+  EXPECT_THROW(gen.sample_layer(0, 1, 1.0), InputError);
+}
+
+}  // namespace
+}  // namespace moesim::workload

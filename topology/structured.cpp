@@ -42,6 +42,11 @@ struct Candidate {
   std::uint32_t next;
 };
 
+struct CandidateRange {
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+};
+
 struct FabricSummary {
   PathSummary sum;
   bool uniform = false;  // every equal-cost path from here has this same summary
@@ -91,8 +96,8 @@ class StructuredTopology final : public Topology {
     const std::uint32_t target = dest_switch_[d];
     for (int hop = 0; s != target; ++hop) {
       const std::size_t cell = static_cast<std::size_t>(s) * num_dest_ + d;
-      const std::uint32_t first = cand_off_[cell];
-      const Candidate& c = cand_[first + ecmp_pick(src, dst, hop, cand_off_[cell + 1] - first)];
+      const CandidateRange r = cells_[cell];
+      const Candidate& c = cand_[r.first + ecmp_pick(src, dst, hop, r.count)];
       visit(c.link);
       s = c.next;
     }
@@ -121,7 +126,10 @@ class StructuredTopology final : public Topology {
   std::vector<VertexId> switch_vertex_;
   std::vector<std::uint32_t> dest_switch_;  // destination index -> switch index
   std::uint32_t num_dest_ = 0;
-  std::vector<std::uint32_t> cand_off_;  // [switch * num_dest_ + dest], size S*D + 1
+  // [switch * num_dest_ + dest] -> equal-cost next hops, a range of cand_. Identical lists are
+  // stored once (a leaf's uplinks serve every remote destination), which keeps the table small
+  // enough to stay in cache on the route() hot path.
+  std::vector<CandidateRange> cells_;
   std::vector<Candidate> cand_;
   std::vector<FabricSummary> fabric_sum_;  // [switch * num_dest_ + dest]
 };
@@ -686,21 +694,32 @@ void StructuredTopology::build_fabric_tables(const Graph& g) {
       }
     }
   }
-  cand_off_.assign(cells + 1, 0);
+  cells_.assign(cells, CandidateRange{});
+  std::map<std::vector<std::uint64_t>, CandidateRange> pool;
+  std::vector<std::uint64_t> list;
   for (std::uint32_t s = 0; s < num_switches; ++s) {
     for (std::uint32_t d = 0; d < num_dest_; ++d) {
       const std::size_t cell = static_cast<std::size_t>(s) * num_dest_ + d;
-      cand_off_[cell] = static_cast<std::uint32_t>(cand_.size());
       if (dist[cell] == kUnreached || dist[cell] == 0) continue;
+      list.clear();
       for (auto [e, end] = boost::out_edges(switch_vertex_[s], g); e != end; ++e) {
         const std::int32_t w = switch_index(boost::target(*e, g));
         if (w >= 0 && dist[w * num_dest_ + d] + 1 == dist[cell]) {
-          cand_.push_back(Candidate{link_id(g, *e), static_cast<std::uint32_t>(w)});
+          list.push_back(std::uint64_t{link_id(g, *e)} << 32 | static_cast<std::uint32_t>(w));
         }
       }
+      auto [it, fresh] = pool.try_emplace(list);
+      if (fresh) {
+        it->second = {static_cast<std::uint32_t>(cand_.size()),
+                      static_cast<std::uint32_t>(list.size())};
+        for (std::uint64_t c : list) {
+          cand_.push_back(
+              Candidate{static_cast<LinkId>(c >> 32), static_cast<std::uint32_t>(c & 0xFFFFFFFFu)});
+        }
+      }
+      cells_[cell] = it->second;
     }
   }
-  cand_off_[cells] = static_cast<std::uint32_t>(cand_.size());
   for (std::uint32_t x = 0; x < nic_switch_.size(); ++x) {
     for (std::uint32_t d = 0; d < num_dest_; ++d) {
       MOESIM_ASSERT(dist[nic_switch_[x] * num_dest_ + d] != kUnreached,
@@ -718,12 +737,13 @@ void StructuredTopology::build_fabric_tables(const Graph& g) {
         f.uniform = true;
         continue;
       }
-      for (std::uint32_t c = cand_off_[cell]; c < cand_off_[cell + 1]; ++c) {
+      const CandidateRange range = cells_[cell];
+      for (std::uint32_t c = range.first; c < range.first + range.count; ++c) {
         const FabricSummary& next = fabric_sum_[cand_[c].next * num_dest_ + d];
         PathSummary p;
         p.add(links_[cand_[c].link]);
         p.add(next.sum);
-        if (c == cand_off_[cell]) {
+        if (c == range.first) {
           f.sum = p;
           f.uniform = next.uniform;
         } else {

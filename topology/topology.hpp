@@ -80,6 +80,7 @@ class Topology {
   /// (src, dst, hop) (ECMP). GPUs are never transit vertices except on nvlink_ring nodes.
   /// O(path length), allocates nothing beyond appending to `out`.
   virtual void route(int src, int dst, std::vector<LinkId>& out) const = 0;
+  /// alpha/beta of the route(src, dst) path (src == dst: zero latency at HBM bandwidth).
   PairCost pair_cost(int src, int dst) const;
   int tier(int src, int dst) const { return pair_cost(src, dst).tier; }
 
@@ -112,7 +113,31 @@ class Topology {
 };
 
 /// Builds the graph for spec (intra-node builder x inter-node builder, or custom). Throws
-/// InputError (with spec locations) for inconsistent specs, e.g. an unknown GPU name.
+/// InputError (with spec locations) for inconsistent specs, e.g. an unknown GPU name. The GPU is
+/// resolved from the catalog (gpu_catalog.hpp) and defaults are filled into spec().
+///
+/// Modelling choices (latencies: every link of a tier carries half the tier's latency):
+/// - nvswitch: GPU <-> one NVSwitch vertex per node at intra.bandwidth (the GPU's port limit).
+///   nvlink_ring: GPU i <-> GPU i+1 mod m; a direct link carries the whole intra.latency.
+///   pcie: GPUs under PCIe switches (gpus_per_pcie_switch each, one x16 uplink at
+///   intra.bandwidth), switches under sockets, sockets joined pairwise.
+/// - NICs: local GPU i uses NIC floor(i * nics / gpus). NVLink nodes: a GPU-NIC link of the GPU's
+///   PCIe bandwidth; pcie nodes: the NIC hangs off the PCIe switch of its first GPU. NIC-switch
+///   links carry nic_bandwidth and tier 1.
+/// - fat_tree: a leaf has round(radix * o / (1 + o)) NIC ports (whole nodes per leaf when they
+///   fit) and round(ports / o) uplinks, one per spine (per pod aggregation switch in 3 levels);
+///   parallel cables are one link of summed bandwidth. 3 levels: radix/2 leaves per pod, core
+///   groups of ceil(pods / 2) switches per aggregation index.
+/// - rail_optimized: NIC k of every node on rail k (several leaves per rail when the nodes do not
+///   fit one), every rail leaf to every spine, sized as fat_tree leaves.
+/// - dragonfly: node n in group floor(n * groups / nodes) (0 groups = ceil(sqrt(nodes))), spread
+///   over the group's routers (0 = enough routers for radix/4 terminal ports each); all-to-all
+///   local links (tier 2) and one global link per pair of groups (tier 3); shortest routing.
+/// - tree: level of a switch = its height (leaf switches 1); the uplink of a level-l switch is
+///   tree_level_bandwidth[l-1], or what is below it / oversubscription.
+/// - custom: the listed graph; GPUs gpu0..gpu{P-1} are implicit; a switch's level is 1 next to a
+///   non-switch, else one more than its nearest level-1 switch; a link's tier is the highest level
+///   at its ends.
 std::unique_ptr<Topology> build_topology(const ClusterSpec& spec);
 
 /// GraphViz (undirected `graph`): one node per vertex, one edge per full-duplex cable labelled

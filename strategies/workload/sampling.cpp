@@ -24,22 +24,25 @@ AliasTable::AliasTable(std::span<const double> weights) {
     scaled[i] = weights[i] * static_cast<double>(n) / total;
     (scaled[i] < 1.0 ? small : large).push_back(static_cast<std::uint32_t>(i));
   }
-  threshold_.assign(n, 1ULL << 32);
-  alias_.resize(n);
-  std::iota(alias_.begin(), alias_.end(), 0u);
+  std::vector<std::uint64_t> threshold(n, 0xffffffffULL);
+  std::vector<std::uint32_t> alias(n);
+  std::iota(alias.begin(), alias.end(), 0u);  // leftovers (rounding) keep their own column
   while (!small.empty() && !large.empty()) {
     const std::uint32_t s = small.back();
     small.pop_back();
     const std::uint32_t l = large.back();
-    threshold_[s] = static_cast<std::uint64_t>(std::llround(scaled[s] * 0x1.0p32));
-    alias_[s] = l;
+    threshold[s] = std::min<std::uint64_t>(
+        static_cast<std::uint64_t>(std::llround(scaled[s] * 0x1.0p32)), 0xffffffffULL);
+    alias[s] = l;
     scaled[l] -= 1.0 - scaled[s];
     if (scaled[l] < 1.0) {
       large.pop_back();
       small.push_back(l);
     }
   }
-  // Leftovers (rounding) keep their own column with probability 1.
+  table_.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    table_[i] = threshold[i] | (static_cast<std::uint64_t>(alias[i]) << 32);
 }
 
 std::vector<double> zipf_popularity(int num_experts, double skew, std::uint64_t seed, int layer) {
@@ -188,7 +191,20 @@ void ChoiceSampler::sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> coun
     for (std::int64_t t = 0; t < tokens_; ++t) ++c[draw(rng)];
     return;
   }
-  if (top_k_ == 2) {  // the common case, without the general loop's bookkeeping
+  if (top_k_ == 2 && uniform_) {  // the commonest case: both choices from one 64-bit draw
+    std::uint32_t* c2 = c + E;
+    const std::uint64_t n = num_experts_;
+    for (std::int64_t t = 0; t < tokens_; ++t) {
+      const std::uint64_t u = rng();
+      const auto first = static_cast<std::uint32_t>((u & 0xffffffffULL) * n >> 32);
+      auto second = static_cast<std::uint32_t>((u >> 32) * n >> 32);
+      if (second == first) second = draw_excluding(rng, &first, 1);
+      ++c[first];
+      ++c2[second];
+    }
+    return;
+  }
+  if (top_k_ == 2) {  // without the general loop's bookkeeping
     std::uint32_t* c2 = c + E;
     for (std::int64_t t = 0; t < tokens_; ++t) {
       const std::uint32_t first = draw(rng);

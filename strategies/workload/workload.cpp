@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "core/error.hpp"
 #include "strategies/workload/random.hpp"
@@ -60,9 +62,12 @@ struct WorkloadGenerator::Impl {
   std::vector<double> walk;               // random walk factors of iterations 0..size-1
 
   std::vector<double> popularity(int iteration, int layer);
-  // Applies capacity `cap` to one GPU's per-choice counts (counts[j * E + e]) and fills row i.
+  int threads = 0;  // 0: hardware concurrency
+
+  // Applies capacity `cap` to one GPU's per-choice counts (counts[j * E + e]) and fills row i;
+  // accumulates the row's drops per choice and its largest demand.
   void fill_row(LayerDispatch& d, int gpu, const std::uint32_t* counts, std::int64_t cap,
-                std::int64_t& max_demanded) const;
+                std::int64_t& max_demanded, std::int64_t* dropped_by_choice) const;
 };
 
 std::vector<double> WorkloadGenerator::Impl::popularity(int iteration, int layer) {
@@ -83,7 +88,8 @@ std::vector<double> WorkloadGenerator::Impl::popularity(int iteration, int layer
 }
 
 void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uint32_t* counts,
-                                       std::int64_t cap, std::int64_t& max_demanded) const {
+                                       std::int64_t cap, std::int64_t& max_demanded,
+                                       std::int64_t* dropped_by_choice) const {
   const std::size_t E = static_cast<std::size_t>(num_experts);
   const std::size_t k = static_cast<std::size_t>(top_k);
   std::uint32_t* kept = d.kept.data() + static_cast<std::size_t>(gpu) * E;
@@ -104,7 +110,7 @@ void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uin
     for (std::size_t j = 0; j < k; ++j) by_choice[j] = counts[j * E + e];
     kept[e] = static_cast<std::uint32_t>(apply_capacity({by_choice, k}, cap, {kept_by_choice, k}));
     for (std::size_t j = 0; j < k; ++j)
-      d.dropped_by_choice[j] += static_cast<std::int64_t>(by_choice[j]) - kept_by_choice[j];
+      dropped_by_choice[j] += static_cast<std::int64_t>(by_choice[j]) - kept_by_choice[j];
   }
 }
 
@@ -218,8 +224,8 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     cap = capacity_slots(f > 0 ? f : -f, m.top_k, m.tokens, m.num_experts, 0, capacity_multiple);
 
   std::int64_t max_demanded = 0;
-  std::vector<std::uint32_t> counts(k * E, 0u);
   if (m.trace) {
+    std::vector<std::uint32_t> counts(k * E, 0u);
     const auto& entries = m.trace->entries[static_cast<std::size_t>(
         (iteration % m.trace->num_iterations) * m.num_layers + layer)];
     // Entries are sorted by GPU: fill one GPU's counts, emit its row, clear what was touched.
@@ -229,7 +235,7 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       for (; b < entries.size() && entries[b].gpu == gpu; ++b)
         counts[static_cast<std::size_t>(entries[b].choice) * E +
                static_cast<std::size_t>(entries[b].expert)] = entries[b].count;
-      m.fill_row(d, gpu, counts.data(), cap, max_demanded);
+      m.fill_row(d, gpu, counts.data(), cap, max_demanded, d.dropped_by_choice.data());
       for (std::size_t x = a; x < b; ++x)
         counts[static_cast<std::size_t>(entries[x].choice) * E +
                static_cast<std::size_t>(entries[x].expert)] = 0;
@@ -237,17 +243,58 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     }
   } else {
     const ChoiceSampler sampler(m.popularity(iteration, layer), m.num_experts, m.top_k, m.tokens);
-    for (int gpu = 0; gpu < m.num_gpus; ++gpu) {
-      Xoshiro256 rng(
-          substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
-                        static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
-      sampler.sample(rng, counts);
-      m.fill_row(d, gpu, counts.data(), cap, max_demanded);
+    // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
+    // split the GPUs into contiguous blocks; per-thread maxima and drop counts are merged in
+    // thread order. Small layers stay on the calling thread.
+    int threads = m.threads > 0
+                      ? m.threads
+                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const std::int64_t work = static_cast<std::int64_t>(m.num_gpus) * m.tokens * m.top_k;
+    threads = static_cast<int>(
+        std::clamp<std::int64_t>(std::min<std::int64_t>(threads, work / 2'000'000), 1, m.num_gpus));
+    struct Partial {
+      std::int64_t max_demanded = 0;
+      std::vector<std::int64_t> dropped_by_choice;
+      std::exception_ptr error;
+    };
+    std::vector<Partial> partial(static_cast<std::size_t>(threads));
+    auto run = [&](int t) {
+      Partial& out = partial[static_cast<std::size_t>(t)];
+      try {
+        out.dropped_by_choice.assign(k, 0);
+        std::vector<std::uint32_t> scratch(k * E, 0u);
+        const int begin = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * t / threads);
+        const int end = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * (t + 1) / threads);
+        for (int gpu = begin; gpu < end; ++gpu) {
+          Xoshiro256 rng(
+              substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
+                            static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
+          sampler.sample(rng, scratch);
+          m.fill_row(d, gpu, scratch.data(), cap, out.max_demanded, out.dropped_by_choice.data());
+        }
+      } catch (...) {
+        out.error = std::current_exception();
+      }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<std::size_t>(threads - 1));
+    for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
+    run(0);
+    for (std::thread& th : pool) th.join();
+    for (const Partial& p : partial) {
+      if (p.error) std::rethrow_exception(p.error);
+      max_demanded = std::max(max_demanded, p.max_demanded);
+      for (std::size_t j = 0; j < k; ++j) d.dropped_by_choice[j] += p.dropped_by_choice[j];
     }
   }
   d.capacity = capacity_slots(f, m.top_k, m.tokens, m.num_experts, max_demanded, capacity_multiple);
   for (const std::int64_t x : d.dropped_by_choice) d.dropped += x;
   return d;
+}
+
+void WorkloadGenerator::set_threads(int threads) {
+  if (threads < 0) throw InputError(fmt::format("workload: threads {} must be >= 0", threads));
+  impl_->threads = threads;
 }
 
 IterationWorkload WorkloadGenerator::next(int iteration, int capacity_multiple) {

@@ -159,6 +159,10 @@ class WorkloadGenerator {
   /// One MoE layer of iteration i with capacity factor f (next() uses capacity_factor(i)).
   LayerDispatch sample_layer(int iteration, int layer, double f, int capacity_multiple = 1);
 
+  /// Threads that sample the GPUs' rows (0, the default: std::thread::hardware_concurrency()).
+  /// The counts do not depend on it (every GPU has its own substream).
+  void set_threads(int threads);
+
   /// Expert popularity p_e of MoE layer `layer` at iteration i (the distribution the tokens'
   /// choices are drawn from; uniform 1/E; empty for trace).
   std::vector<double> expert_popularity(int iteration, int layer);

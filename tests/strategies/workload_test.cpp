@@ -126,8 +126,8 @@ TEST(ApplyCapacity, FirstChoicesBeforeSecondChoices) {
 // Sampling properties.
 
 TEST(WorkloadGenerator, TotalsAndCapacityBothMethods) {
-  // S = 60 <= 8 * E: token method; S = 1000 > 8 * E: count method.
-  for (const int tokens : {60, 1000}) {
+  // S = 60 <= 128 * E: token method; S = 1100 > 128 * E: count method.
+  for (const int tokens : {60, 1100}) {
     for (const double f : {1.0, 0.5, 2.0}) {
       WorkloadGenerator gen(make_scenario(4, 8, 2, tokens, f));
       const IterationWorkload w = gen.next(0);
@@ -178,6 +178,20 @@ TEST(WorkloadGenerator, NegativeFactorCapsDropless) {
   EXPECT_EQ(dl.dropped, 0);
   EXPECT_EQ(dl.capacity, *std::max_element(dl.demanded.begin(), dl.demanded.end()));
   EXPECT_EQ(dl.demanded, d.demanded);  // same seed, same choices
+}
+
+TEST(WorkloadGenerator, CountsDoNotDependOnThreads) {
+  // 64 GPUs x 50,000 tokens x k = 2 is enough work for the generator to split it 3 ways.
+  const Scenario sc = make_scenario(64, 512, 2, 50000, 1.0, RoutingDistribution::kZipf, 0.8);
+  WorkloadGenerator one(sc), three(sc);
+  one.set_threads(1);
+  three.set_threads(3);
+  const LayerDispatch a = one.next(2).layers[0], b = three.next(2).layers[0];
+  EXPECT_EQ(a.demanded, b.demanded);
+  EXPECT_EQ(a.kept, b.kept);
+  EXPECT_EQ(a.dropped_by_choice, b.dropped_by_choice);
+  EXPECT_GT(a.dropped, 0);
+  expect_consistent(b, 50000);
 }
 
 TEST(WorkloadGenerator, TokenMethodChoicesAreDistinct) {

@@ -24,12 +24,12 @@ namespace moesim::strategies {
 /// phase without parsing labels.
 struct PlanIndex {
   struct MoeLayerOps {
-    int layer = 0;                 // MoE layer number (0-based)
-    std::vector<OpId> forward;     // every op of the forward MoE layer (gate .. decode)
-    std::vector<OpId> backward;    // every op of its backward (training)
-    std::vector<OpId> dispatch;    // dispatch all-to-all ops (forward and backward), all chunks
-    std::vector<OpId> combine;     // combine all-to-all ops (forward and backward), all chunks
-    std::vector<OpId> expert;      // expert FFN compute ops, all chunks
+    int layer = 0;               // MoE layer number (0-based)
+    std::vector<OpId> forward;   // every op of the forward MoE layer (gate .. decode)
+    std::vector<OpId> backward;  // every op of its backward (training)
+    std::vector<OpId> dispatch;  // dispatch all-to-all ops (forward and backward), all chunks
+    std::vector<OpId> combine;   // combine all-to-all ops (forward and backward), all chunks
+    std::vector<OpId> expert;    // expert FFN compute ops, all chunks
   };
   std::vector<MoeLayerOps> moe_layers;
   std::vector<OpId> gradient_sync;  // allreduce ops of the gradients (training)
@@ -40,9 +40,19 @@ struct BuiltPlan {
   PlanIndex index;
 };
 
-/// The groups of `parallelism` under the rank map above.
+/// The groups of `parallelism` under the rank map above (group order = increasing varying index):
+///  ep:       fixed (d, s, t), e varies: the all-to-all group (W = ep).
+///  esp:      fixed (d, e, t), s varies: the GPUs holding the H/esp slices of the same experts.
+///  mp:       fixed (d, e, s), t varies: tensor parallel (contiguous ranks).
+///  dp:       fixed (e, s, t), d varies: replicas of the same expert parameters.
+///  ep_esp:   fixed (d, t), (e, s) vary (position e * esp + s): Parm's fused all-to-all group.
+///  dense_dp: fixed t, everything else varies: replicas of the dense (non-expert) parameters,
+///            which every EP/ESP/DP rank holds in full (DeepSpeed-MoE); their gradients are
+///            all-reduced over this group, not over `dp`.
+///  shard:    the n GPUs of one sharded expert (model.experts_per_gpu = -n): EP positions
+///            [x * n, x * n + n) of every EP group; groups of size 1 when experts are not sharded.
 struct Groups {
-  Grouping ep, esp, mp, dp, ep_esp;
+  Grouping ep, esp, mp, dp, ep_esp, dense_dp, shard;
 };
 Groups make_groups(const Scenario& sc);
 

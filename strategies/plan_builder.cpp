@@ -1,0 +1,606 @@
+// The MoE step plan builder. Every FLOP count, byte count and op structure used here is
+// documented in docs/model.md (the same formulas, with the reasons); comments below say why the
+// DAG has the shape it has.
+#include "strategies/plan_builder.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::strategies {
+
+namespace {
+
+int rank_of(const ParallelismSpec& p, int d, int e, int s, int t) {
+  return ((d * p.ep + e) * p.esp + s) * p.mp + t;
+}
+
+std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Groups make_groups(const Scenario& sc) {
+  const ParallelismSpec& p = sc.parallelism;
+  if (p.ep < 1 || p.esp < 1 || p.mp < 1 || p.dp < 1 ||
+      static_cast<std::int64_t>(p.ep) * p.esp * p.mp * p.dp != sc.num_gpus())
+    throw InputError(sc.location_of("parallelism"), "parallelism",
+                     fmt::format("found ep {} x esp {} x mp {} x dp {}, expected a product equal "
+                                 "to the {} GPUs of the cluster",
+                                 p.ep, p.esp, p.mp, p.dp, sc.num_gpus()));
+  const int n = sc.model.expert_shards();
+  if (p.ep % n != 0)
+    throw InputError(
+        sc.location_of("model.experts_per_gpu"), "model.experts_per_gpu",
+        fmt::format("experts sharded over {} GPUs, expected a divisor of ep = {}", n, p.ep));
+  Groups g;
+  g.ep.name = "ep";
+  g.esp.name = "esp";
+  g.mp.name = "mp";
+  g.dp.name = "dp";
+  g.ep_esp.name = "ep_esp";
+  g.dense_dp.name = "dense_dp";
+  g.shard.name = "shard";
+  for (int d = 0; d < p.dp; ++d)
+    for (int s = 0; s < p.esp; ++s)
+      for (int t = 0; t < p.mp; ++t) {
+        std::vector<int> grp;
+        for (int e = 0; e < p.ep; ++e) grp.push_back(rank_of(p, d, e, s, t));
+        // The n GPUs of one sharded expert are n consecutive EP positions (ExpertPlacement).
+        for (int x = 0; x < p.ep / n; ++x)
+          g.shard.groups.emplace_back(grp.begin() + x * n, grp.begin() + (x + 1) * n);
+        g.ep.groups.push_back(std::move(grp));
+      }
+  for (int d = 0; d < p.dp; ++d)
+    for (int e = 0; e < p.ep; ++e)
+      for (int t = 0; t < p.mp; ++t) {
+        std::vector<int> grp;
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+        g.esp.groups.push_back(std::move(grp));
+      }
+  for (int d = 0; d < p.dp; ++d)
+    for (int e = 0; e < p.ep; ++e)
+      for (int s = 0; s < p.esp; ++s) {
+        std::vector<int> grp;
+        for (int t = 0; t < p.mp; ++t) grp.push_back(rank_of(p, d, e, s, t));
+        g.mp.groups.push_back(std::move(grp));
+      }
+  for (int e = 0; e < p.ep; ++e)
+    for (int s = 0; s < p.esp; ++s)
+      for (int t = 0; t < p.mp; ++t) {
+        std::vector<int> grp;
+        for (int d = 0; d < p.dp; ++d) grp.push_back(rank_of(p, d, e, s, t));
+        g.dp.groups.push_back(std::move(grp));
+      }
+  for (int d = 0; d < p.dp; ++d)
+    for (int t = 0; t < p.mp; ++t) {
+      std::vector<int> grp;
+      for (int e = 0; e < p.ep; ++e)
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+      g.ep_esp.groups.push_back(std::move(grp));
+    }
+  for (int t = 0; t < p.mp; ++t) {
+    std::vector<int> grp;
+    for (int d = 0; d < p.dp; ++d)
+      for (int e = 0; e < p.ep; ++e)
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+    g.dense_dp.groups.push_back(std::move(grp));
+  }
+  return g;
+}
+
+namespace {
+
+constexpr OpId kNone = -1;
+
+std::vector<OpId> deps_of(std::initializer_list<OpId> ids) {
+  std::vector<OpId> out;
+  for (OpId id : ids)
+    if (id != kNone) out.push_back(id);
+  return out;
+}
+
+/// Sizes of one MoE layer of this iteration (docs/model.md, "MoE layer").
+struct MoeDims {
+  std::int64_t capacity = 0;         // dC from the workload
+  std::vector<std::int64_t> chunks;  // dC split into r near-equal chunks (equal when r | dC)
+};
+
+class Builder {
+ public:
+  Builder(const Scenario& sc, const topology::Topology& topo,
+          const workload::IterationWorkload& work, const Decision& dec)
+      : sc_(sc), topo_(topo), work_(work), dec_(dec), plan_(sc.num_gpus()) {}
+
+  BuiltPlan build() {
+    init();
+    check_decision();
+    const ModelSpec& m = sc_.model;
+    const bool training = m.mode == Mode::kTraining;
+    // Forward: blocks in order; block l has an MoE FFN when (l + 1) % moe_every == 0.
+    OpId prev = kNone;
+    int moe = 0;
+    for (int l = 0; l < m.layers; ++l) {
+      prev = attention(l, prev, /*backward=*/false);
+      prev = is_moe(l) ? moe_forward(l, moe++, prev) : dense_ffn(l, prev, false);
+    }
+    if (training) {
+      // Backward mirrors forward, last block first. Each block's dense gradients are one bucket
+      // all-reduced as soon as the block's backward is done (PyTorch DDP), on the "grad" stream,
+      // so the next blocks' backward overlaps it.
+      for (int l = m.layers - 1; l >= 0; --l) {
+        prev = is_moe(l) ? moe_backward(l, --moe, prev) : dense_ffn(l, prev, true);
+        prev = attention(l, prev, /*backward=*/true);
+        dense_gradient_sync(l, prev);
+      }
+    }
+    BuiltPlan out{std::move(plan_), std::move(index_)};
+    return out;
+  }
+
+ private:
+  bool is_moe(int l) const { return (l + 1) % sc_.model.moe_every == 0; }
+
+  void init() {
+    const ModelSpec& m = sc_.model;
+    groups_ = make_groups(sc_);
+    P_ = sc_.num_gpus();
+    W_ = sc_.parallelism.ep;
+    esp_ = sc_.parallelism.esp;
+    mp_ = sc_.parallelism.mp;
+    dp_ = sc_.parallelism.dp;
+    S_ = m.tokens_per_gpu();
+    L_ = m.seq_len;
+    B_ = m.batch_per_gpu;
+    M_ = m.model_dim;
+    H_ = m.hidden_dim;
+    E_ = sc_.num_experts();
+    dE_ = m.local_experts();
+    k_ = m.top_k;
+    n_ = m.expert_shards();
+    rep_ = dec_.parallel_degree;
+    b_ = sc_.bytes_per_element();
+    // Stream ids are created in a fixed order so that every rank (and exec/) sees the same ids.
+    s_compute_ = plan_.stream("compute");
+    s_comm_ = plan_.stream("comm");
+    s_comm_out_ = plan_.stream("comm_out");
+    s_param_ = plan_.stream("param");
+    s_grad_ = plan_.stream("grad");
+  }
+
+  void check_decision() {
+    const int num_moe = sc_.model.num_moe_layers();
+    if (static_cast<int>(work_.layers.size()) != num_moe)
+      throw InputError(
+          fmt::format("plan builder: the workload has {} MoE layers, the model has {} (layers {} / "
+                      "moe_every {})",
+                      work_.layers.size(), num_moe, sc_.model.layers, sc_.model.moe_every));
+    const SourceLocation where = sc_.location_of("strategies");
+    const int r = dec_.pipeline_degree;
+    if (r < 1)
+      throw InputError(where, "pipeline",
+                       fmt::format("strategy role pipeline: degree {}, expected >= 1", r));
+    for (const auto& ld : work_.layers) {
+      if (ld.num_gpus != P_ || ld.num_experts != E_)
+        throw InputError(fmt::format(
+            "plan builder: workload layer is {} GPUs x {} experts, the scenario has {} x {}",
+            ld.num_gpus, ld.num_experts, P_, E_));
+      if (ld.capacity < r)
+        throw InputError(where, "pipeline",
+                         fmt::format("strategy role pipeline: degree {} exceeds the expert "
+                                     "capacity dC = {} tokens (chunks split dC)",
+                                     r, ld.capacity));
+    }
+    if (rep_ < 1 || n_ % rep_ != 0)
+      throw InputError(where, "parallel",
+                       fmt::format("strategy role parallel: degree r = {} must divide the expert "
+                                   "shard count n = {} (model.experts_per_gpu = {})",
+                                   rep_, n_, sc_.model.experts_per_gpu));
+    if (n_ > 1 && esp_ > 1)
+      throw InputError(sc_.location_of("model.experts_per_gpu"), "model.experts_per_gpu",
+                       "sharded experts (experts_per_gpu < 0) with parallelism.esp > 1: expected "
+                       "one of the two ways of splitting an expert");
+    if (dec_.a2a != CollectiveAlgo::kLinear && dec_.a2a != CollectiveAlgo::k2dh &&
+        dec_.a2a != CollectiveAlgo::kAuto)
+      throw InputError(where, "a2a",
+                       fmt::format("strategy role a2a: algorithm {}, expected linear or 2dh",
+                                   collective_algo_name(dec_.a2a)));
+    if (dec_.a2a == CollectiveAlgo::k2dh && W_ > 1) {
+      const auto* algo =
+          collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::k2dh);
+      MOESIM_ASSERT(algo != nullptr, "2dh all_to_all is not registered");
+      CollectiveSpec spec;
+      spec.type = CollectiveType::kAllToAll;
+      spec.algo = CollectiveAlgo::k2dh;
+      spec.bytes = Bytes(static_cast<double>(W_));
+      for (size_t gi = 0; gi < groups_.ep.groups.size(); ++gi) {
+        collectives::CollectiveCall call;
+        call.spec = &spec;
+        call.group = &groups_.ep.groups[gi];
+        call.group_index = static_cast<int>(gi);
+        call.with_layout = false;
+        std::string why = algo->inapplicable_reason(call, topo_);
+        if (!why.empty())
+          throw InputError(
+              where, "a2a",
+              fmt::format("strategy role a2a: 2dh cannot run on EP group {}: {}", gi, why));
+      }
+    }
+  }
+
+  // ---- op helpers -------------------------------------------------------------------------
+
+  GroupingId grouping(const Grouping& g) {
+    for (const auto& [name, id] : grouping_ids_)
+      if (name == g.name) return id;
+    GroupingId id = plan_.add_grouping(g);
+    grouping_ids_.emplace_back(g.name, id);
+    return id;
+  }
+
+  OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps,
+            std::string label) {
+    ComputeSpec spec;
+    spec.cls = cls;
+    spec.flops = Flops(flops);
+    spec.gemm = shape;
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
+                             std::move(label));
+  }
+
+  OpId kernel(ComputeClass cls, double flops, double bytes, std::vector<OpId> deps,
+              std::string label) {
+    ComputeSpec spec;
+    spec.cls = cls;
+    spec.flops = Flops(flops);
+    spec.bytes = Bytes(bytes);
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
+                             std::move(label));
+  }
+
+  OpId collective(StreamId stream, CollectiveType type, CollectiveAlgo algo, GroupingId g,
+                  double bytes, std::vector<OpId> deps, std::string label) {
+    CollectiveSpec spec;
+    spec.type = type;
+    spec.algo = algo;
+    spec.grouping = g;
+    spec.bytes = Bytes(bytes);
+    return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
+  }
+
+  std::string lbl(int l, bool backward, std::string_view what) const {
+    return fmt::format("L{}.{}.{}", l, backward ? "bwd" : "fwd", what);
+  }
+
+  // ---- dense parts ------------------------------------------------------------------------
+
+  // Megatron attention (docs/model.md): QKV projection 2*S*M*3M, scores 2*S*L*M and context
+  // 2*S*L*M (as one batched-GEMM op), output projection 2*S*M*M; every weight split mp ways. One
+  // MP all-reduce of S*M*b after the output projection in forward (Megatron's g), one after the
+  // QKV backward (f's backward). Backward ops run in reverse order with 2x the FLOPs.
+  OpId attention(int l, OpId prev, bool backward) {
+    const double f = backward ? 2.0 : 1.0;
+    const std::int64_t Mp = div_up(M_, mp_);
+    const GemmShape qkv{S_, 3 * Mp, M_, 1};
+    const GemmShape core{L_, L_, Mp, 2 * B_};  // QK^T and softmax(.)V per sample
+    const GemmShape proj{S_, M_, Mp, 1};
+    OpId last;
+    if (!backward) {
+      OpId a = gemm(ComputeClass::kGemm, qkv, f * qkv.flops(), deps_of({prev}),
+                    lbl(l, false, "attn.qkv"));
+      OpId c = gemm(ComputeClass::kAttention, core, f * core.flops(), deps_of({a}),
+                    lbl(l, false, "attn.core"));
+      last = gemm(ComputeClass::kGemm, proj, f * proj.flops(), deps_of({c}),
+                  lbl(l, false, "attn.proj"));
+    } else {
+      OpId a = gemm(ComputeClass::kGemm, proj, f * proj.flops(), deps_of({prev}),
+                    lbl(l, true, "attn.proj"));
+      OpId c = gemm(ComputeClass::kAttention, core, f * core.flops(), deps_of({a}),
+                    lbl(l, true, "attn.core"));
+      last =
+          gemm(ComputeClass::kGemm, qkv, f * qkv.flops(), deps_of({c}), lbl(l, true, "attn.qkv"));
+    }
+    if (mp_ > 1)
+      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
+                        lbl(l, backward, "attn.mp_allreduce"));
+    return last;
+  }
+
+  // Dense FFN with hidden 4M (GPT/Megatron convention), split mp ways, with its MP all-reduce.
+  OpId dense_ffn(int l, OpId prev, bool backward) {
+    const double f = backward ? 2.0 : 1.0;
+    const std::int64_t Hd = div_up(4 * M_, mp_);
+    const GemmShape fc1{S_, Hd, M_, 1};
+    const GemmShape fc2{S_, M_, Hd, 1};
+    const GemmShape& first = backward ? fc2 : fc1;
+    const GemmShape& second = backward ? fc1 : fc2;
+    OpId a = gemm(ComputeClass::kGemm, first, f * first.flops(), deps_of({prev}),
+                  lbl(l, backward, backward ? "ffn.fc2" : "ffn.fc1"));
+    OpId last = gemm(ComputeClass::kGemm, second, f * second.flops(), deps_of({a}),
+                     lbl(l, backward, backward ? "ffn.fc1" : "ffn.fc2"));
+    if (mp_ > 1)
+      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
+                        lbl(l, backward, "ffn.mp_allreduce"));
+    return last;
+  }
+
+  // Dense parameters of block l (per GPU): attention 4*M*M/mp, dense FFN 8*M*M/mp, gate M*E.
+  double dense_param_bytes(int l) const {
+    const double Mp = static_cast<double>(div_up(M_, mp_));
+    double params = 4.0 * static_cast<double>(M_) * Mp;
+    if (is_moe(l))
+      params += static_cast<double>(M_) * static_cast<double>(E_);
+    else
+      params += 8.0 * static_cast<double>(M_) * Mp;
+    return params * static_cast<double>(b_);
+  }
+
+  void dense_gradient_sync(int l, OpId after) {
+    if (groups_.dense_dp.group_size() <= 1) return;
+    OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                         grouping(groups_.dense_dp), dense_param_bytes(l), deps_of({after}),
+                         fmt::format("L{}.grad.dense_allreduce", l));
+    index_.gradient_sync.push_back(id);
+  }
+
+  // ---- MoE layer --------------------------------------------------------------------------
+
+  MoeDims moe_dims(int moe) const {
+    MoeDims d;
+    d.capacity = work_.layers[moe].capacity;
+    const int r = dec_.pipeline_degree;
+    for (int j = 0; j < r; ++j) d.chunks.push_back(d.capacity / r + (j < d.capacity % r ? 1 : 0));
+    return d;
+  }
+
+  // Bytes one rank sends in the dispatch (and combine) all-to-all of a chunk of `cap` slots:
+  // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens) and the token repeat factor.
+  double a2a_bytes(std::int64_t cap) const {
+    return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap * M_ * b_);
+  }
+
+  // Expert GEMM shapes of a chunk of `cap` slots (docs/model.md, "expert FFN"). Tokens one GPU
+  // processes per local expert: W sources x cap slots x esp (gathered) x rep (repeated), split
+  // over the n / rep replicas of its hidden slice; hidden dim per GPU H / (esp * rep).
+  struct ExpertShapes {
+    GemmShape fc1, fc2;
+    double flops_each = 0;  // exact FLOPs of each GEMM (the plain shape rounds rows up)
+  };
+  ExpertShapes expert_shapes(std::int64_t cap) const {
+    const std::int64_t per_source = cap * esp_ * rep_;  // before the replica split
+    const std::int64_t tokens = W_ / n_ * per_source;   // per local expert, exact
+    const std::int64_t hs = div_up(H_, static_cast<std::int64_t>(esp_) * rep_);
+    ExpertShapes s;
+    if (dec_.layout == LayoutRole::kFlexible) {
+      s.fc1 = GemmShape{tokens, hs, M_, dE_};
+      s.fc2 = GemmShape{tokens, M_, hs, dE_};
+    } else {
+      const std::int64_t rows = div_up(per_source, n_);
+      s.fc1 = GemmShape{rows, hs, M_, W_ * dE_};
+      s.fc2 = GemmShape{rows, M_, hs, W_ * dE_};
+    }
+    s.flops_each = 2.0 * static_cast<double>(tokens) * static_cast<double>(dE_) *
+                   static_cast<double>(M_) * static_cast<double>(hs);
+    return s;
+  }
+
+  // Expert parameter bytes one GPU holds after the P1 / intermediate all-gather: the H/rep
+  // slice of both weight matrices. Only for sharded experts with n / rep > 1.
+  double gathered_expert_bytes() const {
+    return 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ / rep_;
+  }
+  bool needs_param_gather() const { return n_ / rep_ > 1; }
+  // Groups of n / rep consecutive shard positions that gather one hidden slice together.
+  const Grouping& gather_grouping() {
+    if (gather_.groups.empty()) {
+      gather_.name = fmt::format("shard_gather{}", n_ / rep_);
+      const int g = n_ / rep_;
+      for (const auto& shard : groups_.shard.groups)
+        for (int x = 0; x < rep_; ++x)
+          gather_.groups.emplace_back(shard.begin() + x * g, shard.begin() + (x + 1) * g);
+    }
+    return gather_;
+  }
+
+  // Forward: [ESP all-gather of tokens] -> gate -> encode -> for each chunk j: dispatch_j
+  // (stream comm) -> fc1_j, fc2_j (compute) -> [ESP all-reduce_j] -> combine_j (stream
+  // comm_out) -> [local sum of the rep partial outputs] -> decode.
+  // Dispatch and combine chunks are on two different comm streams: dispatch_j never waits for a
+  // combine, combine_j waits only for expert_j and combine_{j-1}; exactly STRATEGIES §3's
+  // recurrences (one shared stream would make dispatch_{j+1} wait behind combine_{j-1}).
+  OpId moe_forward(int l, int moe, OpId prev) {
+    PlanIndex::MoeLayerOps ops;
+    ops.layer = moe;
+    const OpId first_id = static_cast<OpId>(plan_.ops().size());
+    const MoeDims dims = moe_dims(moe);
+    const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
+    const CollectiveType a2a = CollectiveType::kAllToAll;
+
+    OpId in = prev;
+    if (esp_ > 1)
+      in = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                      grouping(groups_.esp), static_cast<double>(St * M_ * b_), deps_of({prev}),
+                      lbl(l, false, "esp_allgather"));
+    OpId param_gather = kNone;
+    if (needs_param_gather())
+      param_gather = collective(s_param_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                                grouping(gather_grouping()), gathered_expert_bytes(),
+                                deps_of({prev}), lbl(l, false, "param_allgather"));
+    const GemmShape gate{St, E_, M_, 1};
+    OpId g = gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({in}), lbl(l, false, "gate"));
+    OpId enc = kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity), deps_of({g}),
+                      lbl(l, false, "encode"));
+    OpId last_combine = kNone, last_expert = kNone;
+    for (size_t j = 0; j < dims.chunks.size(); ++j) {
+      const std::int64_t cap = dims.chunks[j];
+      const std::string c = fmt::format("c{}", j + 1);
+      OpId disp = kNone;
+      if (W_ > 1) {
+        disp = collective(s_comm_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
+                          deps_of({enc}), lbl(l, false, "dispatch." + c));
+        ops.dispatch.push_back(disp);
+      }
+      const ExpertShapes sh = expert_shapes(cap);
+      OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_each,
+                     deps_of({enc, disp, j == 0 ? param_gather : kNone}),
+                     lbl(l, false, "expert.fc1." + c));
+      OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_each, deps_of({f1}),
+                     lbl(l, false, "expert.fc2." + c));
+      ops.expert.push_back(f1);
+      ops.expert.push_back(f2);
+      last_expert = f2;
+      OpId out = f2;
+      if (esp_ > 1)
+        out = collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                         grouping(groups_.esp), a2a_bytes(cap), deps_of({f2}),
+                         lbl(l, false, "esp_allreduce." + c));
+      if (W_ > 1) {
+        out = collective(s_comm_out_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
+                         deps_of({out}), lbl(l, false, "combine." + c));
+        ops.combine.push_back(out);
+      }
+      last_combine = out;
+    }
+    OpId before_decode = std::max(last_combine, last_expert);
+    if (rep_ > 1)
+      before_decode = kernel(ComputeClass::kElementwise, partial_sum_flops(dims.capacity),
+                             partial_sum_bytes(dims.capacity), deps_of({before_decode}),
+                             lbl(l, false, "partial_sum"));
+    OpId dec = kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
+                      deps_of({before_decode}), lbl(l, false, "decode"));
+    for (OpId id = first_id; id <= dec; ++id) ops.forward.push_back(id);
+    index_.moe_layers.push_back(std::move(ops));
+    return dec;
+  }
+
+  // Backward, the mirror: decode backward (a scatter of the same volume) -> [partial sum's
+  // backward: replicate rep times] -> per chunk: combine-backward all-to-all (gradients to the
+  // experts, stream comm) -> fc2, fc1 backward (2x FLOPs each: input and weight gradients) ->
+  // [ESP all-reduce of the input gradient's partial sums] -> dispatch-backward all-to-all
+  // (stream comm_out) -> encode backward -> gate backward -> [ESP reduce-scatter, the
+  // all-gather's backward]. Expert gradients: P1 reduce-scatter in the shard gather groups, then
+  // all-reduce over dp (grad stream, launched as soon as the expert backward is done).
+  OpId moe_backward(int l, int moe, OpId prev) {
+    PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
+    const MoeDims dims = moe_dims(moe);
+    const std::int64_t St = S_ * esp_;
+    const CollectiveType a2a = CollectiveType::kAllToAll;
+    auto note = [&](OpId id) {
+      ops.backward.push_back(id);
+      return id;
+    };
+    OpId dec = note(kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
+                           deps_of({prev}), lbl(l, true, "decode")));
+    OpId in = dec;
+    if (rep_ > 1)
+      in = note(kernel(ComputeClass::kElementwise, 0, partial_sum_bytes(dims.capacity),
+                       deps_of({in}), lbl(l, true, "partial_sum")));
+    OpId last_out = kNone, last_expert = kNone;
+    for (size_t j = 0; j < dims.chunks.size(); ++j) {
+      const std::int64_t cap = dims.chunks[j];
+      const std::string c = fmt::format("c{}", j + 1);
+      OpId cb = kNone;
+      if (W_ > 1) {
+        cb = note(collective(s_comm_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
+                             deps_of({in}), lbl(l, true, "combine." + c)));
+        ops.combine.push_back(cb);
+      }
+      const ExpertShapes sh = expert_shapes(cap);
+      OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_each, deps_of({in, cb}),
+                          lbl(l, true, "expert.fc2." + c)));
+      OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_each, deps_of({f2}),
+                          lbl(l, true, "expert.fc1." + c)));
+      ops.expert.push_back(f2);
+      ops.expert.push_back(f1);
+      last_expert = f1;
+      OpId out = f1;
+      if (esp_ > 1)
+        out = note(collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                              grouping(groups_.esp), a2a_bytes(cap), deps_of({f1}),
+                              lbl(l, true, "esp_allreduce." + c)));
+      if (W_ > 1) {
+        out = note(collective(s_comm_out_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
+                              deps_of({out}), lbl(l, true, "dispatch." + c)));
+        ops.dispatch.push_back(out);
+      }
+      last_out = out;
+    }
+    expert_gradient_sync(l, last_expert);
+    OpId enc = note(kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity),
+                           deps_of({std::max(last_out, last_expert)}), lbl(l, true, "encode")));
+    const GemmShape gate{St, E_, M_, 1};
+    OpId last = note(
+        gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}), lbl(l, true, "gate")));
+    if (esp_ > 1)
+      last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                             grouping(groups_.esp), static_cast<double>(St * M_ * b_),
+                             deps_of({last}), lbl(l, true, "esp_reduce_scatter")));
+    return last;
+  }
+
+  void expert_gradient_sync(int l, OpId after) {
+    OpId prev = after;
+    if (needs_param_gather()) {
+      prev = collective(s_grad_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                        grouping(gather_grouping()), gathered_expert_bytes(), deps_of({prev}),
+                        fmt::format("L{}.grad.expert_reduce_scatter", l));
+      index_.gradient_sync.push_back(prev);
+    }
+    if (dp_ > 1) {
+      // Expert parameters one GPU owns: dE experts' H/esp slices, or a 1/n slice when sharded.
+      const double bytes = 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ *
+                           static_cast<double>(dE_) / (esp_ * n_);
+      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                           grouping(groups_.dp), bytes, deps_of({prev}),
+                           fmt::format("L{}.grad.expert_allreduce", l));
+      index_.gradient_sync.push_back(id);
+    }
+  }
+
+  // Encode reads the tokens once and writes rep copies of the padded (E, dC*esp, M) buffer:
+  // (1 + rep) * E * dC * esp * M * b (= 2 E dC M b in the plain case).
+  double encode_bytes(std::int64_t cap) const {
+    return static_cast<double>(1 + rep_) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+  }
+  // Decode gathers k weighted rows per token: k * S * M * b (S gathered over esp).
+  double decode_bytes() const { return static_cast<double>(k_ * S_ * esp_ * M_ * b_); }
+  // Sum of the rep partial outputs (P2 / intermediate): read rep buffers, write one.
+  double partial_sum_bytes(std::int64_t cap) const {
+    return static_cast<double>(rep_ + 1) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+  }
+  double partial_sum_flops(std::int64_t cap) const {
+    return static_cast<double>(rep_ - 1) * static_cast<double>(E_ * cap * esp_ * M_);
+  }
+
+  const Scenario& sc_;
+  const topology::Topology& topo_;
+  const workload::IterationWorkload& work_;
+  const Decision& dec_;
+  Plan plan_;
+  PlanIndex index_;
+  Groups groups_;
+  Grouping gather_;
+  std::vector<std::pair<std::string, GroupingId>> grouping_ids_;
+  int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;
+  std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
+  std::int64_t b_ = 2;
+  StreamId s_compute_ = 0, s_comm_ = 0, s_comm_out_ = 0, s_param_ = 0, s_grad_ = 0;
+};
+
+}  // namespace
+
+BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
+                          const workload::IterationWorkload& work, const Decision& decision) {
+  return Builder(sc, topo, work, decision).build();
+}
+
+}  // namespace moesim::strategies

@@ -1,0 +1,768 @@
+// Tests of the MoE step plan builder (strategies/plan_builder): groups under the rank map, op
+// structure and sizes worked out by hand from docs/model.md, and timing properties checked by
+// running the plan on the engine (sim::run_plan) on small built topologies.
+#include "strategies/plan_builder.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+#include "sim/compute_model.hpp"
+#include "sim/engine.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::strategies {
+namespace {
+
+// A scenario in code: every number a test varies, with small defaults.
+struct Cfg {
+  int nodes = 1, gpn = 2;
+  std::string mode = "training";
+  int layers = 1, moe_every = 1;
+  int batch = 2, seq = 256, model_dim = 256, hidden = 512;
+  int experts_per_gpu = 1, top_k = 2;
+  double capacity_factor = 1.0;
+  int ep = 2, esp = 1, mp = 1;
+  std::string dp = "auto";
+};
+
+Scenario make_scenario(const Cfg& c) {
+  std::string yaml =
+      fmt::format(R"(
+name: plan-builder-test
+cluster:
+  gpu: a100-sxm-80gb
+  nodes: {}
+  gpus_per_node: {}
+  intra_node: {{kind: nvswitch, bandwidth: 300GB/s, latency: 1us}}
+  inter_node: {{kind: switch, nic_bandwidth: 200Gb/s, nics_per_node: {}, latency: 2us}}
+model:
+  mode: {}
+  layers: {}
+  moe_every: {}
+  batch_per_gpu: {}
+  seq_len: {}
+  model_dim: {}
+  hidden_dim: {}
+  experts_per_gpu: {}
+  top_k: {}
+  capacity_factor: {}
+  dtype: fp16
+parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}}}
+strategies:
+  - {{name: baseline}}
+)",
+                  c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch, c.seq, c.model_dim,
+                  c.hidden, c.experts_per_gpu, c.top_k, c.capacity_factor, c.ep, c.esp, c.mp, c.dp);
+  return parse_scenario_string(yaml, "test.yaml");
+}
+
+// One iteration's workload built by hand (uniform routing, nothing dropped): every MoE layer has
+// dC = `capacity` slots per (GPU, expert), all of them filled.
+workload::IterationWorkload make_work(const Scenario& sc, std::int64_t capacity) {
+  workload::IterationWorkload w;
+  w.capacity_factor = sc.model.capacity_factor;
+  for (int i = 0; i < sc.model.num_moe_layers(); ++i) {
+    workload::LayerDispatch ld;
+    ld.num_gpus = sc.num_gpus();
+    ld.num_experts = sc.num_experts();
+    ld.top_k = sc.model.top_k;
+    ld.capacity_factor = sc.model.capacity_factor;
+    ld.capacity = capacity;
+    ld.kept.assign(static_cast<size_t>(ld.num_gpus) * ld.num_experts,
+                   static_cast<std::uint32_t>(capacity));
+    ld.demanded = ld.kept;
+    w.layers.push_back(std::move(ld));
+  }
+  return w;
+}
+
+// dC = k * f * S / E rounded up (STRATEGIES §1), as the workload computes it.
+std::int64_t capacity_of(const Scenario& sc) {
+  return static_cast<std::int64_t>(std::ceil(sc.model.top_k * sc.model.capacity_factor *
+                                             static_cast<double>(sc.tokens_per_gpu()) /
+                                             sc.num_experts()));
+}
+
+struct Built {
+  Scenario sc;
+  std::unique_ptr<topology::Topology> topo;
+  BuiltPlan bp;
+};
+
+Built build(const Cfg& c, Decision d = {}, std::int64_t capacity = -1) {
+  Built b{make_scenario(c), nullptr, BuiltPlan{Plan(0), PlanIndex{}}};
+  b.topo = topology::build_topology(b.sc.cluster);
+  auto work = make_work(b.sc, capacity >= 0 ? capacity : capacity_of(b.sc));
+  b.bp = build_step_plan(b.sc, *b.topo, work, d);
+  return b;
+}
+
+int count_labels(const Plan& plan, const std::string& needle) {
+  int n = 0;
+  for (const auto& op : plan.ops())
+    if (op.label.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
+const Op& find_op(const Plan& plan, const std::string& label) {
+  for (const auto& op : plan.ops())
+    if (op.label == label) return op;
+  ADD_FAILURE() << "no op " << label;
+  static Op none;
+  return none;
+}
+
+sim::EngineConfig engine_config(const Scenario& sc, sim::NetworkKind kind) {
+  sim::EngineConfig cfg;
+  cfg.network = kind;
+  cfg.net.message_latency_s = sc.engine.message_latency.value();
+  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.compute.launch_overhead = sc.engine.launch_overhead;
+  cfg.compute.interference = sc.engine.interference;
+  cfg.precision = sc.model.dtype;
+  return cfg;
+}
+
+// Time of MoE layer 0's forward: first op start to last op end.
+double forward_moe_time(const BuiltPlan& bp, const RunResult& r) {
+  double lo = 1e300, hi = 0;
+  for (OpId id : bp.index.moe_layers.at(0).forward) {
+    lo = std::min(lo, r.op_first_start(id));
+    hi = std::max(hi, r.op_last_end(id));
+  }
+  return hi - lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups.
+
+TEST(MakeGroups, RankMapOnSixteenRanks) {
+  // ep 2 x esp 2 x mp 2 x dp 2: rank = ((d*2 + e)*2 + s)*2 + t.
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 8;
+  c.ep = 2;
+  c.esp = 2;
+  c.mp = 2;
+  Scenario sc = make_scenario(c);
+  ASSERT_EQ(sc.parallelism.dp, 2);
+  Groups g = make_groups(sc);
+  ASSERT_EQ(g.ep.groups.size(), 8u);
+  EXPECT_EQ(g.ep.groups[0], (std::vector<int>{0, 4}));
+  EXPECT_EQ(g.ep.groups[1], (std::vector<int>{1, 5}));  // (d0, s0, t1)
+  EXPECT_EQ(g.ep.groups[2], (std::vector<int>{2, 6}));  // (d0, s1, t0)
+  EXPECT_EQ(g.esp.groups[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.mp.groups[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(g.mp.groups[7], (std::vector<int>{14, 15}));
+  EXPECT_EQ(g.dp.groups[0], (std::vector<int>{0, 8}));
+  EXPECT_EQ(g.ep_esp.groups[0], (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(g.ep_esp.groups[1], (std::vector<int>{1, 3, 5, 7}));
+  ASSERT_EQ(g.dense_dp.groups.size(), 2u);
+  EXPECT_EQ(g.dense_dp.groups[0], (std::vector<int>{0, 2, 4, 6, 8, 10, 12, 14}));
+  // Not sharded: one-GPU shard groups.
+  EXPECT_EQ(g.shard.group_size(), 1);
+  // Every grouping partitions the 16 ranks.
+  for (const Grouping* gr : {&g.ep, &g.esp, &g.mp, &g.dp, &g.ep_esp, &g.dense_dp, &g.shard}) {
+    std::vector<int> all;
+    for (const auto& grp : gr->groups) all.insert(all.end(), grp.begin(), grp.end());
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), 16u) << gr->name;
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(all[i], i) << gr->name;
+  }
+}
+
+TEST(MakeGroups, ShardGroupsAreConsecutiveEpPositions) {
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 4;
+  c.ep = 8;
+  c.experts_per_gpu = -4;  // 2 experts over 4 GPUs each
+  Scenario sc = make_scenario(c);
+  Groups g = make_groups(sc);
+  ASSERT_EQ(g.shard.groups.size(), 2u);
+  EXPECT_EQ(g.shard.groups[0], (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g.shard.groups[1], (std::vector<int>{4, 5, 6, 7}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Structure and sizes.
+
+TEST(PlanBuilder, ChunkCountsFollowThePipelineDegree) {
+  for (int r : {1, 2, 3, 4}) {
+    Decision d;
+    d.pipeline_degree = r;
+    Built b = build(Cfg{}, d);
+    const auto& moe = b.bp.index.moe_layers.at(0);
+    // Training: r forward + r backward of each.
+    EXPECT_EQ(moe.dispatch.size(), 2u * r) << r;
+    EXPECT_EQ(moe.combine.size(), 2u * r) << r;
+    EXPECT_EQ(moe.expert.size(), 4u * r) << r;  // fc1 + fc2 per chunk, forward and backward
+    EXPECT_EQ(count_labels(b.bp.plan, "fwd.dispatch.c"), r);
+    EXPECT_EQ(count_labels(b.bp.plan, "fwd.combine.c"), r);
+    EXPECT_EQ(count_labels(b.bp.plan, "fwd.gate"), 1);
+    EXPECT_EQ(count_labels(b.bp.plan, "fwd.decode"), 1);
+  }
+}
+
+TEST(PlanBuilder, DispatchBytesArePaddedBuffer) {
+  // S = 512 tokens, E = 4 (2 per GPU), k = 2, f = 1: dC = 2*512/4 = 256; M = 256, fp16.
+  Cfg c;
+  c.experts_per_gpu = 2;
+  Built b = build(c);
+  const double expected = 4.0 * 256 * 256 * 2;  // E * dC * M * b
+  const auto& moe = b.bp.index.moe_layers.at(0);
+  for (OpId id : moe.dispatch) {
+    const auto& spec = b.bp.plan.op(id).collective();
+    EXPECT_EQ(spec.type, CollectiveType::kAllToAll);
+    EXPECT_EQ(spec.algo, CollectiveAlgo::kLinear);
+    EXPECT_DOUBLE_EQ(spec.bytes.value(), expected);
+    EXPECT_EQ(b.bp.plan.grouping(spec.grouping).name, "ep");
+  }
+  for (OpId id : moe.combine)
+    EXPECT_DOUBLE_EQ(b.bp.plan.op(id).collective().bytes.value(), expected);
+  // Encode touches the buffer twice (read + write), decode k * S * M * b.
+  EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.fwd.encode").compute().bytes.value(), 2 * expected);
+  EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.fwd.decode").compute().bytes.value(),
+                   2.0 * 512 * 256 * 2);
+  const auto& gate = find_op(b.bp.plan, "L0.fwd.gate").compute();
+  EXPECT_EQ(gate.cls, ComputeClass::kGate);
+  EXPECT_EQ(gate.gemm->m, 512);
+  EXPECT_EQ(gate.gemm->k, 256);
+  EXPECT_EQ(gate.gemm->n, 4);
+}
+
+TEST(PlanBuilder, UnevenChunksConserveBytes) {
+  // dC = 10 in 3 chunks: 4, 3, 3 slots.
+  Decision d;
+  d.pipeline_degree = 3;
+  Built b = build(Cfg{}, d, /*capacity=*/10);
+  const auto& moe = b.bp.index.moe_layers.at(0);
+  const double slot = 2.0 * 256 * 2;  // E * M * b per slot
+  std::vector<double> got;
+  for (int j = 0; j < 3; ++j)
+    got.push_back(b.bp.plan.op(moe.dispatch[j]).collective().bytes.value());
+  EXPECT_EQ(got, (std::vector<double>{4 * slot, 3 * slot, 3 * slot}));
+}
+
+TEST(PlanBuilder, GemmShapesPlainVersusFlexible) {
+  // W = 4 GPUs, dE = 2 (E = 8), S = 512, k = 2, f = 1: dC = 128; M = 256, H = 512.
+  Cfg c;
+  c.gpn = 4;
+  c.ep = 4;
+  c.experts_per_gpu = 2;
+  Decision d;
+  Built plain = build(c, d);
+  const auto& p1 = find_op(plain.bp.plan, "L0.fwd.expert.fc1.c1").compute().gemm.value();
+  const auto& p2 = find_op(plain.bp.plan, "L0.fwd.expert.fc2.c1").compute().gemm.value();
+  EXPECT_EQ(p1.m, 128);
+  EXPECT_EQ(p1.k, 256);
+  EXPECT_EQ(p1.n, 512);
+  EXPECT_EQ(p1.batch, 8);  // W * dE
+  EXPECT_EQ(p2.m, 128);
+  EXPECT_EQ(p2.k, 512);
+  EXPECT_EQ(p2.n, 256);
+  EXPECT_EQ(p2.batch, 8);
+  d.layout = LayoutRole::kFlexible;
+  Built flex = build(c, d);
+  const auto& f1 = find_op(flex.bp.plan, "L0.fwd.expert.fc1.c1").compute();
+  EXPECT_EQ(f1.gemm->m, 4 * 128);  // W * dC
+  EXPECT_EQ(f1.gemm->k, 256);
+  EXPECT_EQ(f1.gemm->n, 512);
+  EXPECT_EQ(f1.gemm->batch, 2);  // dE
+  const auto& f2 = find_op(flex.bp.plan, "L0.fwd.expert.fc2.c1").compute().gemm.value();
+  EXPECT_EQ(f2.m, 4 * 128);
+  EXPECT_EQ(f2.k, 512);
+  EXPECT_EQ(f2.n, 256);
+  // Same FLOPs either way: 2 * W*dC * dE * M * H.
+  const double flops = 2.0 * 512 * 2 * 256 * 512;
+  EXPECT_DOUBLE_EQ(f1.flops.value(), flops);
+  EXPECT_DOUBLE_EQ(find_op(plain.bp.plan, "L0.fwd.expert.fc1.c1").compute().flops.value(), flops);
+  // Backward GEMMs: 2x.
+  EXPECT_DOUBLE_EQ(find_op(flex.bp.plan, "L0.bwd.expert.fc1.c1").compute().flops.value(),
+                   2 * flops);
+}
+
+TEST(PlanBuilder, AttentionAndDenseFfnFlops) {
+  // Two blocks, MoE every 2nd: block 0 dense FFN, block 1 MoE. mp = 2.
+  Cfg c;
+  c.gpn = 4;
+  c.layers = 2;
+  c.moe_every = 2;
+  c.mp = 2;
+  Built b = build(c);
+  const double S = 512, L = 256, M = 256;
+  auto flops = [&](const std::string& l) { return find_op(b.bp.plan, l).compute().flops.value(); };
+  const double attn =
+      flops("L0.fwd.attn.qkv") + flops("L0.fwd.attn.core") + flops("L0.fwd.attn.proj");
+  EXPECT_DOUBLE_EQ(attn, (8 * S * M * M + 4 * S * L * M) / 2);  // Megatron, / mp
+  EXPECT_DOUBLE_EQ(flops("L0.fwd.ffn.fc1") + flops("L0.fwd.ffn.fc2"), 16 * S * M * M / 2);
+  EXPECT_DOUBLE_EQ(flops("L0.bwd.ffn.fc1"), 2 * flops("L0.fwd.ffn.fc1"));
+  EXPECT_EQ(count_labels(b.bp.plan, "L1.fwd.ffn"), 0);
+  EXPECT_EQ(count_labels(b.bp.plan, "L1.fwd.gate"), 1);
+  // MP all-reduces of S*M*b: forward attention + dense FFN of block 0, attention of block 1;
+  // the same in backward.
+  int mp_ars = 0;
+  for (const auto& op : b.bp.plan.ops())
+    if (op.label.find("mp_allreduce") != std::string::npos) {
+      ++mp_ars;
+      EXPECT_DOUBLE_EQ(op.collective().bytes.value(), S * M * 2);
+      EXPECT_EQ(b.bp.plan.grouping(op.collective().grouping).name, "mp");
+    }
+  EXPECT_EQ(mp_ars, 6);
+  ASSERT_EQ(b.bp.index.moe_layers.size(), 1u);
+}
+
+TEST(PlanBuilder, ParallelModesForShardedExperts) {
+  // 8 GPUs, 2 experts sharded over n = 4 GPUs; S = 512, k = 2, f = 1: dC = 512; M = 256, H = 512.
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 4;
+  c.ep = 8;
+  c.experts_per_gpu = -4;
+  c.layers = 1;
+  const double M = 256, H = 512, b = 2, dC = 512, E = 2;
+  std::map<int, Built> by_r;
+  for (int r : {1, 2, 4}) {
+    Decision d;
+    d.parallel_degree = r;
+    d.layout = LayoutRole::kFlexible;
+    by_r.emplace(r, build(c, d));
+  }
+  auto dispatch_bytes = [&](int r) {
+    const auto& b = by_r.at(r).bp;
+    return b.plan.op(b.index.moe_layers[0].dispatch[0]).collective().bytes.value();
+  };
+  EXPECT_DOUBLE_EQ(dispatch_bytes(1), E * dC * M * b);
+  EXPECT_DOUBLE_EQ(dispatch_bytes(4), 4 * dispatch_bytes(1));  // P2 = n x P1
+  EXPECT_DOUBLE_EQ(dispatch_bytes(2), 2 * dispatch_bytes(1));
+  // P1: all-gather of the whole expert within its 4 GPUs; reduce-scatter of its gradient.
+  const Plan& p1 = by_r.at(1).bp.plan;
+  const auto& ag = find_op(p1, "L0.fwd.param_allgather").collective();
+  EXPECT_EQ(ag.type, CollectiveType::kAllGather);
+  EXPECT_DOUBLE_EQ(ag.bytes.value(), 2 * M * H * b);
+  EXPECT_EQ(p1.grouping(ag.grouping).group_size(), 4);
+  EXPECT_EQ(p1.grouping(ag.grouping).groups[1], (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(find_op(p1, "L0.grad.expert_reduce_scatter").collective().type,
+            CollectiveType::kReduceScatter);
+  const auto& e1 = find_op(p1, "L0.fwd.expert.fc1.c1").compute().gemm.value();
+  EXPECT_EQ(e1.m, 8 / 4 * 512);  // W/n sources' worth of tokens: dC/n from each of W
+  EXPECT_EQ(e1.n, 512);
+  EXPECT_EQ(count_labels(p1, "partial_sum"), 0);
+  // r = 2: gather within groups of 2, half the expert.
+  const Plan& p_r2 = by_r.at(2).bp.plan;
+  const auto& ag2 = find_op(p_r2, "L0.fwd.param_allgather").collective();
+  EXPECT_DOUBLE_EQ(ag2.bytes.value(), M * H * b);
+  EXPECT_EQ(p_r2.grouping(ag2.grouping).groups[1], (std::vector<int>{2, 3}));
+  EXPECT_EQ(find_op(p_r2, "L0.fwd.expert.fc1.c1").compute().gemm->n, 256);
+  // P2: no parameter movement, hidden split 4 ways, every token, partial sums added locally.
+  const Plan& p2 = by_r.at(4).bp.plan;
+  EXPECT_EQ(count_labels(p2, "param_allgather"), 0);
+  EXPECT_EQ(count_labels(p2, "expert_reduce_scatter"), 0);
+  const auto& e2 = find_op(p2, "L0.fwd.expert.fc1.c1").compute();
+  EXPECT_EQ(e2.gemm->n, 512 / 4);
+  EXPECT_EQ(e2.gemm->m, 8 * 512);
+  // Equal local computation in every mode.
+  EXPECT_DOUBLE_EQ(e2.flops.value(), find_op(p1, "L0.fwd.expert.fc1.c1").compute().flops.value());
+  EXPECT_EQ(count_labels(p2, "fwd.partial_sum"), 1);
+}
+
+TEST(PlanBuilder, TrainingHasBackwardAndGradientSyncInferenceNone) {
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 2;
+  c.ep = 2;  // dp = 2: expert gradients all-reduced too; dense over all 4
+  c.layers = 2;
+  Built t = build(c);
+  EXPECT_GT(count_labels(t.bp.plan, ".bwd."), 0);
+  // Per block one dense bucket over dense_dp (4 ranks), per MoE block one expert all-reduce over
+  // dp (2 ranks).
+  ASSERT_EQ(t.bp.index.gradient_sync.size(), 4u);
+  std::map<std::string, int> by_group;
+  for (OpId id : t.bp.index.gradient_sync) {
+    const Op& op = t.bp.plan.op(id);
+    EXPECT_EQ(t.bp.plan.stream_names()[op.stream], "grad");
+    EXPECT_EQ(op.collective().type, CollectiveType::kAllReduce);
+    ++by_group[t.bp.plan.grouping(op.collective().grouping).name];
+  }
+  EXPECT_EQ(by_group["dense_dp"], 2);
+  EXPECT_EQ(by_group["dp"], 2);
+  // Dense bucket of an MoE block: attention 4*M*M + gate M*E parameters, fp16.
+  EXPECT_DOUBLE_EQ(find_op(t.bp.plan, "L1.grad.dense_allreduce").collective().bytes.value(),
+                   (4.0 * 256 * 256 + 256 * 2) * 2);
+  // Expert bucket: dE * 2 * M * H * b.
+  EXPECT_DOUBLE_EQ(find_op(t.bp.plan, "L1.grad.expert_allreduce").collective().bytes.value(),
+                   2.0 * 256 * 512 * 2);
+  for (const auto& moe : t.bp.index.moe_layers) EXPECT_FALSE(moe.backward.empty());
+
+  c.mode = "inference";
+  Built inf = build(c);
+  EXPECT_EQ(count_labels(inf.bp.plan, ".bwd."), 0);
+  EXPECT_TRUE(inf.bp.index.gradient_sync.empty());
+  for (const auto& op : inf.bp.plan.ops())
+    if (op.kind == OpKind::kCollective) {
+      EXPECT_NE(op.collective().type, CollectiveType::kAllReduce) << op.label;
+    }
+  for (const auto& moe : inf.bp.index.moe_layers) {
+    EXPECT_TRUE(moe.backward.empty());
+    EXPECT_EQ(moe.dispatch.size(), 1u);
+  }
+}
+
+TEST(PlanBuilder, IndexCoversEveryMoeOp) {
+  Cfg c;
+  c.layers = 4;
+  c.moe_every = 2;
+  Decision d;
+  d.pipeline_degree = 2;
+  Built b = build(c, d);
+  ASSERT_EQ(b.bp.index.moe_layers.size(), 2u);
+  for (const auto& moe : b.bp.index.moe_layers) {
+    const int block = 2 * moe.layer + 1;
+    const std::string prefix = fmt::format("L{}.", block);
+    for (OpId id : moe.forward) EXPECT_EQ(b.bp.plan.op(id).label.rfind(prefix + "fwd.", 0), 0u);
+    for (OpId id : moe.backward) EXPECT_EQ(b.bp.plan.op(id).label.rfind(prefix + "bwd.", 0), 0u);
+    // forward = gate, encode, 2 x (dispatch, fc1, fc2, combine), decode.
+    EXPECT_EQ(moe.forward.size(), 11u);
+    EXPECT_EQ(moe.backward.size(), 11u);
+    for (OpId id : moe.dispatch)
+      EXPECT_NE(b.bp.plan.op(id).label.find("dispatch"), std::string::npos);
+  }
+}
+
+TEST(PlanBuilder, ValidatesAndRunsForManyConfigurations) {
+  struct Case {
+    Cfg c;
+    Decision d;
+  };
+  std::vector<Case> cases;
+  {
+    Case k;  // quickstart-like
+    k.c.nodes = 2;
+    k.c.gpn = 4;
+    k.c.ep = 8;
+    k.d.pipeline_degree = 2;
+    k.d.a2a = CollectiveAlgo::k2dh;
+    cases.push_back(k);
+  }
+  {
+    Case k;  // MP + EP + ESP + DP, two blocks
+    k.c.nodes = 2;
+    k.c.gpn = 8;
+    k.c.ep = 2;
+    k.c.esp = 2;
+    k.c.mp = 2;
+    k.c.layers = 2;
+    k.d.pipeline_degree = 2;
+    cases.push_back(k);
+  }
+  {
+    Case k;  // sharded experts, intermediate r, inference
+    k.c.nodes = 2;
+    k.c.gpn = 4;
+    k.c.ep = 8;
+    k.c.experts_per_gpu = -4;
+    k.c.mode = "inference";
+    k.d.parallel_degree = 2;
+    k.d.layout = LayoutRole::kFlexible;
+    cases.push_back(k);
+  }
+  {
+    Case k;  // sharded experts P1 with dp = 2, training
+    k.c.nodes = 2;
+    k.c.gpn = 4;
+    k.c.ep = 4;
+    k.c.experts_per_gpu = -2;
+    k.d.pipeline_degree = 3;
+    cases.push_back(k);
+  }
+  for (const auto& k : cases) {
+    Built b = build(k.c, k.d);
+    EXPECT_NO_THROW(b.bp.plan.validate()) << k.d.describe();
+    for (auto kind : {sim::NetworkKind::kAnalytical, sim::NetworkKind::kFlow}) {
+      RunResult r = sim::run_plan(b.bp.plan, *b.topo, engine_config(b.sc, kind));
+      EXPECT_GT(r.makespan_s, 0) << k.d.describe();
+      EXPECT_GT(r.breakdown.a2a_s, 0) << k.d.describe();
+    }
+  }
+}
+
+TEST(PlanBuilder, Deterministic) {
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 4;
+  c.ep = 4;
+  c.layers = 2;
+  Decision d;
+  d.pipeline_degree = 2;
+  Built a = build(c, d), b = build(c, d);
+  ASSERT_EQ(a.bp.plan.ops().size(), b.bp.plan.ops().size());
+  for (size_t i = 0; i < a.bp.plan.ops().size(); ++i) {
+    const Op &x = a.bp.plan.ops()[i], &y = b.bp.plan.ops()[i];
+    EXPECT_EQ(x.label, y.label);
+    EXPECT_EQ(x.deps, y.deps);
+    EXPECT_EQ(x.stream, y.stream);
+    EXPECT_TRUE(x.ranks == y.ranks);
+    EXPECT_EQ(x.spec.index(), y.spec.index());
+  }
+  EXPECT_EQ(a.bp.index.gradient_sync, b.bp.index.gradient_sync);
+}
+
+TEST(PlanBuilder, DescribeIsStable) {
+  Decision d;
+  EXPECT_EQ(d.describe(), "r=1 a2a=linear layout=plain parallel=1");
+  d.pipeline_degree = 2;
+  d.a2a = CollectiveAlgo::k2dh;
+  d.layout = LayoutRole::kFlexible;
+  EXPECT_EQ(d.describe(), "r=2 a2a=2dh layout=flexible parallel=1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+TEST(PlanBuilder, RejectsDecisionsThatCannotApply) {
+  Cfg c;
+  Scenario sc = make_scenario(c);
+  auto topo = topology::build_topology(sc.cluster);
+  auto work = make_work(sc, 4);
+  Decision d;
+  d.pipeline_degree = 5;  // > dC = 4
+  try {
+    build_step_plan(sc, *topo, work, d);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline"), std::string::npos) << e.what();
+  }
+  d.pipeline_degree = 4;  // = dC: fine
+  EXPECT_NO_THROW(build_step_plan(sc, *topo, work, d));
+  d = Decision{};
+  d.parallel_degree = 2;  // experts not sharded: n = 1
+  EXPECT_THROW(build_step_plan(sc, *topo, work, d), InputError);
+
+  // r must divide n = 4.
+  Cfg s;
+  s.nodes = 2;
+  s.gpn = 4;
+  s.ep = 8;
+  s.experts_per_gpu = -4;
+  Scenario ssc = make_scenario(s);
+  auto stopo = topology::build_topology(ssc.cluster);
+  auto swork = make_work(ssc, 16);
+  d = Decision{};
+  d.parallel_degree = 3;
+  try {
+    build_step_plan(ssc, *stopo, swork, d);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel"), std::string::npos) << e.what();
+  }
+
+  // 2DH on an EP group that is not node-aligned: 3 nodes x 2 GPUs, ep = 3: group {0, 1, 2}.
+  Cfg n;
+  n.nodes = 3;
+  n.gpn = 2;
+  n.ep = 3;
+  Scenario nsc = make_scenario(n);
+  auto ntopo = topology::build_topology(nsc.cluster);
+  auto nwork = make_work(nsc, 8);
+  d = Decision{};
+  d.a2a = CollectiveAlgo::k2dh;
+  try {
+    build_step_plan(nsc, *ntopo, nwork, d);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("2dh"), std::string::npos) << e.what();
+  }
+  d.a2a = CollectiveAlgo::kLinear;
+  EXPECT_NO_THROW(build_step_plan(nsc, *ntopo, nwork, d));
+
+  // Workload of the wrong shape.
+  auto bad = make_work(sc, 4);
+  bad.layers.clear();
+  EXPECT_THROW(build_step_plan(sc, *topo, bad, Decision{}), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing, on the engine.
+
+struct ChunkTimes {
+  std::vector<double> d, e, c;     // durations
+  std::vector<double> td, te, tc;  // measured starts
+};
+
+// Durations and starts of the forward chunks of MoE layer 0 (rank 0), expert = fc1 + fc2.
+ChunkTimes chunk_times(const BuiltPlan& bp, const RunResult& r) {
+  const auto& moe = bp.index.moe_layers.at(0);
+  ChunkTimes t;
+  for (size_t j = 0; j < moe.dispatch.size(); ++j) {
+    OpId d = moe.dispatch[j], c = moe.combine[j];
+    if (bp.plan.op(d).label.find(".fwd.") == std::string::npos) break;
+    OpId f1 = moe.expert[2 * j], f2 = moe.expert[2 * j + 1];
+    t.td.push_back(r.op_start(d, 0));
+    t.d.push_back(r.op_end(d, 0) - r.op_start(d, 0));
+    t.te.push_back(r.op_start(f1, 0));
+    t.e.push_back(r.op_end(f2, 0) - r.op_start(f1, 0));
+    t.tc.push_back(r.op_start(c, 0));
+    t.c.push_back(r.op_end(c, 0) - r.op_start(c, 0));
+  }
+  return t;
+}
+
+// STRATEGIES §3 recurrences from measured durations; returns the predicted starts.
+ChunkTimes recurrence(const ChunkTimes& m) {
+  ChunkTimes p = m;
+  const size_t r = m.d.size();
+  for (size_t j = 0; j < r; ++j) {
+    p.td[j] = j == 0 ? m.td[0] : p.td[j - 1] + m.d[j - 1];
+    p.te[j] = j == 0 ? p.td[0] + m.d[0] : std::max(p.te[j - 1] + m.e[j - 1], p.td[j] + m.d[j]);
+    p.tc[j] = j == 0 ? p.te[0] + m.e[0] : std::max(p.te[j] + m.e[j], p.tc[j - 1] + m.c[j - 1]);
+  }
+  return p;
+}
+
+sim::EngineConfig no_overhead_config(const Scenario& sc) {
+  sim::EngineConfig cfg = engine_config(sc, sim::NetworkKind::kAnalytical);
+  cfg.compute.launch_overhead = Seconds(0);
+  cfg.net.message_overhead_s = 0;
+  cfg.net.message_latency_s = 0;
+  return cfg;
+}
+
+// 2 nodes x 1 GPU over 200 Gb/s: the a2a is slow relative to A100 compute, so compute ~ comm is
+// reached with a large hidden size.
+Cfg two_node_cfg(int hidden) {
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 1;
+  c.ep = 2;
+  c.mode = "inference";
+  c.batch = 4;
+  c.seq = 1024;
+  c.model_dim = 1024;
+  c.hidden = hidden;
+  c.top_k = 1;
+  c.experts_per_gpu = 1;
+  return c;
+}
+
+TEST(PlanBuilderTiming, ChunksFollowTheRecurrences) {
+  // Compute-bound (large H) and communication-bound (small H), r = 2, 3, 4: measured chunk start
+  // times equal the recurrence computed from the measured chunk durations.
+  for (int hidden : {1024, 65536}) {
+    for (int r : {2, 3, 4}) {
+      Decision d;
+      d.pipeline_degree = r;
+      d.layout = LayoutRole::kFlexible;
+      Built b = build(two_node_cfg(hidden), d);
+      RunResult res = sim::run_plan(b.bp.plan, *b.topo, no_overhead_config(b.sc));
+      ChunkTimes m = chunk_times(b.bp, res);
+      ASSERT_EQ(m.d.size(), static_cast<size_t>(r));
+      ChunkTimes p = recurrence(m);
+      for (int j = 0; j < r; ++j) {
+        const double tol = 1e-12 + 1e-9 * p.tc.back();
+        EXPECT_NEAR(m.td[j], p.td[j], tol) << "H=" << hidden << " r=" << r << " j=" << j;
+        EXPECT_NEAR(m.te[j], p.te[j], tol) << "H=" << hidden << " r=" << r << " j=" << j;
+        EXPECT_NEAR(m.tc[j], p.tc[j], tol) << "H=" << hidden << " r=" << r << " j=" << j;
+      }
+    }
+  }
+}
+
+TEST(PlanBuilderTiming, BalancedTwoChunksTakeFourUnitsNotSix) {
+  // Pick H so that the expert time matches the all-to-all time (d = e = c), then r = 2 runs the
+  // dispatch/expert/combine part in ~4 chunk units (2/3 of r = 1's 3 full units); a serialised
+  // plan would take 6 chunk units (= r = 1).
+  int hidden = 4096;
+  double d1 = 0, e1 = 0;
+  for (int iter = 0; iter < 3; ++iter) {
+    Built b = build(two_node_cfg(hidden), Decision{});
+    RunResult res = sim::run_plan(b.bp.plan, *b.topo, no_overhead_config(b.sc));
+    ChunkTimes m = chunk_times(b.bp, res);
+    d1 = m.d[0];
+    e1 = m.e[0];
+    hidden = std::max(64, static_cast<int>(std::lround(hidden * d1 / e1 / 64.0)) * 64);
+  }
+  Decision flex;
+  flex.layout = LayoutRole::kFlexible;
+  Built one = build(two_node_cfg(hidden), flex);
+  ChunkTimes m1 =
+      chunk_times(one.bp, sim::run_plan(one.bp.plan, *one.topo, no_overhead_config(one.sc)));
+  ASSERT_NEAR(m1.e[0] / m1.d[0], 1.0, 0.1);
+  const double unit1 = m1.tc[0] + m1.c[0] - m1.td[0];  // d + e + c
+  flex.pipeline_degree = 2;
+  Built two = build(two_node_cfg(hidden), flex);
+  ChunkTimes m2 =
+      chunk_times(two.bp, sim::run_plan(two.bp.plan, *two.topo, no_overhead_config(two.sc)));
+  const double span2 = m2.tc[1] + m2.c[1] - m2.td[0];
+  // 4 units of (d + e + c) / 6 each, within the 10% imbalance of d vs e.
+  EXPECT_NEAR(span2 / unit1, 4.0 / 6.0, 0.05);
+  EXPECT_LT(span2, 0.75 * unit1);
+}
+
+TEST(PlanBuilderTiming, PipeliningHelpsWhenBalancedAndManyChunksLoseToStartup) {
+  // Default per-op costs (5 us launch, 1 us per message) on the flow model.
+  Cfg c = two_node_cfg(8192);
+  auto layer_time = [&](const Cfg& cfg, int r) {
+    Decision d;
+    d.pipeline_degree = r;
+    d.layout = LayoutRole::kFlexible;
+    Built b = build(cfg, d);
+    RunResult res = sim::run_plan(b.bp.plan, *b.topo, engine_config(b.sc, sim::NetworkKind::kFlow));
+    return forward_moe_time(b.bp, res);
+  };
+  const double t1 = layer_time(c, 1), t2 = layer_time(c, 2), t4 = layer_time(c, 4);
+  EXPECT_LT(t2, 0.9 * t1);
+  EXPECT_LT(t4, t2);
+  // A tiny layer (S = 64 tokens, dC = 64): every op is dominated by its fixed cost, so 32 chunks
+  // are slower than 1.
+  Cfg small = c;
+  small.batch = 1;
+  small.seq = 64;
+  small.model_dim = 256;
+  small.hidden = 512;
+  const double s1 = layer_time(small, 1), s32 = layer_time(small, 32);
+  EXPECT_GT(s32, 2 * s1);
+}
+
+TEST(PlanBuilderTiming, FlexibleExpertTimeFlatAsGpusGrowPlainSlows) {
+  // S = 4096 tokens per GPU, one expert per GPU, k = 2, f = 1: dC = 8192 / P, so plain GEMMs get
+  // thinner (m = dC) while flexible ones keep m = P * dC = 8192.
+  auto expert_time = [](int gpus, LayoutRole layout) {
+    Cfg c;
+    c.nodes = gpus / 8;
+    c.gpn = 8;
+    c.ep = gpus;
+    c.mode = "inference";
+    c.batch = 4;
+    c.seq = 1024;
+    c.model_dim = 1024;
+    c.hidden = 4096;
+    Decision d;
+    d.layout = layout;
+    Built b = build(c, d);
+    sim::ComputeModel cm(b.topo->spec().gpu, Dtype::kFp16, sim::ComputeParams{});
+    double t = 0;
+    for (OpId id : b.bp.index.moe_layers[0].expert)
+      t += cm.duration(b.bp.plan.op(id).compute()).value();
+    return t;
+  };
+  std::vector<double> flex, plain;
+  for (int p : {8, 64, 512}) {
+    flex.push_back(expert_time(p, LayoutRole::kFlexible));
+    plain.push_back(expert_time(p, LayoutRole::kPlain));
+  }
+  for (double f : flex) EXPECT_NEAR(f / flex[0], 1.0, 0.02);
+  EXPECT_LT(plain[0], plain[1]);
+  EXPECT_LT(plain[1], plain[2]);
+  EXPECT_GT(plain[2], 3 * flex[2]);
+}
+
+}  // namespace
+}  // namespace moesim::strategies

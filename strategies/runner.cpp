@@ -1,0 +1,101 @@
+#include "strategies/runner.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.hpp"
+#include "strategies/cost_model.hpp"
+#include "strategies/strategy.hpp"
+#include "strategies/workload/workload.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::strategies {
+
+namespace {
+
+// Last end minus first start over a set of ops (0 for an empty set).
+double span_s(const RunResult& r, const std::vector<OpId>& ops) {
+  if (ops.empty()) return 0;
+  double first = std::numeric_limits<double>::infinity();
+  double last = -std::numeric_limits<double>::infinity();
+  for (OpId id : ops) {
+    first = std::min(first, r.op_first_start(id));
+    last = std::max(last, r.op_last_end(id));
+  }
+  return last - first;
+}
+
+double durations_s(const RunResult& r, const std::vector<OpId>& ops) {
+  double sum = 0;
+  for (OpId id : ops) sum += r.op_last_end(id) - r.op_first_start(id);
+  return sum;
+}
+
+IterationRecord make_record(int index, double f, const Decision& d,
+                            const workload::IterationWorkload& work, const BuiltPlan& built,
+                            const RunResult& result) {
+  IterationRecord rec;
+  rec.index = index;
+  rec.capacity_factor = f;
+  rec.decision = d;
+  rec.step_time_s = result.makespan_s;
+  const auto& layers = built.index.moe_layers;
+  double moe = 0, a2a = 0;
+  for (const auto& l : layers) {
+    // Forward and backward of one layer are separated by the rest of the model's forward and
+    // backward, so the layer's time is the sum of the two spans, not one span over both.
+    moe += span_s(result, l.forward) + span_s(result, l.backward);
+    a2a += durations_s(result, l.dispatch) + durations_s(result, l.combine);
+  }
+  rec.moe_layer_time_s = layers.empty() ? 0 : moe / static_cast<double>(layers.size());
+  rec.a2a_s = a2a;
+  rec.allreduce_s = result.breakdown.allreduce_s;
+  rec.compute_s = result.breakdown.compute_s;
+  rec.exposed_comm_s = result.breakdown.exposed_comm_s;
+  for (const auto& l : work.layers) rec.dropped_tokens += l.dropped;
+  return rec;
+}
+
+}  // namespace
+
+StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
+                   const Backend& backend, int iterations) {
+  if (iterations < 0) throw InputError("iterations must be >= 0");
+  MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
+  workload::WorkloadGenerator generator(sc);
+  const CostModel cost(sc, topo);
+  std::unique_ptr<StrategyStack> stack = make_stack(spec);
+  const auto& md = sc.model;
+
+  StackRun run;
+  run.strategy = spec.name;
+  run.iterations.reserve(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const double f = generator.capacity_factor(i);
+    // dC before rounding to the pipeline degree: closed form for f > 0; dropless factors need
+    // the sampled counts (the first MoE layer's; the draws are keyed by iteration, so sampling it
+    // again below gives the same counts).
+    std::int64_t capacity = 0;
+    if (f > 0 || md.num_moe_layers() == 0)
+      capacity = workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(),
+                                          md.experts, 0, 1);
+    else
+      capacity = generator.sample_layer(i, 0, f, 1).capacity;
+    capacity = std::max<std::int64_t>(capacity, 1);
+
+    const StrategyContext ctx{sc, spec, topo, cost, i, f, capacity, &run.iterations};
+    Decision decision;
+    stack->decide(ctx, decision);
+    workload::IterationWorkload work = generator.next(i, decision.pipeline_degree);
+    BuiltPlan built = build_step_plan(sc, topo, work, decision);
+    RunResult result = backend(built.plan);
+    IterationRecord rec = make_record(i, f, decision, work, built, result);
+    stack->observe(ctx, rec);
+    run.iterations.push_back(rec);
+    run.last_result = std::move(result);
+    run.last_plan = std::move(built);
+  }
+  return run;
+}
+
+}  // namespace moesim::strategies

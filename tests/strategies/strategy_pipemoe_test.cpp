@@ -1,0 +1,188 @@
+// PipeMoE's optimal pipeline degree (STRATEGIES §3): the closed forms T1..T4 on hand-computed
+// alpha/beta, and agreement of the predicted degree with the best degree found by simulating
+// every r in 1..16 (plan builder + flow engine) on a grid of small configurations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "sim/engine.hpp"
+#include "strategies/pipeline/pipemoe.hpp"
+#include "strategies/runner.hpp"
+#include "strategy_test_util.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::strategies {
+namespace {
+
+PipeMoePass pass(double alpha_a, double comm, double alpha_e, double work) {
+  // n_d = n_e = 1: beta * n is the whole pass's communication / expert time.
+  return PipeMoePass{AlphaBeta{alpha_a, comm}, AlphaBeta{alpha_e, work}, 1.0, 1.0};
+}
+
+TEST(PipeMoeClosedForm, T1NothingBeatsNoPipelining) {
+  // a(r) = 1 (pure startup), e(r) = 1/r: T1 = 2 + 1 = 3; r = 2 is comm-bound, T2 = 4.
+  const PipeMoePass p = pass(1.0, 0.0, 0.0, 1.0);
+  PipeMoeRegime g;
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 1, &g), 3.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT1);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 2, &g), 4.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT2);
+  const PipeMoeChoice c = pipemoe_optimal_degree({p}, 64);
+  EXPECT_EQ(c.degree, 1);
+  EXPECT_EQ(c.regime, PipeMoeRegime::kT1);
+  EXPECT_DOUBLE_EQ(c.predicted_s, 3.0);
+}
+
+TEST(PipeMoeClosedForm, T2SmallestCommBoundDegree) {
+  // alpha_a = 1, beta_a n_d = 100, alpha_e = 0, beta_e n_e = 10. T1 = 2 (1 + 100) + 10 = 212;
+  // r = 2: a = 51 >= e = 5, T2 = 2 r + 2 * 100 = 204; T2 grows by 2 per extra chunk.
+  const PipeMoePass p = pass(1.0, 100.0, 0.0, 10.0);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 1), 212.0);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 2), 204.0);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 3), 206.0);
+  const PipeMoeChoice c = pipemoe_optimal_degree({p}, 64);
+  EXPECT_EQ(c.degree, 2);
+  EXPECT_EQ(c.regime, PipeMoeRegime::kT2);
+  EXPECT_DOUBLE_EQ(c.predicted_s, 204.0);
+}
+
+TEST(PipeMoeClosedForm, T3ConvexOptimumNearSqrt) {
+  // alpha_a = 1, beta_a n_d = 100, alpha_e = 1, beta_e n_e = 1000: compute-bound and hidden for
+  // every r <= 64, T3(r) = 2 + 1000 + 200 / r + r, minimised over integers at r = 14
+  // (sqrt(2 beta_a n_d / alpha_e) = 14.14; T3(14) = 1030.2857 < T3(15) = 1030.3333).
+  const PipeMoePass p = pass(1.0, 100.0, 1.0, 1000.0);
+  PipeMoeRegime g;
+  EXPECT_NEAR(pipemoe_pass_time(p, 14, &g), 1002.0 + 200.0 / 14 + 14, 1e-9);
+  EXPECT_EQ(g, PipeMoeRegime::kT3);
+  const PipeMoeChoice c = pipemoe_optimal_degree({p}, 64);
+  EXPECT_EQ(c.degree, 14);
+  EXPECT_EQ(c.regime, PipeMoeRegime::kT3);
+  EXPECT_NEAR(c.predicted_s, 1030.2857142857, 1e-6);
+  // Clipped to the feasible range: with r_max = 8 the best is the largest allowed.
+  EXPECT_EQ(pipemoe_optimal_degree({p}, 8).degree, 8);
+}
+
+TEST(PipeMoeClosedForm, T4CommunicationDominatesOverall) {
+  // alpha_a = 1, beta_a n_d = 100, alpha_e = 20, beta_e n_e = 70:
+  // r=1 T1 = 292; r=2 a=51 < e=55, 2a=102 < 2e=110 -> T3 = 2+70+100+40 = 212;
+  // r=3 a=34.33 < e=43.33, 4a=137.3 >= 3e=130 -> T4 = 6+200 = 206;
+  // r=4 a=26 < e=37.5, 6a=156 >= 4e=150 -> T4 = 208; r=5 T3 = 212.
+  const PipeMoePass p = pass(1.0, 100.0, 20.0, 70.0);
+  PipeMoeRegime g;
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 1, &g), 292.0);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 2, &g), 212.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT3);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 3, &g), 206.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT4);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 4, &g), 208.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT4);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 5, &g), 212.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT3);
+  const PipeMoeChoice c = pipemoe_optimal_degree({p}, 64);
+  EXPECT_EQ(c.degree, 3);
+  EXPECT_EQ(c.regime, PipeMoeRegime::kT4);
+  EXPECT_DOUBLE_EQ(c.predicted_s, 206.0);
+}
+
+TEST(PipeMoeClosedForm, PassesAddUp) {
+  // Training: forward + backward (2x expert work) share one r.
+  const PipeMoePass fwd = pass(1.0, 100.0, 1.0, 1000.0);
+  PipeMoePass bwd = fwd;
+  bwd.expert.beta_s = 2000.0;
+  const PipeMoeChoice c = pipemoe_optimal_degree({fwd, bwd}, 64);
+  // Sum = 4 + 3000 + 400 / r + 2r: optimum at sqrt(200) again -> 14.
+  EXPECT_EQ(c.degree, 14);
+  EXPECT_NEAR(c.predicted_s, pipemoe_pass_time(fwd, 14) + pipemoe_pass_time(bwd, 14), 1e-9);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prediction vs simulation.
+
+struct GridPoint {
+  int nodes, batch, seq, model_dim, hidden_dim, dE;
+  std::string nic, mode;
+};
+
+// The MoE layer time of one iteration of the fixed-degree stack r, on the flow engine.
+double simulate_degree(const Scenario& sc, const topology::Topology& topo, int r) {
+  StrategySpec spec;
+  spec.name = "fixed";
+  spec.pipeline = PipelineRole::kDegree;
+  spec.pipeline_degree = r;
+  const sim::EngineConfig cfg = testing::engine_config(sc);
+  const StackRun run = run_stack(
+      sc, spec, topo, [&](const Plan& p) { return sim::run_plan(p, topo, cfg); }, 1);
+  return run.iterations.at(0).moe_layer_time_s;
+}
+
+TEST(PipeMoeVsSimulation, PredictedDegreeIsTheSimulatedBestOnAGrid) {
+  // 25 model shapes x {inference, training}, each shape on one of three networks (per-GPU
+  // inter-node bandwidth 6.25, 25 and 400 Gb/s: comm-bound to compute-bound).
+  const int shapes[][5] = {
+      {2, 512, 1024, 1024, 1},  {4, 512, 1024, 4096, 1},  {8, 256, 512, 2048, 2},
+      {2, 1024, 2048, 2048, 1}, {4, 256, 2048, 1024, 2},  {1, 512, 512, 4096, 1},
+      {8, 512, 1024, 512, 1},   {2, 256, 4096, 4096, 1},  {4, 1024, 1024, 2048, 1},
+      {1, 1024, 2048, 8192, 1}, {8, 128, 1024, 1024, 1},  {2, 512, 2048, 512, 2},
+      {4, 512, 512, 512, 1},    {8, 1024, 1024, 4096, 1}, {4, 2048, 2048, 8192, 1},
+      {2, 2048, 1024, 8192, 2}, {8, 512, 4096, 2048, 1},  {16, 256, 1024, 2048, 1},
+      {4, 1024, 4096, 4096, 2}, {2, 512, 8192, 1024, 1},  {8, 2048, 512, 2048, 1},
+      {1, 2048, 4096, 4096, 1}, {16, 512, 2048, 1024, 2}, {4, 256, 1024, 8192, 1},
+      {2, 1024, 512, 1024, 2}};
+  const char* nics[] = {"25Gb/s", "100Gb/s", "400Gb/s"};
+  const int nics_per_node[] = {1, 1, 4};
+  std::vector<std::pair<GridPoint, int>> grid;
+  for (const char* mode : {"inference", "training"})
+    for (int i = 0; i < 25; ++i) {
+      const auto& s = shapes[i];
+      grid.push_back({{2, s[0], s[1], s[2], s[3], s[4], nics[i % 3], mode}, nics_per_node[i % 3]});
+    }
+  ASSERT_EQ(grid.size(), 50u);
+
+  int exact = 0, within2 = 0;
+  double worst_loss = 0;
+  for (const auto& [g, num_nics] : grid) {
+    testing::ClusterShape c;
+    c.nodes = g.nodes;
+    c.nic = g.nic;
+    c.nics_per_node = num_nics;
+    testing::ModelShape m;
+    m.mode = g.mode;
+    m.batch = g.batch;
+    m.seq = g.seq;
+    m.model_dim = g.model_dim;
+    m.hidden_dim = g.hidden_dim;
+    m.experts_per_gpu = g.dE;
+    const Scenario sc =
+        testing::make_scenario(c, m, "  - {name: pipemoe, a2a: linear, pipeline: pipemoe}");
+    const auto topo = topology::build_topology(sc.cluster);
+    const sim::EngineConfig cfg = testing::engine_config(sc);
+    const StackRun pm = run_stack(
+        sc, sc.strategies.at(0), *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); },
+        1);
+    const int predicted = pm.iterations.at(0).decision.pipeline_degree;
+    int best = 1;
+    double best_t = std::numeric_limits<double>::infinity(), predicted_t = 0;
+    for (int r = 1; r <= 16; ++r) {
+      const double t = simulate_degree(sc, *topo, r);
+      if (t < best_t * (1 - 1e-9)) best_t = t, best = r;
+      if (r == predicted) predicted_t = t;
+    }
+    if (predicted > 16) predicted_t = simulate_degree(sc, *topo, predicted);
+    const double loss = predicted_t / best_t - 1;
+    worst_loss = std::max(worst_loss, loss);
+    exact += predicted == best;
+    within2 += loss <= 0.02;
+    std::printf(
+        "B=%d L=%d M=%d H=%d dE=%d nic=%s %s: predicted r=%d, simulated best r=%d (+%.2f%%)\n",
+        g.batch, g.seq, g.model_dim, g.hidden_dim, g.dE, g.nic.c_str(), g.mode.c_str(), predicted,
+        best, 100 * loss);
+  }
+  std::printf("PipeMoE vs simulation: exact %d / %zu, within 2%% %d / %zu, worst loss %.2f%%\n",
+              exact, grid.size(), within2, grid.size(), 100 * worst_loss);
+  EXPECT_GE(exact, static_cast<int>(std::ceil(0.85 * grid.size())));
+}
+
+}  // namespace
+}  // namespace moesim::strategies

@@ -1,0 +1,82 @@
+// Scenarios for the strategy tests, written as YAML so they go through the real loader.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "core/scenario.hpp"
+#include "core/scenario_loader.hpp"
+#include "sim/engine.hpp"
+
+namespace moesim::strategies::testing {
+
+struct ClusterShape {
+  std::string gpu = "rtx-2080-ti";
+  int nodes = 2;
+  int gpus_per_node = 4;
+  std::string intra = "{kind: nvswitch, bandwidth: 100GB/s, latency: 1us}";
+  std::string nic = "100Gb/s";
+  int nics_per_node = 1;
+};
+
+struct ModelShape {
+  std::string mode = "training";
+  int batch = 4, seq = 512, model_dim = 1024, hidden_dim = 1024;
+  int experts_per_gpu = 1;
+  int top_k = 2;
+  double f = 1.0;
+  std::string capacity = "{kind: fixed}";
+};
+
+inline Scenario make_scenario(const ClusterShape& c, const ModelShape& m,
+                              const std::string& strategies, const std::string& network = "flow") {
+  const std::string yaml = fmt::format(
+      R"(name: strategy-test
+cluster:
+  gpu: {}
+  nodes: {}
+  gpus_per_node: {}
+  intra_node: {}
+  inter_node: {{kind: switch, nic_bandwidth: {}, nics_per_node: {}, latency: 2us}}
+model:
+  mode: {}
+  layers: 1
+  moe_every: 1
+  batch_per_gpu: {}
+  seq_len: {}
+  model_dim: {}
+  hidden_dim: {}
+  experts_per_gpu: {}
+  top_k: {}
+  capacity_factor: {}
+  dtype: fp16
+parallelism: {{ep: {}, esp: 1, mp: 1, dp: auto}}
+workload:
+  routing: {{distribution: uniform, seed: 3}}
+  capacity: {}
+  iterations: 4
+engine: {{network: {}}}
+strategies:
+{}
+)",
+      c.gpu, c.nodes, c.gpus_per_node, c.intra, c.nic, c.nics_per_node, m.mode, m.batch, m.seq,
+      m.model_dim, m.hidden_dim, m.experts_per_gpu, m.top_k, m.f, c.nodes * c.gpus_per_node,
+      m.capacity, network, strategies);
+  return parse_scenario_string(yaml, "strategy-test.yaml");
+}
+
+/// The engine configuration the CLI derives from a scenario (apps/moesim/engine_setup.cpp).
+inline sim::EngineConfig engine_config(const Scenario& sc) {
+  sim::EngineConfig cfg;
+  cfg.network = sc.engine.network == NetworkModelKind::kAnalytical ? sim::NetworkKind::kAnalytical
+                                                                   : sim::NetworkKind::kFlow;
+  cfg.net.message_latency_s = sc.engine.message_latency.value();
+  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.compute.launch_overhead = sc.engine.launch_overhead;
+  cfg.compute.interference = sc.engine.interference;
+  cfg.precision = sc.model.dtype;
+  return cfg;
+}
+
+}  // namespace moesim::strategies::testing

@@ -374,6 +374,44 @@ TEST(PlanBuilder, ParallelModesForShardedExperts) {
   EXPECT_EQ(count_labels(p2, "fwd.partial_sum"), 1);
 }
 
+TEST(PlanBuilder, EspBaselineGathersTokensAndSumsSlices) {
+  // DeepSpeed-MoE baseline with esp = 2 (Parm §III), ep = 2, mp = 1, dp = 1 on 4 GPUs:
+  // S = 512, E = 2, k = 2, f = 1: dC = 512; M = 256, H = 512.
+  Cfg c;
+  c.gpn = 4;
+  c.ep = 2;
+  c.esp = 2;
+  Built b = build(c);
+  const Plan& p = b.bp.plan;
+  const auto& ag = find_op(p, "L0.fwd.esp_allgather").collective();
+  EXPECT_EQ(ag.type, CollectiveType::kAllGather);
+  EXPECT_DOUBLE_EQ(ag.bytes.value(), 2.0 * 512 * 256 * 2);  // S * esp * M * b
+  EXPECT_EQ(p.grouping(ag.grouping).groups[0], (std::vector<int>{0, 1}));
+  const double a2a = 2.0 * 2 * 512 * 256 * 2;  // esp * E * dC * M * b
+  EXPECT_DOUBLE_EQ(find_op(p, "L0.fwd.dispatch.c1").collective().bytes.value(), a2a);
+  EXPECT_EQ(p.grouping(find_op(p, "L0.fwd.dispatch.c1").collective().grouping).groups[0],
+            (std::vector<int>{0, 2}));
+  const auto& ar = find_op(p, "L0.fwd.esp_allreduce.c1").collective();
+  EXPECT_EQ(ar.type, CollectiveType::kAllReduce);
+  EXPECT_DOUBLE_EQ(ar.bytes.value(), a2a);
+  // The gate sees the gathered tokens; the expert its H / esp slice of W * esp * dC tokens.
+  EXPECT_EQ(find_op(p, "L0.fwd.gate").compute().gemm->m, 1024);
+  b.bp.plan.validate();
+  EXPECT_EQ(count_labels(p, "L0.bwd.esp_reduce_scatter"), 1);
+  EXPECT_EQ(count_labels(p, "L0.bwd.esp_allreduce.c1"), 1);
+  // Order on comm_out: the ESP all-reduce of a chunk precedes its combine.
+  EXPECT_LT(find_op(p, "L0.fwd.esp_allreduce.c1").id, find_op(p, "L0.fwd.combine.c1").id);
+  EXPECT_EQ(find_op(p, "L0.fwd.combine.c1").deps,
+            (std::vector<OpId>{find_op(p, "L0.fwd.esp_allreduce.c1").id}));
+  Decision flex;
+  flex.layout = LayoutRole::kFlexible;
+  Built f = build(c, flex);
+  const auto& e = find_op(f.bp.plan, "L0.fwd.expert.fc1.c1").compute().gemm.value();
+  EXPECT_EQ(e.m, 2 * 2 * 512);
+  EXPECT_EQ(e.n, 256);
+  EXPECT_EQ(e.batch, 1);
+}
+
 TEST(PlanBuilder, TrainingHasBackwardAndGradientSyncInferenceNone) {
   Cfg c;
   c.nodes = 2;

@@ -73,15 +73,20 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
   fmt::print("scenario    {}\n", sc.name);
   fmt::print("gpus        {} x {} = {} nodes x {} per node\n", topo.num_gpus(), topo.gpu().name,
              topo.num_nodes(), topo.gpus_per_node());
-  fmt::print("intra-node  {}, {} per GPU per direction, latency {}\n",
-             intra_kind_name(spec.intra.kind), to_string(spec.intra.bandwidth),
-             to_string(spec.intra.latency));
-  if (spec.inter.kind != InterKind::kNone) {
-    fmt::print("inter-node  {}, {} NIC(s) per node at {}, latency {}\n",
-               inter_kind_name(spec.inter.kind), spec.inter.nics_per_node,
-               to_string(spec.inter.nic_bandwidth), to_string(spec.inter.latency));
+  if (spec.inter.kind == InterKind::kCustom) {
+    fmt::print("wiring      custom: {} vertices and {} links given in the scenario\n",
+               spec.custom ? spec.custom->vertices.size() : 0,
+               spec.custom ? spec.custom->links.size() : 0);
   } else {
-    fmt::print("inter-node  none\n");
+    fmt::print("intra-node  {}, {} per GPU per direction, latency {}\n",
+               intra_kind_name(spec.intra.kind), to_string(spec.intra.bandwidth),
+               to_string(spec.intra.latency));
+    if (spec.inter.kind == InterKind::kNone)
+      fmt::print("inter-node  none\n");
+    else
+      fmt::print("inter-node  {}, {} NIC(s) per node at {}, latency {}\n",
+                 inter_kind_name(spec.inter.kind), spec.inter.nics_per_node,
+                 to_string(spec.inter.nic_bandwidth), to_string(spec.inter.latency));
   }
   std::string counts;
   for (const auto& [k, n] : s.vertex_counts)

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/scenario_loader.hpp"
 #include "strategies/workload/random.hpp"
 #include "strategies/workload/sampling.hpp"
 
@@ -199,6 +200,9 @@ TEST(WorkloadGenerator, TokenMethodChoicesAreDistinct) {
   WorkloadGenerator gen(make_scenario(3, 3, 3, 20, 0.0, RoutingDistribution::kZipf, 3.0));
   const LayerDispatch d = gen.next(0).layers[0];
   for (std::uint32_t c : d.demanded) EXPECT_EQ(c, 20u);
+  // Uniform k = 2 of 2 (the one-draw fast path): both experts, once each, for every token.
+  WorkloadGenerator pair(make_scenario(2, 2, 2, 16, 0.0));
+  for (std::uint32_t c : pair.next(0).layers[0].demanded) EXPECT_EQ(c, 16u);
   // k = 2 of 4 under heavy skew: a pair can never be demanded more than S times.
   WorkloadGenerator gen2(make_scenario(2, 4, 2, 32, 0.0, RoutingDistribution::kZipf, 4.0));
   const LayerDispatch d2 = gen2.next(0).layers[0];
@@ -440,6 +444,22 @@ TEST(RoutingTrace, ChoiceColumnDropsSecondChoicesFirst) {
   EXPECT_EQ(d.dropped_by_choice, (std::vector<std::int64_t>{2, 2 + 3}));
   EXPECT_EQ(d.dropped, 7);
   std::filesystem::remove(path);
+}
+
+TEST(RoutingTrace, ScenarioFileWithTrace) {
+  // The loader resolves the trace path against the scenario file; the fixture's header uses the
+  // src/tokens aliases and routes 4 tokens from GPU 0 to expert 0 (2 GPUs, 4 experts, S = 16).
+  const Scenario sc =
+      load_scenario(std::string(MOESIM_SOURCE_DIR) + "/tests/data/scenarios/with-calibration.yaml");
+  WorkloadGenerator gen(sc);
+  const IterationWorkload w = gen.next(5);  // wraps to trace iteration 0
+  ASSERT_EQ(w.layers.size(), 1u);
+  const LayerDispatch& d = w.layers[0];
+  EXPECT_EQ(d.num_gpus, 2);
+  EXPECT_EQ(d.num_experts, 4);
+  EXPECT_EQ(d.at(0, 0), 4u);
+  EXPECT_EQ(std::accumulate(d.kept.begin(), d.kept.end(), 0u), 4u);
+  EXPECT_TRUE(gen.expert_popularity(0, 0).empty());
 }
 
 TEST(RoutingTrace, AliasColumnsAndAnyColumnOrder) {

@@ -202,7 +202,8 @@ TEST(WorkloadGenerator, TokenMethodChoicesAreDistinct) {
   for (std::uint32_t c : d.demanded) EXPECT_EQ(c, 20u);
   // Uniform k = 2 of 2 (the one-draw fast path): both experts, once each, for every token.
   WorkloadGenerator pair(make_scenario(2, 2, 2, 16, 0.0));
-  for (std::uint32_t c : pair.next(0).layers[0].demanded) EXPECT_EQ(c, 16u);
+  const LayerDispatch both = pair.next(0).layers[0];
+  for (std::uint32_t c : both.demanded) EXPECT_EQ(c, 16u);
   // k = 2 of 4 under heavy skew: a pair can never be demanded more than S times.
   WorkloadGenerator gen2(make_scenario(2, 4, 2, 32, 0.0, RoutingDistribution::kZipf, 4.0));
   const LayerDispatch d2 = gen2.next(0).layers[0];

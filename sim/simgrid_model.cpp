@@ -13,7 +13,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <queue>
 #include <simgrid/kernel/resource/Model.hpp>
 #include <simgrid/kernel/routing/NetPoint.hpp>
 #include <simgrid/kernel/routing/NetZoneImpl.hpp>
@@ -58,16 +60,21 @@ std::atomic<bool> g_engine_created{false};
 /// Routing zone that answers every route query from our Topology. SimGrid owns and deletes it.
 class TopologyZone final : public sgr::NetZoneImpl {
  public:
-  TopologyZone(const std::string& name, const topology::Topology& topo, double message_latency_s)
-      : sgr::NetZoneImpl(name), topo_(topo), message_latency_s_(message_latency_s) {}
+  /// With `report_latency` false, routes report zero latency (per_flow mode pays it itself).
+  TopologyZone(const std::string& name, const topology::Topology& topo, double message_latency_s,
+               bool report_latency)
+      : sgr::NetZoneImpl(name),
+        topo_(topo),
+        message_latency_s_(message_latency_s),
+        report_latency_(report_latency) {}
 
   void set_links(std::vector<sgres::StandardLinkImpl*> links) { links_ = std::move(links); }
   void set_ranks(std::vector<int> rank_of_netpoint) {
     rank_of_netpoint_ = std::move(rank_of_netpoint);
   }
 
-  /// L = sum of the route's link latencies + the per-message latency; the flow waits L before it
-  /// moves (CM02 keeps a flow out of the sharing during its latency phase).
+  /// L = sum of the route's link latencies + the per-message latency. L07 keeps a task out of the
+  /// sharing during its latency phase (the largest L of its flows).
   void get_local_route(const sgr::NetPoint* src, const sgr::NetPoint* dst, sgr::Route* into,
                        double* latency) override {
     const int s = rank_of(src);
@@ -80,7 +87,7 @@ class TopologyZone final : public sgr::NetZoneImpl {
       into->link_list_.push_back(links_[l]);
       lat += topo_.links()[l].latency.value();
     }
-    if (latency != nullptr) *latency += lat;
+    if (latency != nullptr && report_latency_) *latency += lat;
   }
 
  private:
@@ -93,6 +100,7 @@ class TopologyZone final : public sgr::NetZoneImpl {
 
   const topology::Topology& topo_;
   double message_latency_s_;
+  bool report_latency_;
   std::vector<sgres::StandardLinkImpl*> links_;
   std::vector<int> rank_of_netpoint_;
   std::vector<topology::LinkId> scratch_;
@@ -145,6 +153,15 @@ struct SimgridModel::Impl {
   std::unordered_map<const sg4::Activity*, InFlight> inflight;
   std::vector<sg4::ActivityPtr> finished;  // released after run_until returns
   std::multimap<double, BatchId> pending;  // batches done in SimGrid, not yet reported
+  // per_flow: flows in their latency phase, by the time they start moving.
+  struct Waiting {
+    double time_s;
+    BatchId batch;
+    std::uint32_t index;
+    double work;
+    bool operator>(const Waiting& o) const { return time_s > o.time_s; }
+  };
+  std::priority_queue<Waiting, std::vector<Waiting>, std::greater<Waiting>> waiting;
   std::vector<double> bytes_per_link;
   std::vector<topology::LinkId> scratch;
   std::vector<int> local_index;  // ptask grouping: GPU -> index in the task's host list
@@ -170,6 +187,16 @@ struct SimgridModel::Impl {
 
   void sync_to(double t) {
     MOESIM_ASSERT(t >= now, "simgrid: time went backwards");
+    // Flows whose latency phase ends by t start moving at exactly that time.
+    while (!waiting.empty() && waiting.top().time_s <= t) {
+      const double ts = waiting.top().time_s;
+      advance_sg(ts);
+      while (!waiting.empty() && waiting.top().time_s <= ts) {
+        const Waiting w = waiting.top();
+        waiting.pop();
+        start_comm(w.batch, w.index, w.work);
+      }
+    }
     if (t > now || !inflight.empty()) advance_sg(t);
     now = t;
   }
@@ -192,7 +219,10 @@ struct SimgridModel::Impl {
       const Transfer& tr = b.flows[i];
       scratch.clear();
       topo.route(tr.src, tr.dst, scratch);
-      for (topology::LinkId l : scratch) bytes_per_link[l] += tr.bytes;
+      // Payload plus the per-message overhead bytes, as the flow model counts them.
+      const double w =
+          tr.bytes + params.message_overhead_s * topo.links()[scratch.front()].bandwidth.value();
+      for (topology::LinkId l : scratch) bytes_per_link[l] += w;
     }
     if (--b.remaining == 0) {
       pending.emplace(std::max(completion_time_now(), b.floor_s), f.batch);
@@ -216,15 +246,29 @@ struct SimgridModel::Impl {
     ++activities_started;
   }
 
-  void start_per_flow(BatchId id, Batch& b, const std::vector<double>& work) {
+  void start_comm(BatchId id, std::uint32_t i, double work) {
+    const Transfer& tr = batches.at(id).flows[i];
+    // Payloads are integer bytes in SimGrid: W is rounded (an error of at most half a byte).
+    auto comm = sg4::Comm::sendto_init(hosts[tr.src], hosts[tr.dst]);
+    comm->set_payload_size(static_cast<std::uint64_t>(std::llround(work)));
+    track(comm, id, i, i + 1);
+    comm->start();
+  }
+
+  /// per_flow: CM02 weighs each flow's share by its latency (sharing penalty = route latency,
+  /// TCP's RTT unfairness: a flow with twice the latency gets half the rate), which is not the
+  /// max-min the flow model computes. No setting removes it (network/weight-S only adds to it),
+  /// so routes report zero latency to SimGrid, every flow has the same penalty, and the model
+  /// pays L itself: the Comm starts when the latency phase ends.
+  void start_per_flow(BatchId id, Batch& b, const std::vector<double>& work,
+                      const std::vector<double>& latency) {
+    b.remaining = static_cast<std::int64_t>(b.flows.size());
     for (std::uint32_t i = 0; i < b.flows.size(); ++i) {
-      const Transfer& tr = b.flows[i];
-      // Payloads are integer bytes in SimGrid: W is rounded (an error of at most half a byte).
-      auto comm = sg4::Comm::sendto_init(hosts[tr.src], hosts[tr.dst]);
-      comm->set_payload_size(static_cast<std::uint64_t>(std::llround(work[i])));
-      ++b.remaining;
-      track(comm, id, i, i + 1);
-      comm->start();
+      if (latency[i] > 0) {
+        waiting.push({now + latency[i], id, i, work[i]});
+      } else {
+        start_comm(id, i, work[i]);
+      }
     }
   }
 
@@ -295,8 +339,9 @@ struct SimgridModel::Impl {
     const BatchId id = next_id++;
     Batch& b = batches[id];
     b.floor_s = now;
-    std::vector<double> work;
+    std::vector<double> work, latency;
     work.reserve(transfers.size());
+    latency.reserve(transfers.size());
     for (const Transfer& tr : transfers) {
       MOESIM_ASSERT(tr.src >= 0 && tr.src < static_cast<int>(hosts.size()) && tr.dst >= 0 &&
                         tr.dst < static_cast<int>(hosts.size()),
@@ -312,13 +357,14 @@ struct SimgridModel::Impl {
       }
       b.flows.push_back(tr);
       work.push_back(w);
+      latency.push_back(latency_s);
     }
     if (b.flows.empty()) {
       pending.emplace(b.floor_s, id);
       return id;
     }
     if (mode == SimgridMode::kPerFlow) {
-      start_per_flow(id, b, work);
+      start_per_flow(id, b, work, latency);
     } else {
       start_ptask(id, b, work);
     }
@@ -327,6 +373,7 @@ struct SimgridModel::Impl {
 
   double next_completion_time() const {
     double t = pending.empty() ? kNever : pending.begin()->first;
+    if (!waiting.empty()) t = std::min(t, waiting.top().time_s);
     if (!inflight.empty()) {
       const double c = sg4::Engine::get_clock();
       double d = -1;
@@ -384,10 +431,16 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
   sg4::Engine::set_config("network/latency-factor:1");
   sg4::Engine::set_config("network/bandwidth-factor:1");
   sg4::Engine::set_config("network/weight-S:0");
+  // Times closer than surf/precision count as equal: the default (1e-5 s) ends flows and latency
+  // phases up to 10 us early, a 1-2% error on millisecond batches with microsecond latencies.
+  // Not much lower than 1 ns: an L07 task ends when its remaining work (1.0 at start) falls below
+  // surf/precision x maxmin/precision (1e-5), which must stay above double rounding.
+  sg4::Engine::set_config("surf/precision:1e-9");
   if (mode == SimgridMode::kPtask) sg4::Engine::set_config("host/model:ptask_L07");
 
   // The first zone created becomes the root and instantiates the models.
-  im.zone = new TopologyZone("moesim", topo, params.message_latency_s);
+  im.zone = new TopologyZone("moesim", topo, params.message_latency_s,
+                             /*report_latency=*/mode == SimgridMode::kPtask);
   const int p = topo.num_gpus();
   im.hosts.reserve(p);
   std::vector<int> rank_of_netpoint;

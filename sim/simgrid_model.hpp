@@ -14,22 +14,29 @@
 //
 // SimGrid is configured as the plain fluid max-min model: network/model:CM02,
 // network/crosstraffic:0, network/TCP-gamma:0 (no window bound), latency and bandwidth factors 1,
-// weight-S 0. With these, SimGrid's own latency semantics are exactly "wait L, then transfer" (the
-// flow takes no bandwidth during its latency phase); the tests check it to 1e-9.
+// weight-S 0, and surf/precision 1e-9 s (the default, 1e-5 s, ends flows and latency phases up
+// to 10 us early). One difference remains that no setting removes: CM02 gives each flow a sharing
+// penalty equal to its route latency (TCP's RTT unfairness: at a shared bottleneck, rates are
+// inversely proportional to latency), not plain max-min. So in per_flow mode routes report zero
+// latency to SimGrid and the model itself holds each flow for its L before starting its Comm
+// ("wait L, then transfer", exactly). In ptask mode SimGrid's L07 model pays the latency natively:
+// it has no RTT weighting, and a task waits the largest L of its flows before any of them moves.
 //
 // Two ways to express the traffic, chosen at construction (the SimGrid host model must be fixed
 // before the platform is built):
 //   - per_flow: one SimGrid Comm per transfer: exact per-flow max-min. Cost grows with the number
 //     of flows (about 1.5 KB and a few microseconds per flow), fine up to ~10^5 flows in flight.
 //   - ptask: one parallel task (host/model:ptask_L07) per (source node, destination node) pair of
-//     a batch, carrying the byte matrix of that pair's transfers. Much faster at scale. It differs
-//     from per-flow sharing in two ways: all flows of one task progress at one common rate (they
-//     end together, their bandwidth split in proportion to their sizes, where per-flow max-min
-//     splits a shared link equally and lets short flows finish first), and the task waits the
-//     largest latency of its flows before any of them moves. On symmetric traffic (a linear
-//     all-to-all of equal sizes) both give the same time; on skewed traffic (unequal sizes within
-//     a node pair) ptask is pessimistic for the small flows and may be optimistic or pessimistic
-//     for the batch, see the tests.
+//     a batch, carrying the byte matrix of that pair's transfers. Much faster at scale. L07 shares
+//     links with SimGrid's fair-bottleneck solver: tasks get equal byte shares of a saturated
+//     link, so one-flow tasks behave exactly like per-flow max-min. It differs from per-flow
+//     sharing inside a task: all flows of one task progress at one common rate (they end
+//     together; a task's bandwidth on a link is split in proportion to its flows' sizes, where
+//     per-flow max-min splits equally and lets short flows finish first), and the task waits the
+//     largest latency of its flows. On symmetric traffic (a linear all-to-all of equal sizes)
+//     both give the same time; on skewed traffic (unequal sizes within a node pair) ptask slows
+//     the small flows of a pair and can shift time between batches (see the tests and the
+//     --skew benchmark).
 //   - auto: per_flow when the topology has at most `auto_per_flow_max_gpus` GPUs, ptask above.
 //
 // Time: next_completion_time() asks SimGrid's models for their next event without advancing
@@ -82,8 +89,8 @@ class SimgridModel final : public NetworkModel {
                       int priority = 0) override;
   double next_completion_time() override;
   std::vector<BatchCompletion> advance_to(double t) override;
-  /// Payload bytes (without the per-message overhead) of the flows finished so far, per directed
-  /// link.
+  /// Bytes (payload plus per-message overhead bytes, W above) of the flows finished so far, per
+  /// directed link. Flows still moving are not counted.
   std::vector<double> link_bytes() const override;
 
   /// The mode in use (never kAuto).

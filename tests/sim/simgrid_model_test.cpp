@@ -9,18 +9,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <queue>
 #include <random>
 #include <vector>
 
 #include "core/error.hpp"
+#include "sim/flow_model.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::sim {
 namespace {
 
+using moesim::InterKind;
+using moesim::IntraKind;
 using topology::LinkId;
 using topology::VertexId;
 using topology::VertexKind;
@@ -120,9 +125,9 @@ void isolated(const std::function<void()>& body) {
 /// Drives a model the way the engine does until every batch completed; returns the completion
 /// time of each batch (batches start at time 0 unless `starts` says otherwise).
 
-std::vector<double> run_all(NetworkModel& m, std::vector<std::vector<Transfer>> batches,
-                            std::vector<double> starts = {}) {
-  if (starts.empty()) starts.assign(batches.size(), 0.0);
+std::vector<double> run_all_from(NetworkModel& m, const std::vector<std::vector<Transfer>>& batches,
+                                 std::vector<double> starts, double origin) {
+  if (starts.empty()) starts.assign(batches.size(), origin);
   std::vector<std::size_t> order(batches.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
@@ -130,7 +135,7 @@ std::vector<double> run_all(NetworkModel& m, std::vector<std::vector<Transfer>> 
   std::vector<double> done(batches.size(), -1);
   std::vector<BatchId> id_to_index;
   std::size_t next = 0;
-  double now = 0;
+  double now = origin;
   while (true) {
     while (next < order.size() && starts[order[next]] <= now) {
       const BatchId id = m.start_batch(now, batches[order[next]]);
@@ -150,6 +155,11 @@ std::vector<double> run_all(NetworkModel& m, std::vector<std::vector<Transfer>> 
     now = t;
   }
   return done;
+}
+
+std::vector<double> run_all(NetworkModel& m, const std::vector<std::vector<Transfer>>& batches,
+                            std::vector<double> starts = {}) {
+  return run_all_from(m, batches, std::move(starts), 0.0);
 }
 
 constexpr double kRel = 1e-9;
@@ -336,6 +346,160 @@ TEST(SimgridModel, ParseMode) {
   EXPECT_EQ(parse_simgrid_mode("auto"), SimgridMode::kAuto);
   EXPECT_THROW(parse_simgrid_mode("fast"), InputError);
   EXPECT_EQ(simgrid_mode_name(SimgridMode::kPtask), "ptask");
+}
+
+// ---- Agreement with the flow model ------------------------------------------------------------
+
+/// Random cluster: `nodes` nodes of `gpn` GPUs around a node switch, node switches attached to 1-2
+/// of `fabric` fabric switches (a chain plus random extra cables). Bandwidths and latencies vary
+/// per cable, so routes have different bottlenecks and latencies.
+std::unique_ptr<GraphTopology> random_topology(std::mt19937_64& rng, int nodes, int gpn,
+                                               int fabric) {
+  auto t = std::make_unique<GraphTopology>(nodes, gpn);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<VertexId> fab;
+  for (int f = 0; f < fabric; ++f) fab.push_back(t->add_vertex(VertexKind::kSwitch));
+  for (int f = 1; f < fabric; ++f) t->add_cable(fab[f - 1], fab[f], 20e9 + 80e9 * u(rng), 1e-6);
+  if (fabric > 2 && u(rng) < 0.5) t->add_cable(fab[0], fab[fabric - 1], 30e9, 2e-6);
+  for (int n = 0; n < nodes; ++n) {
+    const VertexId sw = t->add_vertex(VertexKind::kNvswitch, n);
+    for (int l = 0; l < gpn; ++l) {
+      t->add_cable(t->gpu_vertex(n * gpn + l), sw, 50e9 + 250e9 * u(rng), 0.2e-6 + 0.8e-6 * u(rng));
+    }
+    const int first = static_cast<int>(u(rng) * fabric);
+    t->add_cable(sw, fab[first], 10e9 + 40e9 * u(rng), 1e-6 + 2e-6 * u(rng));
+    if (fabric > 1 && u(rng) < 0.3) t->add_cable(sw, fab[(first + 1) % fabric], 12.5e9, 2e-6);
+  }
+  return t;
+}
+
+enum class Pattern { kUniform, kRandomSizes, kHotSpot, kZipf };
+
+/// One batch of traffic over `p` GPUs; `scale` bytes sets the size.
+std::vector<Transfer> traffic(std::mt19937_64& rng, int p, Pattern pattern, double scale) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<Transfer> out;
+  const int hot = static_cast<int>(u(rng) * p);
+  for (int s = 0; s < p; ++s) {
+    for (int d = 0; d < p; ++d) {
+      if (s == d) continue;
+      double bytes = 0;
+      switch (pattern) {
+        case Pattern::kUniform:
+          bytes = scale;
+          break;
+        case Pattern::kRandomSizes:  // heavy-tailed, some pairs silent
+          bytes = u(rng) < 0.2 ? 0.0 : scale * std::pow(u(rng), 3.0) * 4;
+          break;
+        case Pattern::kHotSpot:  // everyone floods one GPU, light background elsewhere
+          bytes = d == hot ? 4 * scale : (u(rng) < 0.3 ? scale / 8 : 0.0);
+          break;
+        case Pattern::kZipf:  // expert popularity: destination rank r gets ~ 1 / (r + 1)^1.2
+          bytes = scale * 2 / std::pow(1.0 + ((d - hot + p) % p), 1.2);
+          break;
+      }
+      if (bytes > 0 || u(rng) < 0.05) out.push_back({s, d, std::round(bytes)});
+    }
+  }
+  return out;
+}
+
+struct Workload {
+  std::vector<std::vector<Transfer>> batches;
+  std::vector<double> starts;
+};
+
+Workload random_workload(std::mt19937_64& rng, int p) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  Workload w;
+  const int n = 2 + static_cast<int>(u(rng) * 3);
+  for (int b = 0; b < n; ++b) {
+    const auto pattern = static_cast<Pattern>(static_cast<int>(u(rng) * 4) % 4);
+    w.batches.push_back(traffic(rng, p, pattern, 1e5 + 4e6 * u(rng)));
+    // Overlapping starts: later batches land while earlier ones are moving.
+    w.starts.push_back(b == 0 ? 0.0 : 2e-4 * u(rng));
+  }
+  return w;
+}
+
+/// Largest |simgrid - flow| over the batches, relative to the flow model's batch duration.
+double max_relative_difference(const Workload& w, const std::vector<double>& flow,
+                               const std::vector<double>& simgrid) {
+  double worst = 0;
+  for (std::size_t b = 0; b < flow.size(); ++b) {
+    EXPECT_GE(flow[b], w.starts[b]);
+    EXPECT_GE(simgrid[b], w.starts[b]);
+    const double duration = std::max(flow[b] - w.starts[b], 1e-12);
+    worst = std::max(worst, std::abs(simgrid[b] - flow[b]) / duration);
+  }
+  return worst;
+}
+
+class FlowAgreement : public ::testing::TestWithParam<int> {};
+
+// Per-flow SimGrid and the flow model implement the same semantics: every batch of every random
+// workload (uniform, heavy-tailed, hot-spot and Zipf traffic, overlapping batches) completes at
+// the same time within 1% of its duration.
+TEST_P(FlowAgreement, PerFlowMatchesFlowModelOnRandomTopologies) {
+  isolated([] {
+    std::mt19937_64 rng(1000 + GetParam());
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const int nodes = 2 + static_cast<int>(u(rng) * 3);
+    const int gpn = 1 + static_cast<int>(u(rng) * 4);
+    auto topo = random_topology(rng, nodes, gpn, 1 + static_cast<int>(u(rng) * 3));
+    const NetworkParams params{3e-6 * u(rng), 1e-6 * u(rng)};
+    const int p = nodes * gpn;
+    // Several workloads on one SimGrid engine: each starts after the previous one drained, at a
+    // later time origin.
+    FlowModel flow(*topo, params);
+    SimgridModel sg(*topo, params, {SimgridMode::kPerFlow});
+    double origin = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      Workload w = random_workload(rng, p);
+      for (double& s : w.starts) s += origin;
+      const auto f = run_all_from(flow, w.batches, w.starts, origin);
+      const auto g = run_all_from(sg, w.batches, w.starts, origin);
+      const double diff = max_relative_difference(w, f, g);
+      EXPECT_LT(diff, 0.01) << "workload " << rep << " on " << p << " GPUs";
+      origin = *std::max_element(f.begin(), f.end()) + 1e-3;
+    }
+    // Both count W over every link of every finished flow.
+    const auto fb = flow.link_bytes();
+    const auto gb = sg.link_bytes();
+    ASSERT_EQ(fb.size(), gb.size());
+    for (std::size_t l = 0; l < fb.size(); ++l) EXPECT_NEAR(gb[l], fb[l], 1e-6 * fb[l] + 1.0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, FlowAgreement, ::testing::Range(0, 8));
+
+// On symmetric traffic the ptask form gives the flow model's answer too (every flow of a node pair
+// has the same size and route bottleneck, so one common rate is what max-min gives them).
+TEST(SimgridModel, PtaskMatchesFlowModelOnUniformAllToAll) {
+  isolated([] {
+    auto spec = ClusterSpec{};
+    spec.gpu.name = "a100-sxm-80gb";
+    spec.nodes = 4;
+    spec.gpus_per_node = 4;
+    spec.intra.kind = IntraKind::kNvswitch;
+    spec.intra.bandwidth = BytesPerSecond(300e9);
+    spec.intra.latency = Seconds(1e-6);
+    spec.inter.kind = InterKind::kFatTree;
+    spec.inter.nic_bandwidth = BytesPerSecond(25e9);
+    spec.inter.nics_per_node = 4;
+    spec.inter.latency = Seconds(2e-6);
+    auto topo = topology::build_topology(spec);
+    const NetworkParams params{1e-6, 0.5e-6};
+    std::vector<Transfer> a2a;
+    for (int s = 0; s < 16; ++s) {
+      for (int d = 0; d < 16; ++d) a2a.push_back({s, d, 8.0 * 1024 * 1024 / 16});
+    }
+    FlowModel flow(*topo, params);
+    SimgridModel sg(*topo, params, {SimgridMode::kPtask});
+    const auto f = run_all(flow, {a2a});
+    const auto g = run_all(sg, {a2a});
+    EXPECT_NEAR(g[0], f[0], 0.01 * f[0]);
+  });
 }
 
 }  // namespace

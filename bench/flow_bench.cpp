@@ -8,8 +8,9 @@
 // bottleneck bound (bytes crossing a NIC / NIC bandwidth), and where the wall time goes.
 //
 // Usage: flow_bench [--repeat N] [--nodes N] [--case all|a2a|2dh|skew] [--topology synthetic|built]
+//                   [--tolerance REL]   (FlowModelOptions::event_tolerance, default 1e-9)
 //   --topology built uses topology::build_topology (fat_tree) instead of the synthetic fat tree
-//   defined here, once the topology library provides it.
+//   defined here (same figures; the library picks its own fat-tree shape and ECMP routes).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -199,7 +200,7 @@ double bottleneck_bound(const moesim::topology::Topology& topo,
 
 void bench_case(const std::string& name, int repeat,
                 const std::function<std::vector<std::vector<Transfer>>()>& make,
-                const moesim::topology::Topology& topo) {
+                const moesim::topology::Topology& topo, moesim::sim::FlowModelOptions options) {
   std::vector<double> walls, gens;
   CaseResult last;
   double bound_s = 0;
@@ -209,7 +210,7 @@ void bench_case(const std::string& name, int repeat,
     const double t1 = wall_now();
     if (r == 0) bound_s = bottleneck_bound(topo, phases);
     const double t1b = wall_now();
-    FlowModel model(topo);
+    FlowModel model(topo, {}, options);
     last.sim_s = run_phases(model, phases);
     const double t2 = wall_now();
     last.stats = model.stats();
@@ -230,7 +231,8 @@ void bench_case(const std::string& name, int repeat,
 
 int main(int argc, char** argv) {
   int repeat = 3, nodes = 512;
-  std::string which = "all";
+  std::string which = "all", topo_kind = "synthetic";
+  moesim::sim::FlowModelOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--repeat" && i + 1 < argc) {
@@ -239,13 +241,27 @@ int main(int argc, char** argv) {
       nodes = std::atoi(argv[++i]);
     } else if (a == "--case" && i + 1 < argc) {
       which = argv[++i];
+    } else if (a == "--tolerance" && i + 1 < argc) {
+      options.event_tolerance = std::atof(argv[++i]);
+    } else if (a == "--topology" && i + 1 < argc) {
+      topo_kind = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: flow_bench [--repeat N] [--nodes N] [--case all|a2a|2dh|skew]\n");
       return 2;
     }
   }
-  const SyntheticFatTree topo(nodes);
+  std::unique_ptr<moesim::topology::Topology> topo_ptr;
+  if (topo_kind == "built") {
+    // The same cluster through the topology library's fat_tree builder (its own ECMP routing).
+    moesim::ClusterSpec spec = SyntheticFatTree::make_spec(nodes);
+    spec.gpu.name = "a100-sxm-80gb";
+    spec.gpu.from_catalog = true;
+    topo_ptr = moesim::topology::build_topology(spec);
+  } else {
+    topo_ptr = std::make_unique<SyntheticFatTree>(nodes);
+  }
+  const moesim::topology::Topology& topo = *topo_ptr;
   const int p = topo.num_gpus();
   const int gpn = topo.gpus_per_node();
   const double per_gpu = 128.0 * 1024 * 1024;
@@ -266,7 +282,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo);
+        topo, options);
   }
   if (which == "all" || which == "2dh") {
     // Phase 1: GPU (n, i) sends to (n, j) the nodes * chunk bytes bound for local index j.
@@ -288,7 +304,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo);
+        topo, options);
   }
   if (which == "all" || which == "skew") {
     // Skewed all-to-allv among the first 512 GPUs, every pair a different size: many distinct
@@ -305,7 +321,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo);
+        topo, options);
   }
   std::printf("peak RSS %.2f GiB\n", peak_rss_gib());
   return 0;

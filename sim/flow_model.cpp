@@ -15,9 +15,8 @@ namespace moesim::sim {
 
 namespace {
 
-// Events closer than this relative amount of simulated time are one event (DESIGN: batching of
-// simultaneous events, so symmetric collectives cost one recomputation per phase, not per flow).
-constexpr double kRelTol = 1e-9;
+// Shares within this relative amount of the level's minimum saturate together in one level.
+constexpr double kLevelTol = 1e-9;
 
 // Per-flow state codes. Moving flows alternate between two codes so that a solve can tell the
 // flows it has already assigned (the other code) from those it has not, without a reset pass.
@@ -80,8 +79,10 @@ struct FlowModel::Segment {
   std::size_t size() const { return remaining.size(); }
 };
 
-FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params)
-    : topo_(topo), params_(params) {
+FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowModelOptions options)
+    : topo_(topo), params_(params), options_(options) {
+  MOESIM_ASSERT(options_.event_tolerance > 0 && options_.event_tolerance < 0.1,
+                "flow model event_tolerance must be in (0, 0.1)");
   const auto& links = topo.links();
   cap_.reserve(links.size());
   latency_.reserve(links.size());
@@ -201,29 +202,24 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   std::unordered_map<double, std::uint32_t> group_of_time;
   double last_time = -1;
   std::uint32_t last_group = 0;
-  double route_latency = 0;
-  int route_src = -1, route_dst = -1;
   const Transfer* cur = nullptr;
   auto emit = [&](const Transfer& t, std::uint32_t mult) {
-    if (t.src != route_src || t.dst != route_dst) {
-      route_buf_.clear();
-      topo_.route(t.src, t.dst, route_buf_);
-      MOESIM_ASSERT(!route_buf_.empty(),
-                    "empty route " + std::to_string(t.src) + " -> " + std::to_string(t.dst));
-      route_latency = params_.message_latency_s;
-      for (topology::LinkId l : route_buf_) {
-        MOESIM_ASSERT(l < num_links, "route names an unknown link");
-        route_latency += latency_[l];
-      }
-      route_src = t.src;
-      route_dst = t.dst;
+    // route() appends straight into the pool: no per-flow temporary.
+    const std::size_t begin = g.routes.size();
+    topo_.route(t.src, t.dst, g.routes);
+    const std::size_t end = g.routes.size();
+    MOESIM_ASSERT(end > begin,
+                  "empty route " + std::to_string(t.src) + " -> " + std::to_string(t.dst));
+    MOESIM_ASSERT(end < (std::size_t{1} << 32), "route pool overflow");
+    double route_latency = params_.message_latency_s;
+    for (std::size_t k = begin; k < end; ++k) {
+      MOESIM_ASSERT(g.routes[k] < num_links, "route names an unknown link");
+      route_latency += latency_[g.routes[k]];
     }
     const auto flow = static_cast<std::uint32_t>(g.remaining.size());
-    g.routes.insert(g.routes.end(), route_buf_.begin(), route_buf_.end());
-    MOESIM_ASSERT(g.routes.size() < (std::size_t{1} << 32), "route pool overflow");
-    g.route_begin.push_back(static_cast<std::uint32_t>(g.routes.size()));
+    g.route_begin.push_back(static_cast<std::uint32_t>(end));
     const double w =
-        t.bytes > 0 ? t.bytes + params_.message_overhead_s * cap_[route_buf_.front()] : 0.0;
+        t.bytes > 0 ? t.bytes + params_.message_overhead_s * cap_[g.routes[begin]] : 0.0;
     g.remaining.push_back(w);
     g.mult.push_back(mult);
     const double start = now_s + route_latency;
@@ -264,21 +260,27 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   std::sort(g.groups.begin(), g.groups.end(),
             [](const Segment::Group& a, const Segment::Group& b) { return a.time_s < b.time_s; });
 
-  // CSR link -> flows (counting sort over the route pool).
+  // CSR link -> flows: offsets now (cheap, and they price the CSR in solve()); the flow lists
+  // only when a water-filling level first wants them (ensure_csr), since symmetric collectives
+  // resolve every level by a scan and never need them.
   g.link_begin.assign(num_links + 1, 0);
   for (topology::LinkId l : g.routes) ++g.link_begin[l + 1];
   std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
-  g.link_flows.resize(g.routes.size());
-  {
-    std::vector<std::uint32_t> pos(g.link_begin.begin(), g.link_begin.end() - 1);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-        g.link_flows[pos[g.routes[k]]++] = i;
-      }
-    }
-  }
   segments_.push_back(std::move(seg));
   return id;
+}
+
+void FlowModel::ensure_csr(Segment& g) {
+  if (g.routes.empty() || !g.link_flows.empty()) return;
+  ++stats_.csr_builds;
+  g.link_flows.resize(g.routes.size());
+  std::vector<std::uint32_t> pos(g.link_begin.begin(), g.link_begin.end() - 1);
+  const auto n = static_cast<std::uint32_t>(g.size());
+  for (std::uint32_t i = 0; i < n; ++i) {
+    for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+      g.link_flows[pos[g.routes[k]]++] = i;
+    }
+  }
 }
 
 double FlowModel::next_event_time() const {
@@ -297,7 +299,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
   {
     ScopedTimer timer(stats_.advance_s);
     const double dt = t - sim_t_;
-    const double slack_s = kRelTol * t;  // flows finishing within it finish now
+    const double slack_s = options_.event_tolerance * t;  // finishing within it: now
     if (dt > 0) {
       for (std::size_t l = 0; l < load_.size(); ++l) link_bytes_[l] += load_[l] * dt;
     }
@@ -372,18 +374,21 @@ void FlowModel::solve() {
     min_dt = std::min(min_dt, g.remaining[i] / share);
   };
 
+  // What a sequential scan costs: every route entry of the segments with moving flows.
+  double scan_entries = 0;
+  for (const auto& g : segments_) {
+    if (g->num_moving > 0) scan_entries += static_cast<double>(g->routes.size());
+  }
   while (!active_.empty()) {
     ++stats_.levels;
     share = kNever;
-    double remaining_entries = 0;
     for (std::uint32_t l : active_) {
       share = std::min(share, std::max(w_rem_[l], 0.0) / w_cnt_[l]);
-      remaining_entries += w_cnt_[l];
     }
     MOESIM_ASSERT(share > 0 && std::isfinite(share), "max-min share must be positive");
-    // Links whose fair share is within kRelTol of the minimum saturate at this level together:
+    // Links whose fair share is within kLevelTol of the minimum saturate at this level together:
     // in exact arithmetic freezing flows at `share` leaves their share unchanged.
-    const double threshold = share * (1 + kRelTol);
+    const double threshold = share * (1 + kLevelTol);
     bottleneck_.clear();
     double csr_entries = 0;
     for (std::uint32_t l : active_) {
@@ -395,11 +400,12 @@ void FlowModel::solve() {
     }
     // The CSR visits only the bottleneck links' flows but in scattered order; a sequential scan
     // visits every remaining flow. Scattered access costs a few times a sequential one.
-    if (csr_entries * 4 < remaining_entries) {
+    if (csr_entries * 4 < scan_entries) {
       for (std::uint32_t l : bottleneck_) {
         for (auto& gp : segments_) {
           Segment& g = *gp;
           if (g.num_moving == 0) continue;
+          ensure_csr(g);
           for (std::uint32_t j = g.link_begin[l]; j < g.link_begin[l + 1]; ++j) {
             const std::uint32_t i = g.link_flows[j];
             if (g.state[i] == unassigned) assign(g, i);

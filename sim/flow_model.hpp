@@ -17,9 +17,16 @@
 //
 // Engineering: flows live in per-batch segments of flat arrays (no per-flow heap objects):
 // identical transfers (same src, dst, bytes, batch) are one flow entry with a multiplicity; routes
-// are uint32 link ids in one pool per segment; each segment has a CSR index link -> flows. Each
-// recomputation is a level-by-level water-filling that resolves a level either through the CSR of
-// its bottleneck links or, when those touch most remaining flows, by one sequential scan.
+// are uint32 link ids in one pool per segment; each segment has a CSR index link -> flows, whose
+// lists are built on first use. Each recomputation is a level-by-level water-filling that
+// resolves a level either through the CSR lists of its bottleneck links or, when those are a
+// large part of all moving flows, by one sequential scan (symmetric collectives: a few levels).
+//
+// Cost: each event (a set of flows starting or finishing) is a full recomputation, O(route
+// entries of the moving flows) plus O(active links) per level. That is fast when events are few
+// (balanced routes, symmetric traffic: 6 events for a 16.8 M-flow all-to-all) and slow when
+// nearly every flow finishes at its own time (skewed sizes, hash-ECMP collisions); see
+// FlowModelOptions::event_tolerance.
 //
 // Lookahead: next_completion_time() simulates ahead through internal events (flows starting or
 // finishing without completing a batch). A checkpoint of the per-flow state taken before going
@@ -46,16 +53,28 @@ struct FlowModelStats {
   std::int64_t scan_levels = 0;  // levels resolved by a sequential scan instead of the CSR
   std::int64_t checkpoints = 0;  // checkpoints taken before simulating past the engine's clock
   std::int64_t restores = 0;     // rewinds to a checkpoint (start_batch inside a lookahead)
+  std::int64_t csr_builds = 0;   // segments whose link -> flows lists were built
   double build_s = 0;            // start_batch: aggregation, routing, CSR index
   double advance_s = 0;          // moving flows between events, finish and start detection
   double solve_s = 0;            // water-filling
   double checkpoint_s = 0;       // taking and restoring checkpoints
 };
 
+/// Knobs of the flow model beyond the shared NetworkParams.
+struct FlowModelOptions {
+  /// Flows finishing (or starting to move) within this relative amount of the current simulated
+  /// time are handled at that time, in one recomputation. The default, 1e-9, is the normative
+  /// model. Larger values (1e-4 .. 1e-3) cut the number of events when routes are unbalanced
+  /// (hash-based ECMP makes nearly every flow finish at its own time), at an error of about that
+  /// relative amount per event; see bench/flow_bench --tolerance.
+  double event_tolerance = 1e-9;
+};
+
 class FlowModel final : public NetworkModel {
  public:
   /// `topo` must outlive the model. Every link must have a positive bandwidth.
-  explicit FlowModel(const topology::Topology& topo, NetworkParams params = {});
+  explicit FlowModel(const topology::Topology& topo, NetworkParams params = {},
+                     FlowModelOptions options = {});
   ~FlowModel() override;
   FlowModel(const FlowModel&) = delete;
   FlowModel& operator=(const FlowModel&) = delete;
@@ -89,9 +108,11 @@ class FlowModel final : public NetworkModel {
   // The engine's clock caught up with the internal state: drop the checkpoint, retire batches.
   void commit();
   void add_moving(const Segment& g, std::uint32_t i, double sign);
+  void ensure_csr(Segment& g);
 
   const topology::Topology& topo_;
   NetworkParams params_;
+  FlowModelOptions options_;
   std::vector<double> cap_;      // per link, bytes/s
   std::vector<double> latency_;  // per link, s
 

@@ -1,8 +1,11 @@
-// `moesim simulate`: for now the single-collective mode (DESIGN §5, nccl-tests style):
+// `moesim simulate` (DESIGN §5):
+//   moesim simulate [SCENARIO.yaml] [--strategy NAME]... [--engine E] [--iterations N] [--seed S]
+//                   [--json F] [--csv F] [--trace F]
+// runs every strategy stack of the scenario (or the named ones) for N iterations and prints the
+// comparison table; and the single-collective mode (nccl-tests style):
 //   moesim simulate SCENARIO.yaml --collective all_to_all --size 128MiB [--algo A] [--engine E]
-//                   [--json F] [--trace F]
-// One collective over all GPUs of the scenario's cluster, simulated; prints time, algbw and busbw
-// as nccl-tests defines them, plus the simulator's own wall time and peak memory.
+// one collective over all GPUs of the scenario's cluster: time, algbw and busbw as nccl-tests
+// defines them, plus the simulator's own wall time and peak memory.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -12,6 +15,8 @@
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/report.hpp"
+#include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
 #include "core/plan.hpp"
 #include "core/scenario_loader.hpp"
@@ -26,6 +31,10 @@ namespace {
 
 struct CollectiveArgs {
   std::string scenario;
+  std::vector<std::string> strategies;
+  int iterations = 0;   // 0 = the scenario's workload.iterations
+  long long seed = -1;  // -1 = the scenario's workload.routing.seed
+  std::string csv_path;
   std::string collective;
   std::vector<std::string> sizes;
   std::string algo = "auto";
@@ -148,6 +157,65 @@ void run_collective(const CollectiveArgs& a) {
     });
 }
 
+// Inserts ".NAME" before the extension: trace.json -> trace.tutel.json.
+std::string with_suffix(const std::string& path, const std::string& name) {
+  auto dot = path.find_last_of('.');
+  auto slash = path.find_last_of('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return path + "." + name;
+  return path.substr(0, dot) + "." + name + path.substr(dot);
+}
+
+void run_scenario(const CollectiveArgs& a) {
+  std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  Scenario sc = load_scenario(path);
+  if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
+  if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
+  int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
+  auto topo = topology::build_topology(sc.cluster);
+  sim::EngineConfig cfg = engine_config_from(sc, a.engine);
+  auto specs = select_strategies(sc, a.strategies);
+  std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
+
+  fmt::print("# {}: {} GPUs, engine {}, {} iteration(s), seed {}\n", sc.name, topo->num_gpus(),
+             sim::network_kind_name(cfg.network), iterations, sc.workload.routing.seed);
+  auto outcomes = run_stacks(sc, specs, *topo, cfg, iterations, topo_name, false);
+  std::vector<RunSummary> rows;
+  for (const auto& o : outcomes) rows.push_back(o.summary);
+  print_table(rows);
+
+  if (!a.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["moesim_version"] = MOESIM_VERSION;
+    j["scenario"] = sc.name;
+    j["engine"] = std::string(sim::network_kind_name(cfg.network));
+    j["seed"] = sc.workload.routing.seed;
+    auto& runs = j["runs"] = nlohmann::ordered_json::array();
+    double wall = 0;
+    for (const auto& o : outcomes) {
+      runs.push_back(run_json(sc, o.run, o.summary));
+      wall += o.summary.wall_s;
+    }
+    j["wall_s"] = wall;
+    write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+  }
+  if (!a.csv_path.empty()) {
+    write_file_atomic(a.csv_path, [&](std::ostream& os) {
+      write_csv_header(os);
+      for (const auto& o : outcomes) write_csv_rows(os, sc, o.run, topo_name);
+    });
+  }
+  if (!a.trace_path.empty()) {
+    for (const auto& o : outcomes) {
+      std::string f =
+          outcomes.size() == 1 ? a.trace_path : with_suffix(a.trace_path, o.run.strategy);
+      write_file_atomic(f, [&](std::ostream& os) {
+        sim::write_chrome_trace(o.run.last_plan.plan, o.run.last_result, os, cfg.trace_max_ranks);
+      });
+    }
+  }
+}
+
 }  // namespace
 
 void register_simulate(CLI::App& app) {
@@ -155,6 +223,10 @@ void register_simulate(CLI::App& app) {
       app.add_subcommand("simulate", "Simulate a scenario, or one collective on its cluster");
   auto a = std::make_shared<CollectiveArgs>();
   cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
+  cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
+  cmd->add_option("--seed", a->seed, "Routing seed (default: workload.routing.seed)");
+  cmd->add_option("--csv", a->csv_path, "Write one row per strategy and iteration as CSV");
   cmd->add_option("--collective", a->collective,
                   "Simulate one collective over all GPUs: all_to_all, all_reduce, all_gather, "
                   "reduce_scatter, send_recv");
@@ -164,11 +236,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--trace", a->trace_path, "Write a Chrome trace (chrome://tracing, Perfetto)");
   cmd->callback([a] {
-    if (a->collective.empty())
-      throw InputError(
-          "simulate: the MoE step simulation lands with the strategies milestone; for now give "
-          "--collective TYPE --size SIZE to simulate one collective on the scenario's cluster");
-    run_collective(*a);
+    if (a->collective.empty()) {
+      if (!a->sizes.empty()) throw InputError("--size: only meaningful with --collective");
+      run_scenario(*a);
+    } else {
+      run_collective(*a);
+    }
   });
 }
 

@@ -12,5 +12,6 @@ std::string default_scenario_path();
 void register_validate(CLI::App& app);
 void register_topo(CLI::App& app);
 void register_simulate(CLI::App& app);
+void register_compare(CLI::App& app);
 
 }  // namespace moesim::app

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   moesim::app::register_validate(app);
   moesim::app::register_topo(app);
   moesim::app::register_simulate(app);
+  moesim::app::register_compare(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

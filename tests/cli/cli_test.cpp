@@ -163,3 +163,113 @@ TEST(Cli, UnwritableOutputExitsOneAndLeavesNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+// Removes wall-clock fields, which are the only ones allowed to differ between two runs.
+void strip_wall(nlohmann::json& j) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end();) {
+      if (it.key() == "wall_s" || it.key() == "peak_rss_bytes")
+        it = j.erase(it);
+      else
+        strip_wall(*it++);
+    }
+  } else if (j.is_array()) {
+    for (auto& x : j) strip_wall(x);
+  }
+}
+
+TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
+  fs::path dir = temp_dir();
+  std::string cmd =
+      fmt::format("simulate '{}/scenarios/quickstart.yaml' --iterations 3 --json ", kSource);
+  auto r1 = run(cmd + "'" + (dir / "a.json").string() + "'");
+  ASSERT_EQ(r1.exit_code, 0) << r1.out;
+  auto r2 = run(cmd + "'" + (dir / "b.json").string() + "'");
+  ASSERT_EQ(r2.exit_code, 0) << r2.out;
+  auto a = nlohmann::json::parse(read_file(dir / "a.json"));
+  auto b = nlohmann::json::parse(read_file(dir / "b.json"));
+  EXPECT_EQ(a["scenario"], "quickstart");
+  EXPECT_EQ(a["engine"], "flow");
+  ASSERT_EQ(a["runs"].size(), 3u);
+  for (const auto& run : a["runs"]) {
+    for (const char* key : {"strategy", "topology", "gpus", "step_time_s", "moe_layer_time_s",
+                            "iterations", "breakdown", "decisions", "speedup_vs_baseline"})
+      EXPECT_TRUE(run.contains(key)) << key;
+    EXPECT_EQ(run["gpus"], 16);
+    EXPECT_EQ(run["iterations"].size(), 3u);
+    EXPECT_GT(run["step_time_s"].get<double>(), 0);
+    // The MoE layer is part of the step.
+    EXPECT_LE(run["moe_layer_time_s"].get<double>(), run["step_time_s"].get<double>());
+    for (const char* key : {"compute_s", "a2a_s", "allreduce_s", "exposed_comm_s"})
+      EXPECT_TRUE(run["breakdown"].contains(key)) << key;
+    for (const char* key : {"pipeline_degree", "a2a", "parallel"})
+      EXPECT_TRUE(run["decisions"].contains(key)) << key;
+  }
+  EXPECT_EQ(a["runs"][0]["strategy"], "baseline");
+  EXPECT_DOUBLE_EQ(a["runs"][0]["speedup_vs_baseline"].get<double>(), 1.0);
+  // Same scenario and seed: identical JSON except wall-clock fields.
+  strip_wall(a);
+  strip_wall(b);
+  EXPECT_EQ(a.dump(), b.dump());
+  fs::remove_all(dir);
+}
+
+TEST(Cli, SimulateSeedChangesTheWorkload) {
+  fs::path dir = temp_dir();
+  std::string base = fmt::format(
+      "simulate '{}/scenarios/quickstart.yaml' --strategy baseline --iterations 2 --csv ", kSource);
+  ASSERT_EQ(run(base + "'" + (dir / "s1.csv").string() + "' --seed 1").exit_code, 0);
+  ASSERT_EQ(run(base + "'" + (dir / "s2.csv").string() + "' --seed 2").exit_code, 0);
+  std::string s1 = read_file(dir / "s1.csv"), s2 = read_file(dir / "s2.csv");
+  EXPECT_EQ(std::count(s1.begin(), s1.end(), '\n'), 3);  // header + 2 iterations
+  EXPECT_NE(s1, s2);  // dropped token counts differ with the routing seed
+  fs::remove_all(dir);
+}
+
+TEST(Cli, SimulateUnknownStrategyExitsTwo) {
+  auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --strategy nope", kSource));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("baseline, tutel, pipemoe"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SimulateCollectiveReportsNcclTestsBandwidths) {
+  fs::path dir = temp_dir();
+  auto r = run(fmt::format(
+      "simulate '{}/scenarios/quickstart.yaml' --collective all_to_all --size 128MiB --algo "
+      "linear --engine analytical --json '{}'",
+      kSource, (dir / "c.json").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(read_file(dir / "c.json"));
+  const auto& c = j["collective"];
+  EXPECT_EQ(c["type"], "all_to_all");
+  EXPECT_EQ(c["algo"], "linear");
+  EXPECT_EQ(c["gpus"], 16);
+  EXPECT_DOUBLE_EQ(c["size_bytes"].get<double>(), 134217728.0);
+  double t = c["time_s"].get<double>();
+  // Each GPU sends half of its 128 MiB off-node through its own 25 GB/s NIC: at least 2.68 ms.
+  EXPECT_GT(t, 67108864.0 / 25e9);
+  EXPECT_NEAR(c["algbw_GBps"].get<double>(), 134217728.0 / t / 1e9, 1e-9);
+  EXPECT_NEAR(c["busbw_GBps"].get<double>(), c["algbw_GBps"].get<double>() * 15.0 / 16.0, 1e-9);
+  EXPECT_TRUE(j.contains("wall_s"));
+  fs::remove_all(dir);
+}
+
+TEST(Cli, CompareRunsStacksTimesTopologies) {
+  fs::path dir = temp_dir();
+  std::string topos;
+  for (const char* t : {"dgx-a100-2x8", "a100-4x4-ib100", "a100-pcie-2x8-ib100"})
+    topos += fmt::format(" --topology '{}/scenarios/topologies/{}.yaml'", kSource, t);
+  auto r = run(fmt::format("compare '{}/scenarios/quickstart.yaml'{} --iterations 2 --json '{}'",
+                           kSource, topos, (dir / "c.json").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(read_file(dir / "c.json"));
+  ASSERT_EQ(j["runs"].size(), 9u);  // 3 strategies x 3 topologies
+  // The NVSwitch + 8 NIC nodes are faster than 4 GPUs sharing one 100 Gb/s NIC, for the baseline.
+  EXPECT_LT(j["runs"][0]["step_time_s"].get<double>(), j["runs"][3]["step_time_s"].get<double>());
+  EXPECT_EQ(j["runs"][3]["topology"], "a100-4x4-ib100");
+  fs::remove_all(dir);
+}
+
+}  // namespace

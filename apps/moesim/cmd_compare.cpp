@@ -1,0 +1,137 @@
+// `moesim compare SCENARIO.yaml [--topology TOPO.yaml]... [--strategy NAME]... [--engine E]
+//                 [--iterations N] [--json F] [--csv F]`
+// Runs the strategy stacks on several topologies: each --topology file replaces the scenario's
+// `cluster:` section (the whole scenario is re-validated against it), and prints the matrix of
+// step times and speedups over the baseline on the same topology.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "apps/moesim/commands.hpp"
+#include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/output.hpp"
+#include "apps/moesim/report.hpp"
+#include "apps/moesim/stacks.hpp"
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+struct CompareArgs {
+  std::string scenario;
+  std::vector<std::string> topologies;
+  std::vector<std::string> strategies;
+  std::string engine;
+  int iterations = 0;
+  std::string json_path, csv_path;
+};
+
+struct Variant {
+  std::string topology_name;
+  Scenario sc;
+};
+
+// The scenario with its cluster replaced by the one of `topo_path`. The topology file is checked
+// on its own first, so its errors name its own lines.
+Variant with_topology(const std::string& scenario_path, const std::string& topo_path) {
+  ClusterSpec checked = load_cluster_file(topo_path);
+  YAML::Node topo_root = load_yaml_file(topo_path);
+  YAML::Node root = load_yaml_file(scenario_path);
+  root["cluster"] = topo_root["cluster"] ? topo_root["cluster"] : topo_root;
+  Variant v;
+  if (topo_root["name"] && topo_root["name"].IsScalar())
+    v.topology_name = topo_root["name"].as<std::string>();
+  else
+    v.topology_name = std::filesystem::path(topo_path).stem().string();
+  try {
+    v.sc = parse_scenario(root, scenario_path);
+  } catch (const InputError& e) {
+    throw InputError(e.location(), e.key(),
+                     fmt::format("{} (with the cluster of {})", e.message(), topo_path));
+  }
+  (void)checked;
+  return v;
+}
+
+void run_compare(const CompareArgs& a) {
+  std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  std::vector<Variant> variants;
+  if (a.topologies.empty()) {
+    Variant v;
+    v.sc = load_scenario(path);
+    v.topology_name = v.sc.cluster.name.empty() ? v.sc.name : v.sc.cluster.name;
+    variants.push_back(std::move(v));
+  } else {
+    for (const auto& t : a.topologies) variants.push_back(with_topology(path, t));
+  }
+  const Scenario& base = variants.front().sc;
+  auto specs = select_strategies(base, a.strategies);
+  if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
+
+  // results[t][s]
+  std::vector<std::vector<StackOutcome>> results;
+  std::string engine_name;
+  for (const auto& v : variants) {
+    auto topo = topology::build_topology(v.sc.cluster);
+    sim::EngineConfig cfg = engine_config_from(v.sc, a.engine);
+    engine_name = std::string(sim::network_kind_name(cfg.network));
+    int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;
+    results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, true));
+  }
+
+  fmt::print("# {}: step time (ms) and speedup vs baseline, engine {}\n", base.name, engine_name);
+  fmt::print("{:<16}", "strategy");
+  for (const auto& v : variants) fmt::print(" {:>24}", v.topology_name);
+  fmt::print("\n");
+  for (size_t s = 0; s < specs.size(); ++s) {
+    fmt::print("{:<16}", specs[s].name);
+    for (size_t t = 0; t < variants.size(); ++t) {
+      const auto& sum = results[t][s].summary;
+      std::string cell = fmt::format("{:.3f}", sum.step_mean_s * 1e3);
+      if (sum.speedup > 0) cell += fmt::format(" ({:.2f}x)", sum.speedup);
+      fmt::print(" {:>24}", cell);
+    }
+    fmt::print("\n");
+  }
+
+  if (!a.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["moesim_version"] = MOESIM_VERSION;
+    j["scenario"] = base.name;
+    j["engine"] = engine_name;
+    auto& runs = j["runs"] = nlohmann::ordered_json::array();
+    for (size_t t = 0; t < variants.size(); ++t)
+      for (const auto& o : results[t]) runs.push_back(run_json(variants[t].sc, o.run, o.summary));
+    write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+  }
+  if (!a.csv_path.empty()) {
+    write_file_atomic(a.csv_path, [&](std::ostream& os) {
+      write_csv_header(os);
+      for (size_t t = 0; t < variants.size(); ++t)
+        for (const auto& o : results[t])
+          write_csv_rows(os, variants[t].sc, o.run, variants[t].topology_name);
+    });
+  }
+}
+
+}  // namespace
+
+void register_compare(CLI::App& app) {
+  auto* cmd = app.add_subcommand("compare", "Run the strategy stacks on several topologies");
+  auto a = std::make_shared<CompareArgs>();
+  cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  cmd->add_option("--topology", a->topologies,
+                  "Topology YAML whose cluster replaces the scenario's (repeatable)");
+  cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
+  cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
+  cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
+  cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
+  cmd->add_option("--csv", a->csv_path, "Write one row per topology, strategy and iteration");
+  cmd->callback([a] { run_compare(*a); });
+}
+
+}  // namespace moesim::app

@@ -1,0 +1,52 @@
+// Summaries of strategy runs for the CLI: the table, the JSON of DESIGN §5 and the CSV, shared by
+// `simulate` and `compare` so both print the same numbers the same way.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/scenario.hpp"
+#include "strategies/runner.hpp"
+
+namespace moesim::app {
+
+struct RunSummary {
+  std::string strategy;
+  std::string topology;
+  int gpus = 0;
+  double step_mean_s = 0, step_p50_s = 0, step_p95_s = 0;
+  double moe_layer_mean_s = 0;
+  double a2a_mean_s = 0, allreduce_mean_s = 0, compute_mean_s = 0, exposed_comm_mean_s = 0;
+  std::string decisions;  // the last iteration's decision, described
+  double speedup = 0;     // baseline step mean / this step mean (0 = no baseline)
+  double wall_s = 0;
+};
+
+/// Mean, median and 95th percentile (nearest rank) of the step times, and means of the rest.
+RunSummary summarize(const strategies::StackRun& run, const std::string& topology, int gpus,
+                     double wall_s);
+
+/// Index of the baseline among specs: the one named "baseline", else the first whose roles are
+/// all baseline, else -1 (no speedups then).
+int baseline_index(const std::vector<StrategySpec>& specs);
+
+/// Fills RunSummary::speedup against `baseline` (a no-op when baseline < 0).
+void apply_speedups(std::vector<RunSummary>& rows, int baseline);
+
+void print_table(const std::vector<RunSummary>& rows);
+
+/// One entry of the "runs" array of DESIGN §5.
+nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,
+                                const RunSummary& s);
+
+/// CSV header and one row per (strategy, iteration).
+void write_csv_header(std::ostream& os);
+void write_csv_rows(std::ostream& os, const Scenario& sc, const strategies::StackRun& run,
+                    const std::string& topology);
+
+/// JSON object of a Decision: pipeline_degree, a2a, parallel, layout, schedule.
+nlohmann::ordered_json decision_json(const Scenario& sc, const strategies::Decision& d);
+
+}  // namespace moesim::app

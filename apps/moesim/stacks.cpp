@@ -1,0 +1,56 @@
+#include "apps/moesim/stacks.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+std::vector<StrategySpec> select_strategies(const Scenario& sc,
+                                            const std::vector<std::string>& names) {
+  if (names.empty()) return sc.strategies;
+  std::vector<StrategySpec> out;
+  for (const auto& n : names) {
+    const StrategySpec* s = sc.find_strategy(n);
+    if (!s) {
+      std::string known;
+      for (const auto& k : sc.strategies) known += (known.empty() ? "" : ", ") + k.name;
+      throw InputError(
+          fmt::format("--strategy: found '{}', expected one of the scenario's "
+                      "strategies: {}",
+                      n, known));
+    }
+    out.push_back(*s);
+  }
+  return out;
+}
+
+std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
+                                     const topology::Topology& topo, const sim::EngineConfig& cfg,
+                                     int iterations, const std::string& topology_name,
+                                     bool progress) {
+  std::vector<StackOutcome> out;
+  strategies::Backend backend = [&](const Plan& plan) { return sim::run_plan(plan, topo, cfg); };
+  for (const auto& spec : specs) {
+    if (progress)
+      std::fprintf(stderr, "moesim: %s on %s: %d iteration(s)...\n", spec.name.c_str(),
+                   topology_name.c_str(), iterations);
+    auto t0 = std::chrono::steady_clock::now();
+    StackOutcome o;
+    o.run = strategies::run_stack(sc, spec, topo, backend, iterations);
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    o.summary = summarize(o.run, topology_name, topo.num_gpus(), wall);
+    out.push_back(std::move(o));
+  }
+  std::vector<RunSummary> rows;
+  for (const auto& o : out) rows.push_back(o.summary);
+  apply_speedups(rows, baseline_index(specs));
+  for (size_t i = 0; i < out.size(); ++i) out[i].summary.speedup = rows[i].speedup;
+  return out;
+}
+
+}  // namespace moesim::app

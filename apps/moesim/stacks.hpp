@@ -1,0 +1,35 @@
+// Running the strategy stacks of a scenario on the simulator: shared by `simulate` and `compare`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "apps/moesim/report.hpp"
+#include "core/scenario.hpp"
+#include "sim/engine.hpp"
+#include "strategies/runner.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::app {
+
+/// The scenario's strategies, or the subset named by `names` in the order given (InputError for
+/// an unknown name, listing the known ones).
+std::vector<StrategySpec> select_strategies(const Scenario& sc,
+                                            const std::vector<std::string>& names);
+
+struct StackOutcome {
+  strategies::StackRun run;
+  RunSummary summary;
+};
+
+/// Runs every spec for `iterations` iterations on `topo` with the simulator configured by cfg;
+/// fills speedups against the baseline among specs. Progress goes to stderr when `progress`.
+std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
+                                     const topology::Topology& topo, const sim::EngineConfig& cfg,
+                                     int iterations, const std::string& topology_name,
+                                     bool progress);
+
+}  // namespace moesim::app

@@ -1,0 +1,233 @@
+// MoE kernels for real execution (DESIGN §4.2, issue 7 item 1): gate (GEMM + softmax + top-k +
+// capacity locations), encode / decode and their backward passes, the 2DH stride copy, and the
+// expert FFN. Every kernel exists twice with the same signature shape:
+//   moesim::kernels::cpu::f(cpu::Context&, ...)   host pointers, reference implementation
+//   moesim::kernels::cuda::f(cuda::Context&, ...) device pointers, runs on the context's stream
+// and both are tested against the same hand-computed cases. This header does not include CUDA
+// headers, so exec/ and tests can include it on machines without the toolkit; the cuda:: functions
+// are only defined when the library was built with MOESIM_WITH_CUDA (kCudaCompiled).
+//
+// Conventions (all kernels):
+//  * Matrices are row-major and dense. S = tokens, M = model dim, E = experts, C = capacity (slots
+//    per expert), H = FFN hidden dim, k = top-k choices (1..8).
+//  * Activations and weights are `DType` (fp32, fp16, bf16); fp16 / bf16 are passed as 16-bit
+//    storage (uint16_t on the host, __half / __nv_bfloat16 on the device: same bits). Arithmetic
+//    accumulates in fp32 and rounds once to nearest-even on the store.
+//  * Routing tables are per (token, choice) "entries", entry = t*k + c (c = 0 is the top choice):
+//    expert[entry], slot[entry] (-1 when dropped by capacity) and weight[entry] (fp32 gate value).
+//    slot_entry[e*C + s] is the inverse map: the entry in slot s of expert e, or -1 when empty.
+//  * The dispatched buffer is (E, C, M): row e*C + s holds the token routed to slot s of expert e;
+//    encode writes every row (zeros in empty slots) so experts never read garbage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#ifndef MOESIM_KERNELS_HAVE_CUDA
+#define MOESIM_KERNELS_HAVE_CUDA 0
+#endif
+
+// cudaStream_t is `CUstream_st*`; declaring the struct here keeps CUDA headers out of this one.
+struct CUstream_st;
+
+namespace moesim::kernels {
+
+/// True when the library was built with the CUDA kernels (MOESIM_WITH_CUDA).
+inline constexpr bool kCudaCompiled = MOESIM_KERNELS_HAVE_CUDA != 0;
+
+/// Number of usable CUDA devices; 0 without CUDA support, without a driver or without a device
+/// (never throws, so GPU tests can GTEST_SKIP on 0).
+int cuda_device_count();
+
+// --- Element types -------------------------------------------------------------------------------
+
+enum class DType { kF32, kF16, kBF16 };
+
+/// Bytes per element: 4, 2, 2.
+std::size_t dtype_size(DType dtype);
+/// "fp32", "fp16", "bf16".
+const char* dtype_name(DType dtype);
+
+/// IEEE binary16 <-> float, round to nearest even (overflow to inf, NaN kept NaN).
+std::uint16_t float_to_half(float value);
+float half_to_float(std::uint16_t bits);
+/// bfloat16 (upper 16 bits of binary32) <-> float, round to nearest even (NaN kept NaN).
+std::uint16_t float_to_bf16(float value);
+float bf16_to_float(std::uint16_t bits);
+
+/// Host conversions of n elements between any two dtypes (same dtype: memcpy).
+void convert(DType from, const void* src, DType to, void* dst, std::size_t n);
+/// Element i of a host buffer as float / stored from float (rounded to the dtype).
+float load_element(DType dtype, const void* data, std::size_t i);
+void store_element(DType dtype, void* data, std::size_t i, float value);
+
+// --- Parameter blocks ----------------------------------------------------------------------------
+
+/// Expert FFN activation. kGelu is the tanh approximation
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (as in GShard / Megatron / Tutel).
+enum class Activation { kNone, kRelu, kGelu };
+
+struct GateParams {
+  int num_tokens = 0;   // S
+  int model_dim = 0;    // M (only used by gate(); gate_from_logits() ignores it)
+  int num_experts = 0;  // E
+  int top_k = 1;        // k, 1..8, <= E
+  int capacity = 0;     // C, slots per expert (>= 0)
+  /// Capacity locations are handed out in priority order: all first choices (c = 0) of every
+  /// token before any second choice, and so on. Within one choice level, tokens go in index order
+  /// (false) or, batch-prioritised (true), in descending order of their top gate value (ties:
+  /// lower token index first), so the most confident tokens are kept when an expert overflows.
+  bool batch_prioritized = false;
+  /// false: weight = softmax probability of the chosen expert. true: the k chosen probabilities
+  /// are renormalised to sum to 1 per token (GShard top-2 style). Dropped choices keep their
+  /// weight value in `weight` (decode ignores them since their slot is -1).
+  bool normalize_top_k = false;
+};
+
+/// Gate outputs (host pointers for cpu::, device pointers for cuda::). Sizes: S*k for expert,
+/// slot, weight; E*C for slot_entry; E for expert_count. slot_entry and expert_count may be null.
+struct RoutingOut {
+  std::int32_t* expert = nullptr;
+  std::int32_t* slot = nullptr;
+  float* weight = nullptr;
+  std::int32_t* slot_entry = nullptr;
+  std::int32_t* expert_count = nullptr;  // kept (non-dropped) entries per expert, <= C
+};
+
+/// A routing table as the encode / decode kernels read it (same layout as RoutingOut). Which
+/// arrays a kernel needs is stated on the kernel; the others may be null.
+struct Routing {
+  int num_tokens = 0;                        // S
+  int top_k = 1;                             // k
+  int num_experts = 0;                       // E
+  int capacity = 0;                          // C
+  const std::int32_t* expert = nullptr;      // [S*k]
+  const std::int32_t* slot = nullptr;        // [S*k], -1 = dropped
+  const float* weight = nullptr;             // [S*k]
+  const std::int32_t* slot_entry = nullptr;  // [E*C], -1 = empty
+};
+
+/// Batched expert FFN: for each expert e < num_experts, rows x M input block X_e (consecutive
+/// blocks of `rows` rows, i.e. the (E, C, M) dispatched buffer with rows = C),
+///   hidden_e = act(X_e * W1_e)   (rows x H), W1 is (E, M, H)
+///   Y_e      = hidden_e * W2_e   (rows x M), W2 is (E, H, M)
+struct FfnShape {
+  int num_experts = 1;
+  int rows = 0;        // tokens per expert (C)
+  int model_dim = 0;   // M
+  int hidden_dim = 0;  // H
+};
+
+// --- CPU reference kernels -----------------------------------------------------------------------
+namespace cpu {
+
+/// Host execution context. num_threads > 1 splits GEMM rows over std::threads (results do not
+/// depend on the thread count: each output element is computed by one thread in a fixed order).
+class Context {
+ public:
+  explicit Context(int num_threads = 1);
+  int num_threads() const { return num_threads_; }
+
+ private:
+  int num_threads_;
+};
+
+/// C (m x n) = alpha * A (m x k) * B (k x n) + beta * C; fp32 accumulation, blocked.
+void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
+          float alpha = 1.0f, float beta = 0.0f);
+
+/// logits (S x E, fp32) = X (S x M, dtype) * Wg (M x E, dtype), then gate_from_logits().
+void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
+          float* logits, const RoutingOut& out);
+/// Softmax over E per token (fp32), top-k (ties: lower expert index first), capacity locations
+/// as documented on GateParams. Writes every entry of `out` (and slot_entry / expert_count when
+/// non-null).
+void gate_from_logits(Context& ctx, const GateParams& params, const float* logits,
+                      const RoutingOut& out);
+/// slot_entry[E*C] from expert/slot (for routing tables not made by gate()). Needs expert, slot.
+void build_slot_index(Context& ctx, const Routing& routing, std::int32_t* slot_entry);
+
+/// dispatched (E, C, M)[e, s, :] = x (S, M)[entry / k, :] for entry = slot_entry[e*C+s], zeros
+/// for empty slots. Needs slot_entry.
+void encode(Context& ctx, DType dtype, const Routing& routing, int model_dim, const void* x,
+            void* dispatched);
+/// Backward of encode (a gather): grad_x[t, :] = sum over kept choices c of
+/// grad_dispatched[expert, slot, :]; zero rows for fully dropped tokens. Needs expert, slot.
+void encode_backward(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+                     const void* grad_dispatched, void* grad_x);
+/// y (S, M)[t, :] = sum over kept choices c of weight[t*k+c] * expert_out (E, C, M)[e, s, :];
+/// zero rows for fully dropped tokens. Needs expert, slot, weight.
+void decode(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+            const void* expert_out, void* y);
+/// Backward of decode: grad_expert_out[e, s, :] = weight[entry] * grad_y[entry / k, :] (zeros in
+/// empty slots) and grad_weight[entry] = <grad_y[t, :], expert_out[e, s, :]> (fp32 dot, 0 for
+/// dropped entries). Needs expert, slot, weight, slot_entry. grad_weight may be null.
+void decode_backward(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+                     const void* expert_out, const void* grad_y, void* grad_expert_out,
+                     float* grad_weight);
+
+/// The 2DH stride copy T(h, w) on h*w chunks of chunk_bytes: input chunk i = a*h + j goes to
+/// output slot j*w + a (strategies/collectives stride_copy_index). src and dst must not overlap.
+void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::size_t chunk_bytes);
+
+/// Batched expert FFN (FfnShape). hidden (E, rows, H) is kept for the backward pass.
+void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
+                const void* w1, const void* w2, void* hidden, void* y);
+
+}  // namespace cpu
+
+// --- CUDA kernels (defined only when kCudaCompiled) ----------------------------------------------
+namespace cuda {
+
+using Stream = ::CUstream_st*;  // == cudaStream_t
+
+/// Device execution context: the device, the stream every kernel runs on, a cuBLAS handle bound
+/// to that stream and a growable device workspace. Kernels are asynchronous on the stream; pointer
+/// arguments are device pointers unless stated. Errors throw moesim::RuntimeError naming the CUDA
+/// / cuBLAS call, file and line.
+class Context {
+ public:
+  /// device < 0: the current device. stream null: the legacy default stream.
+  explicit Context(int device = -1, Stream stream = nullptr);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const;
+  Stream stream() const;
+  void set_stream(Stream stream);
+  void synchronize();
+  /// cublasHandle_t bound to stream() (cast it back in CUDA code).
+  void* cublas_handle();
+  /// Device scratch of at least `bytes`, valid until the next call (kernels use it internally).
+  void* workspace(std::size_t bytes);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
+          float alpha = 1.0f, float beta = 0.0f);
+void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
+          float* logits, const RoutingOut& out);
+void gate_from_logits(Context& ctx, const GateParams& params, const float* logits,
+                      const RoutingOut& out);
+void build_slot_index(Context& ctx, const Routing& routing, std::int32_t* slot_entry);
+void encode(Context& ctx, DType dtype, const Routing& routing, int model_dim, const void* x,
+            void* dispatched);
+void encode_backward(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+                     const void* grad_dispatched, void* grad_x);
+void decode(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+            const void* expert_out, void* y);
+void decode_backward(Context& ctx, DType dtype, const Routing& routing, int model_dim,
+                     const void* expert_out, const void* grad_y, void* grad_expert_out,
+                     float* grad_weight);
+void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::size_t chunk_bytes);
+/// cuBLAS strided-batched GEMMs + an activation kernel.
+void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
+                const void* w1, const void* w2, void* hidden, void* y);
+
+}  // namespace cuda
+}  // namespace moesim::kernels

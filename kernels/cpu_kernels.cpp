@@ -1,0 +1,359 @@
+// CPU reference twins of the MoE kernels (moe_kernels.hpp). They define the semantics the CUDA
+// kernels are tested against, so they favour plain, obviously correct loops; only the GEMM is
+// blocked (and optionally threaded) because the expert FFN reference runs at real sizes.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/moe_kernels.hpp"
+
+namespace moesim::kernels::cpu {
+namespace {
+
+// Typed element access: the dtype switch is hoisted out of the loops by dispatch().
+struct F32 {
+  using Storage = float;
+  static float load(float v) { return v; }
+  static float store(float v) { return v; }
+};
+struct F16 {
+  using Storage = std::uint16_t;
+  static float load(std::uint16_t v) { return half_to_float(v); }
+  static std::uint16_t store(float v) { return float_to_half(v); }
+};
+struct BF16 {
+  using Storage = std::uint16_t;
+  static float load(std::uint16_t v) { return bf16_to_float(v); }
+  static std::uint16_t store(float v) { return float_to_bf16(v); }
+};
+
+template <typename Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(F32{});
+      return;
+    case DType::kF16:
+      fn(F16{});
+      return;
+    case DType::kBF16:
+      fn(BF16{});
+      return;
+  }
+  MOESIM_ASSERT(false, "unknown dtype");
+}
+
+void check_routing(const Routing& r) {
+  if (r.num_tokens < 0 || r.num_experts < 1 || r.capacity < 0 || r.top_k < 1 || r.top_k > 8) {
+    throw InputError("kernels: bad routing shape (S=" + std::to_string(r.num_tokens) +
+                     ", E=" + std::to_string(r.num_experts) + ", C=" + std::to_string(r.capacity) +
+                     ", k=" + std::to_string(r.top_k) + ")");
+  }
+}
+
+// C (m x n, fp32) = A (m x k) * B (k x n), all fp32, rows [row_begin, row_end). Blocked over k and
+// n so a block of B stays in cache; the i-k-j order vectorises the inner loop.
+void gemm_rows_f32(int row_begin, int row_end, int n, int k, const float* a, const float* b,
+                   float* c) {
+  constexpr int kBlockK = 128;
+  constexpr int kBlockN = 512;
+  for (int i = row_begin; i < row_end; ++i)
+    std::fill(c + std::size_t(i) * n, c + std::size_t(i) * n + n, 0.0f);
+  for (int k0 = 0; k0 < k; k0 += kBlockK) {
+    const int k1 = std::min(k, k0 + kBlockK);
+    for (int n0 = 0; n0 < n; n0 += kBlockN) {
+      const int n1 = std::min(n, n0 + kBlockN);
+      for (int i = row_begin; i < row_end; ++i) {
+        float* ci = c + std::size_t(i) * n;
+        const float* ai = a + std::size_t(i) * k;
+        for (int kk = k0; kk < k1; ++kk) {
+          const float av = ai[kk];
+          const float* bk = b + std::size_t(kk) * n;
+          for (int j = n0; j < n1; ++j) ci[j] += av * bk[j];
+        }
+      }
+    }
+  }
+}
+
+void gemm_f32(int num_threads, int m, int n, int k, const float* a, const float* b, float* c) {
+  const int threads = std::max(1, std::min(num_threads, m));
+  if (threads == 1) {
+    gemm_rows_f32(0, m, n, k, a, b, c);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    const int r0 = int(std::int64_t(m) * t / threads);
+    const int r1 = int(std::int64_t(m) * (t + 1) / threads);
+    pool.emplace_back([=] { gemm_rows_f32(r0, r1, n, k, a, b, c); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+std::vector<float> to_f32(DType dtype, const void* data, std::size_t n) {
+  std::vector<float> out(n);
+  convert(dtype, data, DType::kF32, out.data(), n);
+  return out;
+}
+
+float activate(Activation act, float x) {
+  switch (act) {
+    case Activation::kNone:
+      return x;
+    case Activation::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case Activation::kGelu: {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
+      return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+Context::Context(int num_threads) : num_threads_(std::max(1, num_threads)) {}
+
+void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
+          float alpha, float beta) {
+  if (m < 0 || n < 0 || k < 0) throw InputError("kernels::gemm: negative dimension");
+  const std::vector<float> af = to_f32(dtype, a, std::size_t(m) * k);
+  const std::vector<float> bf = to_f32(dtype, b, std::size_t(k) * n);
+  std::vector<float> cf(std::size_t(m) * n);
+  gemm_f32(ctx.num_threads(), m, n, k, af.data(), bf.data(), cf.data());
+  for (std::size_t i = 0; i < cf.size(); ++i) {
+    const float old = beta != 0.0f ? load_element(dtype, c, i) : 0.0f;
+    store_element(dtype, c, i, alpha * cf[i] + beta * old);
+  }
+}
+
+void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
+          float* logits, const RoutingOut& out) {
+  if (params.model_dim < 1) throw InputError("kernels::gate: model_dim must be >= 1");
+  const int s = params.num_tokens, m = params.model_dim, e = params.num_experts;
+  const std::vector<float> xf = to_f32(dtype, x, std::size_t(s) * m);
+  const std::vector<float> wf = to_f32(dtype, wg, std::size_t(m) * e);
+  gemm_f32(ctx.num_threads(), s, e, m, xf.data(), wf.data(), logits);
+  gate_from_logits(ctx, params, logits, out);
+}
+
+void gate_from_logits(Context&, const GateParams& p, const float* logits, const RoutingOut& out) {
+  check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
+  if (p.top_k > p.num_experts) throw InputError("kernels::gate: top_k > num_experts");
+  const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
+  std::vector<float> top_prob(s);
+  std::vector<float> prob(e);
+  for (int t = 0; t < s; ++t) {
+    const float* row = logits + std::size_t(t) * e;
+    const float mx = *std::max_element(row, row + e);
+    float sum = 0.0f;
+    for (int j = 0; j < e; ++j) sum += (prob[j] = std::exp(row[j] - mx));
+    // Top-k on the logits (monotone with the softmax, and exact across CPU and GPU); the strict
+    // comparison keeps the lower expert index on ties.
+    float chosen_sum = 0.0f;
+    std::int32_t* experts = out.expert + std::size_t(t) * k;
+    for (int c = 0; c < k; ++c) {
+      int best = -1;
+      for (int j = 0; j < e; ++j) {
+        if (std::find(experts, experts + c, j) != experts + c) continue;
+        if (best < 0 || row[j] > row[best]) best = j;
+      }
+      experts[c] = best;
+      out.weight[std::size_t(t) * k + c] = prob[best] / sum;
+      chosen_sum += prob[best] / sum;
+    }
+    top_prob[t] = out.weight[std::size_t(t) * k];
+    if (p.normalize_top_k) {
+      for (int c = 0; c < k; ++c) out.weight[std::size_t(t) * k + c] /= chosen_sum;
+    }
+  }
+  // Capacity locations: choice level by choice level, tokens in priority order.
+  std::vector<int> order(s);
+  std::iota(order.begin(), order.end(), 0);
+  if (p.batch_prioritized) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return top_prob[a] > top_prob[b]; });
+  }
+  std::vector<std::int32_t> count(e, 0);
+  if (out.slot_entry) std::fill(out.slot_entry, out.slot_entry + std::size_t(e) * p.capacity, -1);
+  for (int c = 0; c < k; ++c) {
+    for (int t : order) {
+      const std::size_t entry = std::size_t(t) * k + c;
+      const int ex = out.expert[entry];
+      if (count[ex] < p.capacity) {
+        out.slot[entry] = count[ex];
+        if (out.slot_entry) out.slot_entry[std::size_t(ex) * p.capacity + count[ex]] = int(entry);
+        ++count[ex];
+      } else {
+        out.slot[entry] = -1;
+      }
+    }
+  }
+  if (out.expert_count) std::copy(count.begin(), count.end(), out.expert_count);
+}
+
+void build_slot_index(Context&, const Routing& r, std::int32_t* slot_entry) {
+  check_routing(r);
+  std::fill(slot_entry, slot_entry + std::size_t(r.num_experts) * r.capacity, -1);
+  const std::size_t entries = std::size_t(r.num_tokens) * r.top_k;
+  for (std::size_t i = 0; i < entries; ++i) {
+    if (r.slot[i] < 0) continue;
+    if (r.expert[i] < 0 || r.expert[i] >= r.num_experts || r.slot[i] >= r.capacity) {
+      throw InputError("kernels::build_slot_index: entry " + std::to_string(i) +
+                       " out of range (expert " + std::to_string(r.expert[i]) + ", slot " +
+                       std::to_string(r.slot[i]) + ")");
+    }
+    slot_entry[std::size_t(r.expert[i]) * r.capacity + r.slot[i]] = std::int32_t(i);
+  }
+}
+
+void encode(Context&, DType dtype, const Routing& r, int model_dim, const void* x,
+            void* dispatched) {
+  check_routing(r);
+  const std::size_t row_bytes = std::size_t(model_dim) * dtype_size(dtype);
+  const auto* src = static_cast<const std::byte*>(x);
+  auto* dst = static_cast<std::byte*>(dispatched);
+  const std::size_t rows = std::size_t(r.num_experts) * r.capacity;
+  for (std::size_t row = 0; row < rows; ++row) {
+    const int entry = r.slot_entry[row];
+    if (entry < 0) {
+      std::memset(dst + row * row_bytes, 0, row_bytes);
+    } else {
+      std::memcpy(dst + row * row_bytes, src + std::size_t(entry / r.top_k) * row_bytes, row_bytes);
+    }
+  }
+}
+
+void encode_backward(Context&, DType dtype, const Routing& r, int model_dim,
+                     const void* grad_dispatched, void* grad_x) {
+  check_routing(r);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* g = static_cast<const S*>(grad_dispatched);
+    S* out = static_cast<S*>(grad_x);
+    std::vector<float> acc(model_dim);
+    for (int t = 0; t < r.num_tokens; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int c = 0; c < r.top_k; ++c) {
+        const std::size_t entry = std::size_t(t) * r.top_k + c;
+        if (r.slot[entry] < 0) continue;
+        const S* row = g + (std::size_t(r.expert[entry]) * r.capacity + r.slot[entry]) * model_dim;
+        for (int i = 0; i < model_dim; ++i) acc[i] += T::load(row[i]);
+      }
+      for (int i = 0; i < model_dim; ++i) out[std::size_t(t) * model_dim + i] = T::store(acc[i]);
+    }
+  });
+}
+
+void decode(Context&, DType dtype, const Routing& r, int model_dim, const void* expert_out,
+            void* y) {
+  check_routing(r);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* eo = static_cast<const S*>(expert_out);
+    S* out = static_cast<S*>(y);
+    std::vector<float> acc(model_dim);
+    for (int t = 0; t < r.num_tokens; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int c = 0; c < r.top_k; ++c) {
+        const std::size_t entry = std::size_t(t) * r.top_k + c;
+        if (r.slot[entry] < 0) continue;
+        const float w = r.weight[entry];
+        const S* row = eo + (std::size_t(r.expert[entry]) * r.capacity + r.slot[entry]) * model_dim;
+        for (int i = 0; i < model_dim; ++i) acc[i] += w * T::load(row[i]);
+      }
+      for (int i = 0; i < model_dim; ++i) out[std::size_t(t) * model_dim + i] = T::store(acc[i]);
+    }
+  });
+}
+
+void decode_backward(Context&, DType dtype, const Routing& r, int model_dim, const void* expert_out,
+                     const void* grad_y, void* grad_expert_out, float* grad_weight) {
+  check_routing(r);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* eo = static_cast<const S*>(expert_out);
+    const S* gy = static_cast<const S*>(grad_y);
+    S* geo = static_cast<S*>(grad_expert_out);
+    const std::size_t rows = std::size_t(r.num_experts) * r.capacity;
+    for (std::size_t row = 0; row < rows; ++row) {
+      const int entry = r.slot_entry[row];
+      S* dst = geo + row * model_dim;
+      if (entry < 0) {
+        std::fill(dst, dst + model_dim, T::store(0.0f));
+        continue;
+      }
+      const float w = r.weight[entry];
+      const S* g = gy + std::size_t(entry / r.top_k) * model_dim;
+      for (int i = 0; i < model_dim; ++i) dst[i] = T::store(w * T::load(g[i]));
+    }
+    if (!grad_weight) return;
+    const std::size_t entries = std::size_t(r.num_tokens) * r.top_k;
+    for (std::size_t entry = 0; entry < entries; ++entry) {
+      if (r.slot[entry] < 0) {
+        grad_weight[entry] = 0.0f;
+        continue;
+      }
+      const S* row = eo + (std::size_t(r.expert[entry]) * r.capacity + r.slot[entry]) * model_dim;
+      const S* g = gy + (entry / r.top_k) * model_dim;
+      float dot = 0.0f;
+      for (int i = 0; i < model_dim; ++i) dot += T::load(g[i]) * T::load(row[i]);
+      grad_weight[entry] = dot;
+    }
+  });
+}
+
+void stride_copy(Context&, const void* src, void* dst, int h, int w, std::size_t chunk_bytes) {
+  if (h < 1 || w < 1) throw InputError("kernels::stride_copy: h and w must be >= 1");
+  const auto* in = static_cast<const std::byte*>(src);
+  auto* out = static_cast<std::byte*>(dst);
+  for (int i = 0; i < h * w; ++i) {
+    // Same formula as strategies/collectives stride_copy_index (kernels/ may not depend on
+    // moesim_strategies): slice i = a*h + j -> slot j*w + a.
+    const int slot = (i % h) * w + i / h;
+    std::memcpy(out + std::size_t(slot) * chunk_bytes, in + std::size_t(i) * chunk_bytes,
+                chunk_bytes);
+  }
+}
+
+void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
+                const void* w1, const void* w2, void* hidden, void* y) {
+  const int rows = shape.rows, m = shape.model_dim, h = shape.hidden_dim;
+  if (shape.num_experts < 1 || rows < 0 || m < 1 || h < 1) {
+    throw InputError("kernels::expert_ffn: bad shape");
+  }
+  const std::size_t es = dtype_size(dtype);
+  std::vector<float> hf(std::size_t(rows) * h), yf(std::size_t(rows) * m);
+  for (int e = 0; e < shape.num_experts; ++e) {
+    const auto* xe = static_cast<const std::byte*>(x) + std::size_t(e) * rows * m * es;
+    const auto* w1e = static_cast<const std::byte*>(w1) + std::size_t(e) * m * h * es;
+    const auto* w2e = static_cast<const std::byte*>(w2) + std::size_t(e) * h * m * es;
+    auto* he = static_cast<std::byte*>(hidden) + std::size_t(e) * rows * h * es;
+    auto* ye = static_cast<std::byte*>(y) + std::size_t(e) * rows * m * es;
+    const std::vector<float> xf = to_f32(dtype, xe, std::size_t(rows) * m);
+    const std::vector<float> w1f = to_f32(dtype, w1e, std::size_t(m) * h);
+    const std::vector<float> w2f = to_f32(dtype, w2e, std::size_t(h) * m);
+    gemm_f32(ctx.num_threads(), rows, h, m, xf.data(), w1f.data(), hf.data());
+    // Round the GEMM output to the dtype before the activation, as the CUDA path does (cuBLAS
+    // writes the dtype, then the activation kernel reads it back), so both twins agree bit for bit
+    // up to GEMM summation order.
+    for (std::size_t i = 0; i < hf.size(); ++i) {
+      store_element(dtype, he, i, hf[i]);
+      store_element(dtype, he, i, activate(act, load_element(dtype, he, i)));
+      hf[i] = load_element(dtype, he, i);
+    }
+    gemm_f32(ctx.num_threads(), rows, m, h, hf.data(), w2f.data(), yf.data());
+    convert(DType::kF32, yf.data(), dtype, ye, yf.size());
+  }
+}
+
+}  // namespace moesim::kernels::cpu

@@ -1,0 +1,648 @@
+// CUDA kernels of moe_kernels.hpp. Semantics are those of the CPU twins (cpu_kernels.cpp), which
+// the gpu-labelled tests compare against. Memory-bound kernels (encode, decode and their backward
+// passes, stride copy) move 16-byte vectors whenever the row size and pointers allow it, one block
+// per row, so each block streams contiguous rows at full HBM width.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <string>
+
+#include "core/error.hpp"
+#include "kernels/moe_kernels.hpp"
+
+namespace moesim::kernels::cuda {
+namespace {
+
+#define MOESIM_KCUDA_CHECK(expr)                                                            \
+  do {                                                                                      \
+    const cudaError_t moesim_err_ = (expr);                                                 \
+    if (moesim_err_ != cudaSuccess) {                                                       \
+      throw ::moesim::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                   ": " #expr ": " + cudaGetErrorString(moesim_err_));      \
+    }                                                                                       \
+  } while (0)
+
+#define MOESIM_KCUBLAS_CHECK(expr)                                                          \
+  do {                                                                                      \
+    const cublasStatus_t moesim_st_ = (expr);                                               \
+    if (moesim_st_ != CUBLAS_STATUS_SUCCESS) {                                              \
+      throw ::moesim::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                   ": " #expr ": cuBLAS status " +                          \
+                                   std::to_string(static_cast<int>(moesim_st_)));           \
+    }                                                                                       \
+  } while (0)
+
+// Kernel launches report configuration errors only through cudaGetLastError.
+#define MOESIM_KCUDA_LAUNCHED() MOESIM_KCUDA_CHECK(cudaGetLastError())
+
+std::size_t elem_size(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+template <typename Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(float{});
+      return;
+    case DType::kF16:
+      fn(__half{});
+      return;
+    case DType::kBF16:
+      fn(__nv_bfloat16{});
+      return;
+  }
+}
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// A vector of N elements of T moved as one load / store (N*sizeof(T) is 16, or N = 1).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+int grid_for(std::size_t blocks) {
+  return static_cast<int>(blocks < 2147483647u ? blocks : 2147483647u);
+}
+
+void check_routing(const Routing& r) {
+  if (r.num_tokens < 0 || r.num_experts < 1 || r.capacity < 0 || r.top_k < 1 || r.top_k > 8) {
+    throw InputError("kernels::cuda: bad routing shape");
+  }
+}
+
+// --- gate ----------------------------------------------------------------------------------------
+
+// One thread per token: softmax over E, top-k on the logits (ties: lower index), weights.
+__global__ void topk_kernel(int s, int e, int k, bool normalize, const float* __restrict__ logits,
+                            int* __restrict__ expert, float* __restrict__ weight,
+                            float* __restrict__ top_prob) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= s) return;
+  const float* row = logits + static_cast<std::size_t>(t) * e;
+  float mx = row[0];
+  for (int j = 1; j < e; ++j) mx = fmaxf(mx, row[j]);
+  float sum = 0.0f;
+  for (int j = 0; j < e; ++j) sum += expf(row[j] - mx);
+  int chosen[8];
+  float chosen_sum = 0.0f;
+  for (int c = 0; c < k; ++c) {
+    int best = -1;
+    for (int j = 0; j < e; ++j) {
+      bool used = false;
+      for (int cc = 0; cc < c; ++cc) used |= chosen[cc] == j;
+      if (used) continue;
+      if (best < 0 || row[j] > row[best]) best = j;
+    }
+    chosen[c] = best;
+    const float p = expf(row[best] - mx) / sum;
+    expert[static_cast<std::size_t>(t) * k + c] = best;
+    weight[static_cast<std::size_t>(t) * k + c] = p;
+    chosen_sum += p;
+    if (c == 0) top_prob[t] = p;
+  }
+  if (normalize) {
+    for (int c = 0; c < k; ++c) weight[static_cast<std::size_t>(t) * k + c] /= chosen_sum;
+  }
+}
+
+__global__ void iota_kernel(int n, int* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = i;
+}
+
+constexpr int kScanThreads = 256;
+
+// One block per expert: walks all entries in priority order (choice level, then token order) and
+// hands out slots with a block-wide exclusive scan, so the result equals the sequential rule.
+__global__ void capacity_kernel(int s, int k, int capacity, const int* __restrict__ order,
+                                const int* __restrict__ expert, int* __restrict__ slot,
+                                int* __restrict__ slot_entry, int* __restrict__ expert_count) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const int e = blockIdx.x;
+  const long long total = static_cast<long long>(s) * k;
+  int base = 0;
+  for (long long p0 = 0; p0 < total; p0 += kScanThreads) {
+    const long long p = p0 + threadIdx.x;
+    int entry = -1, match = 0;
+    if (p < total) {
+      const int c = static_cast<int>(p / s);
+      const int pos = static_cast<int>(p % s);
+      const int t = order ? order[pos] : pos;
+      entry = t * k + c;
+      match = expert[entry] == e;
+    }
+    int rank = 0, aggregate = 0;
+    Scan(temp).ExclusiveSum(match, rank, aggregate);
+    if (match) {
+      const int sl = base + rank;
+      if (sl < capacity) {
+        slot[entry] = sl;
+        if (slot_entry) slot_entry[static_cast<std::size_t>(e) * capacity + sl] = entry;
+      } else {
+        slot[entry] = -1;
+      }
+    }
+    base += aggregate;
+    __syncthreads();  // temp storage is reused by the next iteration
+  }
+  const int kept = base < capacity ? base : capacity;
+  if (slot_entry) {
+    for (int sl = kept + threadIdx.x; sl < capacity; sl += blockDim.x) {
+      slot_entry[static_cast<std::size_t>(e) * capacity + sl] = -1;
+    }
+  }
+  if (expert_count && threadIdx.x == 0) expert_count[e] = kept;
+}
+
+__global__ void slot_index_kernel(long long entries, int num_experts, int capacity,
+                                  const int* __restrict__ expert, const int* __restrict__ slot,
+                                  int* __restrict__ slot_entry) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= entries) return;
+  const int sl = slot[i], ex = expert[i];
+  // Out-of-range entries are ignored on the device (the CPU twin throws InputError).
+  if (sl < 0 || sl >= capacity || ex < 0 || ex >= num_experts) return;
+  slot_entry[static_cast<std::size_t>(ex) * capacity + sl] = static_cast<int>(i);
+}
+
+// --- encode / decode -----------------------------------------------------------------------------
+
+constexpr int kRowThreads = 128;
+
+// dispatched row (e, s) = x row of the entry's token, zeros when empty. V is a 16-, 4- or 2-byte
+// word; row_words rows of V.
+template <typename V>
+__global__ void encode_kernel(std::size_t rows, int row_words, int k,
+                              const int* __restrict__ slot_entry, const V* __restrict__ x,
+                              V* __restrict__ out) {
+  for (std::size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int entry = slot_entry[row];
+    V* dst = out + row * row_words;
+    if (entry < 0) {
+      V zero{};
+      for (int i = threadIdx.x; i < row_words; i += blockDim.x) dst[i] = zero;
+    } else {
+      const V* src = x + static_cast<std::size_t>(entry / k) * row_words;
+      for (int i = threadIdx.x; i < row_words; i += blockDim.x) dst[i] = src[i];
+    }
+  }
+}
+
+// One block per token: out[t] = sum over kept choices of w_c * in[row_c] (kUseWeight) or of
+// in[row_c] (encode backward). N elements per thread step.
+template <typename T, int N, bool kUseWeight>
+__global__ void combine_kernel(int s, int k, int capacity, int m, const int* __restrict__ expert,
+                               const int* __restrict__ slot, const float* __restrict__ weight,
+                               const T* __restrict__ in, T* __restrict__ out) {
+  __shared__ long long rows[8];
+  __shared__ float ws[8];
+  __shared__ int count;
+  using V = Vec<T, N>;
+  for (int t = blockIdx.x; t < s; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      int n = 0;
+      for (int c = 0; c < k; ++c) {
+        const std::size_t entry = static_cast<std::size_t>(t) * k + c;
+        if (slot[entry] < 0) continue;
+        rows[n] = static_cast<long long>(expert[entry]) * capacity + slot[entry];
+        ws[n] = kUseWeight ? weight[entry] : 1.0f;
+        ++n;
+      }
+      count = n;
+    }
+    __syncthreads();
+    const int words = m / N;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+      float acc[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+      for (int c = 0; c < count; ++c) {
+        const V v = reinterpret_cast<const V*>(in + rows[c] * m)[i];
+        const float w = ws[c];
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[j] += w * to_f(v.v[j]);
+      }
+      V o;
+#pragma unroll
+      for (int j = 0; j < N; ++j) o.v[j] = from_f<T>(acc[j]);
+      reinterpret_cast<V*>(out + static_cast<std::size_t>(t) * m)[i] = o;
+    }
+    __syncthreads();  // rows / ws are rewritten for the next token
+  }
+}
+
+// grad_expert_out row (e, s) = w_entry * grad_y[token], zeros when empty.
+template <typename T, int N>
+__global__ void scatter_grad_kernel(std::size_t rows, int k, int m,
+                                    const int* __restrict__ slot_entry,
+                                    const float* __restrict__ weight, const T* __restrict__ grad_y,
+                                    T* __restrict__ out) {
+  using V = Vec<T, N>;
+  const int words = m / N;
+  for (std::size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int entry = slot_entry[row];
+    V* dst = reinterpret_cast<V*>(out + row * m);
+    if (entry < 0) {
+      V zero;
+#pragma unroll
+      for (int j = 0; j < N; ++j) zero.v[j] = from_f<T>(0.0f);
+      for (int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = zero;
+      continue;
+    }
+    const float w = weight[entry];
+    const V* src = reinterpret_cast<const V*>(grad_y + static_cast<std::size_t>(entry / k) * m);
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+      const V v = src[i];
+      V o;
+#pragma unroll
+      for (int j = 0; j < N; ++j) o.v[j] = from_f<T>(w * to_f(v.v[j]));
+      dst[i] = o;
+    }
+  }
+}
+
+// grad_weight[entry] = <grad_y[token], expert_out[row]>, one block per entry.
+template <typename T, int N>
+__global__ void weight_grad_kernel(long long entries, int k, int capacity, int m,
+                                   const int* __restrict__ expert, const int* __restrict__ slot,
+                                   const T* __restrict__ expert_out, const T* __restrict__ grad_y,
+                                   float* __restrict__ grad_weight) {
+  using Reduce = cub::BlockReduce<float, kRowThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  using V = Vec<T, N>;
+  const int words = m / N;
+  for (long long entry = blockIdx.x; entry < entries; entry += gridDim.x) {
+    const int sl = slot[entry];
+    if (sl < 0) {  // uniform across the block
+      if (threadIdx.x == 0) grad_weight[entry] = 0.0f;
+      continue;
+    }
+    const V* a = reinterpret_cast<const V*>(
+        expert_out + (static_cast<std::size_t>(expert[entry]) * capacity + sl) * m);
+    const V* g = reinterpret_cast<const V*>(grad_y + static_cast<std::size_t>(entry / k) * m);
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+      const V av = a[i], gv = g[i];
+#pragma unroll
+      for (int j = 0; j < N; ++j) dot += to_f(av.v[j]) * to_f(gv.v[j]);
+    }
+    const float total = Reduce(temp).Sum(dot);
+    if (threadIdx.x == 0) grad_weight[entry] = total;
+    __syncthreads();
+  }
+}
+
+// --- stride copy, activation ---------------------------------------------------------------------
+
+template <typename V>
+__global__ void stride_copy_kernel(int h, int w, std::size_t chunk_words, const V* __restrict__ src,
+                                   V* __restrict__ dst) {
+  for (int i = blockIdx.y; i < h * w; i += gridDim.y) {
+    const int slot = (i % h) * w + i / h;  // strategies/collectives stride_copy_index
+    const V* in = src + static_cast<std::size_t>(i) * chunk_words;
+    V* out = dst + static_cast<std::size_t>(slot) * chunk_words;
+    for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         j < chunk_words; j += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+      out[j] = in[j];
+    }
+  }
+}
+
+template <typename T>
+__global__ void activation_kernel(std::size_t n, int act, T* data) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float x = to_f(data[i]);
+    float y = x;
+    if (act == static_cast<int>(Activation::kRelu)) {
+      y = x > 0.0f ? x : 0.0f;
+    } else if (act == static_cast<int>(Activation::kGelu)) {
+      y = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    }
+    data[i] = from_f<T>(y);
+  }
+}
+
+// Largest vector width (in elements of T) for rows of m elements at the given pointers.
+template <typename T>
+int vec_width(int m, std::initializer_list<const void*> ptrs) {
+  constexpr int kWide = static_cast<int>(16 / sizeof(T));
+  bool ok = m % kWide == 0;
+  for (const void* p : ptrs) ok = ok && (p == nullptr || aligned(p, 16));
+  return ok ? kWide : 1;
+}
+
+}  // namespace
+
+// --- Context -------------------------------------------------------------------------------------
+
+struct Context::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+Context::Context(int device, Stream stream) : impl_(std::make_unique<Impl>()) {
+  if (device < 0) MOESIM_KCUDA_CHECK(cudaGetDevice(&device));
+  MOESIM_KCUDA_CHECK(cudaSetDevice(device));
+  impl_->device = device;
+  impl_->stream = stream;
+  MOESIM_KCUBLAS_CHECK(cublasCreate(&impl_->cublas));
+  MOESIM_KCUBLAS_CHECK(cublasSetStream(impl_->cublas, stream));
+}
+
+Context::~Context() {
+  // Destructors never throw: failures here leave nothing the caller could act on.
+  if (impl_->workspace) (void)cudaFree(impl_->workspace);
+  if (impl_->cublas) (void)cublasDestroy(impl_->cublas);
+}
+
+int Context::device() const { return impl_->device; }
+Stream Context::stream() const { return impl_->stream; }
+void Context::set_stream(Stream stream) {
+  impl_->stream = stream;
+  MOESIM_KCUBLAS_CHECK(cublasSetStream(impl_->cublas, stream));
+}
+void Context::synchronize() { MOESIM_KCUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void* Context::cublas_handle() { return impl_->cublas; }
+
+void* Context::workspace(std::size_t bytes) {
+  if (bytes > impl_->workspace_bytes) {
+    if (impl_->workspace) MOESIM_KCUDA_CHECK(cudaFree(impl_->workspace));  // synchronises
+    impl_->workspace = nullptr;
+    MOESIM_KCUDA_CHECK(cudaMalloc(&impl_->workspace, bytes));
+    impl_->workspace_bytes = bytes;
+  }
+  return impl_->workspace;
+}
+
+// --- Kernels -------------------------------------------------------------------------------------
+
+void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
+          float alpha, float beta) {
+  if (m < 0 || n < 0 || k < 0) throw InputError("kernels::cuda::gemm: negative dimension");
+  if (m == 0 || n == 0) return;
+  const cudaDataType_t t = cuda_type(dtype);
+  // Row-major C = A B is column-major C^T = B^T A^T.
+  MOESIM_KCUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(ctx.cublas_handle()), CUBLAS_OP_N,
+                                    CUBLAS_OP_N, n, m, k, &alpha, b, t, n, a, t, k, &beta, c, t, n,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
+          float* logits, const RoutingOut& out) {
+  if (params.model_dim < 1) throw InputError("kernels::cuda::gate: model_dim must be >= 1");
+  const int s = params.num_tokens, m = params.model_dim, e = params.num_experts;
+  if (s > 0) {
+    const float alpha = 1.0f, beta = 0.0f;
+    const cudaDataType_t t = cuda_type(dtype);
+    MOESIM_KCUBLAS_CHECK(cublasGemmEx(
+        static_cast<cublasHandle_t>(ctx.cublas_handle()), CUBLAS_OP_N, CUBLAS_OP_N, e, s, m, &alpha,
+        wg, t, e, x, t, m, &beta, logits, CUDA_R_32F, e, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  gate_from_logits(ctx, params, logits, out);
+}
+
+void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
+                      const RoutingOut& out) {
+  check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
+  if (p.top_k > p.num_experts) throw InputError("kernels::cuda::gate: top_k > num_experts");
+  const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
+  cudaStream_t stream = ctx.stream();
+  if (s == 0) {
+    if (out.slot_entry && p.capacity > 0) {
+      MOESIM_KCUDA_CHECK(cudaMemsetAsync(
+          out.slot_entry, 0xff, sizeof(int) * static_cast<std::size_t>(e) * p.capacity, stream));
+    }
+    if (out.expert_count) MOESIM_KCUDA_CHECK(cudaMemsetAsync(out.expert_count, 0, 4 * e, stream));
+    return;
+  }
+  // Workspace: top_prob, sorted keys, order in, order out, then CUB's sort scratch.
+  std::size_t sort_bytes = 0;
+  if (p.batch_prioritized) {
+    MOESIM_KCUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+        nullptr, sort_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), s, 0, 32, stream));
+  }
+  const std::size_t n4 = (static_cast<std::size_t>(s) * 4 + 255) / 256 * 256;
+  char* ws = static_cast<char*>(ctx.workspace(4 * n4 + sort_bytes));
+  float* top_prob = reinterpret_cast<float*>(ws);
+  float* keys_out = reinterpret_cast<float*>(ws + n4);
+  int* order_in = reinterpret_cast<int*>(ws + 2 * n4);
+  int* order_out = reinterpret_cast<int*>(ws + 3 * n4);
+  topk_kernel<<<(s + 127) / 128, 128, 0, stream>>>(s, e, k, p.normalize_top_k, logits, out.expert,
+                                                   out.weight, top_prob);
+  MOESIM_KCUDA_LAUNCHED();
+  const int* order = nullptr;
+  if (p.batch_prioritized) {
+    iota_kernel<<<(s + 255) / 256, 256, 0, stream>>>(s, order_in);
+    MOESIM_KCUDA_LAUNCHED();
+    // Radix sort is stable: equal top values keep ascending token order, as on the CPU.
+    MOESIM_KCUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+        ws + 4 * n4, sort_bytes, top_prob, keys_out, order_in, order_out, s, 0, 32, stream));
+    order = order_out;
+  }
+  capacity_kernel<<<e, kScanThreads, 0, stream>>>(s, k, p.capacity, order, out.expert, out.slot,
+                                                  out.slot_entry, out.expert_count);
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void build_slot_index(Context& ctx, const Routing& r, std::int32_t* slot_entry) {
+  check_routing(r);
+  const std::size_t slots = static_cast<std::size_t>(r.num_experts) * r.capacity;
+  if (slots == 0) return;
+  MOESIM_KCUDA_CHECK(cudaMemsetAsync(slot_entry, 0xff, sizeof(int) * slots, ctx.stream()));
+  const long long entries = static_cast<long long>(r.num_tokens) * r.top_k;
+  if (entries == 0) return;
+  slot_index_kernel<<<grid_for((entries + 255) / 256), 256, 0, ctx.stream()>>>(
+      entries, r.num_experts, r.capacity, r.expert, r.slot, slot_entry);
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void encode(Context& ctx, DType dtype, const Routing& r, int model_dim, const void* x,
+            void* dispatched) {
+  check_routing(r);
+  const std::size_t rows = static_cast<std::size_t>(r.num_experts) * r.capacity;
+  if (rows == 0 || model_dim == 0) return;
+  const std::size_t row_bytes = static_cast<std::size_t>(model_dim) * elem_size(dtype);
+  const int grid = grid_for(rows);
+  if (row_bytes % 16 == 0 && aligned(x, 16) && aligned(dispatched, 16)) {
+    encode_kernel<uint4><<<grid, kRowThreads, 0, ctx.stream()>>>(
+        rows, static_cast<int>(row_bytes / 16), r.top_k, r.slot_entry, static_cast<const uint4*>(x),
+        static_cast<uint4*>(dispatched));
+  } else if (row_bytes % 4 == 0 && aligned(x, 4) && aligned(dispatched, 4)) {
+    encode_kernel<unsigned><<<grid, kRowThreads, 0, ctx.stream()>>>(
+        rows, static_cast<int>(row_bytes / 4), r.top_k, r.slot_entry,
+        static_cast<const unsigned*>(x), static_cast<unsigned*>(dispatched));
+  } else {
+    encode_kernel<unsigned short><<<grid, kRowThreads, 0, ctx.stream()>>>(
+        rows, static_cast<int>(row_bytes / 2), r.top_k, r.slot_entry,
+        static_cast<const unsigned short*>(x), static_cast<unsigned short*>(dispatched));
+  }
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+namespace {
+template <bool kUseWeight>
+void combine(Context& ctx, DType dtype, const Routing& r, int m, const void* in, void* out) {
+  check_routing(r);
+  if (r.num_tokens == 0 || m == 0) return;
+  const int grid = grid_for(static_cast<std::size_t>(r.num_tokens));
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(in);
+    T* dst = static_cast<T*>(out);
+    if (vec_width<T>(m, {in, out}) > 1) {
+      constexpr int N = 16 / sizeof(T);
+      combine_kernel<T, N, kUseWeight><<<grid, kRowThreads, 0, ctx.stream()>>>(
+          r.num_tokens, r.top_k, r.capacity, m, r.expert, r.slot, r.weight, src, dst);
+    } else {
+      combine_kernel<T, 1, kUseWeight><<<grid, kRowThreads, 0, ctx.stream()>>>(
+          r.num_tokens, r.top_k, r.capacity, m, r.expert, r.slot, r.weight, src, dst);
+    }
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+}  // namespace
+
+void encode_backward(Context& ctx, DType dtype, const Routing& r, int model_dim,
+                     const void* grad_dispatched, void* grad_x) {
+  combine<false>(ctx, dtype, r, model_dim, grad_dispatched, grad_x);
+}
+
+void decode(Context& ctx, DType dtype, const Routing& r, int model_dim, const void* expert_out,
+            void* y) {
+  combine<true>(ctx, dtype, r, model_dim, expert_out, y);
+}
+
+void decode_backward(Context& ctx, DType dtype, const Routing& r, int model_dim,
+                     const void* expert_out, const void* grad_y, void* grad_expert_out,
+                     float* grad_weight) {
+  check_routing(r);
+  const int m = model_dim;
+  const std::size_t rows = static_cast<std::size_t>(r.num_experts) * r.capacity;
+  const long long entries = static_cast<long long>(r.num_tokens) * r.top_k;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = 16 / sizeof(T);
+    const T* eo = static_cast<const T*>(expert_out);
+    const T* gy = static_cast<const T*>(grad_y);
+    T* geo = static_cast<T*>(grad_expert_out);
+    const bool wide = vec_width<T>(m, {expert_out, grad_y, grad_expert_out}) > 1;
+    if (rows > 0 && m > 0) {
+      if (wide) {
+        scatter_grad_kernel<T, N><<<grid_for(rows), kRowThreads, 0, ctx.stream()>>>(
+            rows, r.top_k, m, r.slot_entry, r.weight, gy, geo);
+      } else {
+        scatter_grad_kernel<T, 1><<<grid_for(rows), kRowThreads, 0, ctx.stream()>>>(
+            rows, r.top_k, m, r.slot_entry, r.weight, gy, geo);
+      }
+      MOESIM_KCUDA_LAUNCHED();
+    }
+    if (grad_weight && entries > 0) {
+      const int grid = grid_for(static_cast<std::size_t>(entries));
+      if (wide) {
+        weight_grad_kernel<T, N><<<grid, kRowThreads, 0, ctx.stream()>>>(
+            entries, r.top_k, r.capacity, m, r.expert, r.slot, eo, gy, grad_weight);
+      } else {
+        weight_grad_kernel<T, 1><<<grid, kRowThreads, 0, ctx.stream()>>>(
+            entries, r.top_k, r.capacity, m, r.expert, r.slot, eo, gy, grad_weight);
+      }
+      MOESIM_KCUDA_LAUNCHED();
+    }
+  });
+}
+
+void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::size_t chunk_bytes) {
+  if (h < 1 || w < 1) throw InputError("kernels::cuda::stride_copy: h and w must be >= 1");
+  if (chunk_bytes == 0) return;
+  const int chunks = h * w;
+  auto launch = [&](auto word) {
+    using V = decltype(word);
+    const std::size_t words = chunk_bytes / sizeof(V);
+    const std::size_t per_chunk = (words + 255) / 256;
+    const dim3 grid(static_cast<unsigned>(per_chunk < 1024 ? per_chunk : 1024),
+                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+    stride_copy_kernel<V><<<grid, 256, 0, ctx.stream()>>>(h, w, words, static_cast<const V*>(src),
+                                                          static_cast<V*>(dst));
+  };
+  if (chunk_bytes % 16 == 0 && aligned(src, 16) && aligned(dst, 16)) {
+    launch(uint4{});
+  } else if (chunk_bytes % 4 == 0 && aligned(src, 4) && aligned(dst, 4)) {
+    launch(0u);
+  } else {
+    launch(static_cast<unsigned char>(0));
+  }
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
+                const void* w1, const void* w2, void* hidden, void* y) {
+  const int e = shape.num_experts, rows = shape.rows, m = shape.model_dim, h = shape.hidden_dim;
+  if (e < 1 || rows < 0 || m < 1 || h < 1) throw InputError("kernels::cuda::expert_ffn: bad shape");
+  if (rows == 0) return;
+  auto handle = static_cast<cublasHandle_t>(ctx.cublas_handle());
+  const cudaDataType_t t = cuda_type(dtype);
+  const float alpha = 1.0f, beta = 0.0f;
+  const long long x_stride = static_cast<long long>(rows) * m;
+  const long long h_stride = static_cast<long long>(rows) * h;
+  const long long w_stride = static_cast<long long>(m) * h;
+  // hidden_e (rows x H) = X_e (rows x M) W1_e (M x H), as column-major hidden^T = W1^T X^T.
+  MOESIM_KCUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, h, rows, m, &alpha, w1, t, h, w_stride, x, t, m, x_stride,
+      &beta, hidden, t, h, h_stride, e, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (act != Activation::kNone) {
+    const std::size_t n = static_cast<std::size_t>(e) * h_stride;
+    const int grid = grid_for(std::min<std::size_t>((n + 255) / 256, 65536));
+    dispatch(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      activation_kernel<T>
+          <<<grid, 256, 0, ctx.stream()>>>(n, static_cast<int>(act), static_cast<T*>(hidden));
+    });
+    MOESIM_KCUDA_LAUNCHED();
+  }
+  // Y_e (rows x M) = hidden_e (rows x H) W2_e (H x M).
+  MOESIM_KCUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, m, rows, h, &alpha, w2, t, m, w_stride, hidden, t, h,
+      h_stride, &beta, y, t, m, x_stride, e, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace moesim::kernels::cuda

@@ -1,0 +1,291 @@
+// CUDA kernels against their CPU twins on random inputs (label gpu). Every test skips cleanly when
+// no device is present (no driver, or cudaGetDeviceCount returns 0), so the binary also runs in CI.
+#include <cuda_runtime_api.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kernels/moe_kernels.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+
+namespace moesim::kernels {
+namespace {
+
+using testing::HostBuffer;
+using testing::HostRouting;
+using testing::kAllDTypes;
+using testing::random_floats;
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A device copy of a host byte range; copies back on demand.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (cudaMalloc(&ptr_, bytes ? bytes : 1) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+  }
+  DeviceBuffer(const void* host, std::size_t bytes) : DeviceBuffer(bytes) {
+    if (cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      throw std::runtime_error("cudaMemcpy");
+    }
+  }
+  template <typename T>
+  explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.data(), v.size() * sizeof(T)) {}
+  explicit DeviceBuffer(const HostBuffer& b) : DeviceBuffer(b.data(), b.bytes.size()) {}
+  ~DeviceBuffer() { (void)cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  void to_host(void* host) const {
+    if (cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      throw std::runtime_error("cudaMemcpy back");
+    }
+  }
+  template <typename T>
+  std::vector<T> to_vector() const {
+    std::vector<T> v(bytes_ / sizeof(T));
+    to_host(v.data());
+    return v;
+  }
+  HostBuffer to_buffer(DType d) const {
+    HostBuffer b(d, bytes_ / dtype_size(d));
+    to_host(b.data());
+    return b;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_;
+};
+
+// Routing arrays on the device, same sizes as a HostRouting.
+struct DeviceRouting {
+  int s, k, e, c;
+  DeviceBuffer expert, slot, weight, slot_entry, count;
+  explicit DeviceRouting(const HostRouting& h)
+      : s(h.s),
+        k(h.k),
+        e(h.e),
+        c(h.c),
+        expert(h.expert),
+        slot(h.slot),
+        weight(h.weight),
+        slot_entry(h.slot_entry),
+        count(h.count) {}
+  RoutingOut out() const {
+    return RoutingOut{expert.get<std::int32_t>(), slot.get<std::int32_t>(), weight.get<float>(),
+                      slot_entry.get<std::int32_t>(), count.get<std::int32_t>()};
+  }
+  Routing view() const {
+    return Routing{s,
+                   k,
+                   e,
+                   c,
+                   expert.get<std::int32_t>(),
+                   slot.get<std::int32_t>(),
+                   weight.get<float>(),
+                   slot_entry.get<std::int32_t>()};
+  }
+};
+
+class KernelGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    ctx_ = std::make_unique<cuda::Context>();
+  }
+  cuda::Context& ctx() { return *ctx_; }
+  std::unique_ptr<cuda::Context> ctx_;
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                  float abs, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], abs + rel * std::abs(want[i])) << what << " at " << i;
+  }
+}
+
+GateParams random_params(bool prioritized) {
+  GateParams p;
+  p.num_tokens = 1500;
+  p.model_dim = 64;
+  p.num_experts = 16;
+  p.top_k = 2;
+  p.capacity = 150;  // 3000 entries for 2400 slots: drops on popular experts
+  p.batch_prioritized = prioritized;
+  return p;
+}
+
+TEST_F(KernelGpuTest, GateFromLogitsMatchesCpuExactly) {
+  for (bool prioritized : {false, true}) {
+    for (bool normalize : {false, true}) {
+      GateParams p = random_params(prioritized);
+      p.normalize_top_k = normalize;
+      const std::vector<float> logits =
+          random_floats(std::size_t(p.num_tokens) * p.num_experts, 31, -3, 3);
+      HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+      cpu::Context cctx;
+      cpu::gate_from_logits(cctx, p, logits.data(), want.out());
+      ASSERT_GT(std::count(want.slot.begin(), want.slot.end(), -1), 0);
+      DeviceBuffer dl(logits);
+      DeviceRouting got(want);  // allocated with the CPU values, then overwritten
+      ASSERT_CUDA(cudaMemset(got.slot.get(), 0x7f, want.slot.size() * 4));
+      cuda::gate_from_logits(ctx(), p, dl.get<float>(), got.out());
+      ctx().synchronize();
+      EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
+      EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
+      EXPECT_EQ(got.slot_entry.to_vector<std::int32_t>(), want.slot_entry);
+      EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
+      expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
+    }
+  }
+}
+
+TEST_F(KernelGpuTest, GateWithCublasGemmAllDTypes) {
+  for (DType d : kAllDTypes) {
+    GateParams p = random_params(false);
+    const std::vector<float> x = random_floats(std::size_t(p.num_tokens) * p.model_dim, 41);
+    const std::vector<float> wg = random_floats(std::size_t(p.model_dim) * p.num_experts, 42);
+    HostBuffer xb(d, x), wb(d, wg);
+    std::vector<float> logits(std::size_t(p.num_tokens) * p.num_experts);
+    HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+    cpu::Context cctx;
+    cpu::gate(cctx, d, p, xb.data(), wb.data(), logits.data(), want.out());
+    DeviceBuffer dx(xb), dw(wb), dlog(logits.size() * 4);
+    DeviceRouting got(want);
+    cuda::gate(ctx(), d, p, dx.get(), dw.get(), dlog.get<float>(), got.out());
+    ctx().synchronize();
+    expect_close(dlog.to_vector<float>(), logits, 1e-4f, 1e-5f, dtype_name(d));
+    // Summation order differs between cuBLAS and the CPU GEMM, so near-ties may flip a choice:
+    // compare the routing that follows from the device logits.
+    HostRouting from_dev(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+    const std::vector<float> dev_logits = dlog.to_vector<float>();
+    cpu::gate_from_logits(cctx, p, dev_logits.data(), from_dev.out());
+    EXPECT_EQ(got.expert.to_vector<std::int32_t>(), from_dev.expert) << dtype_name(d);
+    EXPECT_EQ(got.slot.to_vector<std::int32_t>(), from_dev.slot) << dtype_name(d);
+  }
+}
+
+TEST_F(KernelGpuTest, BuildSlotIndexMatchesCpu) {
+  GateParams p = random_params(true);
+  const std::vector<float> logits =
+      random_floats(std::size_t(p.num_tokens) * p.num_experts, 51, -3, 3);
+  HostRouting r(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+  cpu::Context cctx;
+  cpu::gate_from_logits(cctx, p, logits.data(), r.out());
+  DeviceRouting d(r);
+  ASSERT_CUDA(cudaMemset(d.slot_entry.get(), 0, r.slot_entry.size() * 4));
+  cuda::build_slot_index(ctx(), d.view(), d.slot_entry.get<std::int32_t>());
+  ctx().synchronize();
+  EXPECT_EQ(d.slot_entry.to_vector<std::int32_t>(), r.slot_entry);
+}
+
+// Encode / decode and backward passes vs CPU, for a row size that takes the 16-byte path (M = 96)
+// and one that does not (M = 35).
+TEST_F(KernelGpuTest, EncodeDecodeAndBackwardMatchCpu) {
+  GateParams p = random_params(false);
+  const std::vector<float> logits =
+      random_floats(std::size_t(p.num_tokens) * p.num_experts, 61, -3, 3);
+  HostRouting r(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+  cpu::Context cctx;
+  cpu::gate_from_logits(cctx, p, logits.data(), r.out());
+  DeviceRouting dr(r);
+  for (int m : {96, 35}) {
+    const std::size_t tokens = std::size_t(r.s) * m, slots = std::size_t(r.e) * r.c * m;
+    for (DType d : kAllDTypes) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + " M=" + std::to_string(m));
+      const float tol = 2 * testing::dtype_eps(d);
+      HostBuffer x(d, random_floats(tokens, 62)), z(d, random_floats(slots, 63)),
+          gy(d, random_floats(tokens, 64)), gd(d, random_floats(slots, 65));
+      DeviceBuffer dx(x), dz(z), dgy(gy), dgd(gd);
+      // encode: exact copy.
+      HostBuffer disp(d, slots);
+      cpu::encode(cctx, d, r.view(), m, x.data(), disp.data());
+      DeviceBuffer ddisp(slots * dtype_size(d));
+      ASSERT_CUDA(cudaMemset(ddisp.get(), 0x55, slots * dtype_size(d)));
+      cuda::encode(ctx(), d, dr.view(), m, dx.get(), ddisp.get());
+      // decode, encode backward, decode backward.
+      HostBuffer y(d, tokens), gx(d, tokens), gz(d, slots);
+      std::vector<float> gw(r.weight.size());
+      cpu::decode(cctx, d, r.view(), m, z.data(), y.data());
+      cpu::encode_backward(cctx, d, r.view(), m, gd.data(), gx.data());
+      cpu::decode_backward(cctx, d, r.view(), m, z.data(), gy.data(), gz.data(), gw.data());
+      DeviceBuffer dy(tokens * dtype_size(d)), dgx(tokens * dtype_size(d)),
+          dgz(slots * dtype_size(d)), dgw(gw.size() * 4);
+      cuda::decode(ctx(), d, dr.view(), m, dz.get(), dy.get());
+      cuda::encode_backward(ctx(), d, dr.view(), m, dgd.get(), dgx.get());
+      cuda::decode_backward(ctx(), d, dr.view(), m, dz.get(), dgy.get(), dgz.get(),
+                            dgw.get<float>());
+      ctx().synchronize();
+      EXPECT_EQ(ddisp.to_buffer(d).bytes, disp.bytes);
+      expect_close(dy.to_buffer(d).to_float(), y.to_float(), tol, 1e-6f, "decode");
+      expect_close(dgx.to_buffer(d).to_float(), gx.to_float(), tol, 1e-6f, "encode_backward");
+      expect_close(dgz.to_buffer(d).to_float(), gz.to_float(), tol, 1e-6f, "decode_backward");
+      // fp32 dot products in a different order: relative to the size of the sum.
+      expect_close(dgw.to_vector<float>(), gw, 1e-4f, 1e-4f * m, "grad_weight");
+    }
+  }
+}
+
+TEST_F(KernelGpuTest, StrideCopyMatchesCpuForAlignedAndOddChunks) {
+  for (std::size_t chunk : {std::size_t(4096), std::size_t(12), std::size_t(7)}) {
+    for (auto [h, w] : {std::pair{4, 2}, std::pair{2, 4}, std::pair{8, 16}}) {
+      std::vector<unsigned char> in(chunk * h * w), want(in.size());
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>(i * 131 + 7);
+      cpu::Context cctx;
+      cpu::stride_copy(cctx, in.data(), want.data(), h, w, chunk);
+      DeviceBuffer din(in), dout(in.size());
+      cuda::stride_copy(ctx(), din.get(), dout.get(), h, w, chunk);
+      ctx().synchronize();
+      EXPECT_EQ(dout.to_vector<unsigned char>(), want) << chunk << " " << h << "x" << w;
+    }
+  }
+}
+
+TEST_F(KernelGpuTest, GemmAndExpertFfnMatchCpu) {
+  const FfnShape shape{4, 40, 64, 96};
+  for (DType d : kAllDTypes) {
+    for (Activation act : {Activation::kRelu, Activation::kGelu}) {
+      SCOPED_TRACE(dtype_name(d));
+      const std::size_t nx = std::size_t(shape.num_experts) * shape.rows * shape.model_dim;
+      const std::size_t nw = std::size_t(shape.num_experts) * shape.model_dim * shape.hidden_dim;
+      const std::size_t nh = std::size_t(shape.num_experts) * shape.rows * shape.hidden_dim;
+      HostBuffer x(d, random_floats(nx, 71)), w1(d, random_floats(nw, 72, -0.2f, 0.2f)),
+          w2(d, random_floats(nw, 73, -0.2f, 0.2f)), hid(d, nh), y(d, nx);
+      cpu::Context cctx;
+      cpu::expert_ffn(cctx, d, act, shape, x.data(), w1.data(), w2.data(), hid.data(), y.data());
+      DeviceBuffer dx(x), dw1(w1), dw2(w2), dh(nh * dtype_size(d)), dy(nx * dtype_size(d));
+      cuda::expert_ffn(ctx(), d, act, shape, dx.get(), dw1.get(), dw2.get(), dh.get(), dy.get());
+      ctx().synchronize();
+      // Accumulation order differs (cuBLAS vs blocked CPU loop): a few dtype ulps.
+      const float tol = 4 * testing::dtype_eps(d) + 1e-5f;
+      expect_close(dh.to_buffer(d).to_float(), hid.to_float(), tol, tol, "hidden");
+      expect_close(dy.to_buffer(d).to_float(), y.to_float(), tol, 4 * tol, "y");
+    }
+    // Plain GEMM with alpha / beta.
+    const int m = 33, n = 17, k = 50;
+    HostBuffer a(d, random_floats(std::size_t(m) * k, 81)),
+        b(d, random_floats(std::size_t(k) * n, 82)), c(d, random_floats(std::size_t(m) * n, 83));
+    DeviceBuffer da(a), db(b), dc(c);
+    cpu::Context cctx;
+    cpu::gemm(cctx, d, m, n, k, a.data(), b.data(), c.data(), 0.5f, 2.0f);
+    cuda::gemm(ctx(), d, m, n, k, da.get(), db.get(), dc.get(), 0.5f, 2.0f);
+    ctx().synchronize();
+    expect_close(dc.to_buffer(d).to_float(), c.to_float(), 4 * testing::dtype_eps(d), 1e-4f,
+                 "gemm");
+  }
+}
+
+TEST(KernelGpuProbe, DeviceCountNeverThrows) {
+  EXPECT_GE(cuda_device_count(), 0);
+  EXPECT_TRUE(kCudaCompiled);
+}
+
+}  // namespace
+}  // namespace moesim::kernels

@@ -4,7 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <random>
 
 #include "kernels/moe_kernels.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
@@ -122,13 +125,37 @@ GateParams random_params(bool prioritized) {
   return p;
 }
 
+// Logits whose top gate values are far apart from token to token. The batch-prioritised order
+// sorts tokens by their top softmax value, and expf on the device may differ from the host's exp
+// by an ulp; random logits could then put two nearly equal tokens in a different order. Here every
+// token has one top expert at 2 + 3 rank / S (rank a random permutation), a second one at 1 and
+// zeros elsewhere, so the top values are strictly ordered by rank with gaps far above an ulp.
+std::vector<float> separated_logits(const GateParams& p, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int> rank(p.num_tokens);
+  std::iota(rank.begin(), rank.end(), 0);
+  std::shuffle(rank.begin(), rank.end(), gen);
+  std::uniform_int_distribution<int> pick(0, p.num_experts - 1);
+  std::vector<float> logits(std::size_t(p.num_tokens) * p.num_experts, 0.0f);
+  for (int t = 0; t < p.num_tokens; ++t) {
+    const int top = pick(gen);
+    int second = pick(gen);
+    if (second == top) second = (top + 1) % p.num_experts;
+    float* row = logits.data() + std::size_t(t) * p.num_experts;
+    row[top] = 2.0f + 3.0f * float(rank[t]) / float(p.num_tokens);
+    row[second] = 1.0f;
+  }
+  return logits;
+}
+
 TEST_F(KernelGpuTest, GateFromLogitsMatchesCpuExactly) {
   for (bool prioritized : {false, true}) {
     for (bool normalize : {false, true}) {
       GateParams p = random_params(prioritized);
       p.normalize_top_k = normalize;
       const std::vector<float> logits =
-          random_floats(std::size_t(p.num_tokens) * p.num_experts, 31, -3, 3);
+          prioritized ? separated_logits(p, 31)
+                      : random_floats(std::size_t(p.num_tokens) * p.num_experts, 31, -3, 3);
       HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
       cpu::Context cctx;
       cpu::gate_from_logits(cctx, p, logits.data(), want.out());

@@ -24,6 +24,10 @@ struct Decision {
   int parallel_degree = 1;
   /// Communication schedule (Parm, Lina): later milestones.
   ScheduleRole schedule = ScheduleRole::kNone;
+  /// Dispatch and combine move the routed counts (all_to_allv of the workload's dispatch matrix,
+  /// expert compute scaled by each rank's received tokens) instead of the padded all_to_all. Set
+  /// by the routing role when it is not even (TA-MoE, FasterMoE hir: STRATEGIES §8).
+  bool variable_dispatch = false;
 
   /// "r=2 a2a=2dh layout=flexible parallel=1" — stable, for tables and JSON.
   std::string describe() const;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -246,11 +247,12 @@ class Builder {
   }
 
   OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps,
-            std::string label) {
+            std::string label, std::shared_ptr<const std::vector<float>> rank_scale = nullptr) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
     spec.gemm = shape;
+    spec.rank_scale = std::move(rank_scale);
     return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
                              std::move(label));
   }
@@ -273,6 +275,71 @@ class Builder {
     spec.grouping = g;
     spec.bytes = Bytes(bytes);
     return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
+  }
+
+  // ---- routed dispatch (Decision::variable_dispatch, STRATEGIES §8) ------------------------
+  // The workload's per-pair token counts (dispatch_matrix) move as an all_to_allv instead of the
+  // padded all_to_all; chunk j of r carries c / r (+1 for the first c % r chunks) of every pair's
+  // c tokens. Expert GEMMs run on the tokens a rank received: rank_scale = received tokens /
+  // the padded W * cap * dE the GEMM shape assumes.
+  struct RoutedChunk {
+    std::vector<std::shared_ptr<const ByteMatrix>> to_experts, to_tokens;  // per EP group
+    std::shared_ptr<const std::vector<float>> rank_scale;
+  };
+  const std::vector<RoutedChunk>& routed(int moe) {
+    if (routed_.size() <= static_cast<std::size_t>(moe)) routed_.resize(moe + 1);
+    auto& chunks = routed_[moe];
+    if (!chunks.empty()) return chunks;
+    const MoeDims dims = moe_dims(moe);
+    const auto& layer = work_.layers[moe];
+    const auto placement = workload::ExpertPlacement::of(sc_.model);
+    const Bytes unit(static_cast<double>(M_ * b_));
+    const auto r = static_cast<std::uint32_t>(dims.chunks.size());
+    chunks.resize(r);
+    std::vector<std::vector<float>> scale(r, std::vector<float>(P_, 0.0f));
+    for (const auto& grp : groups_.ep.groups) {
+      const ByteMatrix full = workload::dispatch_matrix(layer, grp, placement, unit);
+      for (std::uint32_t j = 0; j < r; ++j) {
+        ByteMatrix m = full;
+        for (auto& c : m.counts) c = c / r + (j < c % r ? 1u : 0u);
+        const double padded = static_cast<double>(W_ * dims.chunks[j] * dE_);
+        for (int pos = 0; pos < m.size; ++pos)
+          scale[j][grp[pos]] =
+              padded > 0 ? static_cast<float>(m.col_sum(pos).value() / unit.value() / padded) : 0;
+        ByteMatrix t = m;
+        const auto w = static_cast<std::size_t>(m.size);
+        for (std::size_t a = 0; a < w; ++a)
+          for (std::size_t c = a + 1; c < w; ++c) std::swap(t.counts[a * w + c], t.counts[c * w + a]);
+        chunks[j].to_experts.push_back(std::make_shared<const ByteMatrix>(std::move(m)));
+        chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
+      }
+    }
+    for (std::uint32_t j = 0; j < r; ++j)
+      chunks[j].rank_scale = std::make_shared<const std::vector<float>>(std::move(scale[j]));
+    return chunks;
+  }
+
+  // Dispatch / combine collective of chunk j: the padded all_to_all, or the routed all_to_allv
+  // (to_experts: dispatch forward and combine backward; else combine forward, dispatch backward).
+  OpId moe_a2a(StreamId stream, int moe, std::size_t j, bool to_experts, double padded_bytes,
+               std::vector<OpId> deps, std::string label) {
+    if (!dec_.variable_dispatch)
+      return collective(stream, CollectiveType::kAllToAll, dec_.a2a, grouping(groups_.ep),
+                        padded_bytes, std::move(deps), std::move(label));
+    const RoutedChunk& rc = routed(moe)[j];
+    CollectiveSpec spec;
+    spec.type = CollectiveType::kAllToAllv;
+    spec.algo = dec_.a2a;
+    spec.grouping = grouping(groups_.ep);
+    const auto& mats = to_experts ? rc.to_experts : rc.to_tokens;
+    if (mats.size() == 1)
+      spec.matrix = mats[0];
+    else
+      spec.per_group = mats;
+    return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
+  }
+  std::shared_ptr<const std::vector<float>> expert_scale(int moe, std::size_t j) {
+    return dec_.variable_dispatch ? routed(moe)[j].rank_scale : nullptr;
   }
 
   std::string lbl(int l, bool backward, std::string_view what) const {
@@ -423,7 +490,6 @@ class Builder {
     const OpId first_id = static_cast<OpId>(plan_.ops().size());
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
-    const CollectiveType a2a = CollectiveType::kAllToAll;
 
     OpId in = prev;
     if (esp_ > 1)
@@ -445,16 +511,16 @@ class Builder {
       const std::string c = fmt::format("c{}", j + 1);
       OpId disp = kNone;
       if (W_ > 1) {
-        disp = collective(s_comm_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
-                          deps_of({enc}), lbl(l, false, "dispatch." + c));
+        disp = moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap), deps_of({enc}),
+                       lbl(l, false, "dispatch." + c));
         ops.dispatch.push_back(disp);
       }
       const ExpertShapes sh = expert_shapes(cap);
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_each,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone}),
-                     lbl(l, false, "expert.fc1." + c));
+                     lbl(l, false, "expert.fc1." + c), expert_scale(moe, j));
       OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_each, deps_of({f1}),
-                     lbl(l, false, "expert.fc2." + c));
+                     lbl(l, false, "expert.fc2." + c), expert_scale(moe, j));
       ops.expert.push_back(f1);
       ops.expert.push_back(f2);
       last_expert = f2;
@@ -464,8 +530,8 @@ class Builder {
                          grouping(groups_.esp), a2a_bytes(cap), deps_of({f2}),
                          lbl(l, false, "esp_allreduce." + c));
       if (W_ > 1) {
-        out = collective(s_comm_out_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
-                         deps_of({out}), lbl(l, false, "combine." + c));
+        out = moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
+                      lbl(l, false, "combine." + c));
         ops.combine.push_back(out);
       }
       last_combine = out;
@@ -493,7 +559,6 @@ class Builder {
     PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;
-    const CollectiveType a2a = CollectiveType::kAllToAll;
     auto note = [&](OpId id) {
       ops.backward.push_back(id);
       return id;
@@ -510,15 +575,15 @@ class Builder {
       const std::string c = fmt::format("c{}", j + 1);
       OpId cb = kNone;
       if (W_ > 1) {
-        cb = note(collective(s_comm_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
-                             deps_of({in}), lbl(l, true, "combine." + c)));
+        cb = note(moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap), deps_of({in}),
+                          lbl(l, true, "combine." + c)));
         ops.combine.push_back(cb);
       }
       const ExpertShapes sh = expert_shapes(cap);
       OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_each, deps_of({in, cb}),
-                          lbl(l, true, "expert.fc2." + c)));
+                          lbl(l, true, "expert.fc2." + c), expert_scale(moe, j)));
       OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_each, deps_of({f2}),
-                          lbl(l, true, "expert.fc1." + c)));
+                          lbl(l, true, "expert.fc1." + c), expert_scale(moe, j)));
       ops.expert.push_back(f2);
       ops.expert.push_back(f1);
       last_expert = f1;
@@ -528,8 +593,8 @@ class Builder {
                               grouping(groups_.esp), a2a_bytes(cap), deps_of({f1}),
                               lbl(l, true, "esp_allreduce." + c)));
       if (W_ > 1) {
-        out = note(collective(s_comm_out_, a2a, dec_.a2a, grouping(groups_.ep), a2a_bytes(cap),
-                              deps_of({out}), lbl(l, true, "dispatch." + c)));
+        out = note(moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
+                           lbl(l, true, "dispatch." + c)));
         ops.dispatch.push_back(out);
       }
       last_out = out;
@@ -590,6 +655,7 @@ class Builder {
   Groups groups_;
   Grouping gather_;
   std::vector<std::pair<std::string, GroupingId>> grouping_ids_;
+  std::vector<std::vector<RoutedChunk>> routed_;  // per MoE layer, per chunk (variable dispatch)
   int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
   std::int64_t b_ = 2;

@@ -87,6 +87,7 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
     Decision decision;
     stack->decide(ctx, decision);
     workload::IterationWorkload work = generator.next(i, decision.pipeline_degree);
+    stack->route(ctx, decision, work);
     BuiltPlan built = build_step_plan(sc, topo, work, decision);
     RunResult result = backend(built.plan);
     IterationRecord rec = make_record(i, f, decision, work, built, result);

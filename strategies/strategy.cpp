@@ -9,6 +9,7 @@
 #include "strategies/pipeline/fixed.hpp"
 #include "strategies/pipeline/pipemoe.hpp"
 #include "strategies/pipeline/tutel_online.hpp"
+#include "strategies/routing/routing.hpp"
 
 namespace moesim::strategies {
 
@@ -47,9 +48,15 @@ void StrategyStack::observe(const StrategyContext& ctx, const IterationRecord& r
   for (auto& m : modules_) m->observe(ctx, record);
 }
 
+void StrategyStack::route(const StrategyContext& ctx, const Decision& decision,
+                          workload::IterationWorkload& work) {
+  for (auto& m : modules_) m->route(ctx, decision, work);
+}
+
 std::unique_ptr<StrategyStack> make_stack(const StrategySpec& spec) {
   std::vector<std::unique_ptr<Strategy>> mods;
   mods.push_back(std::make_unique<LayoutStrategy>(spec.layout));
+  if (spec.routing != RoutingRole::kEven) mods.push_back(routing::make_routing_strategy(spec));
   if (spec.parallel == ParallelRole::kTutelRouter)
     mods.push_back(std::make_unique<TutelRouterStrategy>());
   else

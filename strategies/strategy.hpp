@@ -24,6 +24,9 @@
 namespace moesim::topology {
 class Topology;
 }
+namespace moesim::workload {
+struct IterationWorkload;
+}
 
 namespace moesim::strategies {
 
@@ -54,6 +57,14 @@ class Strategy {
     (void)ctx;
     (void)record;
   }
+  /// Routing modules (STRATEGIES §8) reshape this iteration's sampled counts after decide() and
+  /// before the plan is built. Default: the gate's routing stands.
+  virtual void route(const StrategyContext& ctx, const Decision& decision,
+                     workload::IterationWorkload& work) {
+    (void)ctx;
+    (void)decision;
+    (void)work;
+  }
 };
 
 /// The composed modules of one StrategySpec, in role order; itself a Strategy.
@@ -64,6 +75,8 @@ class StrategyStack final : public Strategy {
   std::string_view name() const override { return "stack"; }
   void decide(const StrategyContext& ctx, Decision& decision) override;
   void observe(const StrategyContext& ctx, const IterationRecord& record) override;
+  void route(const StrategyContext& ctx, const Decision& decision,
+             workload::IterationWorkload& work) override;
   const std::vector<std::unique_ptr<Strategy>>& modules() const { return modules_; }
 
  private:

@@ -374,11 +374,15 @@ void FlowModel::solve() {
     min_dt = std::min(min_dt, g.remaining[i] / share);
   };
 
-  // What a sequential scan costs: every route entry of the segments with moving flows.
-  double scan_entries = 0;
+  // What a sequential scan costs: every route entry of the segments with moving flows; and what
+  // building their missing CSR lists would cost (about two passes over the same entries).
+  double scan_entries = 0, unbuilt_entries = 0;
   for (const auto& g : segments_) {
-    if (g->num_moving > 0) scan_entries += static_cast<double>(g->routes.size());
+    if (g->num_moving == 0) continue;
+    scan_entries += static_cast<double>(g->routes.size());
+    if (g->link_flows.empty()) unbuilt_entries += static_cast<double>(g->routes.size());
   }
+  int scans_this_solve = 0;
   while (!active_.empty()) {
     ++stats_.levels;
     share = kNever;
@@ -399,8 +403,12 @@ void FlowModel::solve() {
       }
     }
     // The CSR visits only the bottleneck links' flows but in scattered order; a sequential scan
-    // visits every remaining flow. Scattered access costs a few times a sequential one.
-    if (csr_entries * 4 < scan_entries) {
+    // visits every remaining flow. Scattered access costs a few times a sequential one. Missing
+    // CSR lists are charged until this solve has shown that it has many levels (two scans), from
+    // when their one-off cost is spread over the levels to come.
+    const double build_cost = scans_this_solve >= 2 ? 0.0 : 2 * unbuilt_entries;
+    if (csr_entries * 4 + build_cost < scan_entries) {
+      unbuilt_entries = 0;
       for (std::uint32_t l : bottleneck_) {
         for (auto& gp : segments_) {
           Segment& g = *gp;
@@ -414,6 +422,7 @@ void FlowModel::solve() {
       }
     } else {
       ++stats_.scan_levels;
+      ++scans_this_solve;
       for (auto& gp : segments_) {
         Segment& g = *gp;
         if (g.num_moving == 0) continue;

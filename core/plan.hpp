@@ -118,6 +118,9 @@ struct CollectiveSpec {
   std::vector<std::shared_ptr<const ByteMatrix>> per_group;
   /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).
   int peer_offset = 1;
+  /// saa (Parm's simultaneous all-to-all + all-gather): the inner all-gather group size m;
+  /// group position p = a * m + t (a: all-to-all peer index, t: position in the all-gather).
+  int sub_group = 1;
 };
 
 struct CopySpec {

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/schedules/parm.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -213,6 +214,13 @@ class Builder {
       throw InputError(where, "a2a",
                        fmt::format("strategy role a2a: algorithm {}, expected linear or 2dh",
                                    collective_algo_name(dec_.a2a)));
+    if (schedules::is_parm(dec_.schedule)) {
+      const std::string why = schedules::parm_inapplicable_reason(sc_, rep_);
+      if (!why.empty())
+        throw InputError(where, "schedule",
+                         fmt::format("strategy role schedule {}: {}",
+                                     name_of(dec_.schedule), why));
+    }
     if (dec_.a2a == CollectiveAlgo::k2dh && W_ > 1) {
       const auto* algo =
           collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::k2dh);
@@ -484,9 +492,46 @@ class Builder {
   // Dispatch and combine chunks are on two different comm streams: dispatch_j never waits for a
   // combine, combine_j waits only for expert_j and combine_{j-1}; exactly STRATEGIES §3's
   // recurrences (one shared stream would make dispatch_{j+1} wait behind combine_{j-1}).
+  // Parm S1 / S2 / auto (strategies/schedules/parm.cpp) build the whole layer themselves.
+  schedules::MoeLayerBuild schedule_build(int l, int moe, PlanIndex::MoeLayerOps* ops) {
+    schedules::MoeLayerBuild b;
+    b.sc = &sc_;
+    b.topo = &topo_;
+    b.plan = &plan_;
+    b.grouping = [this](const Grouping& g) { return grouping(g); };
+    b.groups = &groups_;
+    b.compute = s_compute_;
+    b.comm = s_comm_;
+    b.comm_out = s_comm_out_;
+    b.grad = s_grad_;
+    b.layer = l;
+    b.W = W_;
+    b.esp = esp_;
+    b.mp = mp_;
+    b.dp = dp_;
+    b.S = S_;
+    b.M = M_;
+    b.H = H_;
+    b.E = E_;
+    b.dE = dE_;
+    b.k = k_;
+    b.b = b_;
+    b.a2a = dec_.a2a;
+    b.layout = dec_.layout;
+    b.chunks = moe_dims(moe).chunks;
+    b.ops = ops;
+    b.gradient_sync = &index_.gradient_sync;
+    return b;
+  }
+
   OpId moe_forward(int l, int moe, OpId prev) {
     PlanIndex::MoeLayerOps ops;
     ops.layer = moe;
+    if (schedules::is_fused_parm(dec_.schedule)) {
+      OpId out = schedules::parm_forward(schedule_build(l, moe, &ops), dec_.schedule, prev);
+      index_.moe_layers.push_back(std::move(ops));
+      return out;
+    }
     const OpId first_id = static_cast<OpId>(plan_.ops().size());
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
@@ -557,6 +602,12 @@ class Builder {
   // all-reduce over dp (grad stream, launched as soon as the expert backward is done).
   OpId moe_backward(int l, int moe, OpId prev) {
     PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
+    if (schedules::is_fused_parm(dec_.schedule)) {
+      const schedules::ParmBackward r =
+          schedules::parm_backward(schedule_build(l, moe, &ops), dec_.schedule, prev);
+      expert_gradient_sync(l, r.grad_ready);
+      return r.out;
+    }
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;
     auto note = [&](OpId id) {

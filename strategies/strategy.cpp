@@ -9,6 +9,7 @@
 #include "strategies/pipeline/fixed.hpp"
 #include "strategies/pipeline/pipemoe.hpp"
 #include "strategies/pipeline/tutel_online.hpp"
+#include "strategies/schedules/schedule.hpp"
 #include "strategies/routing/routing.hpp"
 
 namespace moesim::strategies {
@@ -24,18 +25,6 @@ class LayoutStrategy final : public Strategy {
 
  private:
   LayoutRole role_;
-};
-
-// schedule: passed to the plan builder as written (Parm / Lina modules resolve their own
-// choices in later milestones).
-class ScheduleStrategy final : public Strategy {
- public:
-  explicit ScheduleStrategy(ScheduleRole role) : role_(role) {}
-  std::string_view name() const override { return "schedule"; }
-  void decide(const StrategyContext&, Decision& decision) override { decision.schedule = role_; }
-
- private:
-  ScheduleRole role_;
 };
 
 }  // namespace
@@ -75,7 +64,7 @@ std::unique_ptr<StrategyStack> make_stack(const StrategySpec& spec) {
   // tutel_online searches (r, algo) pairs itself: its choice of algorithm stands.
   if (spec.pipeline != PipelineRole::kTutelOnline)
     mods.push_back(std::make_unique<A2aStrategy>(spec.a2a));
-  mods.push_back(std::make_unique<ScheduleStrategy>(spec.schedule));
+  mods.push_back(schedules::make_schedule_strategy(spec));
   return std::make_unique<StrategyStack>(std::move(mods));
 }
 

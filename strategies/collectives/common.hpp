@@ -174,6 +174,7 @@ const Algorithm& hierarchical_all_reduce();
 const Algorithm& ring_all_gather();
 const Algorithm& ring_reduce_scatter();
 const Algorithm& send_recv();
+const Algorithm& saa_all_to_all();
 
 /// Appends the transfers of step 0 of a ring over `ring` (global ranks in ring order): position
 /// p sends chunk (p + send_shift) mod R of chunk_bytes to position p+1; the chunk keeps its index

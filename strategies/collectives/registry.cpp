@@ -17,6 +17,7 @@ const std::vector<const Algorithm*>& table() {
       &detail::ring_all_reduce(),         &detail::tree_all_reduce(),
       &detail::hierarchical_all_reduce(), &detail::ring_all_gather(),
       &detail::ring_reduce_scatter(),     &detail::send_recv(),
+      &detail::saa_all_to_all(),
   };
   return t;
 }

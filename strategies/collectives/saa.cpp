@@ -1,0 +1,119 @@
+// SAA, Parm's simultaneous all-to-all and all-gather (STRATEGIES §5), as an all_to_all algorithm.
+//
+// The group has W = A * m positions, p = a * m + t (spec.sub_group = m): a is the index in the
+// all-to-all (Parm's EP&ESP group, same t), t the index in the all-gather (the MP group, same
+// a). spec.bytes = S is what each rank sends in the all-to-all (c = S / A to each of the A
+// peers, itself included); the output is the all-to-all result all-gathered over the MP group:
+// m * S bytes per rank, slot t' * A + a' (offset (t' * A + a') * c of kRecv) holding the chunk
+// position (a', t') sent to (a, t') in the all-to-all. Applicable only for m >= 2 (with m = 1
+// it is a slow linear all-to-all, so `auto` never considers it).
+//
+// Steps (why they overlap): the all-to-all is cut into n slices (piece k of every chunk, c / n
+// bytes). In step k (0 <= k <= n) every rank sends slice k to its A - 1 all-to-all peers (mostly
+// inter-node) and, at the same time, forwards slice k - 1, which it finished receiving in step
+// k - 1 (A pieces, its own included), to its m - 1 MP peers (intra-node). The two kinds of
+// transfers use different links, so each step costs about the max of the two and the whole
+// collective about max(all-to-all, all-gather) plus one step, instead of their sum.
+//
+// Real backend (two streams): in every kTransfers phase the first transfers (one per rank that
+// still has an all-to-all slice, in position order) are the all-to-all part and the rest the
+// all-gather part; exec posts the first on `comm` and the rest on `comm2`, both as grouped
+// send/recv, and joins them at the end of the step. Offsets follow the slot layout above: piece k
+// of the chunk for peer a' is at kSend a' * c + k * c / n and lands at kRecv (t * A + a) * c +
+// k * c / n on the peer; a forwarded slice is the A pieces at (t * A + a') * c + k * c / n for
+// every a' (ChunkRef names the first; exec posts the A strided pieces as one grouped send).
+#include <algorithm>
+
+#include "strategies/collectives/common.hpp"
+
+namespace moesim::collectives::detail {
+namespace {
+
+constexpr int kTagSaa = 101;  // private cache tag (common.hpp's tags are < 100)
+
+// Slices the all-to-all is cut into: A (one per peer, Parm's step count), at least 2 so there is
+// something to overlap, at most 8 so per-message costs stay small.
+int num_slices(int A) { return std::clamp(A, 2, 8); }
+
+class SimultaneousAllToAll final : public Algorithm {
+ public:
+  CollectiveType type() const override { return CollectiveType::kAllToAll; }
+  CollectiveAlgo algo() const override { return CollectiveAlgo::kSaa; }
+
+  std::string inapplicable_reason(const CollectiveCall& call,
+                                  const topology::Topology&) const override {
+    const int w = group_size(call);
+    const int m = call.spec->sub_group;
+    if (w < 1) return "empty group";
+    if (m < 2 || w % m != 0)
+      return "saa needs sub_group m >= 2 dividing the group size (positions a * m + t), found m "
+             "= " +
+             std::to_string(m) + " for " + std::to_string(w) + " ranks";
+    return "";
+  }
+
+  std::vector<Phase> lower(const CollectiveCall& call, const topology::Topology&) const override {
+    const std::vector<int>& g = *call.group;
+    const int w = group_size(call);
+    const int m = call.spec->sub_group;
+    const double size = call.spec->bytes.value();
+    if (w < 1 || size <= 0 || m < 1 || w % m != 0) return {};
+    const int A = w / m;
+    const int n = num_slices(A);
+    const double c = size / A;  // chunk for one peer
+    const double q = c / n;     // its piece in one slice
+    auto pos = [m](int a, int t) { return a * m + t; };
+    std::vector<Phase> phases;
+    // The own chunk never leaves the GPU: one local copy into slot t * A + a.
+    Phase& self = phases.emplace_back();
+    self.kind = Phase::Kind::kCopy;
+    self.label = "saa_self";
+    self.src = Buffer::kSend;
+    self.dst = Buffer::kRecv;
+    self.local_bytes = Bytes(2 * c);
+    if (call.with_layout)
+      for (int a = 0; a < A; ++a)
+        for (int t = 0; t < m; ++t)
+          self.copies.push_back({g[pos(a, t)], a * c, (t * A + a) * c, c});
+    for (int k = 0; k <= n; ++k) {
+      Phase& ph = phases.emplace_back();
+      ph.kind = Phase::Kind::kTransfers;
+      ph.label = "saa_step";
+      ph.src = Buffer::kSend;  // all-to-all part; the all-gather part reads kRecv (see top)
+      ph.dst = Buffer::kRecv;
+      if (k < n)  // slice k of the all-to-all: piece k of every chunk, to every other peer
+        for (int a = 0; a < A; ++a)
+          for (int t = 0; t < m; ++t)
+            for (int i = 1; i < A; ++i) {
+              const int to = (a + i) % A;
+              ph.transfers.push_back({g[pos(a, t)], g[pos(to, t)], q});
+              if (call.with_layout) ph.chunks.push_back({to * c + k * q, (t * A + a) * c + k * q});
+            }
+      if (k >= 1)  // forward slice k - 1 (A pieces of q, own piece included) to the MP peers
+        for (int a = 0; a < A; ++a)
+          for (int t = 0; t < m; ++t)
+            for (int u = 1; u < m; ++u) {
+              const double off = t * A * c + (k - 1) * q;
+              ph.transfers.push_back({g[pos(a, t)], g[pos(a, (t + u) % m)], A * q});
+              if (call.with_layout) ph.chunks.push_back({off, off});
+            }
+    }
+    return phases;
+  }
+
+  Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
+    if (!inapplicable_reason(call, *ctx.topo).empty() || call.spec->bytes.value() <= 0)
+      return Seconds(0);
+    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagSaa, call.spec->sub_group);
+    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+  }
+};
+
+}  // namespace
+
+const Algorithm& saa_all_to_all() {
+  static const SimultaneousAllToAll algo;
+  return algo;
+}
+
+}  // namespace moesim::collectives::detail

@@ -21,9 +21,20 @@ struct F32 {
   static float load(float v) { return v; }
   static float store(float v) { return v; }
 };
+// All 65,536 half values as floats (256 KiB): a table load is several times faster than the
+// bit manipulation in the gather / scatter loops.
+const float* half_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t i = 0; i < 65536; ++i) t[i] = half_to_float(static_cast<std::uint16_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
 struct F16 {
   using Storage = std::uint16_t;
-  static float load(std::uint16_t v) { return half_to_float(v); }
+  static float load(std::uint16_t v) { return half_table()[v]; }
   static std::uint16_t store(float v) { return float_to_half(v); }
 };
 struct BF16 {

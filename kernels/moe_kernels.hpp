@@ -20,8 +20,10 @@
 //    encode writes every row (zeros in empty slots) so experts never read garbage.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #ifndef MOESIM_KERNELS_HAVE_CUDA
@@ -49,12 +51,66 @@ std::size_t dtype_size(DType dtype);
 /// "fp32", "fp16", "bf16".
 const char* dtype_name(DType dtype);
 
+namespace detail {
+// memcpy rather than std::bit_cast: this header is also compiled as C++17 by nvcc.
+inline std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+}  // namespace detail
+
 /// IEEE binary16 <-> float, round to nearest even (overflow to inf, NaN kept NaN).
-std::uint16_t float_to_half(float value);
-float half_to_float(std::uint16_t bits);
 /// bfloat16 (upper 16 bits of binary32) <-> float, round to nearest even (NaN kept NaN).
-std::uint16_t float_to_bf16(float value);
-float bf16_to_float(std::uint16_t bits);
+/// Inline: the CPU kernels convert every element.
+inline std::uint16_t float_to_half(float value) {
+  const std::uint32_t x = detail::float_bits(value);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN (NaN keeps a quiet mantissa bit)
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (abs < 0x38800000u) {
+    // Below 2^-14: a half subnormal is m * 2^-24. The multiply by 2^24 is exact, and nearbyint
+    // rounds to nearest even in the default rounding mode; m = 1024 encodes 2^-14 correctly.
+    const float scaled = detail::bits_float(abs) * 16777216.0f;
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(scaled)));
+  }
+  // Normal: rebias the exponent (127 -> 15), then round the 13 dropped bits to nearest even
+  // without branches (the add carries into the exponent when the mantissa overflows).
+  const std::uint32_t rebased = abs - ((127u - 15u) << 23);
+  const std::uint32_t h = (rebased + 0x0fffu + ((rebased >> 13) & 1u)) >> 13;
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+inline float half_to_float(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t exp = (bits >> 10) & 0x1fu;
+  const std::uint32_t mant = bits & 0x3ffu;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return detail::bits_float(sign | 0x7f800000u | (mant << 13));
+  return detail::bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+inline std::uint16_t float_to_bf16(float value) {
+  std::uint32_t x = detail::float_bits(value);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+inline float bf16_to_float(std::uint16_t bits) {
+  return detail::bits_float(static_cast<std::uint32_t>(bits) << 16);
+}
 
 /// Host conversions of n elements between any two dtypes (same dtype: memcpy).
 void convert(DType from, const void* src, DType to, void* dst, std::size_t n);

@@ -822,7 +822,11 @@ StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::str
                      "faster_moe_hir");
   check_params_apply(m, "tutel_online", s.pipeline == PipelineRole::kTutelOnline, "pipeline",
                      "tutel_online");
-  check_params_apply(m, "lina", s.schedule == ScheduleRole::kLina, "schedule", "lina");
+  // fair and between_a2a (Lina's baselines) partition the all-reduce the same way as lina.
+  check_params_apply(m, "lina",
+                     s.schedule == ScheduleRole::kLina || s.schedule == ScheduleRole::kFair ||
+                         s.schedule == ScheduleRole::kBetweenA2a,
+                     "schedule", "lina");
   check_params_apply(m, "lina_inference", s.inference == InferenceRole::kLina, "inference", "lina");
   if (m.has("ta_moe")) {
     MapReader p = m.get_map("ta_moe", {"lambda", "adherence"});

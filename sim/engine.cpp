@@ -211,6 +211,12 @@ class Engine {
     group_ready_.assign(group_ready_off_.back(), 0);
 
     active_comm_.assign(P_, 0);
+    // Lina's per-GPU priority gate (engine.hpp): only plans with yielding ops pay for it.
+    gating_ = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.priority < 0; });
+    if (gating_) {
+      reserve_.assign(P_, 0);
+      gated_.assign(P_, {});
+    }
     if (interference_ > 0) running_.resize(P_);
   }
 
@@ -247,6 +253,7 @@ class Engine {
 
   void loop() {
     while (true) {
+      if (gating_) wake_gated();
       flush_ready_groups();
       double te = events_.empty() ? kInf : events_.top().t;
       double tn = net_ ? net_->next_completion_time() : kInf;
@@ -312,6 +319,13 @@ class Engine {
     if (h == queue_off_[k + 1]) return;
     const QueueEntry q = queue_[h];
     if (deps_left_[entry(q.op, q.pos)] > 0) return;
+    if (gating_ && plan_.op(q.op).priority < 0) {
+      const int r = static_cast<int>(k / static_cast<size_t>(S_));
+      if (reserve_[r] > 0) {  // a higher-priority op is waiting or running here: hold it back
+        gated_[r].push_back(k);
+        return;
+      }
+    }
     head_started_[k] = 1;
     start_instance(q.op, q.pos);
   }
@@ -319,6 +333,7 @@ class Engine {
   void start_instance(OpId id, int pos) {
     const Op& op = plan_.op(id);
     const int r = op.ranks.at(pos);
+    if (gating_ && op.priority > 0) ++reserve_[r];
     switch (op.kind) {
       case OpKind::kCompute: {
         const ComputeSpec& spec = op.compute();
@@ -354,6 +369,7 @@ class Engine {
     const int r = op.ranks.at(pos);
     result_.end_s[entry(id, pos)] = now_;
     ++finished_;
+    if (gating_ && op.priority > 0 && --reserve_[r] == 0) wake_.push_back(r);
     const size_t k = key(r, op.stream);
     MOESIM_ASSERT(head_[k] < queue_off_[k + 1] && queue_[head_[k]].op == id,
                   "finished op is not the head of its stream");
@@ -682,6 +698,26 @@ class Engine {
   std::unordered_map<BatchId, int> batch_cohort_;
 
   std::vector<int> active_comm_;
+  // Priority gate (Lina): per rank, instances with priority > 0 ready or running; stream keys
+  // whose head (priority < 0) waits for that count to reach 0; ranks whose count just did.
+  bool gating_ = false;
+  std::vector<int> reserve_;
+  std::vector<std::vector<size_t>> gated_;
+  std::vector<int> wake_;
+
+  // Runs after every event of one instant, so a priority op that becomes ready in the same
+  // instant as another one finishes keeps the gate closed (no micro-op slips in between).
+  void wake_gated() {
+    if (wake_.empty()) return;
+    std::vector<int> ranks;
+    ranks.swap(wake_);
+    for (int r : ranks) {
+      if (reserve_[r] > 0) continue;
+      std::vector<size_t> keys;
+      keys.swap(gated_[r]);
+      for (size_t k : keys) try_start(k);
+    }
+  }
   std::vector<std::vector<RunningCompute>> running_;
 };
 

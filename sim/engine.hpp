@@ -27,6 +27,12 @@
 //  - Op::partition_size > 0 splits a collective into ceil(bytes / partition_size) equal chunks
 //    run back to back (micro-ops, Lina); each chunk is a separate batch, so the network model can
 //    interleave other batches (with its priority) between them.
+//  - Priority gate (Lina's per-GPU communication scheduler; active only when some op has
+//    priority < 0): an op instance with priority > 0 reserves its rank from the moment it is
+//    ready (deps done, head of its stream) until it finishes; an op with priority < 0 (a
+//    yielding all-reduce micro-op) starts on a rank only while no reservation is held there. A
+//    started op is never preempted. Compute ops may carry priority > 0 to reserve the network
+//    ahead of the all-to-all they feed ("no all-reduce launch once backward combine starts").
 //  - network == analytical: no lowering; each group's collective takes the closed-form
 //    select_algorithm(...).analytical_time(...) and sees no contention at all
 //    (sim/analytical_model).

@@ -24,6 +24,8 @@ struct Decision {
   int parallel_degree = 1;
   /// Communication schedule (Parm, Lina): later milestones.
   ScheduleRole schedule = ScheduleRole::kNone;
+  /// lina / fair / between_a2a: gradient all-reduce micro-op size (strategy's lina.micro_op).
+  Bytes lina_micro_op{30e6};
   /// Dispatch and combine move the routed counts (all_to_allv of the workload's dispatch matrix,
   /// expert compute scaled by each rank's received tokens) instead of the padded all_to_all. Set
   /// by the routing role when it is not even (TA-MoE, FasterMoE hir: STRATEGIES §8).

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/schedules/lina.hpp"
 #include "strategies/schedules/parm.hpp"
 #include "topology/topology.hpp"
 
@@ -142,6 +143,10 @@ class Builder {
         prev = attention(l, prev, /*backward=*/true);
         dense_gradient_sync(l, prev);
       }
+    }
+    if (schedules::is_lina(dec_.schedule)) {
+      grad_before_.resize(index_.moe_layers.size(), 0);
+      schedules::apply_lina(plan_, index_, dec_.schedule, grad_before_);
     }
     BuiltPlan out{std::move(plan_), std::move(index_)};
     return out;
@@ -421,6 +426,11 @@ class Builder {
 
   void dense_gradient_sync(int l, OpId after) {
     if (groups_.dense_dp.group_size() <= 1) return;
+    if (schedules::is_lina(dec_.schedule)) {
+      lina_allreduce(grouping(groups_.dense_dp), dense_param_bytes(l), after,
+                     fmt::format("L{}.grad.dense_allreduce", l));
+      return;
+    }
     OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                          grouping(groups_.dense_dp), dense_param_bytes(l), deps_of({after}),
                          fmt::format("L{}.grad.dense_allreduce", l));
@@ -602,6 +612,8 @@ class Builder {
   // all-reduce over dp (grad stream, launched as soon as the expert backward is done).
   OpId moe_backward(int l, int moe, OpId prev) {
     PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
+    if (grad_before_.size() < index_.moe_layers.size()) grad_before_.resize(index_.moe_layers.size());
+    grad_before_[moe] = index_.gradient_sync.size();  // between_a2a: all-reduces before this layer
     if (schedules::is_fused_parm(dec_.schedule)) {
       const schedules::ParmBackward r =
           schedules::parm_backward(schedule_build(l, moe, &ops), dec_.schedule, prev);
@@ -663,6 +675,18 @@ class Builder {
     return last;
   }
 
+  // Lina family (strategies/schedules/lina.hpp): one gradient's all-reduce as micro-ops of at
+  // most dec_.lina_micro_op bytes, each its own op so the engine's priority gate sees each.
+  void lina_allreduce(GroupingId g, double bytes, OpId after, const std::string& label) {
+    const int n = schedules::lina_micro_op_count(bytes, dec_.lina_micro_op);
+    for (int i = 0; i < n; ++i) {
+      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, g,
+                           bytes / n, deps_of({after}), fmt::format("{}.m{}", label, i));
+      plan_.mutable_ops()[id].priority = schedules::lina_allreduce_priority(dec_.schedule);
+      index_.gradient_sync.push_back(id);
+    }
+  }
+
   void expert_gradient_sync(int l, OpId after) {
     OpId prev = after;
     if (needs_param_gather()) {
@@ -675,6 +699,11 @@ class Builder {
       // Expert parameters one GPU owns: dE experts' H/esp slices, or a 1/n slice when sharded.
       const double bytes = 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ *
                            static_cast<double>(dE_) / (esp_ * n_);
+      if (schedules::is_lina(dec_.schedule)) {
+        lina_allreduce(grouping(groups_.dp), bytes, prev,
+                       fmt::format("L{}.grad.expert_allreduce", l));
+        return;
+      }
       OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                            grouping(groups_.dp), bytes, deps_of({prev}),
                            fmt::format("L{}.grad.expert_allreduce", l));
@@ -705,6 +734,7 @@ class Builder {
   PlanIndex index_;
   Groups groups_;
   Grouping gather_;
+  std::vector<size_t> grad_before_;  // per MoE layer (lina schedules)
   std::vector<std::pair<std::string, GroupingId>> grouping_ids_;
   std::vector<std::vector<RoutedChunk>> routed_;  // per MoE layer, per chunk (variable dispatch)
   int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "strategies/schedules/lina.hpp"
 #include "strategies/schedules/parm.hpp"
 
 namespace moesim::strategies::schedules {
@@ -14,6 +15,12 @@ class ScheduleModule final : public Strategy {
 
   void decide(const StrategyContext& ctx, Decision& decision) override {
     decision.schedule = role_;
+    if (is_lina(role_)) {
+      if (ctx.spec.lina.micro_op.value() <= 0)
+        throw_role_error(ctx, "lina", "micro_op must be a positive size, such as 30MB");
+      decision.lina_micro_op = ctx.spec.lina.micro_op;
+      return;
+    }
     if (!is_parm(role_)) return;
     const std::string why = parm_inapplicable_reason(ctx.scenario, decision.parallel_degree);
     if (!why.empty()) throw_role_error(ctx, "schedule", fmt::format("{}: {}", name_of(role_), why));

@@ -1,0 +1,88 @@
+#include "strategies/schedules/lina.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace moesim::strategies::schedules {
+
+bool is_lina(ScheduleRole r) {
+  return r == ScheduleRole::kLina || r == ScheduleRole::kFair || r == ScheduleRole::kBetweenA2a;
+}
+
+int lina_micro_op_count(double bytes, Bytes micro_op) {
+  MOESIM_ASSERT(micro_op.value() > 0, "Lina micro-op size must be positive");
+  if (bytes <= micro_op.value()) return 1;
+  return static_cast<int>(std::ceil(bytes / micro_op.value()));
+}
+
+int lina_allreduce_priority(ScheduleRole r) { return r == ScheduleRole::kLina ? -1 : 0; }
+
+void apply_lina(Plan& plan, const PlanIndex& index, ScheduleRole r,
+                const std::vector<std::size_t>& grad_before) {
+  auto& ops = plan.mutable_ops();
+  if (r == ScheduleRole::kLina) {
+    for (const auto& layer : index.moe_layers) {
+      for (OpId id : layer.dispatch) ops[id].priority = 1;
+      for (OpId id : layer.combine) ops[id].priority = 1;
+      // Backward compute whose result an all-to-all sends: the decode backward (first op of the
+      // layer's backward) and each chunk's last expert GEMM (the dispatch-backward's input).
+      for (OpId id : layer.backward) {
+        const Op& op = ops[id];
+        if (op.kind != OpKind::kCompute) continue;
+        const bool feeds_a2a =
+            id == layer.backward.front() || op.label.find(".bwd.expert.fc1.") != std::string::npos;
+        if (feeds_a2a) ops[id].priority = 1;
+      }
+    }
+  }
+  if (r == ScheduleRole::kBetweenA2a) {
+    MOESIM_ASSERT(grad_before.size() == index.moe_layers.size(), "grad_before per MoE layer");
+    for (size_t i = 0; i < index.moe_layers.size(); ++i) {
+      const auto& layer = index.moe_layers[i];
+      // The layer's first backward all-to-all: the lowest-id combine op after its forward.
+      OpId first = -1;
+      for (OpId id : layer.combine)
+        if (!layer.backward.empty() && id >= layer.backward.front() && (first < 0 || id < first))
+          first = id;
+      if (first < 0) continue;
+      for (size_t g = 0; g < grad_before[i]; ++g) {
+        const OpId dep = index.gradient_sync[g];
+        if (dep < first) ops[first].deps.push_back(dep);
+      }
+    }
+  }
+}
+
+double pipelining_efficiency(const Plan& plan, const PlanIndex& index, const RunResult& result) {
+  // Rank 0's intervals: all-to-all activity and compute-stream activity.
+  const StreamId compute = [&] {
+    const auto& names = plan.stream_names();
+    auto it = std::find(names.begin(), names.end(), "compute");
+    return static_cast<StreamId>(it == names.end() ? -1 : it - names.begin());
+  }();
+  auto interval = [&](OpId id) -> std::pair<double, double> {
+    const int pos = plan.op(id).ranks.index_of(0);
+    if (pos < 0) return {0, 0};
+    const auto e = result.op_offset[id] + pos;
+    return {result.start_s[e], result.end_s[e]};
+  };
+  std::vector<std::pair<double, double>> busy;
+  for (const Op& op : plan.ops())
+    if (op.stream == compute && op.kind != OpKind::kCollective) busy.push_back(interval(op.id));
+  double a2a_total = 0, overlapped = 0;
+  for (const auto& layer : index.moe_layers)
+    for (const auto* list : {&layer.dispatch, &layer.combine})
+      for (OpId id : *list) {
+        const auto [s, e] = interval(id);
+        if (!(e > s)) continue;
+        a2a_total += e - s;
+        for (const auto& [bs, be] : busy)
+          overlapped += std::max(0.0, std::min(e, be) - std::max(s, bs));
+      }
+  return a2a_total > 0 ? std::min(1.0, overlapped / a2a_total) : 0.0;
+}
+
+}  // namespace moesim::strategies::schedules

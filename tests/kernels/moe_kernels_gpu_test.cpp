@@ -309,6 +309,24 @@ TEST_F(KernelGpuTest, GemmAndExpertFfnMatchCpu) {
   }
 }
 
+TEST_F(KernelGpuTest, NoTokensLeavesEverySlotEmpty) {
+  GateParams p = random_params(false);
+  p.num_tokens = 0;
+  HostRouting h(0, p.top_k, p.num_experts, p.capacity);
+  std::fill(h.slot_entry.begin(), h.slot_entry.end(), 3);
+  std::fill(h.count.begin(), h.count.end(), 3);
+  DeviceRouting d(h);
+  cuda::gate_from_logits(ctx(), p, nullptr, d.out());
+  const std::size_t bytes = std::size_t(p.num_experts) * p.capacity * 8 * 4;
+  DeviceBuffer disp(bytes);
+  ASSERT_CUDA(cudaMemset(disp.get(), 0x55, bytes));
+  cuda::encode(ctx(), DType::kF32, d.view(), 8, nullptr, disp.get());
+  ctx().synchronize();
+  EXPECT_THAT(d.slot_entry.to_vector<std::int32_t>(), ::testing::Each(-1));
+  EXPECT_THAT(d.count.to_vector<std::int32_t>(), ::testing::Each(0));
+  EXPECT_THAT(disp.to_vector<float>(), ::testing::Each(0.0f));
+}
+
 TEST(KernelGpuProbe, DeviceCountNeverThrows) {
   EXPECT_GE(cuda_device_count(), 0);
   EXPECT_TRUE(kCudaCompiled);

@@ -136,6 +136,25 @@ TEST(KernelGate, ZeroCapacityDropsEverything) {
   EXPECT_THAT(r.count, ElementsAre(0, 0, 0));
 }
 
+TEST(KernelGate, OptionalOutputsMayBeNullAndNoTokensIsFine) {
+  cpu::Context ctx;
+  HostRouting r(4, 2, 3, 2);
+  RoutingOut out{r.expert.data(), r.slot.data(), r.weight.data(), nullptr, nullptr};
+  cpu::gate_from_logits(ctx, hand_params(false), kLogits.data(), out);
+  EXPECT_THAT(r.slot, ElementsAre(0, 1, 1, 0, 0, 1, -1, -1));
+  // No tokens: every slot empty, every count 0; encode then writes zero rows only.
+  GateParams p = hand_params(false);
+  p.num_tokens = 0;
+  HostRouting empty(0, 2, 3, 2);
+  empty.count = {7, 7, 7};
+  cpu::gate_from_logits(ctx, p, nullptr, empty.out());
+  EXPECT_THAT(empty.slot_entry, ::testing::Each(-1));
+  EXPECT_THAT(empty.count, ElementsAre(0, 0, 0));
+  std::vector<float> disp(12, 5.0f);
+  cpu::encode(ctx, DType::kF32, empty.view(), 2, nullptr, disp.data());
+  EXPECT_THAT(disp, ::testing::Each(0.0f));
+}
+
 TEST(KernelGate, NormalizedTopKWeightsSumToOne) {
   cpu::Context ctx;
   GateParams p = hand_params(false);

@@ -336,9 +336,11 @@ void run_cuda(const Options& o) {
     const std::size_t nw = std::size_t(shape.num_experts) * shape.model_dim * shape.hidden_dim;
     const std::size_t nh = std::size_t(shape.num_experts) * shape.rows * shape.hidden_dim;
     DevMem x(nx * es), w1(nw * es), w2(nw * es), h(nh * es), y(nx * es);
-    BENCH_CUDA(cudaMemset(x.get(), 0, nx * es));
-    BENCH_CUDA(cudaMemset(w1.get(), 0, nw * es));
-    BENCH_CUDA(cudaMemset(w2.get(), 0, nw * es));
+    // Small non-zero values (bytes 0x20: fp16 ~0.008, bf16 ~1e-19): all-zero operands would run
+    // the tensor cores at unrealistically low power, and larger ones overflow fp16 at H = 16,384.
+    BENCH_CUDA(cudaMemset(x.get(), 0x20, nx * es));
+    BENCH_CUDA(cudaMemset(w1.get(), 0x20, nw * es));
+    BENCH_CUDA(cudaMemset(w2.get(), 0x20, nw * es));
     const double t_ffn = time_gpu(o, ctx, [&] {
       cuda::expert_ffn(ctx, d, Activation::kGelu, shape, x.get(), w1.get(), w2.get(), h.get(),
                        y.get());

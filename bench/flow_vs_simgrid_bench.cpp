@@ -134,6 +134,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows up when piped
   const Options o = parse(argc, argv);
   const auto spec = make_spec(o);
   auto t0 = std::chrono::steady_clock::now();
@@ -160,6 +161,8 @@ int main(int argc, char** argv) try {
   std::sort(flow_wall.begin(), flow_wall.end());
   const double flow_median = flow_wall[flow_wall.size() / 2];
 
+  std::printf("flow    : wall %.3f s (median of %d: min %.3f max %.3f), simulated %.6f ms\n",
+              flow_median, o.repeat, flow_wall.front(), flow_wall.back(), flow_time * 1e3);
   t0 = std::chrono::steady_clock::now();
   moesim::sim::SimgridModel sg(*topo, params, {moesim::sim::parse_simgrid_mode(o.mode)});
   const double sg_setup_s = seconds_since(t0);
@@ -169,8 +172,6 @@ int main(int argc, char** argv) try {
   const double sg_wall = sg_setup_s + sg_run_s;
 
   const double nic_bound = bytes_per_gpu * (p - 8) / p / (200e9 / 8);
-  std::printf("flow    : wall %.3f s (median of %d: min %.3f max %.3f), simulated %.6f ms\n",
-              flow_median, o.repeat, flow_wall.front(), flow_wall.back(), flow_time * 1e3);
   std::printf(
       "simgrid : wall %.3f s (platform %.3f s + run %.3f s, mode %s, %lld activities), "
       "simulated %.6f ms\n",

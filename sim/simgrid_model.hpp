@@ -24,8 +24,8 @@
 //
 // Two ways to express the traffic, chosen at construction (the SimGrid host model must be fixed
 // before the platform is built):
-//   - per_flow: one SimGrid Comm per transfer: exact per-flow max-min. Cost grows with the number
-//     of flows (about 1.5 KB and a few microseconds per flow), fine up to ~10^5 flows in flight.
+//   - per_flow: one SimGrid Comm per transfer: exact per-flow max-min. Cost grows faster than
+//     linearly with the flows in flight (16k flows: ~5-10 s on a loaded 2-core machine).
 //   - ptask: one parallel task (host/model:ptask_L07) per (source node, destination node) pair of
 //     a batch, carrying the byte matrix of that pair's transfers. Much faster at scale. L07 shares
 //     links with SimGrid's fair-bottleneck solver: tasks get equal byte shares of a saturated
@@ -34,9 +34,13 @@
 //     together; a task's bandwidth on a link is split in proportion to its flows' sizes, where
 //     per-flow max-min splits equally and lets short flows finish first), and the task waits the
 //     largest latency of its flows. On symmetric traffic (a linear all-to-all of equal sizes)
-//     both give the same time; on skewed traffic (unequal sizes within a node pair) ptask slows
-//     the small flows of a pair and can shift time between batches (see the tests and the
-//     --skew benchmark).
+//     both give the same time when every flow of a task sees the same bottleneck (one switch:
+//     0.0000% at 1,024 GPUs). On skewed traffic (unequal sizes within a node pair) ptask slows the
+//     small flows of a pair and can shift time between batches (see the tests and the --skew
+//     benchmark). With ECMP in a fat tree, a task is held back by the most loaded of its flows'
+//     paths where per-flow max-min lets the others finish: measured +9.4% on a 128-GPU uniform
+//     all-to-all, and many more distinct completion events, each a full L07 solve (slow above a
+//     few hundred GPUs). Use per_flow for fidelity on multi-path fabrics.
 //   - auto: per_flow when the topology has at most `auto_per_flow_max_gpus` GPUs, ptask above.
 //
 // Time: next_completion_time() asks SimGrid's models for their next event without advancing
@@ -70,9 +74,9 @@ SimgridMode parse_simgrid_mode(std::string_view text);
 
 struct SimgridOptions {
   SimgridMode mode = SimgridMode::kAuto;
-  /// kAuto picks per_flow up to this many GPUs (a full all-to-all is then <= 128^2 = 16k flows),
-  /// ptask above.
-  int auto_per_flow_max_gpus = 128;
+  /// kAuto picks per_flow up to this many GPUs (a full all-to-all is then <= 64^2 = 4k flows,
+  /// about a second), ptask above.
+  int auto_per_flow_max_gpus = 64;
 };
 
 class SimgridModel final : public NetworkModel {

@@ -219,6 +219,7 @@ __global__ void encode_kernel(std::size_t rows, int row_words, int k,
       for (int i = threadIdx.x; i < row_words; i += blockDim.x) dst[i] = zero;
     } else {
       const V* src = x + static_cast<std::size_t>(entry / k) * row_words;
+#pragma unroll 4
       for (int i = threadIdx.x; i < row_words; i += blockDim.x) dst[i] = src[i];
     }
   }
@@ -252,11 +253,20 @@ __global__ void combine_kernel(int s, int k, int capacity, int m, const int* __r
       float acc[N];
 #pragma unroll
       for (int j = 0; j < N; ++j) acc[j] = 0.0f;
-      for (int c = 0; c < count; ++c) {
-        const V v = reinterpret_cast<const V*>(in + rows[c] * m)[i];
-        const float w = ws[c];
+      // Issue every choice's load before using any, so each thread keeps up to k 16-byte loads
+      // in flight (k <= 8: the loop is fully unrolled with a guard).
+      V v[8];
 #pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] += w * to_f(v.v[j]);
+      for (int c = 0; c < 8; ++c) {
+        if (c < count) v[c] = reinterpret_cast<const V*>(in + rows[c] * m)[i];
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        if (c < count) {
+          const float w = ws[c];
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc[j] += w * to_f(v[c].v[j]);
+        }
       }
       V o;
 #pragma unroll

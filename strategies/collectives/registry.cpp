@@ -68,6 +68,8 @@ const Algorithm& select_algorithm(const CollectiveCall& call, const CostContext&
   const Algorithm* best = nullptr;
   double best_t = std::numeric_limits<double>::infinity();
   for (const Algorithm* a : algorithms_for(type)) {
+    // SAA also all-gathers over its sub-groups: a different output, only run when named.
+    if (a->algo() == CollectiveAlgo::kSaa) continue;
     if (!a->applicable(call, *ctx.topo)) continue;
     const double t = a->analytical_time(call, ctx).value();
     if (best == nullptr || t < best_t) {

@@ -5,8 +5,8 @@
 // a). spec.bytes = S is what each rank sends in the all-to-all (c = S / A to each of the A
 // peers, itself included); the output is the all-to-all result all-gathered over the MP group:
 // m * S bytes per rank, slot t' * A + a' (offset (t' * A + a') * c of kRecv) holding the chunk
-// position (a', t') sent to (a, t') in the all-to-all. Applicable only for m >= 2 (with m = 1
-// it is a slow linear all-to-all, so `auto` never considers it).
+// position (a', t') sent to (a, t') in the all-to-all. With m = 1 it is a sliced linear
+// all-to-all. `auto` never picks it (registry.cpp): it only runs where a plan asks for it.
 //
 // Steps (why they overlap): the all-to-all is cut into n slices (piece k of every chunk, c / n
 // bytes). In step k (0 <= k <= n) every rank sends slice k to its A - 1 all-to-all peers (mostly
@@ -45,8 +45,8 @@ class SimultaneousAllToAll final : public Algorithm {
     const int w = group_size(call);
     const int m = call.spec->sub_group;
     if (w < 1) return "empty group";
-    if (m < 2 || w % m != 0)
-      return "saa needs sub_group m >= 2 dividing the group size (positions a * m + t), found m "
+    if (m < 1 || w % m != 0)
+      return "saa needs sub_group m >= 1 dividing the group size (positions a * m + t), found m "
              "= " +
              std::to_string(m) + " for " + std::to_string(w) + " ranks";
     return "";

@@ -11,7 +11,7 @@ namespace {
 class ScheduleModule final : public Strategy {
  public:
   explicit ScheduleModule(ScheduleRole role) : role_(role) {}
-  std::string_view name() const override { return name_of(role_); }
+  std::string_view name() const override { return "schedule"; }
 
   void decide(const StrategyContext& ctx, Decision& decision) override {
     decision.schedule = role_;

@@ -135,11 +135,14 @@ TEST(Saa, LoweringOnTwoByTwo) {
     for (const auto& t : ph.transfers)
       if (t.dst == 0) received += t.bytes;
   EXPECT_DOUBLE_EQ(received, 12.0);
-  // m = 1 is not SAA (auto must never pick a slow linear all-to-all).
-  spec.sub_group = 1;
-  EXPECT_FALSE(algo->applicable(call, *topo));
+  // m must divide the group; auto never substitutes SAA for a plain all-to-all.
   spec.sub_group = 3;
   EXPECT_FALSE(algo->applicable(call, *topo));
+  spec.sub_group = 2;
+  spec.algo = CollectiveAlgo::kAuto;
+  EXPECT_NE(
+      collectives::select_algorithm(call, collectives::CostContext{topo.get(), {}, {}}).algo(),
+      CollectiveAlgo::kSaa);
 }
 
 TEST(Saa, OverlapBeatsSequentialAllToAllThenAllGather) {

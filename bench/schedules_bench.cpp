@@ -91,7 +91,7 @@ int main() {
   std::map<int, std::unique_ptr<topology::Topology>> topos;
   int configs = 0, skipped = 0, auto_right = 0, s1_faster = 0, s2_faster = 0;
   int s1_beats_base = 0, s2_beats_base = 0;
-  std::vector<double> sp1, sp2, spa;
+  std::vector<double> sp1, sp2, spa, t_s1_wins, t_s2_wins;
   const auto w0 = std::chrono::steady_clock::now();
   for (int nodes : {2, 4, 8})
     for (int mp : {1, 2, 4})
@@ -115,6 +115,14 @@ int main() {
                 const double best = std::min(t[1], t[2]);
                 auto_right += t[3] <= best * (1 + 1e-9) ? 1 : 0;
                 (t[1] <= t[2] ? s1_faster : s2_faster) += 1;
+                // T = k f B L / E (Parm's per-expert token count), E = P / (mp esp) here.
+                const double T = 2 * f * B * L / static_cast<double>(sc.num_experts());
+                (t[1] <= t[2] ? t_s1_wins : t_s2_wins).push_back(T);
+                if (t[2] < t[1] && t_s2_wins.size() <= 3)
+                  fmt::print(
+                      "  S2 wins: P {} mp {} esp {} B {} L {} v {} f {} (T {:.0f}): {:.3f} vs "
+                      "{:.3f} ms\n",
+                      P, mp, esp, B, L, v, f, T, t[2] * 1e3, t[1] * 1e3);
                 s1_beats_base += t[1] < t[0] ? 1 : 0;
                 s2_beats_base += t[2] < t[0] ? 1 : 0;
                 sp1.push_back(t[0] / t[1]);
@@ -130,6 +138,9 @@ int main() {
       configs, grid_s, skipped);
   fmt::print("  auto picks the faster of S1/S2: {} / {} = {:.1f}%  (S1 faster in {}, S2 in {})\n",
              auto_right, configs, 100.0 * auto_right / configs, s1_faster, s2_faster);
+  if (!t_s1_wins.empty() && !t_s2_wins.empty())
+    fmt::print("  T = k f B L / E where S1 wins: median {:.0f}; where S2 wins: median {:.0f}\n",
+               pct(t_s1_wins, 0.5), pct(t_s2_wins, 0.5));
   fmt::print("  S1 < baseline in {} / {}, S2 < baseline in {} / {}\n", s1_beats_base, configs,
              s2_beats_base, configs);
   for (const auto& [name, v] : {std::pair<const char*, const std::vector<double>*>{"S1", &sp1},

@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies::schedules {
@@ -90,6 +91,32 @@ ParmChoice parm_choose(const Scenario& sc, const topology::Topology& topo, std::
   ParmChoice c;
   c.t_s1_s = 2 * t_a2a + t_ag;
   c.t_s2_s = t_a2a + t_saa;
+  // (ours) S2 also gates, encodes, decodes and combines all S tokens where S1 handles S / mp:
+  // that compute is on the critical path, so Alg. 1 alone misjudges configurations where the
+  // communication gap is small. Forward and backward both have the terms above once (the
+  // backward mirrors the forward's collectives), so the compared sums cover fwd + bwd.
+  c.t_s1_s *= 2;
+  c.t_s2_s *= 2;
+  if (p.mp > 1) {
+    const CostModel cost(sc, topo);
+    const double S = static_cast<double>(sc.tokens_per_gpu());
+    const double E = static_cast<double>(sc.num_experts());
+    const auto Mi = sc.model.model_dim;
+    const auto rows = [](double r) {
+      return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(r)));
+    };
+    const GemmShape full{rows(S), sc.num_experts(), Mi, 1};
+    const GemmShape split{rows(S / p.mp), sc.num_experts(), Mi, 1};
+    const double gate = (cost.gemm_time(full, 1).value() - cost.gemm_time(split, 1).value()) +
+                        (cost.gemm_time(full, 2).value() - cost.gemm_time(split, 2).value());
+    const double hbm = topo.gpu().hbm_bandwidth.value();
+    const double dslots = static_cast<double>(capacity) * (1.0 - 1.0 / p.mp);
+    const double dtokens = S * (1.0 - 1.0 / p.mp);
+    double mem_bytes = 2 * (2.0 * E * dslots * M * b);                         // encode fwd + bwd
+    mem_bytes += 2 * (static_cast<double>(sc.model.top_k) * dtokens * M * b);  // decode
+    if (p.esp > 1) mem_bytes += 2 * ((p.esp + 1.0) * E * dslots * M * b);      // local combine
+    c.t_s2_s += gate + (hbm > 0 ? mem_bytes / hbm : 0.0);
+  }
   c.choice = c.t_s1_s <= c.t_s2_s ? ScheduleRole::kParmS1 : ScheduleRole::kParmS2;
   return c;
 }

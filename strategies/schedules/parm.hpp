@@ -43,7 +43,9 @@ std::string parm_inapplicable_reason(const Scenario& sc, int parallel_degree);
 /// Parm Alg. 1 (STRATEGIES §5) for per-GPU expert capacity dC = `capacity` slots:
 /// x = B*L*M*b, y = E*dC*M*esp*b; t_S1 = 2 t_A2A(y/mp) + t_AG(x), t_S2 = t_A2A(y/mp) + t_SAA(y/mp),
 /// every t the collective library's closed form (alpha + beta * n on this topology, the same value
-/// the analytical engine charges) on the groups of rank 0.
+/// the analytical engine charges) on the groups of rank 0; both doubled for the backward, and
+/// (ours) t_S2 plus the extra gate / encode / decode / local-combine time of running them on S
+/// tokens instead of S / mp (CostModel roofline GEMM, HBM-bound kernels).
 struct ParmChoice {
   double t_s1_s = 0;
   double t_s2_s = 0;

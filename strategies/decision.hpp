@@ -26,6 +26,8 @@ struct Decision {
   ScheduleRole schedule = ScheduleRole::kNone;
   /// lina / fair / between_a2a: gradient all-reduce micro-op size (strategy's lina.micro_op).
   Bytes lina_micro_op{30e6};
+  /// Lina expert packing: experts per GPU multiplied by this (EP group / p, DP group x p).
+  int expert_pack = 1;
   /// Dispatch and combine move the routed counts (all_to_allv of the workload's dispatch matrix,
   /// expert compute scaled by each rank's received tokens) instead of the padded all_to_all. Set
   /// by the routing role when it is not even (TA-MoE, FasterMoE hir: STRATEGIES §8).

@@ -747,6 +747,10 @@ class Builder {
 
 BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
                           const workload::IterationWorkload& work, const Decision& decision) {
+  if (decision.expert_pack > 1) {  // Lina expert packing: the same job on fewer, fuller EP ranks
+    const Scenario packed = schedules::packed_scenario(sc, decision.expert_pack);
+    return Builder(packed, topo, work, decision).build();
+  }
   return Builder(sc, topo, work, decision).build();
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "strategies/cost_model.hpp"
 
 namespace moesim::strategies::schedules {
 
@@ -54,6 +55,45 @@ void apply_lina(Plan& plan, const PlanIndex& index, ScheduleRole r,
       }
     }
   }
+}
+
+Scenario packed_scenario(const Scenario& sc, int pack) {
+  MOESIM_ASSERT(pack >= 1 && sc.parallelism.ep % pack == 0 && sc.model.experts_per_gpu >= 1,
+                "expert pack must divide ep, with unsharded experts");
+  Scenario out = sc;
+  out.parallelism.ep /= pack;
+  out.parallelism.dp *= pack;
+  out.model.experts_per_gpu *= pack;
+  return out;
+}
+
+LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::int64_t capacity,
+                       Bytes micro_op, LayoutRole layout, bool pack_experts, int pipeline_degree) {
+  LinaChoice c;
+  const double a2a_bytes = static_cast<double>(sc.num_experts()) * static_cast<double>(capacity) *
+                           sc.model.model_dim * sc.parallelism.esp * sc.bytes_per_element();
+  c.pipeline_degree = pipeline_degree;
+  if (pipeline_degree == 1)
+    c.pipeline_degree = static_cast<int>(std::clamp<std::int64_t>(
+        lina_micro_op_count(a2a_bytes, micro_op), 1, std::max<std::int64_t>(capacity, 1)));
+  const int r = c.pipeline_degree;
+  auto measure = [&](int pack) {
+    const Scenario packed = packed_scenario(sc, pack);
+    const CostModel cost(packed, topo);
+    c.ffn_micro_s = cost.expert_time(static_cast<double>(capacity) / r, layout, 1).value();
+    c.a2a_micro_s = packed.parallelism.ep > 1
+                        ? cost.a2a_time(CollectiveAlgo::kLinear, Bytes(a2a_bytes / r)).value()
+                        : 0.0;
+  };
+  c.expert_pack = 1;
+  measure(1);
+  const bool can_pack = pack_experts && sc.model.experts_per_gpu >= 1 && sc.parallelism.esp == 1;
+  while (can_pack && c.ffn_micro_s < c.a2a_micro_s &&
+         sc.parallelism.ep % (2 * c.expert_pack) == 0) {
+    c.expert_pack *= 2;
+    measure(c.expert_pack);
+  }
+  return c;
 }
 
 double pipelining_efficiency(const Plan& plan, const PlanIndex& index, const RunResult& result) {

@@ -39,6 +39,25 @@ int lina_allreduce_priority(ScheduleRole r);
 void apply_lina(Plan& plan, const PlanIndex& index, ScheduleRole r,
                 const std::vector<std::size_t>& grad_before);
 
+/// The scenario with `pack` times the experts per GPU: parallelism.ep / pack, dp * pack,
+/// model.experts_per_gpu * pack (E, P and the per-expert capacity unchanged). pack must divide ep.
+Scenario packed_scenario(const Scenario& sc, int pack);
+
+/// Lina's plan knobs for one iteration (Lina §4.2):
+///  - all-to-all micro-ops: pipeline degree r = ceil(dispatch bytes / micro_op), at most dC, when
+///    the pipeline role left r = 1;
+///  - expert packing (pack_experts): starting at p = 1, double p while the FFN micro-op (both
+///    expert GEMMs of one chunk, CostModel roofline) is shorter than the all-to-all micro-op
+///    (closed-form linear all-to-all of one chunk on the packed EP group) and 2p divides ep.
+struct LinaChoice {
+  int pipeline_degree = 1;
+  int expert_pack = 1;
+  double ffn_micro_s = 0;  // at the chosen pack
+  double a2a_micro_s = 0;
+};
+LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::int64_t capacity,
+                       Bytes micro_op, LayoutRole layout, bool pack_experts, int pipeline_degree);
+
 /// Pipelining efficiency (Lina §4.2): the share of the time an all-to-all is active on rank 0
 /// during which its compute stream is busy too, over the MoE layers' all-to-alls.
 double pipelining_efficiency(const Plan& plan, const PlanIndex& index, const RunResult& result);

@@ -19,6 +19,14 @@ class ScheduleModule final : public Strategy {
       if (ctx.spec.lina.micro_op.value() <= 0)
         throw_role_error(ctx, "lina", "micro_op must be a positive size, such as 30MB");
       decision.lina_micro_op = ctx.spec.lina.micro_op;
+      // Micro-op pipelining and expert packing are Lina's own (its baselines keep the plan).
+      if (role_ == ScheduleRole::kLina) {
+        const LinaChoice c =
+            lina_choose(ctx.scenario, ctx.topo, ctx.capacity, ctx.spec.lina.micro_op,
+                        decision.layout, ctx.spec.lina.pack_experts, decision.pipeline_degree);
+        decision.pipeline_degree = c.pipeline_degree;
+        decision.expert_pack = c.expert_pack;
+      }
       return;
     }
     if (!is_parm(role_)) return;

@@ -113,17 +113,24 @@ void register_topo(CLI::App& app) {
   auto scenario = std::make_shared<std::string>();
   auto json_path = std::make_shared<std::string>();
   auto dot_path = std::make_shared<std::string>();
+  auto ta_moe = std::make_shared<bool>(false);
   cmd->add_option("scenario", *scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
   cmd->add_option("--json", *json_path, "Write the summary as JSON to this file");
   cmd->add_option("--dot", *dot_path, "Write the graph in GraphViz DOT format to this file");
+  cmd->add_flag("--ta-moe", *ta_moe,
+                "Also print the TA-MoE target share per tier and the predicted all-to-all time "
+                "of even vs target dispatch");
   cmd->callback([=] {
     std::string path = scenario->empty() ? default_scenario_path() : *scenario;
     Scenario sc = load_scenario(path);
     auto topo = topology::build_topology(sc.cluster);
     TopoSummary s = summarize(*topo);
     print_table(sc, *topo, s);
+    std::string ta_moe_json;
+    if (*ta_moe) print_ta_moe(sc, *topo, &ta_moe_json);
     if (!json_path->empty()) {
       auto j = to_json(sc, *topo, s);
+      if (*ta_moe) j["ta_moe"] = nlohmann::ordered_json::parse(ta_moe_json);
       write_file_atomic(*json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
     }
     if (!dot_path->empty())

@@ -4,6 +4,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
+namespace moesim {
+struct Scenario;
+namespace topology {
+class Topology;
+}
+}  // namespace moesim
+
 namespace moesim::app {
 
 /// Path of the bundled quickstart scenario, used when a command gets no scenario.
@@ -13,5 +22,10 @@ void register_validate(CLI::App& app);
 void register_topo(CLI::App& app);
 void register_simulate(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_route_train(CLI::App& app);  // cmd_route_train.cpp (TA-MoE gate-training lab)
+
+/// `topo --ta-moe`: TA-MoE target per tier and predicted all-to-all times (cmd_route_train.cpp);
+/// json (optional) receives the report as a JSON object.
+void print_ta_moe(const Scenario& sc, const topology::Topology& topo, std::string* json);
 
 }  // namespace moesim::app

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   moesim::app::register_topo(app);
   moesim::app::register_simulate(app);
   moesim::app::register_compare(app);
+  moesim::app::register_route_train(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

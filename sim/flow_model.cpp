@@ -18,13 +18,17 @@ namespace {
 // Shares within this relative amount of the level's minimum saturate together in one level.
 constexpr double kLevelTol = 1e-9;
 
-// Per-flow state codes. Moving flows alternate between two codes so that a solve can tell the
-// flows it has already assigned (the other code) from those it has not, without a reset pass.
+// A partial re-solve keeps the flows whose rate is below its threshold times this factor: a margin
+// of many level tolerances, so that levels merged within kLevelTol are never split between the
+// kept and the re-solved flows.
+constexpr double kKeepMargin = 1 - 1e-6;
+
+// Per-flow states. Whether a moving flow already has its rate in the current solve is told by its
+// solve stamp (Segment::stamp == FlowModel::stamp_), so no reset pass is needed between solves.
 constexpr std::uint8_t kPending = 0;
-constexpr std::uint8_t kMovingA = 1;
-constexpr std::uint8_t kMovingB = 2;
+constexpr std::uint8_t kMoving = 1;
 constexpr std::uint8_t kDone = 3;
-inline bool is_moving(std::uint8_t s) { return s == kMovingA || s == kMovingB; }
+inline bool is_moving(std::uint8_t s) { return s == kMoving; }
 
 class ScopedTimer {
  public:
@@ -52,11 +56,12 @@ bool transfer_same(const Transfer& a, const Transfer& b) {
 // One batch: its flows in flat arrays, indexed by a local flow id.
 struct FlowModel::Segment {
   BatchId id = -1;
-  std::int64_t unfinished = 0;      // flow entries not done (pending or moving)
-  std::int64_t num_moving = 0;      // flow entries moving
-  std::vector<double> remaining;    // bytes per copy still to move (W before the flow starts)
-  std::vector<double> rate;         // bytes/s per copy, valid while moving
-  std::vector<std::uint32_t> mult;  // identical copies represented by this entry
+  std::int64_t unfinished = 0;    // flow entries not done (pending or moving)
+  std::int64_t num_moving = 0;    // flow entries moving
+  std::vector<double> remaining;  // bytes per copy still to move (W before the flow starts)
+  std::vector<double> rate;       // bytes/s per copy, valid while moving (kNever: not solved yet)
+  std::vector<std::uint32_t> stamp;  // solve that last assigned the rate (FlowModel::stamp_)
+  std::vector<std::uint32_t> mult;   // identical copies represented by this entry
   std::vector<std::uint8_t> state;
   std::vector<std::uint32_t> route_begin;  // size n+1, into routes
   std::vector<topology::LinkId> routes;
@@ -100,6 +105,9 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   load_.assign(num_links, 0.0);
   link_bytes_.assign(num_links, 0.0);
   saturated_.assign(num_links, 0);
+  new_cnt_.assign(num_links, 0.0);
+  w_rem_.assign(num_links, 0.0);
+  w_cnt_.assign(num_links, 0.0);
 }
 
 FlowModel::~FlowModel() = default;
@@ -114,6 +122,13 @@ void FlowModel::add_moving(const Segment& g, std::uint32_t i, double sign) {
   const double m = sign * g.mult[i];
   for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
     moving_cnt_[g.routes[k]] += m;
+  }
+  // A finishing flow gives its bandwidth back (a starting one has none yet: rate kNever).
+  if (sign < 0 && g.rate[i] != kNever) {
+    const double used = g.rate[i] * g.mult[i];
+    for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+      load_[g.routes[k]] -= used;
+    }
   }
 }
 
@@ -253,7 +268,8 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   emit(*cur, run);
 
   const std::size_t n = g.remaining.size();
-  g.rate.assign(n, 0.0);
+  g.rate.assign(n, kNever);
+  g.stamp.assign(n, 0);
   g.state.assign(n, kPending);
   g.unfinished = static_cast<std::int64_t>(n);
   stats_.flows += static_cast<std::int64_t>(n);
@@ -295,6 +311,9 @@ std::vector<BatchId> FlowModel::process_event(double t) {
   MOESIM_ASSERT(t >= sim_t_, "flow model event in the past");
   ++stats_.events;
   bool changed = false;
+  // Rates below `keep_below` are unchanged by this event (see solve()): the least rate of the
+  // flows finishing, and a lower bound of where the starting flows first constrain anyone.
+  double keep_below = kNever;
   std::vector<BatchId> completed;
   {
     ScopedTimer timer(stats_.advance_s);
@@ -303,66 +322,143 @@ std::vector<BatchId> FlowModel::process_event(double t) {
     if (dt > 0) {
       for (std::size_t l = 0; l < load_.size(); ++l) link_bytes_[l] += load_[l] * dt;
     }
+    std::vector<std::int64_t> unfinished_before(segments_.size());
+    for (std::size_t s = 0; s < segments_.size(); ++s) {
+      Segment& g = *segments_[s];
+      unfinished_before[s] = g.unfinished;
+      if (g.num_moving == 0) continue;
+      const std::uint32_t n = static_cast<std::uint32_t>(g.size());
+      for (std::uint32_t i = 0; i < n; ++i) {
+        if (!is_moving(g.state[i])) continue;
+        const double r = g.rate[i];
+        double rem = g.remaining[i] - r * dt;
+        // Compared before subtracting, with the same rounding as next_finish_ in solve(), so the
+        // flow that defines the event time always finishes at it.
+        if (g.remaining[i] <= r * (dt + slack_s)) {
+          rem = 0;
+          add_moving(g, i, -1.0);
+          keep_below = std::min(keep_below, r);
+          g.state[i] = kDone;
+          --g.unfinished;
+          --g.num_moving;
+          changed = true;
+        }
+        g.remaining[i] = rem;
+      }
+    }
+    // Starts after finishes, so that the bound below sees the links without the finished flows.
+    started_.clear();
     for (auto& gp : segments_) {
       Segment& g = *gp;
-      const std::int64_t unfinished_before = g.unfinished;
-      if (g.num_moving > 0) {
-        const std::uint32_t n = static_cast<std::uint32_t>(g.size());
-        for (std::uint32_t i = 0; i < n; ++i) {
-          if (!is_moving(g.state[i])) continue;
-          const double r = g.rate[i];
-          double rem = g.remaining[i] - r * dt;
-          // Compared before subtracting, with the same rounding as next_finish_ in solve(), so the
-          // flow that defines the event time always finishes at it.
-          if (g.remaining[i] <= r * (dt + slack_s)) {
-            rem = 0;
-            g.state[i] = kDone;
-            --g.unfinished;
-            --g.num_moving;
-            add_moving(g, i, -1.0);
-            changed = true;
-          }
-          g.remaining[i] = rem;
-        }
-      }
       while (g.next_group < g.groups.size() && g.groups[g.next_group].time_s <= t + slack_s) {
         for (std::uint32_t i : g.groups[g.next_group].flows) {
           if (g.remaining[i] <= 0) {  // zero-byte message: latency only
             g.state[i] = kDone;
             --g.unfinished;
           } else {
-            g.state[i] = cur_code_;
+            g.state[i] = kMoving;
+            g.rate[i] = kNever;
             ++g.num_moving;
-            add_moving(g, i, 1.0);
+            started_.push_back({&g, i});
             changed = true;
           }
         }
         ++g.next_group;
       }
-      if (unfinished_before > 0 && g.unfinished == 0) completed.push_back(g.id);
+    }
+    if (!started_.empty()) keep_below = std::min(keep_below, start_bound());
+    for (std::size_t s = 0; s < segments_.size(); ++s) {
+      const Segment& g = *segments_[s];
+      if (unfinished_before[s] > 0 && g.unfinished == 0) completed.push_back(g.id);
     }
     sim_t_ = t;
   }
-  if (changed) solve();
+  if (changed) solve(keep_below);
   return completed;
 }
 
-void FlowModel::solve() {
+double FlowModel::start_bound() {
+  // New copies per link first, then for each link they cross the least level y at which it could
+  // saturate once they join: the old flows there use at most min(load, count * y) at level y, so
+  // y >= the root of min(load, n * y) + m * y = cap. Below the least such y over all their links,
+  // water-filling proceeds exactly as before, so rates below it are unchanged.
+  touched_.clear();
+  for (const auto& [gp, i] : started_) {
+    const Segment& g = *gp;
+    for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+      const topology::LinkId l = g.routes[k];
+      if (new_cnt_[l] == 0) touched_.push_back(l);
+      new_cnt_[l] += g.mult[i];
+    }
+  }
+  double bound = kNever;
+  for (topology::LinkId l : touched_) {
+    const double c = cap_[l], n = moving_cnt_[l], m = new_cnt_[l];
+    const double load = std::max(0.0, load_[l]);
+    double y;
+    if (n > 0.5 && c * n <= load * (n + m)) {
+      y = c / (n + m);
+    } else {
+      y = std::max(0.0, c - load) / m;
+    }
+    bound = std::min(bound, y);
+    moving_cnt_[l] += m;
+    new_cnt_[l] = 0;
+  }
+  return bound;
+}
+
+void FlowModel::solve(double keep_below) {
   ScopedTimer timer(stats_.solve_s);
   ++stats_.solves;
   const std::size_t num_links = cap_.size();
-  w_rem_ = cap_;
-  w_cnt_ = moving_cnt_;
+  ++stamp_;
+  double min_dt = kNever;
+  // Max-min fairness is a sequence of levels: flows frozen below level x never cross a link that
+  // saturates at or above x. So when the event leaves every rate below `keep_below` unchanged,
+  // those flows keep their rates and only the others are water-filled, on the capacity the kept
+  // flows leave. keep_below <= 0 (or a failed check below) is a full recomputation.
+  const double keep_thr = keep_below * kKeepMargin;
+  const bool partial = keep_thr > 0 && keep_below != kNever;
+  double resolved_entries = 0;
+  if (partial) {
+    ++stats_.partial_solves;
+    for (std::size_t l = 0; l < num_links; ++l) w_rem_[l] = cap_[l] - load_[l];
+    std::fill(w_cnt_.begin(), w_cnt_.end(), 0.0);
+    for (auto& gp : segments_) {
+      Segment& g = *gp;
+      if (g.num_moving == 0) continue;
+      const std::uint32_t n = static_cast<std::uint32_t>(g.size());
+      for (std::uint32_t i = 0; i < n; ++i) {
+        if (!is_moving(g.state[i])) continue;
+        const double r = g.rate[i];
+        if (r < keep_thr) {
+          g.stamp[i] = stamp_;  // kept
+          min_dt = std::min(min_dt, g.remaining[i] / r);
+          continue;
+        }
+        const double m = g.mult[i];
+        const double used = r == kNever ? 0.0 : r * m;
+        for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+          const topology::LinkId l = g.routes[k];
+          w_rem_[l] += used;
+          w_cnt_[l] += m;
+        }
+        resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
+      }
+    }
+  } else {
+    w_rem_ = cap_;
+    w_cnt_ = moving_cnt_;
+  }
   active_.clear();
   for (std::uint32_t l = 0; l < num_links; ++l) {
     if (w_cnt_[l] > 0.5) active_.push_back(l);
   }
-  const std::uint8_t unassigned = cur_code_;
-  const std::uint8_t assigned = cur_code_ == kMovingA ? kMovingB : kMovingA;
-  double min_dt = kNever;
+  const std::uint32_t stamp = stamp_;
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
-    g.state[i] = assigned;
+    g.stamp[i] = stamp;
     g.rate[i] = share;
     const double m = g.mult[i];
     const double used = share * m;
@@ -382,13 +478,24 @@ void FlowModel::solve() {
     scan_entries += static_cast<double>(g->routes.size());
     if (g->link_flows.empty()) unbuilt_entries += static_cast<double>(g->routes.size());
   }
+  // A scan reads every flow's state but follows only the routes of the flows it re-solves.
+  if (partial) scan_entries = resolved_entries + 0.25 * scan_entries;
   int scans_this_solve = 0;
+  bool first_level = true;
   while (!active_.empty()) {
     ++stats_.levels;
     share = kNever;
     for (std::uint32_t l : active_) {
       share = std::min(share, std::max(w_rem_[l], 0.0) / w_cnt_[l]);
     }
+    if (first_level && partial && !(share >= keep_thr)) {
+      // The kept rates do not leave room for the rest as they should (rounding drift in load_):
+      // recompute from scratch, which is always exact.
+      ++stats_.partial_fallbacks;
+      solve(0.0);
+      return;
+    }
+    first_level = false;
     MOESIM_ASSERT(share > 0 && std::isfinite(share), "max-min share must be positive");
     // Links whose fair share is within kLevelTol of the minimum saturate at this level together:
     // in exact arithmetic freezing flows at `share` leaves their share unchanged.
@@ -416,7 +523,7 @@ void FlowModel::solve() {
           ensure_csr(g);
           for (std::uint32_t j = g.link_begin[l]; j < g.link_begin[l + 1]; ++j) {
             const std::uint32_t i = g.link_flows[j];
-            if (g.state[i] == unassigned) assign(g, i);
+            if (is_moving(g.state[i]) && g.stamp[i] != stamp) assign(g, i);
           }
         }
       }
@@ -428,7 +535,7 @@ void FlowModel::solve() {
         if (g.num_moving == 0) continue;
         const std::uint32_t n = static_cast<std::uint32_t>(g.size());
         for (std::uint32_t i = 0; i < n; ++i) {
-          if (g.state[i] != unassigned) continue;
+          if (!is_moving(g.state[i]) || g.stamp[i] == stamp) continue;
           for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
             if (saturated_[g.routes[k]]) {
               assign(g, i);
@@ -444,7 +551,6 @@ void FlowModel::solve() {
     }
     std::erase_if(active_, [&](std::uint32_t l) { return w_cnt_[l] < 0.5; });
   }
-  cur_code_ = assigned;
   for (std::size_t l = 0; l < num_links; ++l) load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
   next_finish_ = min_dt == kNever ? kNever : sim_t_ + min_dt;
 }
@@ -454,7 +560,6 @@ void FlowModel::take_checkpoint() {
   ++stats_.checkpoints;
   has_ck_ = true;
   ck_t_ = sim_t_;
-  ck_code_ = cur_code_;
   ck_moving_cnt_ = moving_cnt_;
   ck_link_bytes_ = link_bytes_;
   for (auto& gp : segments_) {
@@ -473,7 +578,6 @@ void FlowModel::restore_checkpoint() {
     ScopedTimer timer(stats_.checkpoint_s);
     ++stats_.restores;
     sim_t_ = ck_t_;
-    cur_code_ = ck_code_;
     moving_cnt_ = ck_moving_cnt_;
     link_bytes_ = ck_link_bytes_;
     for (auto& gp : segments_) {
@@ -486,7 +590,7 @@ void FlowModel::restore_checkpoint() {
     }
   }
   // Rates are a function of the moving set only, so they come back identical.
-  solve();
+  solve(0.0);
 }
 
 void FlowModel::commit() {

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sim/network_model.hpp"
@@ -45,12 +46,14 @@ namespace moesim::sim {
 
 /// Counters and wall-clock timers of one FlowModel, for benchmarks and profiling.
 struct FlowModelStats {
-  std::int64_t transfers = 0;    // transfers with src != dst handed to start_batch
-  std::int64_t flows = 0;        // flow entries after aggregating identical transfers
-  std::int64_t events = 0;       // internal events processed (replays included)
-  std::int64_t solves = 0;       // max-min recomputations
-  std::int64_t levels = 0;       // water-filling levels over all solves
-  std::int64_t scan_levels = 0;  // levels resolved by a sequential scan instead of the CSR
+  std::int64_t transfers = 0;          // transfers with src != dst handed to start_batch
+  std::int64_t flows = 0;              // flow entries after aggregating identical transfers
+  std::int64_t events = 0;             // internal events processed (replays included)
+  std::int64_t solves = 0;             // max-min recomputations
+  std::int64_t partial_solves = 0;     // of which re-solved only the flows an event can affect
+  std::int64_t partial_fallbacks = 0;  // partial solves redone in full (rounding check failed)
+  std::int64_t levels = 0;             // water-filling levels over all solves
+  std::int64_t scan_levels = 0;        // levels resolved by a sequential scan instead of the CSR
   std::int64_t checkpoints = 0;  // checkpoints taken before simulating past the engine's clock
   std::int64_t restores = 0;     // rewinds to a checkpoint (start_batch inside a lookahead)
   std::int64_t csr_builds = 0;   // segments whose link -> flows lists were built
@@ -101,7 +104,12 @@ class FlowModel final : public NetworkModel {
   // Processes everything that happens at time t >= sim_t_ (flows advanced, finished, started;
   // rates recomputed if the moving set changed) and returns the batches completed at t.
   std::vector<BatchId> process_event(double t);
-  void solve();
+  // Water-filling. Moving flows whose rate is below `keep_below` keep it (the event cannot change
+  // it); the others are re-solved on the capacity left. keep_below <= 0: everything.
+  void solve(double keep_below);
+  // For the flows in started_: a level below which their arrival changes no rate. Adds their
+  // copies to moving_cnt_.
+  double start_bound();
   void materialize(double now_s);
   void take_checkpoint();
   void restore_checkpoint();
@@ -118,9 +126,9 @@ class FlowModel final : public NetworkModel {
 
   std::vector<std::unique_ptr<Segment>> segments_;
   BatchId next_id_ = 0;
-  double committed_ = 0;       // the engine's clock (last start_batch / advance_to time)
-  double sim_t_ = 0;           // time of the internal state; ahead of committed_ during lookahead
-  std::uint8_t cur_code_ = 1;  // state code of moving flows between solves (1 or 2)
+  double committed_ = 0;     // the engine's clock (last start_batch / advance_to time)
+  double sim_t_ = 0;         // time of the internal state; ahead of committed_ during lookahead
+  std::uint32_t stamp_ = 0;  // current solve; a flow with this stamp has its rate in it
   std::vector<double> moving_cnt_;  // per link: moving flow copies crossing it
   std::vector<double> load_;        // per link: allocated bytes/s
   std::vector<double> link_bytes_;  // per link: bytes carried
@@ -134,7 +142,6 @@ class FlowModel final : public NetworkModel {
 
   bool has_ck_ = false;
   double ck_t_ = 0;
-  std::uint8_t ck_code_ = 1;
   std::vector<double> ck_moving_cnt_, ck_link_bytes_;
 
   // Water-filling scratch, kept to avoid reallocating per solve.
@@ -142,6 +149,9 @@ class FlowModel final : public NetworkModel {
   std::vector<std::uint32_t> active_, bottleneck_;
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
+  std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event
+  std::vector<double> new_cnt_;                              // per link, for start_bound()
+  std::vector<topology::LinkId> touched_;
 
   FlowModelStats stats_;
 };

@@ -9,6 +9,7 @@
 //
 // Usage: flow_bench [--repeat N] [--nodes N] [--case all|a2a|2dh|skew] [--topology synthetic|built]
 //                   [--tolerance REL]   (FlowModelOptions::event_tolerance, default 1e-9)
+//                   [--ecmp hash|spray] (with --topology built: cluster.inter_node.ecmp)
 //   --topology built uses topology::build_topology (fat_tree) instead of the synthetic fat tree
 //   defined here (same figures; the library picks its own fat-tree shape and ECMP routes).
 #include <sys/resource.h>
@@ -126,6 +127,14 @@ double peak_rss_gib() {
   return static_cast<double>(u.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is KiB on Linux
 }
 
+// User + system CPU seconds of this process (the machine may be shared: wall time alone misleads).
+double cpu_now() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -158,13 +167,14 @@ struct CaseResult {
 
 void print_stats(const moesim::sim::FlowModelStats& s) {
   std::printf(
-      "    flows %lld (transfers %lld), events %lld, solves %lld, levels %lld (scan %lld), "
-      "checkpoints %lld\n"
+      "    flows %lld (transfers %lld), events %lld, solves %lld (partial %lld), levels %lld "
+      "(scan %lld), checkpoints %lld\n"
       "    wall: build %.2f s, advance %.2f s, solve %.2f s, checkpoint %.2f s\n",
       static_cast<long long>(s.flows), static_cast<long long>(s.transfers),
       static_cast<long long>(s.events), static_cast<long long>(s.solves),
-      static_cast<long long>(s.levels), static_cast<long long>(s.scan_levels),
-      static_cast<long long>(s.checkpoints), s.build_s, s.advance_s, s.solve_s, s.checkpoint_s);
+      static_cast<long long>(s.partial_solves), static_cast<long long>(s.levels),
+      static_cast<long long>(s.scan_levels), static_cast<long long>(s.checkpoints), s.build_s,
+      s.advance_s, s.solve_s, s.checkpoint_s);
 }
 
 // The analytical bottleneck bound of phases run one after another: per phase, the most loaded
@@ -201,7 +211,7 @@ double bottleneck_bound(const moesim::topology::Topology& topo,
 void bench_case(const std::string& name, int repeat,
                 const std::function<std::vector<std::vector<Transfer>>()>& make,
                 const moesim::topology::Topology& topo, moesim::sim::FlowModelOptions options) {
-  std::vector<double> walls, gens;
+  std::vector<double> walls, gens, cpus;
   CaseResult last;
   double bound_s = 0;
   for (int r = 0; r < repeat; ++r) {
@@ -210,9 +220,11 @@ void bench_case(const std::string& name, int repeat,
     const double t1 = wall_now();
     if (r == 0) bound_s = bottleneck_bound(topo, phases);
     const double t1b = wall_now();
+    const double c1 = cpu_now();
     FlowModel model(topo, {}, options);
     last.sim_s = run_phases(model, phases);
     const double t2 = wall_now();
+    cpus.push_back(cpu_now() - c1);
     last.stats = model.stats();
     gens.push_back(t1 - t0);
     walls.push_back(t2 - t1b);
@@ -222,6 +234,7 @@ void bench_case(const std::string& name, int repeat,
               median(gens));
   std::printf("runs:");
   for (double w : walls) std::printf(" %.2f", w);
+  std::printf("  cpu median %.2f s", median(cpus));
   std::printf("  peak RSS so far %.2f GiB\n", peak_rss_gib());
   print_stats(last.stats);
   std::fflush(stdout);
@@ -231,7 +244,7 @@ void bench_case(const std::string& name, int repeat,
 
 int main(int argc, char** argv) {
   int repeat = 3, nodes = 512;
-  std::string which = "all", topo_kind = "synthetic";
+  std::string which = "all", topo_kind = "synthetic", ecmp = "hash";
   moesim::sim::FlowModelOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -243,6 +256,8 @@ int main(int argc, char** argv) {
       which = argv[++i];
     } else if (a == "--tolerance" && i + 1 < argc) {
       options.event_tolerance = std::atof(argv[++i]);
+    } else if (a == "--ecmp" && i + 1 < argc) {
+      ecmp = argv[++i];
     } else if (a == "--topology" && i + 1 < argc) {
       topo_kind = argv[++i];
     } else {
@@ -257,6 +272,7 @@ int main(int argc, char** argv) {
     moesim::ClusterSpec spec = SyntheticFatTree::make_spec(nodes);
     spec.gpu.name = "a100-sxm-80gb";
     spec.gpu.from_catalog = true;
+    spec.inter.ecmp_spray = ecmp == "spray";
     topo_ptr = moesim::topology::build_topology(spec);
   } else {
     topo_ptr = std::make_unique<SyntheticFatTree>(nodes);
@@ -267,9 +283,11 @@ int main(int argc, char** argv) {
   const double per_gpu = 128.0 * 1024 * 1024;
   const double chunk = per_gpu / p;
   std::printf(
-      "flow_bench: %d GPUs (%d nodes x %d), %zu directed links, 128 MiB per GPU, "
+      "flow_bench: %d GPUs (%d nodes x %d), %s topology%s, %zu directed links, 128 MiB per GPU, "
       "chunk %.0f B, repeat %d\n",
-      p, nodes, gpn, topo.links().size(), chunk, repeat);
+      p, nodes, gpn, topo_kind.c_str(),
+      topo_kind == "built" ? (" (ecmp " + ecmp + ")").c_str() : "", topo.links().size(), chunk,
+      repeat);
 
   if (which == "all" || which == "a2a") {
     bench_case(

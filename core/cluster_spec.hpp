@@ -69,6 +69,11 @@ struct InterNodeSpec {
   double oversubscription = 1.0;  // fat_tree / rail_optimized: down/up capacity ratio at a leaf
   int switch_radix = 64;          // ports per switch (fat_tree / rail_optimized sizing)
   int levels = 0;                 // fat_tree: 2 or 3; 0 = smallest that fits
+  // fat_tree: how a flow uses the equal-cost uplinks. false (hash, the default): each flow takes
+  // one path, picked by a per-pair hash. true (spray): every flow is split evenly over all of
+  // them (what InfiniBand adaptive routing approximates), so the parallel uplinks of a switch act
+  // as one link of their summed bandwidth.
+  bool ecmp_spray = false;
   // dragonfly
   int groups = 0;
   int routers_per_group = 0;      // 0 = auto

@@ -242,7 +242,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   MapReader m = cluster.get_map(
       "inter_node", {"kind", "nic_bandwidth", "nics_per_node", "latency", "oversubscription",
                      "switch_radix", "levels", "groups", "routers_per_group", "global_bandwidth",
-                     "local_bandwidth", "tree", "tree_level_bandwidth"});
+                     "local_bandwidth", "tree", "tree_level_bandwidth", "ecmp"});
   m.require("kind", "none, switch, fat_tree, rail_optimized, dragonfly, tree or custom");
   inter.kind = *get_enum(m, "kind", inter_table());
   const InterKind k = inter.kind;
@@ -262,6 +262,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
       {"oversubscription", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kTree}},
       {"switch_radix", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kDragonfly}},
       {"levels", {InterKind::kFatTree}},
+      {"ecmp", {InterKind::kFatTree}},
       {"groups", {InterKind::kDragonfly}},
       {"routers_per_group", {InterKind::kDragonfly}},
       {"global_bandwidth", {InterKind::kDragonfly}},
@@ -302,6 +303,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
     if (*v == 1) m.fail("levels", "found 1, expected 2 or 3 (or 0 for the smallest that fits)");
     inter.levels = to_int32(*v);
   }
+  if (auto v = m.get_choice("ecmp", {"hash", "spray"})) inter.ecmp_spray = *v == 1;
   if (k == InterKind::kDragonfly) {
     // 0 = auto (about sqrt(nodes) groups); group sizes may differ by one node.
     if (auto v = m.get_int("groups", 0, nodes)) inter.groups = to_int32(*v);

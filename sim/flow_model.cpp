@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -56,11 +57,14 @@ bool transfer_same(const Transfer& a, const Transfer& b) {
 // One batch: its flows in flat arrays, indexed by a local flow id.
 struct FlowModel::Segment {
   BatchId id = -1;
-  std::int64_t unfinished = 0;    // flow entries not done (pending or moving)
-  std::int64_t num_moving = 0;    // flow entries moving
-  std::vector<double> remaining;  // bytes per copy still to move (W before the flow starts)
-  std::vector<double> rate;       // bytes/s per copy, valid while moving (kNever: not solved yet)
-  std::vector<std::uint32_t> stamp;  // solve that last assigned the rate (FlowModel::stamp_)
+  std::int64_t unfinished = 0;  // flow entries not done (pending or moving)
+  std::int64_t num_moving = 0;  // flow entries moving
+  // Bytes per copy still to move at time t0 (W before the flow starts): a moving flow's remaining
+  // bytes at time t are remaining - rate * (t - t0), brought up to date only when its rate changes.
+  std::vector<double> remaining;
+  std::vector<double> t0;
+  std::vector<double> rate;  // bytes/s per copy, valid while moving (kNever: not solved yet)
+  std::vector<std::uint32_t> stamp;  // == FlowModel::stamp_: to be (re)solved in the current solve
   std::vector<std::uint32_t> mult;   // identical copies represented by this entry
   std::vector<std::uint8_t> state;
   std::vector<std::uint32_t> route_begin;  // size n+1, into routes
@@ -75,8 +79,26 @@ struct FlowModel::Segment {
   std::vector<Group> groups;
   std::size_t next_group = 0;
 
+  // Moving flows by ascending rate (finished ones are dropped lazily): a re-solve re-rates a
+  // suffix of it, and water-filling assigns rates in ascending order, so no sort is needed.
+  std::vector<std::uint32_t> order;
+  std::vector<std::uint32_t> resolve;   // flows re-solved by the current solve
+  std::vector<std::uint32_t> assigned;  // the same, in the order the current solve rated them
+  // Finish times t0 + remaining / rate of moving flows, a min-heap; entries of flows re-rated
+  // since are stale (the time no longer matches) and dropped when they reach the top.
+  struct Finish {
+    double time_s;
+    std::uint32_t flow;
+    bool operator>(const Finish& o) const { return time_s > o.time_s; }
+  };
+  std::vector<Finish> finish;
+  double finish_time(std::uint32_t i) const { return t0[i] + remaining[i] / rate[i]; }
+  bool finish_valid(const Finish& f) const {
+    return state[f.flow] == 1 && f.time_s == finish_time(f.flow);
+  }
+
   // Checkpoint (see FlowModel::take_checkpoint).
-  std::vector<double> ck_remaining;
+  std::vector<double> ck_remaining, ck_t0, ck_rate;
   std::vector<std::uint8_t> ck_state;
   std::int64_t ck_unfinished = 0, ck_num_moving = 0;
   std::size_t ck_next_group = 0;
@@ -106,6 +128,8 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   link_bytes_.assign(num_links, 0.0);
   saturated_.assign(num_links, 0);
   new_cnt_.assign(num_links, 0.0);
+  since_.assign(num_links, 0.0);
+  in_links_.assign(num_links, 0);
   w_rem_.assign(num_links, 0.0);
   w_cnt_.assign(num_links, 0.0);
 }
@@ -127,7 +151,9 @@ void FlowModel::add_moving(const Segment& g, std::uint32_t i, double sign) {
   if (sign < 0 && g.rate[i] != kNever) {
     const double used = g.rate[i] * g.mult[i];
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-      load_[g.routes[k]] -= used;
+      const topology::LinkId l = g.routes[k];
+      flush_link(l);
+      load_[l] -= used;
     }
   }
 }
@@ -269,6 +295,7 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
 
   const std::size_t n = g.remaining.size();
   g.rate.assign(n, kNever);
+  g.t0.assign(n, now_s);
   g.stamp.assign(n, 0);
   g.state.assign(n, kPending);
   g.unfinished = static_cast<std::int64_t>(n);
@@ -307,6 +334,26 @@ double FlowModel::next_event_time() const {
   return t;
 }
 
+std::vector<double> FlowModel::link_bytes() const {
+  std::vector<double> out(link_bytes_.size());
+  for (std::size_t l = 0; l < out.size(); ++l) {
+    out[l] = link_bytes_[l] + load_[l] * (sim_t_ - since_[l]);
+  }
+  return out;
+}
+
+void FlowModel::refresh_next_finish() {
+  next_finish_ = kNever;
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    while (!g.finish.empty() && !g.finish_valid(g.finish.front())) {
+      std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+      g.finish.pop_back();
+    }
+    if (!g.finish.empty()) next_finish_ = std::min(next_finish_, g.finish.front().time_s);
+  }
+}
+
 std::vector<BatchId> FlowModel::process_event(double t) {
   MOESIM_ASSERT(t >= sim_t_, "flow model event in the past");
   ++stats_.events;
@@ -317,33 +364,27 @@ std::vector<BatchId> FlowModel::process_event(double t) {
   std::vector<BatchId> completed;
   {
     ScopedTimer timer(stats_.advance_s);
-    const double dt = t - sim_t_;
     const double slack_s = options_.event_tolerance * t;  // finishing within it: now
-    if (dt > 0) {
-      for (std::size_t l = 0; l < load_.size(); ++l) link_bytes_[l] += load_[l] * dt;
-    }
+    sim_t_ = t;
     std::vector<std::int64_t> unfinished_before(segments_.size());
     for (std::size_t s = 0; s < segments_.size(); ++s) {
       Segment& g = *segments_[s];
       unfinished_before[s] = g.unfinished;
-      if (g.num_moving == 0) continue;
-      const std::uint32_t n = static_cast<std::uint32_t>(g.size());
-      for (std::uint32_t i = 0; i < n; ++i) {
-        if (!is_moving(g.state[i])) continue;
-        const double r = g.rate[i];
-        double rem = g.remaining[i] - r * dt;
-        // Compared before subtracting, with the same rounding as next_finish_ in solve(), so the
-        // flow that defines the event time always finishes at it.
-        if (g.remaining[i] <= r * (dt + slack_s)) {
-          rem = 0;
-          add_moving(g, i, -1.0);
-          keep_below = std::min(keep_below, r);
-          g.state[i] = kDone;
-          --g.unfinished;
-          --g.num_moving;
-          changed = true;
-        }
-        g.remaining[i] = rem;
+      // Only the flows at the top of the finish heap can finish now; the others are untouched.
+      while (!g.finish.empty() && g.finish.front().time_s <= t + slack_s) {
+        const Segment::Finish f = g.finish.front();
+        std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+        g.finish.pop_back();
+        if (!g.finish_valid(f)) continue;
+        const std::uint32_t i = f.flow;
+        add_moving(g, i, -1.0);
+        keep_below = std::min(keep_below, g.rate[i]);
+        g.remaining[i] = 0;
+        g.t0[i] = t;
+        g.state[i] = kDone;
+        --g.unfinished;
+        --g.num_moving;
+        changed = true;
       }
     }
     // Starts after finishes, so that the bound below sees the links without the finished flows.
@@ -358,6 +399,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
           } else {
             g.state[i] = kMoving;
             g.rate[i] = kNever;
+            g.t0[i] = t;
             ++g.num_moving;
             started_.push_back({&g, i});
             changed = true;
@@ -371,7 +413,6 @@ std::vector<BatchId> FlowModel::process_event(double t) {
       const Segment& g = *segments_[s];
       if (unfinished_before[s] > 0 && g.unfinished == 0) completed.push_back(g.id);
     }
-    sim_t_ = t;
   }
   if (changed) solve(keep_below);
   return completed;
@@ -413,53 +454,95 @@ void FlowModel::solve(double keep_below) {
   ++stats_.solves;
   const std::size_t num_links = cap_.size();
   ++stamp_;
-  double min_dt = kNever;
+  const std::uint32_t stamp = stamp_;
+  const double now = sim_t_;
   // Max-min fairness is a sequence of levels: flows frozen below level x never cross a link that
   // saturates at or above x. So when the event leaves every rate below `keep_below` unchanged,
-  // those flows keep their rates and only the others are water-filled, on the capacity the kept
-  // flows leave. keep_below <= 0 (or a failed check below) is a full recomputation.
+  // those flows keep their rates and only the others (a suffix of Segment::order, plus the flows
+  // just started) are water-filled, on the capacity the kept flows leave. keep_below <= 0 (or a
+  // failed check below) is a full recomputation.
   const double keep_thr = keep_below * kKeepMargin;
   const bool partial = keep_thr > 0 && keep_below != kNever;
+  if (partial) ++stats_.partial_solves;
+  // The links the re-solved flows cross: only their residual capacity and count matter.
+  solve_links_.clear();
+  if (!partial) {
+    for (std::uint32_t l = 0; l < num_links; ++l) {
+      flush_link(l);
+      solve_links_.push_back(l);
+      w_rem_[l] = cap_[l];
+      w_cnt_[l] = 0;
+      in_links_[l] = 1;
+    }
+  }
   double resolved_entries = 0;
-  if (partial) {
-    ++stats_.partial_solves;
-    for (std::size_t l = 0; l < num_links; ++l) w_rem_[l] = cap_[l] - load_[l];
-    std::fill(w_cnt_.begin(), w_cnt_.end(), 0.0);
-    for (auto& gp : segments_) {
-      Segment& g = *gp;
-      if (g.num_moving == 0) continue;
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    g.resolve.clear();
+    g.assigned.clear();
+    if (g.num_moving == 0) {
+      g.order.clear();
+      g.finish.clear();
+      continue;
+    }
+    std::size_t split = 0;
+    if (partial) {
+      split = static_cast<std::size_t>(
+          std::lower_bound(g.order.begin(), g.order.end(), keep_thr,
+                           [&](std::uint32_t i, double x) { return g.rate[i] < x; }) -
+          g.order.begin());
+      for (std::size_t k = split; k < g.order.size(); ++k) {
+        if (is_moving(g.state[g.order[k]])) g.resolve.push_back(g.order[k]);
+      }
+    } else {
+      g.finish.clear();
       const std::uint32_t n = static_cast<std::uint32_t>(g.size());
       for (std::uint32_t i = 0; i < n; ++i) {
-        if (!is_moving(g.state[i])) continue;
-        const double r = g.rate[i];
-        if (r < keep_thr) {
-          g.stamp[i] = stamp_;  // kept
-          min_dt = std::min(min_dt, g.remaining[i] / r);
-          continue;
-        }
-        const double m = g.mult[i];
-        const double used = r == kNever ? 0.0 : r * m;
-        for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-          const topology::LinkId l = g.routes[k];
-          w_rem_[l] += used;
-          w_cnt_[l] += m;
-        }
-        resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
+        if (is_moving(g.state[i])) g.resolve.push_back(i);
       }
     }
-  } else {
-    w_rem_ = cap_;
-    w_cnt_ = moving_cnt_;
+    g.order.resize(split);
+  }
+  // Started flows are moving already: a full solve has them; a partial one adds them.
+  if (partial) {
+    for (const auto& [gp, i] : started_) gp->resolve.push_back(i);
+  }
+  started_.clear();
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    for (std::uint32_t i : g.resolve) {
+      g.stamp[i] = stamp;
+      const double r = g.rate[i];
+      const double m = g.mult[i];
+      if (r != kNever) {  // bring its remaining bytes up to now before the rate changes
+        g.remaining[i] -= r * (now - g.t0[i]);
+        g.t0[i] = now;
+      }
+      const double used = r == kNever || !partial ? 0.0 : r * m;
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        const topology::LinkId l = g.routes[k];
+        if (!in_links_[l]) {
+          in_links_[l] = 1;
+          solve_links_.push_back(l);
+          flush_link(l);
+          w_rem_[l] = cap_[l] - load_[l];
+          w_cnt_[l] = 0;
+        }
+        w_rem_[l] += used;
+        w_cnt_[l] += m;
+      }
+      resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
+    }
   }
   active_.clear();
-  for (std::uint32_t l = 0; l < num_links; ++l) {
+  for (std::uint32_t l : solve_links_) {
     if (w_cnt_[l] > 0.5) active_.push_back(l);
   }
-  const std::uint32_t stamp = stamp_;
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
-    g.stamp[i] = stamp;
+    g.stamp[i] = stamp - 1;
     g.rate[i] = share;
+    g.assigned.push_back(i);
     const double m = g.mult[i];
     const double used = share * m;
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
@@ -467,19 +550,18 @@ void FlowModel::solve(double keep_below) {
       w_rem_[l] -= used;
       w_cnt_[l] -= m;
     }
-    min_dt = std::min(min_dt, g.remaining[i] / share);
   };
 
-  // What a sequential scan costs: every route entry of the segments with moving flows; and what
-  // building their missing CSR lists would cost (about two passes over the same entries).
-  double scan_entries = 0, unbuilt_entries = 0;
+  // A scan follows the routes of every flow being re-solved; the CSR visits only the bottleneck
+  // links' flows (kept ones included, skipped) but in scattered order. Building missing CSR
+  // lists costs about two passes over a segment's route entries.
+  const double scan_entries = resolved_entries;
+  double unbuilt_entries = 0;
   for (const auto& g : segments_) {
-    if (g->num_moving == 0) continue;
-    scan_entries += static_cast<double>(g->routes.size());
-    if (g->link_flows.empty()) unbuilt_entries += static_cast<double>(g->routes.size());
+    if (g->num_moving > 0 && g->link_flows.empty()) {
+      unbuilt_entries += static_cast<double>(g->routes.size());
+    }
   }
-  // A scan reads every flow's state but follows only the routes of the flows it re-solves.
-  if (partial) scan_entries = resolved_entries + 0.25 * scan_entries;
   int scans_this_solve = 0;
   bool first_level = true;
   while (!active_.empty()) {
@@ -490,8 +572,12 @@ void FlowModel::solve(double keep_below) {
     }
     if (first_level && partial && !(share >= keep_thr)) {
       // The kept rates do not leave room for the rest as they should (rounding drift in load_):
-      // recompute from scratch, which is always exact.
+      // recompute from scratch, which is always exact. Nothing was assigned yet.
       ++stats_.partial_fallbacks;
+      for (std::uint32_t l : solve_links_) in_links_[l] = 0;
+      for (auto& gp : segments_) {
+        for (std::uint32_t i : gp->resolve) gp->stamp[i] = stamp - 1;
+      }
       solve(0.0);
       return;
     }
@@ -509,21 +595,17 @@ void FlowModel::solve(double keep_below) {
         for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
       }
     }
-    // The CSR visits only the bottleneck links' flows but in scattered order; a sequential scan
-    // visits every remaining flow. Scattered access costs a few times a sequential one. Missing
-    // CSR lists are charged until this solve has shown that it has many levels (two scans), from
-    // when their one-off cost is spread over the levels to come.
     const double build_cost = scans_this_solve >= 2 ? 0.0 : 2 * unbuilt_entries;
     if (csr_entries * 4 + build_cost < scan_entries) {
       unbuilt_entries = 0;
       for (std::uint32_t l : bottleneck_) {
         for (auto& gp : segments_) {
           Segment& g = *gp;
-          if (g.num_moving == 0) continue;
+          if (g.resolve.empty()) continue;
           ensure_csr(g);
           for (std::uint32_t j = g.link_begin[l]; j < g.link_begin[l + 1]; ++j) {
             const std::uint32_t i = g.link_flows[j];
-            if (is_moving(g.state[i]) && g.stamp[i] != stamp) assign(g, i);
+            if (g.stamp[i] == stamp && is_moving(g.state[i])) assign(g, i);
           }
         }
       }
@@ -532,10 +614,8 @@ void FlowModel::solve(double keep_below) {
       ++scans_this_solve;
       for (auto& gp : segments_) {
         Segment& g = *gp;
-        if (g.num_moving == 0) continue;
-        const std::uint32_t n = static_cast<std::uint32_t>(g.size());
-        for (std::uint32_t i = 0; i < n; ++i) {
-          if (!is_moving(g.state[i]) || g.stamp[i] == stamp) continue;
+        for (std::uint32_t i : g.resolve) {
+          if (g.stamp[i] != stamp) continue;
           for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
             if (saturated_[g.routes[k]]) {
               assign(g, i);
@@ -551,8 +631,36 @@ void FlowModel::solve(double keep_below) {
     }
     std::erase_if(active_, [&](std::uint32_t l) { return w_cnt_[l] < 0.5; });
   }
-  for (std::size_t l = 0; l < num_links; ++l) load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
-  next_finish_ = min_dt == kNever ? kNever : sim_t_ + min_dt;
+  for (std::uint32_t l : solve_links_) {
+    load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
+    in_links_[l] = 0;
+  }
+  // New finish times; the kept flows' entries stay valid. Rebuild a heap grown mostly stale.
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    MOESIM_ASSERT(g.assigned.size() == g.resolve.size(), "flow left without a rate");
+    g.order.insert(g.order.end(), g.assigned.begin(), g.assigned.end());
+    if (g.finish.size() + g.assigned.size() > 2 * static_cast<std::size_t>(g.num_moving) + 64) {
+      g.finish.clear();
+      for (std::uint32_t i : g.order) {
+        if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
+      }
+      std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+    } else {
+      for (std::uint32_t i : g.assigned) {
+        g.finish.push_back({g.finish_time(i), i});
+        std::push_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+      }
+    }
+    std::vector<std::uint32_t>().swap(g.resolve);
+    std::vector<std::uint32_t>().swap(g.assigned);
+  }
+  refresh_next_finish();
+}
+
+void FlowModel::flush_link(topology::LinkId l) {
+  link_bytes_[l] += load_[l] * (sim_t_ - since_[l]);
+  since_[l] = sim_t_;
 }
 
 void FlowModel::take_checkpoint() {
@@ -561,10 +669,13 @@ void FlowModel::take_checkpoint() {
   has_ck_ = true;
   ck_t_ = sim_t_;
   ck_moving_cnt_ = moving_cnt_;
+  for (std::uint32_t l = 0; l < cap_.size(); ++l) flush_link(l);
   ck_link_bytes_ = link_bytes_;
   for (auto& gp : segments_) {
     Segment& g = *gp;
     g.ck_remaining = g.remaining;
+    g.ck_t0 = g.t0;
+    g.ck_rate = g.rate;
     g.ck_state = g.state;
     g.ck_unfinished = g.unfinished;
     g.ck_num_moving = g.num_moving;
@@ -580,9 +691,12 @@ void FlowModel::restore_checkpoint() {
     sim_t_ = ck_t_;
     moving_cnt_ = ck_moving_cnt_;
     link_bytes_ = ck_link_bytes_;
+    std::fill(since_.begin(), since_.end(), ck_t_);
     for (auto& gp : segments_) {
       Segment& g = *gp;
       g.remaining = g.ck_remaining;
+      g.t0 = g.ck_t0;
+      g.rate = g.ck_rate;
       g.state = g.ck_state;
       g.unfinished = g.ck_unfinished;
       g.num_moving = g.ck_num_moving;
@@ -601,6 +715,8 @@ void FlowModel::commit() {
   for (auto& gp : segments_) {
     Segment& g = *gp;
     std::vector<double>().swap(g.ck_remaining);
+    std::vector<double>().swap(g.ck_t0);
+    std::vector<double>().swap(g.ck_rate);
     std::vector<std::uint8_t>().swap(g.ck_state);
     for (std::size_t k = 0; k < g.next_group; ++k) {
       std::vector<std::uint32_t>().swap(g.groups[k].flows);

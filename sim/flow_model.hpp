@@ -22,11 +22,20 @@
 // resolves a level either through the CSR lists of its bottleneck links or, when those are a
 // large part of all moving flows, by one sequential scan (symmetric collectives: a few levels).
 //
-// Cost: each event (a set of flows starting or finishing) is a full recomputation, O(route
-// entries of the moving flows) plus O(active links) per level. That is fast when events are few
-// (balanced routes, symmetric traffic: 6 events for a 16.8 M-flow all-to-all) and slow when
-// nearly every flow finishes at its own time (skewed sizes, hash-ECMP collisions); see
-// FlowModelOptions::event_tolerance.
+// Events are incremental. Max-min rates form levels, and a flow frozen at level x crosses no link
+// that saturates above x. So when flows finish, every rate below the least finishing rate stays;
+// when flows start, every rate below a bound on the level where the newcomers first fill a link
+// stays (FlowModel::start_bound). Only the flows above that threshold are re-solved, on the
+// capacity the kept flows leave; each segment keeps its moving flows in ascending rate order (the
+// order water-filling assigns them in), so they are a suffix found by binary search. Remaining
+// bytes are brought up to date only when a flow's rate changes, finishes come from a per-segment
+// heap of finish times, and per-link byte counters are flushed only when a link's load changes,
+// so an event costs O(re-solved flows' route entries + levels x their links), not O(all flows).
+//
+// Cost: a symmetric collective has few levels and few events (6 for a 16.8 M-flow all-to-all).
+// Unbalanced routes (hash-ECMP collisions, skewed sizes) make nearly every flow finish at its own
+// time; each such event re-solves the flows at or above the finishing level. For large fat trees
+// prefer `inter_node.ecmp: spray` (a symmetric core) or FlowModelOptions::event_tolerance.
 //
 // Lookahead: next_completion_time() simulates ahead through internal events (flows starting or
 // finishing without completing a batch). A checkpoint of the per-flow state taken before going
@@ -91,7 +100,7 @@ class FlowModel final : public NetworkModel {
   std::vector<BatchCompletion> advance_to(double t) override;
   /// Bytes (payload plus per-message overhead bytes) carried per directed link up to the last
   /// processed event; exact whenever the model stands at a completion time it has returned.
-  std::vector<double> link_bytes() const override { return link_bytes_; }
+  std::vector<double> link_bytes() const override;
 
   const FlowModelStats& stats() const { return stats_; }
   /// Flow entries currently held (pending, moving or done in batches not yet retired).
@@ -110,6 +119,10 @@ class FlowModel final : public NetworkModel {
   // For the flows in started_: a level below which their arrival changes no rate. Adds their
   // copies to moving_cnt_.
   double start_bound();
+  // Earliest valid finish over the segments' heaps (stale entries dropped).
+  void refresh_next_finish();
+  // Brings link_bytes_[l] up to sim_t_ (before load_[l] changes).
+  void flush_link(topology::LinkId l);
   void materialize(double now_s);
   void take_checkpoint();
   void restore_checkpoint();
@@ -131,7 +144,8 @@ class FlowModel final : public NetworkModel {
   std::uint32_t stamp_ = 0;  // current solve; a flow with this stamp has its rate in it
   std::vector<double> moving_cnt_;  // per link: moving flow copies crossing it
   std::vector<double> load_;        // per link: allocated bytes/s
-  std::vector<double> link_bytes_;  // per link: bytes carried
+  std::vector<double> link_bytes_;  // per link: bytes carried up to since_
+  std::vector<double> since_;       // per link: time link_bytes_ is exact at (load_ constant since)
   double next_finish_ = kNever;     // earliest flow finish under the current rates
 
   // Lookahead result: the next completion time and the batches completing then.
@@ -152,6 +166,8 @@ class FlowModel final : public NetworkModel {
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event
   std::vector<double> new_cnt_;                              // per link, for start_bound()
   std::vector<topology::LinkId> touched_;
+  std::vector<topology::LinkId> solve_links_;  // links crossed by the flows being re-solved
+  std::vector<std::uint8_t> in_links_;         // per link: in solve_links_
 
   FlowModelStats stats_;
 };

@@ -352,6 +352,12 @@ void StructuredTopology::build_fat_tree() {
   const Seconds half = inter.latency * 0.5;
   std::vector<VertexId> leaf(leaves);
   for (int l = 0; l < leaves; ++l) leaf[l] = add_switch(1, fmt::format("leaf{}", l));
+  if (inter.ecmp_spray) {
+    // ecmp spray splits every flow evenly over a switch's equal-cost uplinks, so each carries the
+    // same share of the traffic: together they are exactly one link of their summed bandwidth.
+    up_bw = up_bw * static_cast<double>(up);
+    up = 1;
+  }
   if (levels == 2) {
     std::vector<VertexId> spine(up);
     for (int s = 0; s < up; ++s) spine[s] = add_switch(2, fmt::format("spine{}", s));
@@ -361,7 +367,7 @@ void StructuredTopology::build_fat_tree() {
   } else {
     // Core group j serves aggregation switch j of every pod; `cores` switches per group, enough
     // ports for every pod's uplinks. Aggregation switches are non-blocking (up = down).
-    const int cores = std::max(1, ceil_div(pods, 2));
+    const int cores = inter.ecmp_spray ? 1 : std::max(1, ceil_div(pods, 2));
     std::vector<VertexId> agg(static_cast<std::size_t>(pods) * up);
     for (int q = 0; q < pods; ++q) {
       for (int j = 0; j < up; ++j) {
@@ -374,6 +380,7 @@ void StructuredTopology::build_fat_tree() {
       for (int j = 0; j < up; ++j)
         b.add_cable(leaf[l], agg[(l / per_pod) * up + j], up_bw, half, 2);
     }
+    // With spray, up_bw is already a leaf's summed uplinks and cores is 1: this is the pod's.
     const BytesPerSecond agg_up_bw = up_bw * (static_cast<double>(per_pod) / cores);
     for (int q = 0; q < pods; ++q) {
       for (int j = 0; j < up; ++j) {

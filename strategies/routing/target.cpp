@@ -91,12 +91,13 @@ void solve_symmetric(const PairCostMatrix& costs, std::int64_t supply, double b,
     const bool last = idx + 1 == order.size();
     if (last || T <= costs.classes[order[idx + 1]].alpha_s) break;
   }
-  out.class_tokens.assign(costs.classes.size(), 0.0);
+  out.block_tokens.assign(costs.classes.size(), 0.0);
+  out.classes = static_cast<int>(costs.classes.size());
   double used_max = 0;
   for (std::size_t c : order) {
     const PairClass& pc = costs.classes[c];
     const double x = std::max(0.0, (T - pc.alpha_s) / (pc.beta_s_per_b * b));
-    out.class_tokens[c] = x;
+    out.block_tokens[c] = x;
     if (x > 0) used_max = std::max(used_max, pc.alpha_s + pc.beta_s_per_b * x * b);
   }
   out.cls = costs.cls;
@@ -104,66 +105,140 @@ void solve_symmetric(const PairCostMatrix& costs, std::int64_t supply, double b,
   out.method = TargetMethod::kSymmetric;
 }
 
-// Bipartite transportation feasibility by push-relabel max-flow, reused across bisection steps
-// (only the pair capacities change).
+// GPU types for the typed solver: the coarsest equitable partition reachable by refinement
+// (colour refinement): rows of one type see the same number of pairs of every (column type, cost
+// class), columns of one type the same number of every (row type, cost class). Averaging any
+// feasible plan over the blocks (row type, column type, class) keeps row and column sums and
+// capacities, so an optimum constant on blocks exists: the typed problem is exact.
+struct Types {
+  std::vector<std::uint32_t> row, col;
+  int rows = 1, cols = 1;
+};
+
+// One refinement pass over rows (by_row) or columns: new type = (old type, histogram over
+// (other side's type, class)). Returns false when the histogram space is too large.
+bool refine_side(const PairCostMatrix& c, bool by_row, const std::vector<std::uint32_t>& own,
+                 const std::vector<std::uint32_t>& other, int other_types,
+                 std::vector<std::uint32_t>& out, int& out_types) {
+  const int W = c.size;
+  const std::size_t C = c.classes.size();
+  const std::size_t keys = static_cast<std::size_t>(other_types) * C;
+  if (keys > (std::size_t{1} << 22)) return false;
+  std::vector<std::uint32_t> hist(keys, 0);
+  std::vector<std::size_t> touched;
+  std::map<std::vector<std::uint64_t>, std::uint32_t> ids;
+  out.assign(static_cast<std::size_t>(W), 0);
+  std::vector<std::uint64_t> sig;
+  for (int a = 0; a < W; ++a) {
+    touched.clear();
+    for (int b = 0; b < W; ++b) {
+      const std::size_t p =
+          by_row ? static_cast<std::size_t>(a) * W + b : static_cast<std::size_t>(b) * W + a;
+      const std::size_t key = static_cast<std::size_t>(other[b]) * C + c.cls[p];
+      if (hist[key]++ == 0) touched.push_back(key);
+    }
+    std::sort(touched.begin(), touched.end());
+    sig.assign(1, own[a]);
+    for (std::size_t key : touched) {
+      sig.push_back((static_cast<std::uint64_t>(key) << 32) | hist[key]);
+      hist[key] = 0;
+    }
+    auto [it, inserted] = ids.emplace(sig, static_cast<std::uint32_t>(ids.size()));
+    out[a] = it->second;
+  }
+  out_types = static_cast<int>(ids.size());
+  return true;
+}
+
+bool find_types(const PairCostMatrix& c, Types& t) {
+  const auto W = static_cast<std::size_t>(c.size);
+  t.row.assign(W, 0);
+  t.col.assign(W, 0);
+  t.rows = t.cols = 1;
+  for (int pass = 0; pass < 64; ++pass) {
+    std::vector<std::uint32_t> row, col;
+    int rows = 0, cols = 0;
+    if (!refine_side(c, true, t.row, t.col, t.cols, row, rows)) return false;
+    if (!refine_side(c, false, t.col, t.row, t.rows, col, cols)) return false;
+    const bool stable = rows == t.rows && cols == t.cols;
+    t.row = std::move(row);
+    t.col = std::move(col);
+    t.rows = rows;
+    t.cols = cols;
+    if (stable) return true;
+  }
+  return false;
+}
+
+// Transportation feasibility by push-relabel max-flow over blocks: left node l supplies
+// left_supply[l], right node r demands right_demand[r], block k joins (left, right) with
+// capacity pairs_k * u_{class_k}(T). Built once; only block capacities change per bound.
 class FlowSolver {
  public:
-  FlowSolver(const PairCostMatrix& costs, std::int64_t supply)
-      : W_(costs.size), supply_(supply), g_(2 * static_cast<std::size_t>(W_) + 2) {
+  struct Block {
+    std::uint32_t left, right, cls;
+    std::int64_t pairs;
+  };
+
+  FlowSolver(std::vector<std::int64_t> left_supply, std::vector<std::int64_t> right_demand,
+             std::vector<Block> blocks, std::int64_t per_pair_supply)
+      : supply_(std::move(left_supply)),
+        blocks_(std::move(blocks)),
+        per_pair_supply_(per_pair_supply),
+        g_(supply_.size() + right_demand.size() + 2) {
     cap_ = boost::get(boost::edge_capacity, g_);
     res_ = boost::get(boost::edge_residual_capacity, g_);
     auto rev = boost::get(boost::edge_reverse, g_);
-    auto add = [&](std::size_t u, std::size_t v, std::int64_t c) {
+    auto add = [&](std::size_t u, std::size_t v, std::int64_t cap) {
       auto e = boost::add_edge(u, v, g_).first;
       auto r = boost::add_edge(v, u, g_).first;
-      cap_[e] = c;
+      cap_[e] = cap;
       cap_[r] = 0;
       rev[e] = r;
       rev[r] = e;
       return e;
     };
-    source_ = 2 * static_cast<std::size_t>(W_);
+    const std::size_t L = supply_.size(), R = right_demand.size();
+    source_ = L + R;
     sink_ = source_ + 1;
-    for (int i = 0; i < W_; ++i) add(source_, static_cast<std::size_t>(i), supply_);
-    for (int j = 0; j < W_; ++j) add(static_cast<std::size_t>(W_ + j), sink_, supply_);
-    pair_edges_.reserve(static_cast<std::size_t>(W_) * W_);
-    for (int i = 0; i < W_; ++i)
-      for (int j = 0; j < W_; ++j)
-        pair_edges_.push_back(
-            add(static_cast<std::size_t>(i), static_cast<std::size_t>(W_ + j), 0));
+    for (std::size_t l = 0; l < L; ++l) {
+      add(source_, l, supply_[l]);
+      total_ += supply_[l];
+    }
+    for (std::size_t r = 0; r < R; ++r) add(L + r, sink_, right_demand[r]);
+    edges_.reserve(blocks_.size());
+    for (const Block& b : blocks_) edges_.push_back(add(b.left, L + b.right, 0));
   }
 
-  // Capacities for bound T: floor((T - alpha) / (beta b)) tokens (never more than the supply).
   bool feasible(const PairCostMatrix& costs, double T, double b) {
     std::vector<std::int64_t> class_cap(costs.classes.size());
     for (std::size_t c = 0; c < costs.classes.size(); ++c) {
       const PairClass& pc = costs.classes[c];
       const double u = (T - pc.alpha_s) / (pc.beta_s_per_b * b);
       // The relative fuzz keeps a bound that lands exactly on an integer volume feasible.
-      class_cap[c] = u <= 0 ? 0
-                            : std::min<std::int64_t>(
-                                  supply_, static_cast<std::int64_t>(std::floor(u * (1 + 1e-12))));
+      class_cap[c] =
+          u <= 0 ? 0
+                 : std::min<std::int64_t>(per_pair_supply_,
+                                          static_cast<std::int64_t>(std::floor(u * (1 + 1e-12))));
     }
-    std::int64_t row_cap_min = std::numeric_limits<std::int64_t>::max();
-    for (int i = 0; i < W_; ++i) {
-      std::int64_t row = 0;
-      for (int j = 0; j < W_; ++j) {
-        const std::int64_t c = class_cap[costs.cls[static_cast<std::size_t>(i) * W_ + j]];
-        cap_[pair_edges_[static_cast<std::size_t>(i) * W_ + j]] = c;
-        row += c;
-      }
-      row_cap_min = std::min(row_cap_min, row);
+    std::vector<std::int64_t> row(supply_.size(), 0);
+    for (std::size_t k = 0; k < blocks_.size(); ++k) {
+      const std::int64_t c = class_cap[blocks_[k].cls] * blocks_[k].pairs;
+      cap_[edges_[k]] = c;
+      row[blocks_[k].left] += c;
     }
     ++solves_;
-    if (row_cap_min < supply_) return false;  // a sender cannot place its tokens at all
-    const std::int64_t flow = boost::push_relabel_max_flow(g_, source_, sink_);
-    return flow == supply_ * W_;
+    for (std::size_t l = 0; l < row.size(); ++l)
+      if (row[l] < supply_[l]) return false;  // a sender cannot place its tokens at all
+    return boost::push_relabel_max_flow(g_, source_, sink_) == total_;
   }
 
-  std::vector<double> flows() const {
-    std::vector<double> x(pair_edges_.size());
-    for (std::size_t p = 0; p < pair_edges_.size(); ++p)
-      x[p] = static_cast<double>(cap_[pair_edges_[p]] - res_[pair_edges_[p]]);
+  // Flow per pair of every block.
+  std::vector<double> per_pair_flows() const {
+    std::vector<double> x(edges_.size());
+    for (std::size_t k = 0; k < edges_.size(); ++k)
+      x[k] = static_cast<double>(cap_[edges_[k]] - res_[edges_[k]]) /
+             static_cast<double>(blocks_[k].pairs);
     return x;
   }
   int solves() const { return solves_; }
@@ -176,19 +251,21 @@ class FlowSolver {
           boost::edge_capacity_t, std::int64_t,
           boost::property<boost::edge_residual_capacity_t, std::int64_t,
                           boost::property<boost::edge_reverse_t, Traits::edge_descriptor>>>>;
-  int W_;
-  std::int64_t supply_;
+  std::vector<std::int64_t> supply_;
+  std::vector<Block> blocks_;
+  std::int64_t per_pair_supply_;
   Graph g_;
   boost::property_map<Graph, boost::edge_capacity_t>::type cap_;
   boost::property_map<Graph, boost::edge_residual_capacity_t>::type res_;
   std::size_t source_ = 0, sink_ = 0;
-  std::vector<Traits::edge_descriptor> pair_edges_;
+  std::int64_t total_ = 0;
+  std::vector<Traits::edge_descriptor> edges_;
   int solves_ = 0;
 };
 
-void solve_max_flow(const PairCostMatrix& costs, std::int64_t supply, double b,
-                    const TargetOptions& opt, TargetPattern& out) {
-  FlowSolver solver(costs, supply);
+// Bisection on T with a feasibility oracle; returns the flows at the final feasible bound.
+std::vector<double> bisect(FlowSolver& solver, const PairCostMatrix& costs, std::int64_t supply,
+                           double b, const TargetOptions& opt) {
   // Even dispatch rounded up is feasible at its time; grow the bound until the flow saturates
   // (it does at the first try unless rounding bites).
   const std::int64_t even_up = (supply + costs.size - 1) / costs.size;
@@ -206,18 +283,80 @@ void solve_max_flow(const PairCostMatrix& costs, std::int64_t supply, double b,
   }
   // The last solve may have been an infeasible mid: solve at hi once more for its flow.
   solver.feasible(costs, hi, b);
-  out.tokens = solver.flows();
+  return solver.per_pair_flows();
+}
+
+void solve_max_flow(const PairCostMatrix& costs, std::int64_t supply, double b,
+                    const TargetOptions& opt, TargetPattern& out) {
+  const int W = costs.size;
+  std::vector<FlowSolver::Block> blocks;
+  blocks.reserve(static_cast<std::size_t>(W) * W);
+  for (int i = 0; i < W; ++i)
+    for (int j = 0; j < W; ++j)
+      blocks.push_back({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(j),
+                        costs.cls[static_cast<std::size_t>(i) * W + j], 1});
+  FlowSolver solver(std::vector<std::int64_t>(W, supply), std::vector<std::int64_t>(W, supply),
+                    std::move(blocks), supply);
+  out.tokens = bisect(solver, costs, supply, b, opt);  // block k = pair (k / W, k % W)
   out.iterations = solver.solves();
   out.method = TargetMethod::kMaxFlow;
-  out.time_s = predicted_time_s(
-      costs, [&](int i, int j) { return out.tokens[static_cast<std::size_t>(i) * costs.size + j]; },
-      b);
+}
+
+// The typed solver (see Types). False when the partition has too many blocks to pay off.
+bool solve_typed(const PairCostMatrix& costs, const Types& t, std::int64_t supply, double b,
+                 const TargetOptions& opt, TargetPattern& out) {
+  const int W = costs.size;
+  const std::size_t C = costs.classes.size();
+  const std::size_t nblocks = static_cast<std::size_t>(t.rows) * t.cols * C;
+  if (nblocks > opt.max_blocks ||
+      static_cast<std::size_t>(t.rows) * t.cols * 4 > static_cast<std::size_t>(W) * W)
+    return false;
+  std::vector<std::int64_t> pairs(nblocks, 0), rows(t.rows, 0), cols(t.cols, 0);
+  for (int i = 0; i < W; ++i) {
+    ++rows[t.row[i]];
+    ++cols[t.col[i]];
+    const std::size_t base = static_cast<std::size_t>(t.row[i]) * t.cols;
+    const std::uint32_t* r = costs.cls.data() + static_cast<std::size_t>(i) * W;
+    for (int j = 0; j < W; ++j) ++pairs[(base + t.col[j]) * C + r[j]];
+  }
+  std::vector<FlowSolver::Block> blocks;
+  std::vector<std::size_t> index;
+  for (std::size_t k = 0; k < nblocks; ++k)
+    if (pairs[k] > 0) {
+      blocks.push_back({static_cast<std::uint32_t>(k / C / t.cols),
+                        static_cast<std::uint32_t>(k / C % t.cols),
+                        static_cast<std::uint32_t>(k % C), pairs[k]});
+      index.push_back(k);
+    }
+  for (auto& r : rows) r *= supply;
+  for (auto& c : cols) c *= supply;
+  FlowSolver solver(std::move(rows), std::move(cols), std::move(blocks), supply);
+  const std::vector<double> y = bisect(solver, costs, supply, b, opt);
+  out.block_tokens.assign(nblocks, 0.0);
+  for (std::size_t k = 0; k < index.size(); ++k) out.block_tokens[index[k]] = y[k];
+  out.cls = costs.cls;
+  out.row_type = t.row;
+  out.col_type = t.col;
+  out.row_types = t.rows;
+  out.col_types = t.cols;
+  out.classes = static_cast<int>(C);
+  out.iterations = solver.solves();
+  out.method = TargetMethod::kTypedMaxFlow;
+  return true;
 }
 
 }  // namespace
 
 std::string_view target_method_name(TargetMethod m) {
-  return m == TargetMethod::kSymmetric ? "symmetric" : "max_flow";
+  switch (m) {
+    case TargetMethod::kSymmetric:
+      return "symmetric";
+    case TargetMethod::kTypedMaxFlow:
+      return "typed_max_flow";
+    case TargetMethod::kMaxFlow:
+      break;
+  }
+  return "max_flow";
 }
 
 PairCostMatrix pair_costs(const topology::Topology& topo, std::span<const int> ranks) {
@@ -311,10 +450,15 @@ TargetPattern solve_target(const PairCostMatrix& costs, std::int64_t supply, dou
   out.bytes_per_token = bytes_per_token;
   out.lambda = lambda;
   out.even_time_s = even_time(costs, supply, bytes_per_token);
+  Types types;
   if (opt.allow_symmetric && is_tier_symmetric(costs))
     solve_symmetric(costs, supply, bytes_per_token, out);
-  else
+  else if (!(opt.allow_symmetric && find_types(costs, types) &&
+             solve_typed(costs, types, supply, bytes_per_token, opt, out)))
     solve_max_flow(costs, supply, bytes_per_token, opt, out);
+  if (out.method != TargetMethod::kSymmetric)
+    out.time_s = predicted_time_s(
+        costs, [&](int i, int j) { return out.tokens_at(i, j); }, bytes_per_token);
   return out;
 }
 

@@ -65,12 +65,16 @@ PairCostMatrix pair_costs(const topology::Topology& topo, std::span<const int> r
 PairCostMatrix pair_costs(int size, std::span<const double> alpha_s,
                           std::span<const double> beta_s_per_b, std::span<const int> tier = {});
 
-enum class TargetMethod { kSymmetric, kMaxFlow };
+/// kSymmetric: water-filling over cost classes (one GPU type); kTypedMaxFlow: max-flow over GPU
+/// types (equitable partition, see solve_target); kMaxFlow: max-flow over every GPU pair.
+enum class TargetMethod { kSymmetric, kTypedMaxFlow, kMaxFlow };
 std::string_view target_method_name(TargetMethod m);
 
 struct TargetOptions {
-  /// Use the tier-symmetry fast path when the costs allow it (exact either way).
+  /// Use the symmetric / typed fast paths when the costs allow them (exact either way).
   bool allow_symmetric = true;
+  /// The typed max-flow is used when it has at most this many blocks (else per-GPU max-flow).
+  std::size_t max_blocks = std::size_t{1} << 22;
   /// Bisection stops when hi - lo <= rel_tolerance * hi (the result is the feasible hi).
   double rel_tolerance = 1e-7;
   int max_iterations = 100;
@@ -86,15 +90,22 @@ struct TargetPattern {
   int iterations = 0;      // max-flow solves (kMaxFlow); 0 for kSymmetric
   double time_s = 0;       // T of x*: max over used pairs of alpha + beta * x * b
   double even_time_s = 0;  // the same for even dispatch x = supply / W
-  /// kMaxFlow: x*[i*W + j], integral tokens. kSymmetric: empty; class_tokens[c] is the volume of
-  /// every pair of class c (exact, real-valued). Rows and columns of x* sum to `supply`.
+  /// kMaxFlow: x*[i*W + j], integral tokens. Otherwise empty, and every pair of one block (row
+  /// type, column type, cost class) carries block_tokens[(row_type * col_types + col_type) *
+  /// classes + class] (real-valued; integral block totals). Rows and columns sum to `supply`.
   std::vector<double> tokens;
-  std::vector<double> class_tokens;
-  std::vector<std::uint32_t> cls;  // kSymmetric: the cost matrix's class ids (W*W)
+  std::vector<double> block_tokens;
+  std::vector<std::uint32_t> cls;       // the cost matrix's class ids (W*W), block methods only
+  std::vector<std::uint32_t> row_type;  // W (empty: all 0)
+  std::vector<std::uint32_t> col_type;  // W (empty: all 0)
+  int row_types = 1, col_types = 1, classes = 0;
 
   double tokens_at(int i, int j) const {
     const std::size_t p = static_cast<std::size_t>(i) * size + j;
-    return tokens.empty() ? class_tokens[cls[p]] : tokens[p];
+    if (!tokens.empty()) return tokens[p];
+    const std::size_t r = row_type.empty() ? 0 : row_type[i];
+    const std::size_t q = col_type.empty() ? 0 : col_type[j];
+    return block_tokens[(r * col_types + q) * classes + cls[p]];
   }
   /// c-hat_ij = (1 - lambda) * x*_ij / supply + lambda / W (rows sum to 1).
   double share_at(int i, int j) const {

@@ -144,6 +144,32 @@ TEST(TaMoeTarget, AsymmetricMaxFlowHasExactMarginsAndIsOptimal) {
   }
 }
 
+TEST(TaMoeTarget, TypedMaxFlowOnAnUnevenTreeMatchesThePerGpuMaxFlow) {
+  // 3 nodes x 2 GPUs: nodes 0 and 1 under one leaf (20 B/s between them), node 2 alone behind
+  // the root (5 B/s); 100 B/s inside a node. Rows differ (node 2 has no leaf peer): not
+  // symmetric, but three GPU types make it exact with a tiny flow network.
+  auto node = [](int g) { return g / 2; };
+  auto bw = [&](int i, int j) {
+    if (node(i) == node(j)) return 100.0;
+    return node(i) < 2 && node(j) < 2 ? 20.0 : 5.0;
+  };
+  const PairCostMatrix c = make_costs(
+      6, [](int, int) { return 0.0; }, bw,
+      [&](int i, int j) { return node(i) == node(j) ? 0 : (bw(i, j) == 20.0 ? 1 : 2); });
+  EXPECT_FALSE(is_tier_symmetric(c));
+  const TargetPattern typed = solve_target(c, 6000, 1.0, 0.0);
+  EXPECT_EQ(typed.method, TargetMethod::kTypedMaxFlow);
+  EXPECT_EQ(typed.row_types, 2);  // GPUs of nodes 0-1, GPUs of node 2
+  expect_margins(typed);
+  TargetOptions exact;
+  exact.allow_symmetric = false;
+  const TargetPattern full = solve_target(c, 6000, 1.0, 0.0, exact);
+  EXPECT_EQ(full.method, TargetMethod::kMaxFlow);
+  expect_margins(full);
+  EXPECT_NEAR(typed.time_s, full.time_s, 1e-4 * full.time_s);
+  EXPECT_LT(typed.time_s, typed.even_time_s);
+}
+
 TEST(TaMoeTarget, TopologyPairCostsOnTwoNodesPriceTheLocalPairAsTheNearestPeer) {
   const Scenario sc = strategies::testing::make_scenario({}, {}, "  - {name: even}");
   const auto topo = topology::build_topology(sc.cluster);

@@ -5,6 +5,9 @@
 // (Parm's H / N_ESP and M / N_ESP), f in {1.2, 2.4}, top-2. Prints: wall time of the grid, how
 // often auto picks the faster of S1 / S2 as simulated, S1 / S2 / auto speedups over the baseline
 // (min, median, max), and the wall time of one 32-GPU case on the flow engine (median of 5).
+// Then Lina on its testbed (scenarios/lina-a100-4x4.yaml shape, 2 MoE blocks, flow): step time,
+// backward vs forward all-to-all time, chosen pipeline degree and expert pack, and the
+// pipelining efficiency per schedule.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
 #include "strategies/runner.hpp"
+#include "strategies/schedules/lina.hpp"
 #include "topology/topology.hpp"
 
 using namespace moesim;
@@ -173,5 +177,64 @@ int main() {
   for (int i = 0; i < 4; ++i)
     fmt::print("  {:>8}: step {:.3f} ms simulated, wall median {:.1f} ms (of 5)\n", names[i],
                sim_t[i] * 1e3, pct(walls[i], 0.5) * 1e3);
+
+  const std::string lina_yaml = R"(name: lina-bench
+cluster:
+  gpu: a100-sxm-40gb
+  nodes: 4
+  gpus_per_node: 4
+  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}
+  inter_node: {kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}
+model:
+  mode: training
+  layers: 2
+  moe_every: 1
+  batch_per_gpu: 8
+  seq_len: 512
+  model_dim: 2048
+  hidden_dim: 8192
+  experts_per_gpu: 1
+  top_k: 2
+  capacity_factor: 1.0
+  dtype: fp16
+parallelism: {ep: 8, esp: 1, mp: 1, dp: 2}
+workload:
+  routing: {distribution: uniform, seed: 1}
+  capacity: {kind: fixed}
+  iterations: 1
+engine: {network: flow}
+strategies:
+  - {name: none}
+  - {name: fair, schedule: fair, lina: {micro_op: 4MB}}
+  - {name: between_a2a, schedule: between_a2a, lina: {micro_op: 4MB}}
+  - {name: lina, schedule: lina, lina: {micro_op: 4MB, pack_experts: false}}
+  - {name: lina_packed, schedule: lina, lina: {micro_op: 4MB, pack_experts: true}}
+)";
+  const Scenario lsc = parse_scenario_string(lina_yaml, "lina-bench.yaml");
+  const auto ltopo = topology::build_topology(lsc.cluster);
+  const sim::EngineConfig lcfg = config_of(lsc, true);
+  strategies::Backend lback = [&](const Plan& p) { return sim::run_plan(p, *ltopo, lcfg); };
+  fmt::print("Lina testbed (4x4 A100-40GB, 100Gb/s, ep 8 x dp 2, 2 MoE blocks, flow, 4 MB):\n");
+  for (const auto& spec : lsc.strategies) {
+    const auto a = std::chrono::steady_clock::now();
+    const auto run = strategies::run_stack(lsc, spec, *ltopo, lback, 1);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    const auto& idx = run.last_plan.index;
+    const auto& layer = idx.moe_layers.at(0);
+    double fwd = 0, bwd = 0;
+    for (const auto& rec : run.last_result.collectives) {
+      const bool a2a =
+          std::find(layer.dispatch.begin(), layer.dispatch.end(), rec.op) != layer.dispatch.end() ||
+          std::find(layer.combine.begin(), layer.combine.end(), rec.op) != layer.combine.end();
+      if (a2a) (rec.op >= layer.backward.front() ? bwd : fwd) += rec.end_s - rec.start_s;
+    }
+    const auto& d = run.iterations.at(0).decision;
+    fmt::print(
+        "  {:>12}: step {:8.3f} ms, layer-0 a2a bwd/fwd {:.3f}, r {:2d}, pack {}, "
+        "pipelining efficiency {:.3f}, wall {:.0f} ms\n",
+        spec.name, run.last_result.makespan_s * 1e3, bwd / fwd, d.pipeline_degree, d.expert_pack,
+        strategies::schedules::pipelining_efficiency(run.last_plan.plan, idx, run.last_result),
+        wall * 1e3);
+  }
   return 0;
 }

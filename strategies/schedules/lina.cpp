@@ -88,8 +88,11 @@ LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::
   c.expert_pack = 1;
   measure(1);
   const bool can_pack = pack_experts && sc.model.experts_per_gpu >= 1 && sc.parallelism.esp == 1;
+  // (ours) keep at least 2 EP ranks: packing every expert on every GPU would turn the layer into
+  // plain data parallelism with all experts replicated, which memory rules out in practice.
   while (can_pack && c.ffn_micro_s < c.a2a_micro_s &&
-         sc.parallelism.ep % (2 * c.expert_pack) == 0) {
+         sc.parallelism.ep % (2 * c.expert_pack) == 0 &&
+         sc.parallelism.ep / (2 * c.expert_pack) >= 2) {
     c.expert_pack *= 2;
     measure(c.expert_pack);
   }

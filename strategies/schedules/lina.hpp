@@ -48,7 +48,8 @@ Scenario packed_scenario(const Scenario& sc, int pack);
 ///    the pipeline role left r = 1;
 ///  - expert packing (pack_experts): starting at p = 1, double p while the FFN micro-op (both
 ///    expert GEMMs of one chunk, CostModel roofline) is shorter than the all-to-all micro-op
-///    (closed-form linear all-to-all of one chunk on the packed EP group) and 2p divides ep.
+///    (closed-form linear all-to-all of one chunk on the packed EP group), 2p divides ep and
+///    ep / 2p >= 2 (ours: an all-to-all remains).
 struct LinaChoice {
   int pipeline_degree = 1;
   int expert_pack = 1;

@@ -287,6 +287,28 @@ TEST(ParmBehaviour, FlowEngineAgreesS1S2BeatBaseline) {
   EXPECT_LT(t.s2, t.base);
 }
 
+#ifdef MOESIM_HAVE_SIMGRID
+TEST(ParmBehaviour, SimgridRunsSaaAndAgreesWithFlow) {
+  ParmCfg c;
+  c.nodes = 2;
+  c.mp = 2;
+  c.esp = 2;
+  c.network = "flow";
+  const Scenario sc = parm_scenario(c);
+  const auto topo = topology::build_topology(sc.cluster);
+  workload::WorkloadGenerator gen(sc);
+  const auto work = gen.next(0);
+  Decision d;
+  d.schedule = ScheduleRole::kParmS2;
+  const BuiltPlan s2 = build_step_plan(sc, *topo, work, d);
+  sim::EngineConfig cfg = testing::engine_config(sc);
+  const double flow = sim::run_plan(s2.plan, *topo, cfg).makespan_s;
+  cfg.network = sim::NetworkKind::kSimgrid;
+  const double sg = sim::run_plan(s2.plan, *topo, cfg).makespan_s;
+  EXPECT_NEAR(sg, flow, 0.1 * flow);
+}
+#endif
+
 TEST(ParmBehaviour, AlgorithmOneFavoursS1AsTGrows) {
   // S2 saves one all-to-all and hides its all-gather (of y / mp per MP peer) in the SAA; S1
   // all-gathers x = B L M once. y / x = k f esp: small T (k = 1, f = 1.2) -> S2, large T (k = 2,

@@ -1,5 +1,5 @@
 // `moesim compare SCENARIO.yaml [--topology TOPO.yaml]... [--strategy NAME]... [--engine E]
-//                 [--iterations N] [--json F] [--csv F]`
+//                 [--iterations N] [--json F] [--csv F] [--plot F] [--report F]`
 // Runs the strategy stacks on several topologies: each --topology file replaces the scenario's
 // `cluster:` section (the whole scenario is re-validated against it), and prints the matrix of
 // step times and speedups over the baseline on the same topology.
@@ -10,7 +10,9 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/plot.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
@@ -28,6 +30,7 @@ struct CompareArgs {
   std::string engine;
   int iterations = 0;
   std::string json_path, csv_path;
+  std::string plot_path, report_path;  // --plot F.svg|F.png, --report F.html
 };
 
 struct Variant {
@@ -57,7 +60,32 @@ Variant with_topology(const std::string& scenario_path, const std::string& topo_
   return v;
 }
 
+// Grouped bars, strategies x topologies: speedup vs the baseline when there is one, else the
+// step time.
+BarChart compare_chart(const std::string& title, const std::vector<Variant>& variants,
+                       const std::vector<StrategySpec>& specs,
+                       const std::vector<std::vector<StackOutcome>>& results) {
+  BarChart c;
+  bool speedups = baseline_index(specs) >= 0;
+  c.title = title;
+  c.ylabel = speedups ? "speedup vs baseline (x)" : "step time (ms)";
+  c.reference_line = speedups ? 1.0 : 0.0;
+  for (const auto& s : specs) c.series.push_back(s.name);
+  for (size_t t = 0; t < variants.size(); ++t) {
+    c.groups.push_back(variants[t].topology_name);
+    std::vector<double> row;
+    for (const auto& o : results[t])
+      row.push_back(speedups ? o.summary.speedup : o.summary.step_mean_s * 1e3);
+    c.values.push_back(std::move(row));
+  }
+  return c;
+}
+
 void run_compare(const CompareArgs& a) {
+  if (!a.plot_path.empty()) {
+    check_plot_path(a.plot_path, "--plot");
+    require_gnuplot();  // before the runs, not after
+  }
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   std::vector<Variant> variants;
   if (a.topologies.empty()) {
@@ -108,6 +136,36 @@ void run_compare(const CompareArgs& a) {
       for (const auto& o : results[t]) runs.push_back(run_json(variants[t].sc, o.run, o.summary));
     write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
   }
+  if (!a.plot_path.empty() || !a.report_path.empty()) {
+    std::string title = fmt::format("{}: {} engine", base.name, engine_name);
+    std::string plot = a.plot_path, note;
+    if (!a.plot_path.empty()) {
+      render_bar_chart(compare_chart(title, variants, specs, results), a.plot_path);
+    } else if (find_gnuplot().empty()) {
+      note = "No plot: gnuplot was not found (apt-get install gnuplot-nox).";
+    } else {
+      // The report gets its plot next to it when --plot is not given.
+      std::filesystem::path p(a.report_path);
+      p.replace_extension(".plot.svg");
+      plot = p.string();
+      render_bar_chart(compare_chart(title, variants, specs, results), plot);
+    }
+    if (!a.report_path.empty()) {
+      CompareReport rep;
+      rep.engine = engine_name;
+      rep.plot_path = plot;
+      rep.plot_note = note;
+      for (const auto& s : specs) rep.strategies.push_back(s.name);
+      for (size_t t = 0; t < variants.size(); ++t) {
+        rep.topology_names.push_back(variants[t].topology_name);
+        rep.scenarios.push_back(&variants[t].sc);
+        std::vector<ReportRun> runs;
+        for (const auto& o : results[t]) runs.push_back({&o.run, o.summary});
+        rep.runs.push_back(std::move(runs));
+      }
+      write_compare_report(a.report_path, rep);
+    }
+  }
   if (!a.csv_path.empty()) {
     write_file_atomic(a.csv_path, [&](std::ostream& os) {
       write_csv_header(os);
@@ -131,6 +189,9 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--csv", a->csv_path, "Write one row per topology, strategy and iteration");
+  cmd->add_option("--plot", a->plot_path,
+                  "Grouped bars of the speedups (F.svg or F.png, rendered by gnuplot)");
+  cmd->add_option("--report", a->report_path, "Self-contained HTML report");
   cmd->callback([a] { run_compare(*a); });
 }
 

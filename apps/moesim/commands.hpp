@@ -23,6 +23,8 @@ void register_topo(CLI::App& app);
 void register_simulate(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_route_train(CLI::App& app);  // cmd_route_train.cpp (TA-MoE gate-training lab)
+void register_sweep(CLI::App& app);
+void register_list(CLI::App& app);
 
 /// `topo --ta-moe`: TA-MoE target per tier and predicted all-to-all times (cmd_route_train.cpp);
 /// json (optional) receives the report as a JSON object.

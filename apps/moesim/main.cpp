@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   moesim::app::register_simulate(app);
   moesim::app::register_compare(app);
   moesim::app::register_route_train(app);
+  moesim::app::register_sweep(app);
+  moesim::app::register_list(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

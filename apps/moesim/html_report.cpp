@@ -1,0 +1,347 @@
+#include "apps/moesim/html_report.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "apps/moesim/output.hpp"
+#include "core/error.hpp"
+
+namespace moesim::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kStyle = R"(
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1100px; color: #222; line-height: 1.4; padding: 0 1em; }
+h1 { font-size: 1.6em; border-bottom: 2px solid #36c; padding-bottom: .2em; }
+h2 { font-size: 1.25em; margin-top: 1.6em; color: #234; }
+table { border-collapse: collapse; margin: .6em 0; font-size: .92em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: right; }
+th { background: #eef2f8; }
+td.l, th.l { text-align: left; }
+tr:nth-child(even) td { background: #fafafa; }
+.best { font-weight: bold; color: #063; }
+.note { color: #666; font-size: .9em; }
+.plot svg, .plot img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+details { margin: .4em 0; }
+summary { cursor: pointer; }
+)";
+
+std::string ms(double s) { return fmt::format("{:.3f}", s * 1e3); }
+
+std::string speedup_text(double x) { return x > 0 ? fmt::format("{:.2f}x", x) : "-"; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream is(path, std::ios::binary);
+  if (!is) throw RuntimeError(fmt::format("cannot read '{}' for the report", path));
+  std::stringstream ss;
+  ss << is.rdbuf();
+  return ss.str();
+}
+
+std::string base64(const std::string& in) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    unsigned v = (static_cast<unsigned char>(in[i]) << 16) |
+                 (static_cast<unsigned char>(in[i + 1]) << 8) |
+                 static_cast<unsigned char>(in[i + 2]);
+    out += t[(v >> 18) & 63];
+    out += t[(v >> 12) & 63];
+    out += t[(v >> 6) & 63];
+    out += t[v & 63];
+  }
+  if (i < in.size()) {
+    unsigned v = static_cast<unsigned char>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+    out += t[(v >> 18) & 63];
+    out += t[(v >> 12) & 63];
+    out += i + 1 < in.size() ? t[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string row(const std::vector<std::string>& cells, bool head = false,
+                std::size_t left_cols = 1) {
+  std::string s = "<tr>";
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const char* tag = head ? "th" : "td";
+    s += fmt::format("<{}{}>{}</{}>", tag, i < left_cols ? " class=\"l\"" : "", cells[i], tag);
+  }
+  return s + "</tr>\n";
+}
+
+std::string page_start(const std::string& title) {
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n"
+      "<style>{}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+      html_escape(title), kStyle, html_escape(title));
+}
+
+std::string page_end() {
+  return fmt::format("<p class=\"note\">Written by moesim {}.</p>\n</body>\n</html>\n",
+                     MOESIM_VERSION);
+}
+
+std::string scenario_section(const Scenario& sc) {
+  const auto& m = sc.model;
+  const auto& p = sc.parallelism;
+  std::string s = "<h2>Scenario</h2>\n";
+  s += fmt::format("<p><b>{}</b>: {}</p>\n", html_escape(sc.name), html_escape(sc.description));
+  s += "<table>\n";
+  auto kv = [&](const std::string& k, const std::string& v) {
+    s += row({k, html_escape(v)}, false, 2);
+  };
+  kv("model",
+     fmt::format("{}, {} layer(s), MoE every {}",
+                 m.mode == Mode::kTraining ? "training" : "inference", m.layers, m.moe_every));
+  kv("tokens per GPU",
+     fmt::format("B={} x L={} = {}", m.batch_per_gpu, m.seq_len, sc.tokens_per_gpu()));
+  kv("dimensions", fmt::format("M={} H={} {}", m.model_dim, m.hidden_dim, dtype_name(m.dtype)));
+  kv("experts",
+     fmt::format("E={} (top-{}, capacity factor {})", m.experts, m.top_k, m.capacity_factor));
+  kv("parallelism", fmt::format("ep={} esp={} mp={} dp={}", p.ep, p.esp, p.mp, p.dp));
+  kv("workload", fmt::format("{} iteration(s), routing seed {}", sc.workload.iterations,
+                             sc.workload.routing.seed));
+  s += "</table>\n";
+  return s;
+}
+
+std::string cluster_row(const std::string& name, const ClusterSpec& c) {
+  std::string inter = std::string(inter_kind_name(c.inter.kind));
+  if (c.inter.kind != InterKind::kNone && c.inter.kind != InterKind::kCustom)
+    inter += fmt::format(", {} NIC(s)/node x {}", c.inter.nics_per_node,
+                         to_string(c.inter.nic_bandwidth));
+  if (c.inter.kind == InterKind::kFatTree || c.inter.kind == InterKind::kRailOptimized)
+    inter += fmt::format(", oversubscription {}", c.inter.oversubscription);
+  return row({html_escape(name), std::to_string(c.num_gpus()), html_escape(c.gpu.name),
+              fmt::format("{} x {}", c.nodes, c.gpus_per_node),
+              html_escape(fmt::format("{} {}", intra_kind_name(c.intra.kind),
+                                      to_string(c.intra.bandwidth))),
+              html_escape(inter)},
+             false, 6);
+}
+
+std::string topology_header() {
+  return row({"topology", "GPUs", "GPU", "nodes x GPUs", "intra-node", "inter-node"}, true, 6);
+}
+
+std::string plot_block(const std::string& plot_path, const std::string& note) {
+  std::string s = "<h2>Plot</h2>\n";
+  if (!plot_path.empty())
+    s += "<div class=\"plot\">\n" + inline_image(plot_path) + "\n</div>\n";
+  else
+    s += fmt::format("<p class=\"note\">{}</p>\n", html_escape(note));
+  return s;
+}
+
+}  // namespace
+
+std::string html_escape(const std::string& in) {
+  std::string s;
+  s.reserve(in.size());
+  for (char c : in) {
+    switch (c) {
+      case '&':
+        s += "&amp;";
+        break;
+      case '<':
+        s += "&lt;";
+        break;
+      case '>':
+        s += "&gt;";
+        break;
+      case '"':
+        s += "&quot;";
+        break;
+      case '\'':
+        s += "&#39;";
+        break;
+      default:
+        s += c;
+    }
+  }
+  return s;
+}
+
+std::string inline_image(const std::string& path) {
+  std::string data = read_all(path);
+  std::string ext = fs::path(path).extension().string();
+  if (ext == ".png" || ext == ".PNG")
+    return fmt::format("<img alt=\"plot\" src=\"data:image/png;base64,{}\">", base64(data));
+  // Inline SVG: drop the XML prolog and DOCTYPE, which are not allowed inside HTML.
+  std::size_t at = data.find("<svg");
+  if (at == std::string::npos) throw RuntimeError(fmt::format("'{}' is not an SVG image", path));
+  return data.substr(at);
+}
+
+void write_compare_report(const std::string& path, const CompareReport& r) {
+  MOESIM_ASSERT(!r.scenarios.empty() && r.runs.size() == r.scenarios.size(),
+                "a report needs one run list per topology");
+  const Scenario& base = *r.scenarios.front();
+  std::string h = page_start(fmt::format("moesim compare: {}", base.name));
+  h +=
+      fmt::format("<p>Engine <b>{}</b>; {} strateg{} on {} topolog{}.</p>\n", html_escape(r.engine),
+                  r.strategies.size(), r.strategies.size() == 1 ? "y" : "ies",
+                  r.topology_names.size(), r.topology_names.size() == 1 ? "y" : "ies");
+  h += scenario_section(base);
+
+  h += "<h2>Topologies</h2>\n<table>\n" + topology_header();
+  for (std::size_t t = 0; t < r.scenarios.size(); ++t)
+    h += cluster_row(r.topology_names[t], r.scenarios[t]->cluster);
+  h += "</table>\n";
+
+  h += "<h2>Comparison</h2>\n<p class=\"note\">Mean step time in ms (speedup vs the baseline on "
+       "the same topology); the fastest strategy per topology in bold.</p>\n";
+  h += "<table id=\"comparison\">\n";
+  std::vector<std::string> head = {"strategy"};
+  for (const auto& t : r.topology_names) head.push_back(html_escape(t));
+  h += row(head, true);
+  for (std::size_t s = 0; s < r.strategies.size(); ++s) {
+    std::vector<std::string> cells = {html_escape(r.strategies[s])};
+    for (std::size_t t = 0; t < r.runs.size(); ++t) {
+      const auto& sum = r.runs[t][s].summary;
+      bool best = true;
+      for (const auto& other : r.runs[t])
+        if (other.summary.step_mean_s < sum.step_mean_s) best = false;
+      std::string cell = ms(sum.step_mean_s);
+      if (sum.speedup > 0) cell += " (" + speedup_text(sum.speedup) + ")";
+      cells.push_back(best ? "<span class=\"best\">" + cell + "</span>" : cell);
+    }
+    h += row(cells);
+  }
+  h += "</table>\n";
+
+  h += "<h2>Breakdown</h2>\n<table>\n";
+  h += row({"topology", "strategy", "step (ms)", "p50 (ms)", "p95 (ms)", "MoE layer (ms)",
+            "all-to-all (ms)", "allreduce (ms)", "compute (ms)", "exposed comm (ms)", "speedup",
+            "decisions (last iteration)"},
+           true, 2);
+  for (std::size_t t = 0; t < r.runs.size(); ++t)
+    for (const auto& run : r.runs[t]) {
+      const auto& m = run.summary;
+      std::vector<std::string> cells = {html_escape(r.topology_names[t]),
+                                        html_escape(m.strategy),
+                                        ms(m.step_mean_s),
+                                        ms(m.step_p50_s),
+                                        ms(m.step_p95_s),
+                                        ms(m.moe_layer_mean_s),
+                                        ms(m.a2a_mean_s),
+                                        ms(m.allreduce_mean_s),
+                                        ms(m.compute_mean_s),
+                                        ms(m.exposed_comm_mean_s),
+                                        speedup_text(m.speedup),
+                                        html_escape(m.decisions)};
+      std::string line = row(cells, false, 2);
+      // The decisions column reads better left-aligned.
+      auto pos = line.rfind("<td>");
+      line.replace(pos, 4, "<td class=\"l\">");
+      h += line;
+    }
+  h += "</table>\n";
+
+  h += plot_block(r.plot_path, r.plot_note);
+
+  h += "<h2>Decisions per iteration</h2>\n";
+  for (std::size_t t = 0; t < r.runs.size(); ++t)
+    for (const auto& run : r.runs[t]) {
+      if (!run.run) continue;
+      h += fmt::format("<details><summary>{} on {} ({} iteration(s))</summary>\n<table>\n",
+                       html_escape(run.summary.strategy), html_escape(r.topology_names[t]),
+                       run.run->iterations.size());
+      h += row({"iteration", "capacity factor", "step (ms)", "MoE layer (ms)", "dropped tokens",
+                "decisions"},
+               true, 0);
+      for (const auto& it : run.run->iterations) {
+        std::string line =
+            row({std::to_string(it.index), fmt::format("{:g}", it.capacity_factor),
+                 ms(it.step_time_s), ms(it.moe_layer_time_s), std::to_string(it.dropped_tokens),
+                 html_escape(it.decision.describe())},
+                false, 0);
+        auto pos = line.rfind("<td>");
+        line.replace(pos, 4, "<td class=\"l\">");
+        h += line;
+      }
+      h += "</table></details>\n";
+    }
+  if (!r.trace_paths.empty()) {
+    h += "<h2>Traces</h2>\n<ul>\n";
+    for (const auto& tp : r.trace_paths)
+      h += fmt::format("<li><a href=\"{0}\">{0}</a> (open in chrome://tracing or Perfetto)</li>\n",
+                       html_escape(tp));
+    h += "</ul>\n";
+  }
+  h += page_end();
+  write_file_atomic(path, [&](std::ostream& os) { os << h; });
+}
+
+void write_sweep_report(const std::string& path, const SweepReport& r) {
+  MOESIM_ASSERT(r.spec && r.result && r.base, "a sweep report needs its spec, result and base");
+  const SweepSpec& spec = *r.spec;
+  const SweepResult& res = *r.result;
+  std::string h = page_start(fmt::format("moesim sweep: {}", spec.name));
+  if (!spec.description.empty()) h += fmt::format("<p>{}</p>\n", html_escape(spec.description));
+  h += fmt::format(
+      "<p>Engine <b>{}</b>; {} point(s) ({} run now, {} resumed from the CSV), {} mode; base "
+      "scenario <code>{}</code>.</p>\n",
+      html_escape(res.engine), res.points_total, res.points_run, res.points_skipped,
+      spec.mode == SweepMode::kZip ? "zip" : "cartesian", html_escape(spec.base_path));
+  h += "<h2>Axes</h2>\n<table>\n" + row({"key path", "values"}, true, 2);
+  for (const auto& a : spec.axes) {
+    std::string vals;
+    for (std::size_t i = 0; i < a.values.size(); ++i) {
+      if (i == 12 && a.values.size() > 16) {
+        vals += fmt::format(", ... ({} values)", a.values.size());
+        break;
+      }
+      vals += (i ? ", " : "") + a.values[i];
+    }
+    h += row({"<code>" + html_escape(a.key) + "</code>", html_escape(vals)}, false, 2);
+  }
+  h += "</table>\n";
+  h += scenario_section(*r.base);
+  h += "<h2>Base topology</h2>\n<table>\n" + topology_header();
+  h += cluster_row(r.base->cluster.name.empty() ? r.base->name : r.base->cluster.name,
+                   r.base->cluster);
+  h += "</table>\n";
+  h += plot_block(r.plot_path, r.plot_note);
+
+  h += "<h2>Results</h2>\n";
+  if (res.rows.size() > r.max_rows)
+    h += fmt::format("<p class=\"note\">First {} of {} rows; the CSV has them all.</p>\n",
+                     r.max_rows, res.rows.size());
+  h += "<table id=\"comparison\">\n";
+  std::vector<std::string> head = {"point"};
+  for (const auto& a : spec.axes) head.push_back(html_escape(a.key));
+  for (const char* c : {"strategy", "GPUs", "step (ms)", "MoE layer (ms)", "all-to-all (ms)",
+                        "exposed comm (ms)", "speedup", "decisions (last iteration)"})
+    head.push_back(c);
+  h += row(head, true, 0);
+  for (std::size_t i = 0; i < res.rows.size() && i < r.max_rows; ++i) {
+    const auto& row_ = res.rows[i];
+    const auto& m = row_.summary;
+    std::vector<std::string> cells = {std::to_string(row_.point)};
+    for (const auto& v : row_.values) cells.push_back(html_escape(v));
+    cells.push_back(html_escape(m.strategy));
+    cells.push_back(std::to_string(m.gpus));
+    cells.push_back(ms(m.step_mean_s));
+    cells.push_back(ms(m.moe_layer_mean_s));
+    cells.push_back(ms(m.a2a_mean_s));
+    cells.push_back(ms(m.exposed_comm_mean_s));
+    cells.push_back(speedup_text(m.speedup));
+    cells.push_back(html_escape(m.decisions));
+    h += row(cells, false, 0);
+  }
+  h += "</table>\n";
+  h += page_end();
+  write_file_atomic(path, [&](std::ostream& os) { os << h; });
+}
+
+}  // namespace moesim::app

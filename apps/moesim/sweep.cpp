@@ -1,0 +1,807 @@
+#include "apps/moesim/sweep.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/output.hpp"
+#include "apps/moesim/stacks.hpp"
+#include "core/scenario_loader.hpp"
+#include "core/yaml_reader.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Upper bound on the points of one sweep: a typo in a range ({step: 0.0001}) should be an error,
+// not an hour of work or an out-of-memory.
+constexpr std::size_t kMaxPoints = 10'000'000;
+
+struct Segment {
+  std::string name;
+  std::optional<std::size_t> index;
+};
+
+// "a.b[2].c" -> {a}, {b, 2}, {c}; nullopt when malformed.
+std::optional<std::vector<Segment>> split_key_path(const std::string& key) {
+  std::vector<Segment> out;
+  std::size_t pos = 0;
+  while (pos <= key.size()) {
+    std::size_t dot = key.find('.', pos);
+    std::string part = key.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    Segment seg;
+    std::size_t br = part.find('[');
+    seg.name = part.substr(0, br);
+    if (br != std::string::npos) {
+      if (part.back() != ']' || part.size() < br + 3) return std::nullopt;
+      std::string digits = part.substr(br + 1, part.size() - br - 2);
+      if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+      seg.index = std::stoul(digits);
+    }
+    if (seg.name.empty() || !std::all_of(seg.name.begin(), seg.name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+        }))
+      return std::nullopt;
+    out.push_back(std::move(seg));
+    if (dot == std::string::npos) break;
+    pos = dot + 1;
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+// Axis values are kept as text (the CSV writes them verbatim); structured values (lists, maps:
+// a `tree:` or a strategy entry) are kept in YAML flow style and loaded back when applied.
+YAML::Node value_node(const std::string& text) {
+  if (!text.empty() && (text.front() == '[' || text.front() == '{')) return YAML::Load(text);
+  return YAML::Node(text);
+}
+
+std::string node_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  YAML::Emitter em;
+  em << YAML::Flow << n;
+  return em.c_str();
+}
+
+// A range bound: its number and unit suffix ("100Gb/s" -> 100, "Gb/s").
+struct Bound {
+  double value = 0;
+  std::string unit;
+  bool integral = false;
+};
+
+std::optional<Bound> parse_bound(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  double v = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(v)) return std::nullopt;
+  Bound b;
+  b.value = v;
+  std::string rest(end);
+  rest.erase(0, rest.find_first_not_of(' '));
+  b.unit = rest;
+  std::string num(begin, static_cast<const char*>(end));
+  b.integral = num.find_first_of(".eE") == std::string::npos;
+  return b;
+}
+
+std::string format_number(double v, bool integral, const std::string& unit) {
+  if (integral) return fmt::format("{}{}", static_cast<long long>(std::llround(v)), unit);
+  return fmt::format("{:.10g}{}", v, unit);
+}
+
+std::string join_values(const std::vector<std::string>& values) {
+  std::string k;
+  for (const auto& v : values) {
+    k += v;
+    k += '\x1f';
+  }
+  return k;
+}
+
+std::string describe_point(const SweepSpec& spec, const std::vector<std::string>& values) {
+  std::string s;
+  for (std::size_t a = 0; a < spec.axes.size(); ++a)
+    s += fmt::format("{}{}={}", a ? ", " : "", spec.axes[a].key, values[a]);
+  return s;
+}
+
+void apply_fixed_and(const SweepSpec& spec, YAML::Node tree) {
+  for (std::size_t i = 0; i < spec.fixed.size(); ++i)
+    set_key_path(tree, spec.fixed[i].first, YAML::Clone(spec.fixed[i].second),
+                 spec.fixed_where[i].second);
+}
+
+bool key_within(const std::string& error_key, const std::string& axis_key) {
+  if (error_key.rfind(axis_key, 0) != 0) return false;
+  return error_key.size() == axis_key.size() || error_key[axis_key.size()] == '.' ||
+         error_key[axis_key.size()] == '[';
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream is(path);
+  std::stringstream ss;
+  ss << is.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Parsing
+
+std::vector<std::string> expand_range(const YAML::Node& range, const std::string& file,
+                                      const std::string& key) {
+  yaml::Context ctx(file);
+  yaml::MapReader m(ctx, range, key, {"from", "to", "times", "step"});
+  m.require("from", "the first value");
+  m.require("to", "the last value (inclusive)");
+  if (m.has("times") == m.has("step"))
+    m.fail_here("a range needs exactly one of 'times' (geometric) or 'step' (arithmetic)");
+  auto bound = [&](std::string_view k) {
+    std::string text = *m.get_string(k);
+    auto b = parse_bound(text);
+    if (!b) m.fail(k, fmt::format("found '{}', expected a number (optionally with a unit)", text));
+    return *b;
+  };
+  Bound from = bound("from"), to = bound("to");
+  if (to.unit != from.unit)
+    m.fail("to",
+           fmt::format("found unit '{}', expected the unit of 'from' ('{}')", to.unit, from.unit));
+  std::vector<std::string> out;
+  auto push = [&](double v, bool integral) {
+    if (out.size() >= kMaxPoints) m.fail_here(fmt::format("range has over {} values", kMaxPoints));
+    out.push_back(format_number(v, integral, from.unit));
+  };
+  if (m.has("step")) {
+    Bound step = bound("step");
+    if (!step.unit.empty() && step.unit != from.unit)
+      m.fail("step", fmt::format("found unit '{}', expected the unit of 'from' ('{}') or none",
+                                 step.unit, from.unit));
+    double dir = to.value - from.value;
+    if (step.value == 0 || (dir != 0 && (dir > 0) != (step.value > 0)))
+      m.fail("step", fmt::format("found {}, expected a non-zero step towards 'to' ({} -> {})",
+                                 step.value, from.value, to.value));
+    bool integral = from.integral && to.integral && step.integral;
+    // i * step rather than repeated addition, and a relative slack so 0.1 steps reach `to`.
+    double slack = 1e-9 * std::fabs(step.value);
+    for (std::size_t i = 0;; ++i) {
+      double v = from.value + static_cast<double>(i) * step.value;
+      if (step.value > 0 ? v > to.value + slack : v < to.value - slack) break;
+      push(v, integral);
+    }
+  } else {
+    Bound times = bound("times");
+    if (!times.unit.empty()) m.fail("times", "found a unit, expected a plain factor");
+    if (from.value <= 0 || to.value <= 0)
+      m.fail_here("a geometric range ('times') needs 'from' and 'to' > 0");
+    if (times.value <= 0 || times.value == 1 || (to.value > from.value) != (times.value > 1))
+      if (to.value != from.value)
+        m.fail("times", fmt::format("found {}, expected a factor that goes from {} towards {}",
+                                    times.value, from.value, to.value));
+    bool integral = from.integral && to.integral && times.integral;
+    for (std::size_t i = 0;; ++i) {
+      double v = from.value * std::pow(times.value, static_cast<double>(i));
+      bool up = times.value > 1;
+      if (up ? v > to.value * (1 + 1e-9) : v < to.value * (1 - 1e-9)) break;
+      push(v, integral);
+      if (to.value == from.value) break;
+    }
+  }
+  return out;
+}
+
+SweepSpec parse_sweep(const YAML::Node& root, const std::string& file) {
+  yaml::Context ctx(file);
+  yaml::MapReader m(ctx, root, "",
+                    {"name", "description", "base", "mode", "axes", "set", "strategies"});
+  SweepSpec spec;
+  spec.file = file;
+  spec.name = m.get_string("name").value_or(fs::path(file).stem().string());
+  spec.description = m.get_string("description").value_or("");
+  m.require("base", "the base scenario file, relative to the sweep file");
+  std::string base = *m.get_string("base");
+  fs::path bp(base);
+  if (bp.is_relative()) bp = fs::path(file).parent_path() / bp;
+  spec.base_path = bp.lexically_normal().string();
+  if (auto mode = m.get_choice("mode", {"cartesian", "zip"}))
+    spec.mode = *mode == 0 ? SweepMode::kCartesian : SweepMode::kZip;
+
+  m.require("axes", "a map from scenario key paths to value lists or ranges");
+  YAML::Node axes = m.get("axes");
+  if (!axes.IsMap() || axes.size() == 0)
+    m.fail("axes", fmt::format("found {}, expected a non-empty map from key paths to values",
+                               yaml::describe(axes)));
+  std::set<std::string> seen;
+  for (auto it = axes.begin(); it != axes.end(); ++it) {
+    const YAML::detail::iterator_value kv = *it;
+    const YAML::Node k = kv.first;
+    const YAML::Node v = kv.second;
+    SweepAxis axis;
+    axis.key = k.IsScalar() ? k.Scalar() : "";
+    axis.where = ctx.at(k);
+    std::string path = "axes." + axis.key;
+    if (!split_key_path(axis.key))
+      ctx.fail(k, path,
+               fmt::format("found '{}', expected a key path like model.capacity_factor or "
+                           "strategies[1].pipeline",
+                           axis.key));
+    if (!seen.insert(axis.key).second)
+      ctx.fail(k, path, fmt::format("duplicate axis '{}'", axis.key));
+    if (v.IsSequence()) {
+      if (v.size() == 0) ctx.fail(v, path, "found an empty list, expected at least one value");
+      for (std::size_t i = 0; i < v.size(); ++i) axis.values.push_back(node_text(v[i]));
+    } else if (v.IsMap()) {
+      axis.values = expand_range(v, file, path);
+      axis.geometric = v["times"].IsDefined();
+      if (axis.values.empty()) ctx.fail(v, path, "the range is empty");
+    } else {
+      ctx.fail(v, path,
+               fmt::format("found {}, expected a list of values or a range {{from, to, times}} "
+                           "/ {{from, to, step}}",
+                           yaml::describe(v)));
+    }
+    spec.axes.push_back(std::move(axis));
+  }
+  if (spec.mode == SweepMode::kZip) {
+    for (const auto& a : spec.axes)
+      if (a.values.size() != spec.axes.front().values.size())
+        throw InputError(
+            a.where, "axes." + a.key,
+            fmt::format("mode zip: found {} values, expected {} like axis '{}'", a.values.size(),
+                        spec.axes.front().values.size(), spec.axes.front().key));
+  }
+
+  if (m.has("set")) {
+    YAML::Node set = m.get("set");
+    if (!set.IsMap())
+      m.fail("set",
+             fmt::format("found {}, expected a map from key paths to values", yaml::describe(set)));
+    for (auto it = set.begin(); it != set.end(); ++it) {
+      const YAML::detail::iterator_value kv = *it;
+      const YAML::Node k = kv.first;
+      std::string key = k.IsScalar() ? k.Scalar() : "";
+      if (!split_key_path(key))
+        ctx.fail(k, "set." + key, fmt::format("found '{}', expected a key path", key));
+      spec.fixed.emplace_back(key, YAML::Clone(kv.second));
+      spec.fixed_where.emplace_back(key, ctx.at(k));
+    }
+  }
+  if (m.has("strategies")) {
+    YAML::Node list = ctx.require_list(m.get("strategies"), "strategies");
+    spec.strategies_where = m.location("strategies");
+    for (std::size_t i = 0; i < list.size(); ++i)
+      spec.strategies.push_back(ctx.to_string(list[i], fmt::format("strategies[{}]", i)));
+  }
+  return spec;
+}
+
+SweepSpec load_sweep(const std::string& path) { return parse_sweep(load_yaml_file(path), path); }
+
+std::vector<SweepPoint> expand_points(const SweepSpec& spec) {
+  std::vector<SweepPoint> out;
+  if (spec.axes.empty()) return out;
+  if (spec.mode == SweepMode::kZip) {
+    std::size_t n = spec.axes.front().values.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      SweepPoint p;
+      p.index = i;
+      for (const auto& a : spec.axes) p.values.push_back(a.values[i]);
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+  std::size_t total = 1;
+  for (const auto& a : spec.axes) {
+    if (total > kMaxPoints / a.values.size())
+      throw InputError(a.where, "axes." + a.key,
+                       fmt::format("the cartesian product has over {} points", kMaxPoints));
+    total *= a.values.size();
+  }
+  out.reserve(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    SweepPoint p;
+    p.index = i;
+    p.values.resize(spec.axes.size());
+    std::size_t rest = i;
+    for (std::size_t a = spec.axes.size(); a-- > 0;) {
+      p.values[a] = spec.axes[a].values[rest % spec.axes[a].values.size()];
+      rest /= spec.axes[a].values.size();
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void set_key_path(YAML::Node root, const std::string& key, const YAML::Node& value,
+                  const SourceLocation& where) {
+  auto segments = split_key_path(key);
+  if (!segments) throw InputError(where, key, "malformed key path");
+  // Node::reset rebinds; plain assignment between Nodes would overwrite the tree instead.
+  YAML::Node cur;
+  cur.reset(root);
+  std::string walked;
+  for (std::size_t i = 0; i < segments->size(); ++i) {
+    const Segment& s = (*segments)[i];
+    bool last = i + 1 == segments->size();
+    walked += (walked.empty() ? "" : ".") + s.name;
+    if (!cur.IsMap() && !cur.IsNull())
+      throw InputError(
+          where, key,
+          fmt::format("'{}' is {} in the base scenario, not a map", walked, yaml::describe(cur)));
+    if (!s.index) {
+      if (last) {
+        cur[s.name] = value;
+        return;
+      }
+      YAML::Node next = cur[s.name];
+      if (!next.IsDefined() || next.IsNull()) {
+        cur[s.name] = YAML::Node(YAML::NodeType::Map);
+        next.reset(cur[s.name]);
+      }
+      cur.reset(next);
+      continue;
+    }
+    YAML::Node list = cur[s.name];
+    if (!list.IsSequence() || *s.index >= list.size())
+      throw InputError(where, key,
+                       fmt::format("'{}' has no item [{}] in the base scenario ({})", walked,
+                                   *s.index, yaml::describe(list)));
+    walked += fmt::format("[{}]", *s.index);
+    if (last) {
+      list[*s.index] = value;
+      return;
+    }
+    YAML::Node item = list[*s.index];
+    cur.reset(item);
+  }
+}
+
+Scenario point_scenario(const SweepSpec& spec, const YAML::Node& base_tree,
+                        const SweepPoint& point) {
+  YAML::Node tree = YAML::Clone(base_tree);
+  apply_fixed_and(spec, tree);
+  for (std::size_t a = 0; a < spec.axes.size(); ++a)
+    set_key_path(tree, spec.axes[a].key, value_node(point.values[a]), spec.axes[a].where);
+  try {
+    return parse_scenario(tree, spec.base_path);
+  } catch (const InputError& e) {
+    throw InputError(SourceLocation{spec.file, 0, 0}, e.key(),
+                     fmt::format("point {} ({}): {}", point.index,
+                                 describe_point(spec, point.values), e.what()));
+  }
+}
+
+void validate_sweep(const SweepSpec& spec) {
+  YAML::Node base = load_yaml_file(spec.base_path);
+  Scenario sc = parse_scenario(base, spec.base_path);
+  for (const auto& n : spec.strategies) {
+    if (!sc.find_strategy(n)) {
+      std::string known;
+      for (const auto& k : sc.strategies) known += (known.empty() ? "" : ", ") + k.name;
+      throw InputError(
+          spec.strategies_where, "strategies",
+          fmt::format("found '{}', expected one of the base scenario's strategies: {}", n, known));
+    }
+  }
+  for (std::size_t i = 0; i < spec.fixed.size(); ++i) {
+    YAML::Node tree = YAML::Clone(base);
+    const auto& where = spec.fixed_where[i].second;
+    set_key_path(tree, spec.fixed[i].first, YAML::Clone(spec.fixed[i].second), where);
+    try {
+      parse_scenario(tree, spec.base_path);
+    } catch (const InputError& e) {
+      throw InputError(where, "set." + spec.fixed[i].first, e.message());
+    }
+  }
+  // Each axis alone on the base (with `set:`): an error about the axis's own key (unknown key,
+  // wrong type, bad unit) is reported at the axis line. Errors about other keys may be fixed by
+  // other axes (nodes and parallelism.ep together), so they wait for the points themselves.
+  for (const auto& axis : spec.axes) {
+    YAML::Node tree = YAML::Clone(base);
+    apply_fixed_and(spec, tree);
+    set_key_path(tree, axis.key, value_node(axis.values.front()), axis.where);
+    try {
+      parse_scenario(tree, spec.base_path);
+    } catch (const InputError& e) {
+      if (key_within(e.key(), axis.key) || key_within(axis.key, e.key()))
+        throw InputError(
+            axis.where, "axes." + axis.key,
+            fmt::format("axis '{}' = {}: {}", axis.key, axis.values.front(), e.message()));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// CSV
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cur += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cur += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.push_back(std::move(cur));
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(std::move(cur));
+  return out;
+}
+
+namespace {
+
+const std::vector<std::string>& result_columns() {
+  static const std::vector<std::string> cols = {"scenario",
+                                                "strategy",
+                                                "topology",
+                                                "gpus",
+                                                "step_time_s",
+                                                "step_time_p50_s",
+                                                "step_time_p95_s",
+                                                "moe_layer_time_s",
+                                                "a2a_s",
+                                                "allreduce_s",
+                                                "compute_s",
+                                                "exposed_comm_s",
+                                                "speedup_vs_baseline",
+                                                "decisions",
+                                                "wall_s"};
+  return cols;
+}
+
+std::string csv_line(const SweepRow& r) {
+  std::string s = std::to_string(r.point);
+  for (const auto& v : r.values) {
+    s += ',';
+    s += csv_field(v);
+  }
+  const RunSummary& m = r.summary;
+  s += fmt::format(
+      ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.6f}\n",
+      csv_field(r.scenario), csv_field(m.strategy), csv_field(m.topology), m.gpus, m.step_mean_s,
+      m.step_p50_s, m.step_p95_s, m.moe_layer_mean_s, m.a2a_mean_s, m.allreduce_mean_s,
+      m.compute_mean_s, m.exposed_comm_mean_s,
+      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.wall_s);
+  return s;
+}
+
+// A row of an existing CSV, or nullopt when it is malformed (a line cut short by an interrupted
+// run): those are dropped and their points run again.
+std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t num_axes) {
+  if (f.size() != 1 + num_axes + result_columns().size()) return std::nullopt;
+  try {
+    SweepRow r;
+    std::size_t i = 0;
+    r.point = std::stoul(f[i++]);
+    for (std::size_t a = 0; a < num_axes; ++a) r.values.push_back(f[i++]);
+    r.scenario = f[i++];
+    RunSummary& m = r.summary;
+    m.strategy = f[i++];
+    m.topology = f[i++];
+    m.gpus = std::stoi(f[i++]);
+    for (double* d :
+         {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s, &m.a2a_mean_s,
+          &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s})
+      *d = std::stod(f[i++]);
+    m.speedup = f[i].empty() ? 0 : std::stod(f[i]);
+    ++i;
+    m.decisions = f[i++];
+    m.wall_s = std::stod(f[i++]);
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Rows of an existing output CSV with the same columns; InputError when its header differs (it
+// belongs to another sweep, and appending would mix two tables).
+std::vector<SweepRow> read_existing(const std::string& path, const std::vector<std::string>& cols,
+                                    std::size_t num_axes) {
+  std::vector<SweepRow> rows;
+  std::ifstream is(path);
+  if (!is) return rows;
+  std::string line;
+  if (!std::getline(is, line)) return rows;
+  if (split_csv_line(line) != cols)
+    throw InputError(fmt::format(
+        "--csv {}: the file exists with other columns (another sweep?): found '{}', expected "
+        "'{}'. Choose another file or remove it to start over",
+        path, line, fmt::join(cols, ",")));
+  while (std::getline(is, line)) {
+    if (line.empty()) continue;
+    if (auto r = parse_row(split_csv_line(line), num_axes)) rows.push_back(std::move(*r));
+  }
+  return rows;
+}
+
+std::string fmt_seconds(double s) {
+  if (s < 60) return fmt::format("{:.1f} s", s);
+  if (s < 3600)
+    return fmt::format("{}m{:02d}s", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  return fmt::format("{}h{:02d}m", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+}
+
+}  // namespace
+
+std::vector<std::string> sweep_csv_columns(const SweepSpec& spec) {
+  std::vector<std::string> cols = {"point"};
+  for (const auto& a : spec.axes) cols.push_back(a.key);
+  for (const auto& c : result_columns()) cols.push_back(c);
+  return cols;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Running
+
+SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  validate_sweep(spec);
+  const std::string base_text = read_text(spec.base_path);
+  const Scenario base_sc = load_scenario(spec.base_path);
+  std::vector<std::string> strategy_names;
+  for (const auto& s : select_strategies(base_sc, spec.strategies))
+    strategy_names.push_back(s.name);
+
+  const std::vector<SweepPoint> points = expand_points(spec);
+  const auto cols = sweep_csv_columns(spec);
+  const std::size_t num_axes = spec.axes.size();
+
+  SweepResult result;
+  result.points_total = points.size();
+
+  // Resume: a point is done when the CSV holds a row for each of its strategies.
+  std::map<std::string, std::size_t> point_of;
+  for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
+  std::vector<SweepRow> foreign;  // rows of the file that are not points of this sweep (kept)
+  std::vector<bool> done(points.size(), false);
+  if (!opts.csv_path.empty()) {
+    std::map<std::size_t, std::vector<SweepRow>> by_point;
+    for (auto& r : read_existing(opts.csv_path, cols, num_axes)) {
+      auto it = point_of.find(join_values(r.values));
+      if (it == point_of.end()) {
+        foreign.push_back(std::move(r));
+        continue;
+      }
+      r.point = it->second;
+      by_point[it->second].push_back(std::move(r));
+    }
+    for (auto& [idx, rows] : by_point) {
+      std::set<std::string> have;
+      for (const auto& r : rows) have.insert(r.summary.strategy);
+      bool complete = std::all_of(strategy_names.begin(), strategy_names.end(),
+                                  [&](const std::string& n) { return have.count(n) > 0; });
+      if (!complete) continue;
+      done[idx] = true;
+      ++result.points_skipped;
+      for (auto& r : rows)
+        if (std::find(strategy_names.begin(), strategy_names.end(), r.summary.strategy) !=
+            strategy_names.end())
+          result.rows.push_back(std::move(r));
+    }
+  }
+
+  std::vector<std::size_t> todo;
+  for (const auto& p : points)
+    if (!done[p.index]) todo.push_back(p.index);
+  // Points run in a fixed shuffled order: costs often grow along an axis (nodes, sizes), and a
+  // random order makes the running mean an unbiased estimate of the rest, so the ETA is honest
+  // early on. The CSV is sorted by point at the end.
+  std::shuffle(todo.begin(), todo.end(), std::mt19937_64(0x5eed));
+
+  auto write_all = [&](const std::vector<SweepRow>& rows) {
+    write_file_atomic(opts.csv_path, [&](std::ostream& os) {
+      for (std::size_t c = 0; c < cols.size(); ++c) os << (c ? "," : "") << csv_field(cols[c]);
+      os << "\n";
+      for (const auto& r : rows) os << csv_line(r);
+      for (const auto& r : foreign) os << csv_line(r);
+    });
+  };
+  std::ofstream csv;
+  if (!opts.csv_path.empty()) {
+    write_all(result.rows);  // drops cut-short lines before appending
+    csv.open(opts.csv_path, std::ios::app);
+    if (!csv) throw RuntimeError(fmt::format("cannot append to {}", opts.csv_path));
+  }
+
+  int jobs = opts.jobs > 0 ? opts.jobs
+                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  jobs = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(jobs), todo.size()));
+
+  std::mutex mu;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr error;
+  std::size_t completed = 0;
+  const bool tty = isatty(fileno(stderr)) != 0;
+  auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  const auto run_t0 = std::chrono::steady_clock::now();
+
+  auto progress = [&](bool final) {  // under mu
+    if (!opts.progress) return;
+    auto now = std::chrono::steady_clock::now();
+    double since = std::chrono::duration<double>(now - last_print).count();
+    if (!final && since < (tty ? 0.2 : 5.0)) return;
+    last_print = now;
+    double elapsed = std::chrono::duration<double>(now - run_t0).count();
+    std::string eta = completed > 0 ? fmt_seconds(elapsed / static_cast<double>(completed) *
+                                                  static_cast<double>(todo.size() - completed))
+                                    : "?";
+    std::fprintf(stderr, "%smoesim sweep: %zu/%zu points (%.0f%%), %s elapsed, ETA %s%s",
+                 tty ? "\r" : "", completed, todo.size(),
+                 todo.empty()
+                     ? 100.0
+                     : 100.0 * static_cast<double>(completed) / static_cast<double>(todo.size()),
+                 fmt_seconds(elapsed).c_str(), eta.c_str(), tty && !final ? "   " : "\n");
+    std::fflush(stderr);
+  };
+  if (opts.progress && result.points_skipped > 0)
+    std::fprintf(stderr, "moesim sweep: %zu of %zu points already in %s, skipped\n",
+                 result.points_skipped, points.size(), opts.csv_path.c_str());
+
+  auto worker = [&] {
+    try {
+      // Each worker owns its YAML trees, scenario, topology and stacks: nothing is shared
+      // between points but the read-only spec.
+      const YAML::Node base_tree = YAML::Load(base_text);
+      while (!stop.load()) {
+        std::size_t k = next.fetch_add(1);
+        if (k >= todo.size()) break;
+        const SweepPoint& p = points[todo[k]];
+        Scenario sc = point_scenario(spec, base_tree, p);
+        auto topo = topology::build_topology(sc.cluster);
+        sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
+        auto specs = select_strategies(sc, spec.strategies);
+        std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
+        auto outcomes = run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false);
+        std::vector<SweepRow> rows;
+        for (auto& o : outcomes) {
+          SweepRow r;
+          r.point = p.index;
+          r.values = p.values;
+          r.scenario = sc.name;
+          r.summary = o.summary;
+          if (!opts.json_path.empty()) r.run = run_json(sc, o.run, o.summary);
+          rows.push_back(std::move(r));
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (result.engine.empty()) result.engine = std::string(sim::network_kind_name(cfg.network));
+        if (csv.is_open()) {
+          for (const auto& r : rows) csv << csv_line(r);
+          csv.flush();
+        }
+        for (auto& r : rows) result.rows.push_back(std::move(r));
+        ++completed;
+        ++result.points_run;
+        progress(false);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      stop.store(true);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+  if (jobs > 0) worker();
+  for (auto& t : pool) t.join();
+  if (!todo.empty()) {
+    std::lock_guard<std::mutex> lock(mu);
+    progress(true);
+  }
+  if (error) std::rethrow_exception(error);
+
+  std::map<std::string, std::size_t> order;
+  for (std::size_t i = 0; i < strategy_names.size(); ++i) order[strategy_names[i]] = i;
+  std::stable_sort(result.rows.begin(), result.rows.end(),
+                   [&](const SweepRow& a, const SweepRow& b) {
+                     if (a.point != b.point) return a.point < b.point;
+                     return order[a.summary.strategy] < order[b.summary.strategy];
+                   });
+  if (csv.is_open()) {
+    csv.close();
+    write_all(result.rows);
+  }
+  if (result.engine.empty())
+    result.engine =
+        std::string(sim::network_kind_name(engine_config_from(base_sc, opts.engine).network));
+
+  if (!opts.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["moesim_version"] = MOESIM_VERSION;
+    j["sweep"] = spec.name;
+    j["base"] = spec.base_path;
+    j["engine"] = result.engine;
+    j["mode"] = spec.mode == SweepMode::kZip ? "zip" : "cartesian";
+    auto& axes = j["axes"] = nlohmann::ordered_json::array();
+    for (const auto& a : spec.axes) axes.push_back({{"key", a.key}, {"values", a.values}});
+    j["points_total"] = result.points_total;
+    j["points_skipped"] = result.points_skipped;
+    auto& pts = j["points"] = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < result.rows.size();) {
+      const std::size_t idx = result.rows[i].point;
+      nlohmann::ordered_json pj;
+      pj["index"] = idx;
+      auto& params = pj["parameters"] = nlohmann::ordered_json::object();
+      for (std::size_t a = 0; a < num_axes; ++a)
+        params[spec.axes[a].key] = result.rows[i].values[a];
+      auto& runs = pj["runs"] = nlohmann::ordered_json::array();
+      for (; i < result.rows.size() && result.rows[i].point == idx; ++i) {
+        const SweepRow& r = result.rows[i];
+        if (!r.run.is_null()) {
+          runs.push_back(r.run);
+          continue;
+        }
+        // Resumed from the CSV: the summary it kept (no per-iteration records).
+        const RunSummary& s = r.summary;
+        nlohmann::ordered_json rj;
+        rj["strategy"] = s.strategy;
+        rj["topology"] = s.topology;
+        rj["gpus"] = s.gpus;
+        rj["step_time_s"] = s.step_mean_s;
+        rj["step_time_p50_s"] = s.step_p50_s;
+        rj["step_time_p95_s"] = s.step_p95_s;
+        rj["moe_layer_time_s"] = s.moe_layer_mean_s;
+        rj["breakdown"] = {{"compute_s", s.compute_mean_s},
+                           {"a2a_s", s.a2a_mean_s},
+                           {"allreduce_s", s.allreduce_mean_s},
+                           {"exposed_comm_s", s.exposed_comm_mean_s}};
+        rj["decisions"] = s.decisions;
+        rj["speedup_vs_baseline"] = s.speedup > 0 ? nlohmann::ordered_json(s.speedup) : nullptr;
+        rj["resumed"] = true;
+        runs.push_back(std::move(rj));
+      }
+      pts.push_back(std::move(pj));
+    }
+    write_file_atomic(opts.json_path, [&](std::ostream& os) { os << j.dump(1) << "\n"; });
+  }
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace moesim::app

@@ -1,0 +1,114 @@
+// Parameter sweeps (DESIGN §6): a base scenario, axes over any key path of its YAML tree, expanded
+// as a cartesian product or zipped, run in parallel, written as one CSV row per point x strategy
+// (every axis a column) and JSON. Resumable: points already in the output CSV are skipped.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/moesim/report.hpp"
+#include "core/error.hpp"
+#include "core/scenario.hpp"
+
+namespace moesim::app {
+
+enum class SweepMode { kCartesian, kZip };
+
+/// One axis: a key path of the scenario tree ("model.capacity_factor", "strategies[1].pipeline")
+/// and the values it takes, as YAML scalars (the CSV writes them verbatim).
+struct SweepAxis {
+  std::string key;
+  std::vector<std::string> values;
+  bool geometric = false;  // written as {from, to, times}: plots use a log x axis
+  SourceLocation where;    // the axis key in the sweep file
+};
+
+struct SweepSpec {
+  std::string file;  // the sweep file as given
+  std::string name;  // `name:`, else the file stem
+  std::string description;
+  std::string base_path;  // resolved against the sweep file's directory
+  SweepMode mode = SweepMode::kCartesian;
+  std::vector<SweepAxis> axes;
+  // `set:` fixed overrides applied to every point before the axes (key path -> YAML value).
+  std::vector<std::pair<std::string, YAML::Node>> fixed;
+  std::vector<std::pair<std::string, SourceLocation>> fixed_where;
+  std::vector<std::string> strategies;  // subset of the base's strategies; empty = all
+  SourceLocation strategies_where;
+};
+
+/// Reads a sweep file: InputError (file:line, key) for unknown keys, bad ranges, zip axes of
+/// unequal length. Does not read the base scenario (see validate_sweep).
+SweepSpec parse_sweep(const YAML::Node& root, const std::string& file);
+SweepSpec load_sweep(const std::string& path);
+
+/// The value lists of a {from, to, times} / {from, to, step} range (exposed for tests). Numbers
+/// may carry a unit ("100Gb/s"); values are written in the unit of `from`.
+std::vector<std::string> expand_range(const YAML::Node& range, const std::string& file,
+                                      const std::string& key);
+
+/// One point of the sweep: its index in expansion order and one value per axis.
+struct SweepPoint {
+  std::size_t index = 0;
+  std::vector<std::string> values;
+};
+
+/// Cartesian: the last axis varies fastest. Zip: the i-th value of every axis.
+std::vector<SweepPoint> expand_points(const SweepSpec& spec);
+
+/// Sets `value` at the dotted key path in `root`, creating maps on the way; "name[i]" indexes a
+/// list. InputError at `where` when the path runs into a scalar or past the end of a list.
+void set_key_path(YAML::Node root, const std::string& key, const YAML::Node& value,
+                  const SourceLocation& where);
+
+/// The scenario of one point: the base tree (cloned), `set:`, then the axis values.
+Scenario point_scenario(const SweepSpec& spec, const YAML::Node& base_tree,
+                        const SweepPoint& point);
+
+/// Checks the base scenario loads, the strategy subset exists, and every axis key is a valid key
+/// of the scenario (applied alone with its first value): errors name the sweep file's line.
+void validate_sweep(const SweepSpec& spec);
+
+struct SweepOptions {
+  int jobs = 0;        // 0 = hardware threads
+  std::string engine;  // "" = the scenario's
+  std::string csv_path;
+  std::string json_path;
+  bool progress = true;  // progress line with ETA on stderr
+};
+
+/// One strategy's result at one point.
+struct SweepRow {
+  std::size_t point = 0;
+  std::vector<std::string> values;  // one per axis
+  std::string scenario;
+  RunSummary summary;
+  nlohmann::ordered_json run;  // run_json of this invocation's points (with --json); else null
+};
+
+struct SweepResult {
+  std::vector<SweepRow> rows;  // every row (resumed ones too), sorted by point then strategy
+  std::size_t points_total = 0, points_skipped = 0, points_run = 0;
+  std::string engine;
+  double wall_s = 0;
+};
+
+/// CSV header for a spec: point, every axis key, then the result columns.
+std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
+
+/// Runs the sweep. With a CSV path, rows of completed points are appended as they finish (so an
+/// interrupted sweep keeps them) and the file is rewritten sorted at the end; points whose rows
+/// are all in an existing CSV with the same columns are skipped.
+SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts);
+
+/// CSV field quoting (RFC 4180) and splitting one line back (exposed for tests).
+std::string csv_field(const std::string& s);
+std::vector<std::string> split_csv_line(const std::string& line);
+
+}  // namespace moesim::app

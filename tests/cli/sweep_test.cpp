@@ -1,0 +1,440 @@
+// Sweeps: expansion (cartesian, zip, ranges) exact, key-path edits, the bad-axis error's line, CSV
+// columns, resumability, thread-count independence; plots, the HTML report (rendered in headless
+// Chromium when it is installed) and `moesim list` through the binary.
+#include "apps/moesim/sweep.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "apps/moesim/html_report.hpp"
+#include "apps/moesim/plot.hpp"
+#include "core/scenario_loader.hpp"
+
+namespace moesim::app {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kSource = MOESIM_SOURCE_DIR;
+const std::string kBinary = MOESIM_BINARY;
+const std::string kQuickstart = kSource + "/scenarios/quickstart.yaml";
+
+fs::path temp_dir() {
+  fs::path d = fs::temp_directory_path() /
+               fmt::format("moesim_sweep_{}_{}",
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                           static_cast<long>(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream is(p);
+  std::stringstream ss;
+  ss << is.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream os(p);
+  os << text;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line))
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+SweepSpec spec_from(const std::string& yaml) {
+  return parse_sweep(parse_yaml_string(yaml, "/tmp/s.yaml"), "/tmp/s.yaml");
+}
+
+std::vector<std::vector<std::string>> values_of(const std::vector<SweepPoint>& pts) {
+  std::vector<std::vector<std::string>> v;
+  for (const auto& p : pts) v.push_back(p.values);
+  return v;
+}
+
+struct RunOutput {
+  int exit_code = -1;
+  std::string out;
+};
+
+RunOutput run(const std::string& args, const std::string& env = "") {
+  std::string cmd = fmt::format("{} '{}' {} 2>&1", env, kBinary, args);
+  RunOutput r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A small, fast sweep over the quickstart scenario on the analytical engine.
+std::string small_sweep(const std::string& axes) {
+  return fmt::format(
+      "name: small\n"
+      "base: {}\n"
+      "set:\n"
+      "  engine.network: analytical\n"
+      "  workload.iterations: 2\n"
+      "strategies: [baseline, tutel]\n"
+      "axes:\n{}",
+      kQuickstart, axes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expansion
+
+TEST(SweepExpand, CartesianLastAxisFastest) {
+  auto spec = spec_from("base: b.yaml\naxes:\n  a.x: [1, 2]\n  b.y: [p, q, r]\n");
+  EXPECT_EQ(spec.base_path, "/tmp/b.yaml");
+  auto pts = expand_points(spec);
+  std::vector<std::vector<std::string>> want = {{"1", "p"}, {"1", "q"}, {"1", "r"},
+                                                {"2", "p"}, {"2", "q"}, {"2", "r"}};
+  EXPECT_EQ(values_of(pts), want);
+  for (size_t i = 0; i < pts.size(); ++i) EXPECT_EQ(pts[i].index, i);
+}
+
+TEST(SweepExpand, ZipPairsValues) {
+  auto spec = spec_from("base: b.yaml\nmode: zip\naxes:\n  a: [1, 2, 3]\n  b: [x, y, z]\n");
+  std::vector<std::vector<std::string>> want = {{"1", "x"}, {"2", "y"}, {"3", "z"}};
+  EXPECT_EQ(values_of(expand_points(spec)), want);
+}
+
+TEST(SweepExpand, ZipOfUnequalLengthsNamesTheLine) {
+  try {
+    spec_from("base: b.yaml\nmode: zip\naxes:\n  a: [1, 2, 3]\n  b: [x, y]\n");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.location().line, 5);
+    EXPECT_NE(std::string(e.what()).find("found 2 values, expected 3"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SweepExpand, Ranges) {
+  auto spec = spec_from(
+      "base: b.yaml\naxes:\n"
+      "  n: {from: 2, to: 64, times: 2}\n"
+      "  h: {from: 1024, to: 4096, step: 1024}\n"
+      "  f: {from: 0.5, to: 1.5, step: 0.25}\n"
+      "  bw: {from: 100Gb/s, to: 400Gb/s, times: 2}\n"
+      "  down: {from: 4, to: 1, step: -1}\n"
+      "  odd: {from: 1, to: 10, times: 3}\n");
+  ASSERT_EQ(spec.axes.size(), 6u);
+  EXPECT_EQ(spec.axes[0].values, (std::vector<std::string>{"2", "4", "8", "16", "32", "64"}));
+  EXPECT_TRUE(spec.axes[0].geometric);
+  EXPECT_EQ(spec.axes[1].values, (std::vector<std::string>{"1024", "2048", "3072", "4096"}));
+  EXPECT_FALSE(spec.axes[1].geometric);
+  EXPECT_EQ(spec.axes[2].values, (std::vector<std::string>{"0.5", "0.75", "1", "1.25", "1.5"}));
+  EXPECT_EQ(spec.axes[3].values, (std::vector<std::string>{"100Gb/s", "200Gb/s", "400Gb/s"}));
+  EXPECT_EQ(spec.axes[4].values, (std::vector<std::string>{"4", "3", "2", "1"}));
+  EXPECT_EQ(spec.axes[5].values, (std::vector<std::string>{"1", "3", "9"}));  // 27 > 10
+  EXPECT_EQ(expand_points(spec).size(), 6u * 4 * 5 * 3 * 4 * 3);
+}
+
+TEST(SweepExpand, BadRangesAreInputErrors) {
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: {from: 1, to: 4}\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: {from: 1, to: 4, step: 1, times: 2}\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: {from: 1, to: 4, step: -1}\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: {from: 1, to: 4, step: 0}\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: {from: 1Gb/s, to: 4GB/s, times: 2}\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a: []\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes:\n  a..b: [1]\n"), InputError);
+  EXPECT_THROW(spec_from("base: b\naxes: {}\n"), InputError);
+  EXPECT_THROW(spec_from("axes:\n  a: [1]\n"), InputError);           // no base
+  EXPECT_THROW(spec_from("base: b\naxis:\n  a: [1]\n"), InputError);  // unknown key
+}
+
+TEST(SweepKeyPath, SetsNestedCreatesMapsAndIndexesLists) {
+  YAML::Node root = YAML::Load("a: {b: 1}\nl: [{x: 1}, {x: 2}]\ns: 3\n");
+  set_key_path(root, "a.b", YAML::Node("7"), {});
+  set_key_path(root, "a.c.d", YAML::Node("8"), {});
+  set_key_path(root, "l[1].x", YAML::Node("9"), {});
+  EXPECT_EQ(root["a"]["b"].as<int>(), 7);
+  EXPECT_EQ(root["a"]["c"]["d"].as<int>(), 8);
+  EXPECT_EQ(root["l"][0]["x"].as<int>(), 1);
+  EXPECT_EQ(root["l"][1]["x"].as<int>(), 9);
+  EXPECT_EQ(root["s"].as<int>(), 3);
+  EXPECT_THROW(set_key_path(root, "s.t", YAML::Node("1"), {}), InputError);
+  EXPECT_THROW(set_key_path(root, "l[5].x", YAML::Node("1"), {}), InputError);
+}
+
+TEST(SweepValidate, BadAxisKeyNamesTheSweepLine) {
+  fs::path d = temp_dir();
+  fs::path f = d / "bad.yaml";
+  write_file(f, small_sweep("  model.capacity_factor: [1.0]\n  model.hiden_dim: [1024]\n"));
+  SweepSpec spec = load_sweep(f.string());
+  try {
+    validate_sweep(spec);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.location().file, f.string());
+    EXPECT_EQ(e.location().line, 9);  // the model.hiden_dim line
+    std::string what = e.what();
+    EXPECT_NE(what.find("hiden_dim"), std::string::npos) << what;
+    EXPECT_NE(what.find("hidden_dim"), std::string::npos) << what;  // did you mean
+  }
+  // A bad value type on a valid key is reported at the axis too.
+  write_file(f, small_sweep("  cluster.nodes: [two]\n"));
+  try {
+    validate_sweep(load_sweep(f.string()));
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.location().line, 8);
+  }
+  // And an unknown strategy in the subset.
+  write_file(f, fmt::format("base: {}\nstrategies: [baseline, nope]\naxes:\n  model.top_k: [1]\n",
+                            kQuickstart));
+  EXPECT_THROW(validate_sweep(load_sweep(f.string())), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running, CSV, resume
+
+TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0, 2.0]\n"
+                                       "  model.top_k: [1, 2]\n"));
+  SweepOptions o;
+  o.jobs = 2;
+  o.csv_path = (d / "out.csv").string();
+  o.json_path = (d / "out.json").string();
+  o.progress = false;
+  SweepResult r = run_sweep(load_sweep((d / "s.yaml").string()), o);
+  EXPECT_EQ(r.points_total, 4u);
+  EXPECT_EQ(r.points_run, 4u);
+  EXPECT_EQ(r.engine, "analytical");
+  auto lines = lines_of(read_file(d / "out.csv"));
+  ASSERT_EQ(lines.size(), 1u + 4 * 2);
+  EXPECT_EQ(lines[0],
+            "point,model.capacity_factor,model.top_k,scenario,strategy,topology,gpus,step_time_s,"
+            "step_time_p50_s,step_time_p95_s,moe_layer_time_s,a2a_s,allreduce_s,compute_s,"
+            "exposed_comm_s,speedup_vs_baseline,decisions,wall_s");
+  // Sorted by point, strategies in the subset's order; axis values verbatim.
+  std::vector<std::string> want_prefix = {
+      "0,1.0,1,quickstart,baseline,", "0,1.0,1,quickstart,tutel,",
+      "1,1.0,2,quickstart,baseline,", "1,1.0,2,quickstart,tutel,",
+      "2,2.0,1,quickstart,baseline,", "2,2.0,1,quickstart,tutel,",
+      "3,2.0,2,quickstart,baseline,", "3,2.0,2,quickstart,tutel,"};
+  for (size_t i = 0; i < want_prefix.size(); ++i)
+    EXPECT_EQ(lines[i + 1].rfind(want_prefix[i], 0), 0u) << lines[i + 1];
+  for (const auto& row : r.rows) {
+    EXPECT_EQ(row.summary.gpus, 16);
+    EXPECT_GT(row.summary.step_mean_s, 0);
+    if (row.summary.strategy == "baseline") {
+      EXPECT_DOUBLE_EQ(row.summary.speedup, 1.0);
+    }
+  }
+  // The axis really reaches the scenario: doubling the capacity factor costs the baseline time.
+  EXPECT_GT(r.rows[4].summary.step_mean_s, r.rows[0].summary.step_mean_s);
+  auto j = nlohmann::json::parse(read_file(d / "out.json"));
+  ASSERT_EQ(j["points"].size(), 4u);
+  EXPECT_EQ(j["points"][3]["parameters"]["model.top_k"], "2");
+  EXPECT_EQ(j["points"][3]["runs"].size(), 2u);
+  EXPECT_EQ(j["points"][3]["runs"][1]["strategy"], "tutel");
+}
+
+TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0, 2.0, 3.0]\n"));
+  SweepOptions o;
+  o.jobs = 1;
+  o.csv_path = (d / "out.csv").string();
+  o.progress = false;
+  auto spec = load_sweep((d / "s.yaml").string());
+  SweepResult first = run_sweep(spec, o);
+  EXPECT_EQ(first.points_run, 3u);
+  std::string full = read_file(d / "out.csv");
+  auto lines = lines_of(full);
+  ASSERT_EQ(lines.size(), 7u);
+
+  // Interrupted run: point 2 is missing, point 1 lost its tutel row, and a line was cut short.
+  write_file(d / "out.csv", lines[0] + "\n" + lines[1] + "\n" + lines[2] + "\n" + lines[3] + "\n" +
+                                lines[5].substr(0, 20));
+  SweepResult second = run_sweep(spec, o);
+  EXPECT_EQ(second.points_skipped, 1u);
+  EXPECT_EQ(second.points_run, 2u);
+  auto again = lines_of(read_file(d / "out.csv"));
+  ASSERT_EQ(again.size(), 7u);
+  EXPECT_EQ(again[1], lines[1]);  // resumed rows are kept as written (wall_s included)
+  EXPECT_EQ(again[2], lines[2]);
+  for (size_t i = 3; i < 7; ++i) {
+    // Re-run rows: the same results but for the wall-clock column.
+    EXPECT_EQ(again[i].substr(0, again[i].rfind(',')), lines[i].substr(0, lines[i].rfind(',')));
+  }
+  // Everything done: nothing runs.
+  SweepResult third = run_sweep(spec, o);
+  EXPECT_EQ(third.points_skipped, 3u);
+  EXPECT_EQ(third.points_run, 0u);
+  EXPECT_EQ(third.rows.size(), 6u);
+
+  // A CSV of another sweep is not appended to.
+  write_file(d / "other.csv", "point,foo,scenario\n");
+  o.csv_path = (d / "other.csv").string();
+  EXPECT_THROW(run_sweep(spec, o), InputError);
+}
+
+TEST(SweepRun, ResultsDoNotDependOnTheNumberOfJobs) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  cluster.nodes: [1, 2]\n"
+                                       "  parallelism.ep: [auto]\n"
+                                       "  model.hidden_dim: {from: 1024, to: 3072, step: 1024}\n"));
+  auto spec = load_sweep((d / "s.yaml").string());
+  SweepOptions o;
+  o.progress = false;
+  o.jobs = 1;
+  SweepResult one = run_sweep(spec, o);
+  o.jobs = 3;
+  SweepResult three = run_sweep(spec, o);
+  ASSERT_EQ(one.rows.size(), 12u);
+  ASSERT_EQ(three.rows.size(), one.rows.size());
+  for (size_t i = 0; i < one.rows.size(); ++i) {
+    EXPECT_EQ(one.rows[i].point, three.rows[i].point);
+    EXPECT_EQ(one.rows[i].summary.strategy, three.rows[i].summary.strategy);
+    EXPECT_EQ(one.rows[i].summary.step_mean_s, three.rows[i].summary.step_mean_s);
+  }
+  EXPECT_EQ(one.rows[0].summary.gpus, 8);
+  EXPECT_EQ(one.rows[11].summary.gpus, 16);
+}
+
+TEST(SweepCsv, QuotingRoundTrips) {
+  std::vector<std::string> fields = {"plain", "a,b", "say \"hi\"", ""};
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) line += ',';
+    line += csv_field(fields[i]);
+  }
+  EXPECT_EQ(line, "plain,\"a,b\",\"say \"\"hi\"\"\",");
+  EXPECT_EQ(split_csv_line(line), fields);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the binary: plots, reports, list
+
+TEST(SweepCli, PlotReportAndProgress) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not installed";
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0, 1.5, 2.0]\n"));
+  auto r =
+      run(fmt::format("sweep '{0}/s.yaml' --jobs 2 --csv '{0}/o.csv' --plot '{0}/p.svg' "
+                      "--report '{0}/r.html'",
+                      d.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("moesim sweep: 3/3 points (100%)"), std::string::npos) << r.out;
+  std::string svg = read_file(d / "p.svg");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("baseline"), std::string::npos);
+  EXPECT_NE(svg.find("tutel"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d / "p.gp"));
+  EXPECT_TRUE(fs::exists(d / "p.dat"));
+  EXPECT_NE(read_file(d / "p.gp").find("p.dat"), std::string::npos);
+  std::string html = read_file(d / "r.html");
+  EXPECT_NE(html.find("<table id=\"comparison\">"), std::string::npos);
+  EXPECT_NE(html.find("<svg"), std::string::npos);  // the plot inline
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);  // self-contained
+}
+
+TEST(SweepCli, CompareBarsAndReport) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not installed";
+  fs::path d = temp_dir();
+  auto r = run(fmt::format(
+      "compare '{0}' --engine analytical --iterations 2 --topology '{1}/a100-4x4-ib100.yaml' "
+      "--topology '{1}/dgx-a100-2x8.yaml' --plot '{2}/c.png' --report '{2}/c.html'",
+      kQuickstart, kSource + "/scenarios/topologies", d.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::string png = read_file(d / "c.png");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  std::string gp = read_file(d / "c.gp");
+  EXPECT_NE(gp.find("histogram"), std::string::npos);
+  std::string dat = read_file(d / "c.dat");
+  EXPECT_NE(dat.find("\"baseline\""), std::string::npos);
+  EXPECT_EQ(lines_of(dat).size(), 3u);  // header + two topologies
+  std::string html = read_file(d / "c.html");
+  EXPECT_NE(html.find("data:image/png;base64,"), std::string::npos);
+  EXPECT_NE(html.find("Decisions per iteration"), std::string::npos);
+  EXPECT_NE(html.find("a100-4x4-ib100"), std::string::npos);
+}
+
+TEST(SweepCli, MissingGnuplotIsAClearErrorBeforeRunning) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0]\n"));
+  auto r = run(fmt::format("sweep '{0}/s.yaml' --csv '{0}/o.csv' --plot '{0}/p.svg'", d.string()),
+               "MOESIM_GNUPLOT=/nonexistent/gnuplot");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("gnuplot"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("apt-get install gnuplot-nox"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "o.csv"));  // failed before running anything
+  auto bad = run(fmt::format("sweep '{0}/s.yaml' --plot '{0}/p.pdf'", d.string()));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
+TEST(SweepCli, BadAxisExitsTwoWithFileAndLine) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.hiden_dim: [1024]\n"));
+  auto r = run(fmt::format("sweep '{}/s.yaml'", d.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("{}/s.yaml:8:3:", d.string())), std::string::npos) << r.out;
+}
+
+TEST(SweepCli, ListShowsTheLibraryWithDescriptions) {
+  auto r = run("list");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("quickstart.yaml"), std::string::npos);
+  EXPECT_NE(r.out.find("One MoE layer (training) on 2 nodes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Sweeps"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(kSource + "/scenarios/sweeps"))
+    EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
+}
+
+// Renders a compare report in headless Chromium: the screenshot is a real image and the DOM
+// still holds the comparison table. Skips where Chromium is not installed.
+TEST(SweepCli, ReportRendersInHeadlessChromium) {
+  const std::string chromium = "/usr/bin/chromium";
+  if (access(chromium.c_str(), X_OK) != 0) GTEST_SKIP() << "no /usr/bin/chromium";
+  fs::path d = temp_dir();
+  auto r = run(fmt::format("compare '{}' --engine analytical --iterations 1 --report '{}/c.html'",
+                           kQuickstart, d.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::string flags =
+      "--headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,1400";
+  std::string shot = (d / "shot.png").string();
+  std::string cmd = fmt::format("{} {} --screenshot='{}' 'file://{}/c.html' >/dev/null 2>&1",
+                                chromium, flags, shot, d.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string png = read_file(shot);
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  // A blank page compresses to a few hundred bytes; text, table and plot do not.
+  EXPECT_GT(png.size(), 20'000u);
+  std::string dom_path = (d / "dom.html").string();
+  cmd = fmt::format("{} {} --dump-dom 'file://{}/c.html' > '{}' 2>/dev/null", chromium, flags,
+                    d.string(), dom_path);
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string dom = read_file(dom_path);
+  EXPECT_NE(dom.find("id=\"comparison\""), std::string::npos);
+  EXPECT_NE(dom.find(">baseline<"), std::string::npos);
+  EXPECT_NE(dom.find(">tutel<"), std::string::npos);
+  EXPECT_NE(dom.find(">pipemoe<"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moesim::app

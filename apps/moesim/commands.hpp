@@ -23,6 +23,8 @@ void register_topo(CLI::App& app);
 void register_simulate(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_route_train(CLI::App& app);  // cmd_route_train.cpp (TA-MoE gate-training lab)
+/// Only in builds with MPI (MOESIM_HAVE_EXEC).
+void register_exec(CLI::App& app);
 void register_sweep(CLI::App& app);
 void register_list(CLI::App& app);
 

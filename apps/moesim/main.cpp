@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   moesim::app::register_simulate(app);
   moesim::app::register_compare(app);
   moesim::app::register_route_train(app);
+#ifdef MOESIM_HAVE_EXEC
+  moesim::app::register_exec(app);
+#endif
   moesim::app::register_sweep(app);
   moesim::app::register_list(app);
   try {

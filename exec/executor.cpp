@@ -1,0 +1,487 @@
+#include "exec/executor.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "exec/mpi_communicator.hpp"
+#include "exec/phase_runner.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "strategies/plan_builder.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace kc = kernels::cpu;
+constexpr auto kF32 = kernels::DType::kF32;
+
+// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
+// "L{block}.fwd.{what}[.c{j}]" are part of the plan builder's contract).
+struct MoeOpRef {
+  enum Kind { kNone, kGate, kEncode, kDispatch, kFc1, kFc2, kCombine, kDecode } kind = kNone;
+  int block = -1;
+  int chunk = -1;  // 0-based
+};
+
+MoeOpRef parse_label(const std::string& label) {
+  MoeOpRef ref;
+  int block = -1, consumed = 0;
+  if (std::sscanf(label.c_str(), "L%d.fwd.%n", &block, &consumed) < 1 || consumed == 0) return ref;
+  const std::string what = label.substr(static_cast<size_t>(consumed));
+  auto chunk_of = [&](const std::string& prefix) {
+    if (what.rfind(prefix, 0) != 0) return -1;
+    return std::atoi(what.c_str() + prefix.size()) - 1;
+  };
+  ref.block = block;
+  if (what == "gate")
+    ref.kind = MoeOpRef::kGate;
+  else if (what == "encode")
+    ref.kind = MoeOpRef::kEncode;
+  else if (what == "decode")
+    ref.kind = MoeOpRef::kDecode;
+  else if ((ref.chunk = chunk_of("dispatch.c")) >= 0)
+    ref.kind = MoeOpRef::kDispatch;
+  else if ((ref.chunk = chunk_of("expert.fc1.c")) >= 0)
+    ref.kind = MoeOpRef::kFc1;
+  else if ((ref.chunk = chunk_of("expert.fc2.c")) >= 0)
+    ref.kind = MoeOpRef::kFc2;
+  else if ((ref.chunk = chunk_of("combine.c")) >= 0)
+    ref.kind = MoeOpRef::kCombine;
+  return ref;
+}
+
+std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
+
+// One MoE layer's buffers on this rank (fp32). Chunk j covers capacity slots
+// [offset[j], offset[j] + caps[j]) of every expert.
+struct Executor::Layer {
+  int moe = 0;
+  std::vector<int> caps, offset;
+  int capacity = 0;
+  bool has_a2a = false;
+  std::vector<float> gate_w;
+  std::vector<std::vector<float>> w1, w2;  // local experts
+  std::vector<float> x, logits, weight;
+  std::vector<std::int32_t> expert, slot, slot_entry, expert_count;
+  std::vector<float> dispatched, expert_out, y;
+  std::vector<std::vector<float>> chunk_in, hidden, chunk_out;  // per chunk, (W, dE, c, ·)
+};
+
+Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
+                   Communicator& comm, ExecOptions options)
+    : sc_(sc), topo_(topo), session_(session), comm_(comm), options_(options) {
+  const auto& md = sc.model;
+  shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
+                    md.top_k};
+  data_path_ = sc.parallelism.esp == 1 && md.expert_shards() == 1;
+  if (options_.check && !data_path_)
+    throw InputError(
+        "--check: the host data path runs MoE layers with esp = 1 and unsharded experts "
+        "(experts_per_gpu >= 1); this scenario has neither");
+}
+
+Executor::~Executor() = default;
+
+strategies::Backend Executor::backend() {
+  return [this](const Plan& plan) { return run(plan); };
+}
+
+long long Executor::total_wrong() const {
+  long long w = 0;
+  for (const auto& c : checks_) w += c.wrong;
+  return w;
+}
+
+RunResult Executor::run(const Plan& plan) {
+  const int me = comm_.rank();
+  if (plan.num_ranks() != comm_.size())
+    throw InputError(
+        fmt::format("plan of {} ranks run on {} ranks", plan.num_ranks(), comm_.size()));
+  const auto& md = sc_.model;
+  const int W = sc_.parallelism.ep;
+  const int dE = md.local_experts();
+  const auto wall0 = Clock::now();
+
+  // Per MoE layer: chunk capacities from the expert fc1 GEMMs (c_j = m * batch / (W * dE) in both
+  // the plain and the flexible layout when esp = rho = n = 1, docs/model.md).
+  layers_.clear();
+  std::map<int, int> block_to_layer;
+  if (data_path_) {
+    for (const Op& op : plan.ops()) {
+      MoeOpRef ref = parse_label(op.label);
+      if (ref.kind == MoeOpRef::kNone) continue;
+      if (!block_to_layer.count(ref.block)) {
+        block_to_layer[ref.block] = static_cast<int>(layers_.size());
+        layers_.push_back(std::make_unique<Layer>());
+        layers_.back()->moe = static_cast<int>(layers_.size()) - 1;
+      }
+      Layer& L = *layers_[block_to_layer[ref.block]];
+      if (ref.kind == MoeOpRef::kFc1) {
+        const GemmShape& g = *op.compute().gemm;
+        MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
+        L.caps.push_back(static_cast<int>(g.m * g.batch / (static_cast<std::int64_t>(W) * dE)));
+      }
+      if (ref.kind == MoeOpRef::kDispatch) L.has_a2a = true;
+    }
+    // Position of this rank in its EP group: its experts are position * dE + le.
+    const auto groups = strategies::make_groups(sc_);
+    int pos = -1;
+    for (const auto& g : groups.ep.groups)
+      for (size_t i = 0; i < g.size(); ++i)
+        if (g[i] == me) pos = static_cast<int>(i);
+    MOESIM_ASSERT(pos >= 0, "rank outside every EP group");
+    const std::uint64_t seed = sc_.workload.routing.seed;
+    for (auto& lp : layers_) {
+      Layer& L = *lp;
+      L.offset.assign(L.caps.size(), 0);
+      for (size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
+      L.capacity = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
+      L.gate_w = make_gate_weights(shape_, seed, L.moe);
+      for (int le = 0; le < dE; ++le) {
+        L.w1.push_back(make_w1(shape_, seed, L.moe, pos * dE + le));
+        L.w2.push_back(make_w2(shape_, seed, L.moe, pos * dE + le));
+      }
+      L.chunk_in.resize(L.caps.size());
+      L.hidden.resize(L.caps.size());
+      L.chunk_out.resize(L.caps.size());
+    }
+  }
+
+  collective_algo_.assign(plan.ops().size(), -1);
+  session_.barrier("start of the step");
+  const auto t0 = Clock::now();
+  std::vector<double> mine;  // (start, end) of every op of this rank, in op order
+  for (const Op& op : plan.ops()) {
+    if (!op.ranks.contains(me)) continue;
+    const double start = std::chrono::duration<double>(Clock::now() - t0).count();
+    run_op(plan, op);
+    const double end = std::chrono::duration<double>(Clock::now() - t0).count();
+    mine.push_back(start);
+    mine.push_back(end);
+  }
+
+  // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
+  const std::vector<double> all = session_.all_gather_doubles(mine);
+  RunResult result;
+  init_run_result(plan, result);
+  result.backend = std::string(comm_.name());
+  result.gpus_per_node = sc_.cluster.gpus_per_node;
+  std::size_t cursor = 0;
+  for (int r = 0; r < comm_.size(); ++r)
+    for (const Op& op : plan.ops()) {
+      const int p = op.ranks.index_of(r);
+      if (p < 0) continue;
+      MOESIM_ASSERT(cursor + 1 < all.size() + 1, "timing gather too short");
+      result.start_s[result.entry(op.id, p)] = all[cursor++];
+      result.end_s[result.entry(op.id, p)] = all[cursor++];
+    }
+  MOESIM_ASSERT(cursor == all.size(), "timing gather size mismatch");
+  for (const Op& op : plan.ops()) {
+    if (op.kind != OpKind::kCollective) continue;
+    const CollectiveSpec& c = op.collective();
+    const Grouping& g = plan.grouping(c.grouping);
+    CollectiveRecord rec;
+    rec.op = op.id;
+    rec.label = op.label;
+    rec.type = c.type;
+    rec.algo = collective_algo_[op.id] >= 0 ? static_cast<CollectiveAlgo>(collective_algo_[op.id])
+                                            : c.algo;
+    rec.num_groups = static_cast<int>(g.groups.size());
+    rec.start_s = result.op_first_start(op.id);
+    rec.end_s = result.op_last_end(op.id);
+    if (c.type == CollectiveType::kAllToAllv) {
+      double total = 0;
+      for (size_t gi = 0; gi < g.groups.size(); ++gi) {
+        const ByteMatrix* m = c.per_group.empty() ? c.matrix.get() : c.per_group[gi].get();
+        if (m) total += m->total().value();
+      }
+      const double ranks = static_cast<double>(g.groups.size()) * g.group_size();
+      rec.size_bytes = ranks > 0 ? total / ranks : 0;
+    } else {
+      rec.size_bytes = c.bytes.value();
+    }
+    result.collectives.push_back(rec);
+  }
+  summarize_run(plan, result);
+
+  outputs_.clear();
+  dropped_.clear();
+  for (auto& lp : layers_) {
+    outputs_.push_back(lp->y);
+    long long d = 0;
+    for (auto s : lp->slot) d += s < 0 ? 1 : 0;
+    dropped_.push_back(d);
+  }
+  if (options_.check) check_layers();
+  ++iteration_;
+  result.wall_s =
+      session_.all_reduce_max(std::chrono::duration<double>(Clock::now() - wall0).count());
+  result.peak_rss_bytes = process_peak_rss_bytes();
+  return result;
+}
+
+void Executor::run_op(const Plan& plan, const Op& op) {
+  MoeOpRef ref = data_path_ ? parse_label(op.label) : MoeOpRef{};
+  Layer* L = nullptr;
+  if (ref.kind != MoeOpRef::kNone) {
+    // Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
+    const int moe_every = std::max(1, sc_.model.moe_every);
+    const int moe = (ref.block + 1) / moe_every - 1;
+    MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers_.size()), "MoE layer out of range");
+    L = layers_[moe].get();
+  }
+  const int S = shape_.tokens, M = shape_.model_dim, H = shape_.hidden_dim, E = shape_.experts,
+            k = shape_.top_k;
+  const int W = sc_.parallelism.ep, dE = sc_.model.local_experts();
+  kc::Context ctx;
+  auto routing = [&]() {
+    kernels::Routing r;
+    r.num_tokens = S;
+    r.top_k = k;
+    r.num_experts = E;
+    r.capacity = L->capacity;
+    r.expert = L->expert.data();
+    r.slot = L->slot.data();
+    r.weight = L->weight.data();
+    r.slot_entry = L->slot_entry.data();
+    return r;
+  };
+  // Chunk j of the expert outputs lands in slots [offset, offset + c) of expert_out (E, C, M);
+  // `src` is laid out (E, c, M).
+  auto scatter_chunk = [&](int j, const float* src) {
+    const int c = L->caps[j];
+    for (int e = 0; e < E; ++e)
+      std::memcpy(&L->expert_out[(static_cast<size_t>(e) * L->capacity + L->offset[j]) * M],
+                  src + static_cast<size_t>(e) * c * M, sizeof(float) * c * M);
+  };
+
+  switch (ref.kind) {
+    case MoeOpRef::kGate: {
+      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe, comm_.rank());
+      L->logits.assign(static_cast<size_t>(S) * E, 0);
+      L->expert.assign(static_cast<size_t>(S) * k, 0);
+      L->slot.assign(static_cast<size_t>(S) * k, 0);
+      L->weight.assign(static_cast<size_t>(S) * k, 0);
+      L->slot_entry.assign(static_cast<size_t>(E) * L->capacity, -1);
+      L->expert_count.assign(E, 0);
+      kernels::GateParams gp;
+      gp.num_tokens = S;
+      gp.model_dim = M;
+      gp.num_experts = E;
+      gp.top_k = k;
+      gp.capacity = L->capacity;
+      kernels::RoutingOut out{L->expert.data(), L->slot.data(), L->weight.data(),
+                              L->slot_entry.data(), L->expert_count.data()};
+      kc::gate(ctx, kF32, gp, L->x.data(), L->gate_w.data(), L->logits.data(), out);
+      return;
+    }
+    case MoeOpRef::kEncode:
+      L->dispatched.assign(static_cast<size_t>(E) * L->capacity * M, 0);
+      L->expert_out.assign(L->dispatched.size(), 0);
+      kc::encode(ctx, kF32, routing(), M, L->x.data(), L->dispatched.data());
+      return;
+    case MoeOpRef::kDispatch:
+    case MoeOpRef::kFc1: {
+      const int j = ref.chunk, c = L->caps[j];
+      // The chunk's send buffer (E, c, M): slots [offset, offset + c) of every expert. Expert e
+      // lives on EP position e / dE, so destination d's block is contiguous, as all_to_all wants.
+      std::vector<float> packed(static_cast<size_t>(E) * c * M);
+      for (int e = 0; e < E; ++e)
+        std::memcpy(&packed[static_cast<size_t>(e) * c * M],
+                    &L->dispatched[(static_cast<size_t>(e) * L->capacity + L->offset[j]) * M],
+                    sizeof(float) * c * M);
+      auto& in = L->chunk_in[j];
+      if (ref.kind == MoeOpRef::kDispatch) {
+        in.assign(packed.size(), 0);
+        CollectiveSpec spec = op.collective();
+        spec.bytes = Bytes(static_cast<double>(packed.size() * sizeof(float)));
+        const Grouping& g = plan.grouping(spec.grouping);
+        for (size_t gi = 0; gi < g.groups.size(); ++gi) {
+          if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) ==
+              g.groups[gi].end())
+            continue;
+          collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
+          collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+          const auto& algo = collectives::select_algorithm(call, cctx);
+          collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
+          run_phases(comm_, algo.lower(call, topo_),
+                     reinterpret_cast<const std::byte*>(packed.data()), packed.size() * 4,
+                     reinterpret_cast<std::byte*>(in.data()), in.size() * 4, op.id % 32000);
+        }
+        return;
+      }
+      if (!L->has_a2a) L->chunk_in[j] = std::move(packed);  // W = 1: the experts are local
+      L->hidden[j].assign(static_cast<size_t>(W) * dE * c * H, 0);
+      for (int w = 0; w < W; ++w)
+        for (int le = 0; le < dE; ++le) {
+          const size_t blk = static_cast<size_t>(w) * dE + le;
+          float* h = &L->hidden[j][blk * c * H];
+          kc::gemm(ctx, kF32, c, H, M, &L->chunk_in[j][blk * c * M], L->w1[le].data(), h);
+          for (size_t i = 0; i < static_cast<size_t>(c) * H; ++i) h[i] = h[i] > 0 ? h[i] : 0;
+        }
+      return;
+    }
+    case MoeOpRef::kFc2: {
+      const int j = ref.chunk, c = L->caps[j];
+      L->chunk_out[j].assign(static_cast<size_t>(W) * dE * c * M, 0);
+      for (int w = 0; w < W; ++w)
+        for (int le = 0; le < dE; ++le) {
+          const size_t blk = static_cast<size_t>(w) * dE + le;
+          kc::gemm(ctx, kF32, c, M, H, &L->hidden[j][blk * c * H], L->w2[le].data(),
+                   &L->chunk_out[j][blk * c * M]);
+        }
+      if (!L->has_a2a) scatter_chunk(j, L->chunk_out[j].data());
+      return;
+    }
+    case MoeOpRef::kCombine: {
+      const int j = ref.chunk;
+      const auto& out = L->chunk_out[j];
+      std::vector<float> back(out.size());
+      CollectiveSpec spec = op.collective();
+      spec.bytes = Bytes(static_cast<double>(out.size() * sizeof(float)));
+      const Grouping& g = plan.grouping(spec.grouping);
+      for (size_t gi = 0; gi < g.groups.size(); ++gi) {
+        if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) == g.groups[gi].end())
+          continue;
+        collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
+        collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+        const auto& algo = collectives::select_algorithm(call, cctx);
+        collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
+        run_phases(comm_, algo.lower(call, topo_), reinterpret_cast<const std::byte*>(out.data()),
+                   out.size() * 4, reinterpret_cast<std::byte*>(back.data()), back.size() * 4,
+                   op.id % 32000);
+      }
+      // Received (source position s, dE, c, M) = (E, c, M): expert s*dE + le's outputs.
+      scatter_chunk(j, back.data());
+      return;
+    }
+    case MoeOpRef::kDecode:
+      L->y.assign(static_cast<size_t>(S) * M, 0);
+      kc::decode(ctx, kF32, routing(), M, L->expert_out.data(), L->y.data());
+      return;
+    case MoeOpRef::kNone:
+      break;
+  }
+  if (op.kind == OpKind::kCollective) run_collective(plan, op);
+  // Other compute and copy ops: empty on the host path (see executor.hpp).
+}
+
+// A collective outside the MoE data path: scratch buffers of the plan's sizes, real bytes moved.
+void Executor::run_collective(const Plan& plan, const Op& op) {
+  const CollectiveSpec& spec = op.collective();
+  const Grouping& g = plan.grouping(spec.grouping);
+  const int me = comm_.rank();
+  for (size_t gi = 0; gi < g.groups.size(); ++gi) {
+    const std::vector<int>& group = g.groups[gi];
+    auto it = std::find(group.begin(), group.end(), me);
+    if (it == group.end()) continue;
+    const int pos = static_cast<int>(it - group.begin());
+    const std::size_t W = group.size();
+    CollectiveSpec s = spec;
+    collectives::CollectiveCall call{&s, &group, static_cast<int>(gi), true};
+    collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+    const std::size_t bytes = static_cast<std::size_t>(std::ceil(spec.bytes.value()));
+    switch (spec.type) {
+      case CollectiveType::kAllToAll:
+      case CollectiveType::kSendRecv:
+      case CollectiveType::kAllToAllv: {
+        std::size_t send_bytes = 0, recv_bytes = 0;
+        if (spec.type == CollectiveType::kAllToAllv) {
+          const ByteMatrix* m = call.matrix();
+          MOESIM_ASSERT(m != nullptr, "all_to_allv without a matrix");
+          send_bytes = static_cast<std::size_t>(m->row_sum(pos).value());
+          recv_bytes = static_cast<std::size_t>(m->col_sum(pos).value());
+        } else {
+          // Whole 4-byte elements in every one of the W chunks, so no offset is fractional.
+          send_bytes = recv_bytes = round_up(std::max<std::size_t>(bytes, 1), 4 * W);
+          s.bytes = Bytes(static_cast<double>(send_bytes));
+        }
+        const auto& algo = collectives::select_algorithm(call, cctx);
+        collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
+        std::vector<std::byte> send(send_bytes, std::byte{1}), recv(recv_bytes);
+        run_phases(comm_, algo.lower(call, topo_), send.data(), send.size(), recv.data(),
+                   recv.size(), op.id % 32000);
+        break;
+      }
+      case CollectiveType::kAllReduce: {
+        collective_algo_[op.id] =
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+        std::vector<float> buf((bytes + 3) / 4, 1.0f);
+        comm_.all_reduce_sum(buf.data(), buf.size(), group);
+        break;
+      }
+      case CollectiveType::kAllGather: {
+        collective_algo_[op.id] =
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+        const std::size_t block = (bytes + W - 1) / W;
+        std::vector<std::byte> in(block, std::byte{1}), out(block * W);
+        comm_.all_gather(in.data(), block, out.data(), group);
+        break;
+      }
+      case CollectiveType::kReduceScatter: {
+        collective_algo_[op.id] =
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+        const std::size_t count = ((bytes + 3) / 4 + W - 1) / W;
+        std::vector<float> in(count * W, 1.0f), out(count);
+        comm_.reduce_scatter_sum(in.data(), out.data(), count, group);
+        break;
+      }
+    }
+  }
+}
+
+void Executor::check_layers() {
+  const std::uint64_t seed = sc_.workload.routing.seed;
+  const int P = comm_.size();
+  const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
+  for (auto& lp : layers_) {
+    const Layer& L = *lp;
+    std::vector<float> all = session_.gather_floats(L.y);
+    long long my_drops = 0;
+    for (auto s : L.slot) my_drops += s < 0 ? 1 : 0;
+    LayerCheck chk;
+    chk.iteration = iteration_;
+    chk.layer = L.moe;
+    chk.dropped = session_.all_reduce_sum(my_drops);
+    long long wrong = 0, expected_drops = 0;
+    double max_err = 0;
+    if (comm_.rank() == 0) {
+      std::vector<std::vector<float>> w1, w2;
+      for (int e = 0; e < shape_.experts; ++e) {
+        w1.push_back(make_w1(shape_, seed, L.moe, e));
+        w2.push_back(make_w2(shape_, seed, L.moe, e));
+      }
+      const auto gate_w = make_gate_weights(shape_, seed, L.moe);
+      for (int r = 0; r < P; ++r) {
+        long long drops = 0;
+        const auto ref = reference_layer(shape_, make_tokens(shape_, seed, iteration_, L.moe, r),
+                                         gate_w, w1, w2, L.capacity, &drops);
+        expected_drops += drops;
+        for (std::size_t i = 0; i < per_rank; ++i) {
+          const double got = all.size() == per_rank * P ? all[r * per_rank + i] : NAN;
+          const double err = std::fabs(got - ref[i]);
+          if (!(err <= options_.tolerance * (1.0 + std::fabs(ref[i])))) ++wrong;
+          if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
+        }
+      }
+    }
+    chk.compared = static_cast<long long>(per_rank) * P;
+    chk.wrong = session_.all_reduce_sum(wrong);
+    chk.expected_dropped = session_.all_reduce_sum(expected_drops);
+    chk.max_abs_error = session_.all_reduce_max(max_err);
+    checks_.push_back(chk);
+  }
+}
+
+}  // namespace moesim::exec

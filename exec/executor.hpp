@@ -1,0 +1,105 @@
+// The plan executor of the real backend (DESIGN §4.2), host path. Every rank builds the same Plan
+// (strategies::run_stack is deterministic) and calls Executor::run with it; the executor walks
+// the ops in plan order (op ids are a topological order, so every dep is done before its op, and
+// every rank meets the collectives in the same order, which rules out cross-matching and
+// deadlock) and runs the ops that include this rank:
+//  - collectives through the Communicator: all_to_all / all_to_allv / send_recv as the phases the
+//    collective library lowers (linear = one grouped exchange, 2DH = stride copies + intra and
+//    inter phases, see phase_runner.hpp); all_reduce / all_gather / reduce_scatter as the
+//    communicator's group collectives;
+//  - the forward MoE layer on real seeded data with the CPU kernels (kernels/moe_kernels.hpp):
+//    gate (+top-k, capacity), encode, per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 ->
+//    combine, decode. Dispatch and combine move the real expert buffers;
+//  - every other op (attention, dense FFN, backward, gradient buckets) with scratch buffers of the
+//    plan's sizes: collectives move real bytes, compute ops outside the MoE forward are timed
+//    as empty ops on the host path (their cost is what the simulator's compute model is for; the
+//    GPU path runs them as cuBLAS GEMMs).
+// Streams are serialised on the host path (an in-order walk honours every dep and stream order);
+// the measured per-op times are gathered to every rank so each rank's strategy stack sees the same
+// RunResult and takes the same next decision.
+//
+// The MoE data path needs esp = 1 and unsharded experts (no partial sums); other scenarios run
+// with scratch buffers only and `check` is refused (InputError).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/run_result.hpp"
+#include "core/scenario.hpp"
+#include "exec/communicator.hpp"
+#include "exec/moe_data.hpp"
+#include "strategies/runner.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::exec {
+
+class MpiSession;
+
+struct ExecOptions {
+  bool check = false;  // compare every MoE layer with the single-process reference
+  /// Relative tolerance of the check: |y - ref| <= tol * (1 + |ref|) (fp32 kernels against a
+  /// double-accumulating reference).
+  double tolerance = 1e-4;
+};
+
+/// Result of checking one MoE layer of one iteration (identical on every rank).
+struct LayerCheck {
+  int iteration = 0;
+  int layer = 0;                   // MoE layer number
+  long long compared = 0;          // output elements compared (all ranks)
+  long long wrong = 0;             // elements outside tolerance
+  long long dropped = 0;           // choices the executor's gate dropped (all ranks)
+  long long expected_dropped = 0;  // choices the reference's capacity rule drops
+  double max_abs_error = 0;
+};
+
+class Executor {
+ public:
+  Executor(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
+           Communicator& comm, ExecOptions options = {});
+  ~Executor();
+
+  /// Runs this rank's part of `plan` (a collective call: every rank must call it with the same
+  /// plan) and returns the measured RunResult, identical on every rank.
+  RunResult run(const Plan& plan);
+  /// run() as a strategies::Backend (for run_stack).
+  strategies::Backend backend();
+
+  /// This rank's output (S x M fp32) of every MoE layer of the last run; empty without data path.
+  const std::vector<std::vector<float>>& last_outputs() const { return outputs_; }
+  /// Choices dropped by the capacity rule on this rank, per MoE layer of the last run.
+  const std::vector<long long>& last_dropped() const { return dropped_; }
+  /// Every layer check so far (options.check).
+  const std::vector<LayerCheck>& checks() const { return checks_; }
+  long long total_wrong() const;
+  bool has_data_path() const { return data_path_; }
+  const MoeShape& shape() const { return shape_; }
+  int runs() const { return iteration_; }
+
+ private:
+  struct Layer;
+  void run_op(const Plan& plan, const Op& op);
+  void run_collective(const Plan& plan, const Op& op);
+  void check_layers();
+
+  const Scenario& sc_;
+  const topology::Topology& topo_;
+  MpiSession& session_;
+  Communicator& comm_;
+  ExecOptions options_;
+  MoeShape shape_;
+  bool data_path_ = false;
+  int iteration_ = 0;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<float>> outputs_;
+  std::vector<long long> dropped_;
+  std::vector<LayerCheck> checks_;
+  std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
+};
+
+}  // namespace moesim::exec

@@ -1,0 +1,57 @@
+// Seeded data of the real MoE layer and its single-process reference (DESIGN §4.2 "data is
+// real"). Every rank generates its own tokens and the (shared) gate and expert weights from the
+// scenario's seed, so no data is broadcast; the reference recomputes a whole layer for any rank
+// from the same seeds with plain per-token loops (softmax, top-k, capacity rule, FFN, weighted
+// sum), independent of the kernels and of the distributed layout it checks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace moesim::exec {
+
+/// Shape of one MoE layer as the executor runs it (fp32 on the host path).
+struct MoeShape {
+  int tokens = 0;      // S per rank
+  int model_dim = 0;   // M
+  int hidden_dim = 0;  // H
+  int experts = 0;     // E (global)
+  int top_k = 1;       // k
+};
+
+/// Deterministic uniform floats in [-scale, scale] for stream (seed, a, b, c); element i of the
+/// stream does not depend on how many elements are drawn.
+void fill_uniform(std::vector<float>& out, std::uint64_t seed, std::uint64_t a, std::uint64_t b,
+                  std::uint64_t c, float scale);
+
+/// Layer inputs and weights. Weight streams are keyed by (layer, expert) so every replica of an
+/// expert (DP) holds the same parameters; token streams by (iteration, layer, global rank).
+std::vector<float> make_tokens(const MoeShape& s, std::uint64_t seed, int iteration, int layer,
+                               int rank);
+std::vector<float> make_gate_weights(const MoeShape& s, std::uint64_t seed, int layer);    // M x E
+std::vector<float> make_w1(const MoeShape& s, std::uint64_t seed, int layer, int expert);  // M x H
+std::vector<float> make_w2(const MoeShape& s, std::uint64_t seed, int layer, int expert);  // H x M
+
+/// The reference gate of one rank's tokens: per (token, choice) entry t*k + c the chosen expert,
+/// its softmax probability and whether it kept a capacity slot (all first choices in token order
+/// before any second choice, ...; at most `capacity` per expert).
+struct ReferenceRouting {
+  std::vector<int> expert;
+  std::vector<float> prob;
+  std::vector<char> kept;
+  long long dropped = 0;
+};
+ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
+                                   const std::vector<float>& gate_w, int capacity);
+
+/// Reference output of one rank's layer: y (S x M) for `tokens`, capacity `capacity` slots per
+/// expert assigned all first choices (in token order) before any second choice; a choice beyond
+/// capacity is dropped. Expert FFN: relu(x W1) W2; output = sum over kept choices of the softmax
+/// probability times the expert output. `dropped` receives the number of dropped choices.
+std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& tokens,
+                                   const std::vector<float>& gate_w,
+                                   const std::vector<std::vector<float>>& w1,
+                                   const std::vector<std::vector<float>>& w2, int capacity,
+                                   long long* dropped);
+
+}  // namespace moesim::exec

@@ -167,14 +167,14 @@ struct CaseResult {
 
 void print_stats(const moesim::sim::FlowModelStats& s) {
   std::printf(
-      "    flows %lld (transfers %lld), events %lld, solves %lld (partial %lld), levels %lld "
-      "(scan %lld), checkpoints %lld\n"
+      "    flows %lld (transfers %lld), events %lld, solves %lld (partial %lld, re-rated %lld "
+      "flows), levels %lld (scan %lld), checkpoints %lld\n"
       "    wall: build %.2f s, advance %.2f s, solve %.2f s, checkpoint %.2f s\n",
       static_cast<long long>(s.flows), static_cast<long long>(s.transfers),
       static_cast<long long>(s.events), static_cast<long long>(s.solves),
-      static_cast<long long>(s.partial_solves), static_cast<long long>(s.levels),
-      static_cast<long long>(s.scan_levels), static_cast<long long>(s.checkpoints), s.build_s,
-      s.advance_s, s.solve_s, s.checkpoint_s);
+      static_cast<long long>(s.partial_solves), static_cast<long long>(s.resolved_flows),
+      static_cast<long long>(s.levels), static_cast<long long>(s.scan_levels),
+      static_cast<long long>(s.checkpoints), s.build_s, s.advance_s, s.solve_s, s.checkpoint_s);
 }
 
 // The analytical bottleneck bound of phases run one after another: per phase, the most loaded

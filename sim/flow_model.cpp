@@ -371,11 +371,9 @@ std::vector<BatchId> FlowModel::process_event(double t) {
       Segment& g = *segments_[s];
       unfinished_before[s] = g.unfinished;
       // Only the flows at the top of the finish heap can finish now; the others are untouched.
-      while (!g.finish.empty() && g.finish.front().time_s <= t + slack_s) {
-        const Segment::Finish f = g.finish.front();
-        std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
-        g.finish.pop_back();
-        if (!g.finish_valid(f)) continue;
+      auto due = [&](const Segment::Finish& f) { return f.time_s <= t + slack_s; };
+      auto finish_one = [&](const Segment::Finish& f) {
+        if (!g.finish_valid(f)) return;
         const std::uint32_t i = f.flow;
         add_moving(g, i, -1.0);
         keep_below = std::min(keep_below, g.rate[i]);
@@ -385,6 +383,22 @@ std::vector<BatchId> FlowModel::process_event(double t) {
         --g.unfinished;
         --g.num_moving;
         changed = true;
+      };
+      std::size_t pops = 0;
+      while (!g.finish.empty() && due(g.finish.front())) {
+        if (++pops > 256 && g.finish.size() > 4096) {
+          // Many finish together (symmetric traffic): one pass and a heap rebuild, not a pop each.
+          const auto mid = std::partition(g.finish.begin(), g.finish.end(),
+                                          [&](const Segment::Finish& f) { return !due(f); });
+          for (auto it = mid; it != g.finish.end(); ++it) finish_one(*it);
+          g.finish.erase(mid, g.finish.end());
+          std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+          break;
+        }
+        const Segment::Finish f = g.finish.front();
+        std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+        g.finish.pop_back();
+        finish_one(f);
       }
     }
     // Starts after finishes, so that the bound below sees the links without the finished flows.
@@ -510,6 +524,7 @@ void FlowModel::solve(double keep_below) {
   started_.clear();
   for (auto& gp : segments_) {
     Segment& g = *gp;
+    stats_.resolved_flows += static_cast<std::int64_t>(g.resolve.size());
     for (std::uint32_t i : g.resolve) {
       g.stamp[i] = stamp;
       const double r = g.rate[i];
@@ -645,6 +660,10 @@ void FlowModel::solve(double keep_below) {
       for (std::uint32_t i : g.order) {
         if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
       }
+      std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+    } else if (g.assigned.size() * 8 > g.finish.size()) {
+      // Many new entries: appending and one heap build beats a push each.
+      for (std::uint32_t i : g.assigned) g.finish.push_back({g.finish_time(i), i});
       std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
     } else {
       for (std::uint32_t i : g.assigned) {

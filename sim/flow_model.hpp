@@ -61,6 +61,7 @@ struct FlowModelStats {
   std::int64_t solves = 0;             // max-min recomputations
   std::int64_t partial_solves = 0;     // of which re-solved only the flows an event can affect
   std::int64_t partial_fallbacks = 0;  // partial solves redone in full (rounding check failed)
+  std::int64_t resolved_flows = 0;     // flow entries (re)rated over all solves
   std::int64_t levels = 0;             // water-filling levels over all solves
   std::int64_t scan_levels = 0;        // levels resolved by a sequential scan instead of the CSR
   std::int64_t checkpoints = 0;  // checkpoints taken before simulating past the engine's clock

@@ -137,7 +137,7 @@ void run_sweep_command(const SweepArgs& a) {
         render_line_chart(sweep_chart(spec, res), plot_for_report);
       }
     }
-    Scenario base = load_scenario(spec.base_path);
+    Scenario base = base_scenario(spec);
     SweepReport rep;
     rep.spec = &spec;
     rep.result = &res;

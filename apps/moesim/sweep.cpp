@@ -393,9 +393,23 @@ Scenario point_scenario(const SweepSpec& spec, const YAML::Node& base_tree,
   }
 }
 
+Scenario base_scenario(const SweepSpec& spec) {
+  YAML::Node base = load_yaml_file(spec.base_path);
+  Scenario plain = parse_scenario(base, spec.base_path);
+  if (spec.fixed.empty()) return plain;
+  YAML::Node tree = YAML::Clone(base);
+  apply_fixed_and(spec, tree);
+  try {
+    return parse_scenario(tree, spec.base_path);
+  } catch (const InputError&) {
+    return plain;  // `set:` needs the axes to be complete; validate_sweep reports what it can
+  }
+}
+
 void validate_sweep(const SweepSpec& spec) {
   YAML::Node base = load_yaml_file(spec.base_path);
-  Scenario sc = parse_scenario(base, spec.base_path);
+  parse_scenario(base, spec.base_path);
+  Scenario sc = base_scenario(spec);  // `set:` may replace the strategies
   for (const auto& n : spec.strategies) {
     if (!sc.find_strategy(n)) {
       std::string known;
@@ -405,14 +419,19 @@ void validate_sweep(const SweepSpec& spec) {
           fmt::format("found '{}', expected one of the base scenario's strategies: {}", n, known));
     }
   }
-  for (std::size_t i = 0; i < spec.fixed.size(); ++i) {
+  // `set:` as a whole (its entries often go together: nodes with parallelism.ep). An error about
+  // one of its keys is reported at that entry; other errors may be fixed by the axes.
+  if (!spec.fixed.empty()) {
     YAML::Node tree = YAML::Clone(base);
-    const auto& where = spec.fixed_where[i].second;
-    set_key_path(tree, spec.fixed[i].first, YAML::Clone(spec.fixed[i].second), where);
+    apply_fixed_and(spec, tree);
     try {
       parse_scenario(tree, spec.base_path);
     } catch (const InputError& e) {
-      throw InputError(where, "set." + spec.fixed[i].first, e.message());
+      for (std::size_t i = 0; i < spec.fixed.size(); ++i) {
+        const std::string& key = spec.fixed[i].first;
+        if (key_within(e.key(), key) || key_within(key, e.key()))
+          throw InputError(spec.fixed_where[i].second, "set." + key, e.message());
+      }
     }
   }
   // Each axis alone on the base (with `set:`): an error about the axis's own key (unknown key,
@@ -583,7 +602,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   validate_sweep(spec);
   const std::string base_text = read_text(spec.base_path);
-  const Scenario base_sc = load_scenario(spec.base_path);
+  const Scenario base_sc = base_scenario(spec);
   std::vector<std::string> strategy_names;
   for (const auto& s : select_strategies(base_sc, spec.strategies))
     strategy_names.push_back(s.name);

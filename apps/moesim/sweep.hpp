@@ -71,6 +71,10 @@ void set_key_path(YAML::Node root, const std::string& key, const YAML::Node& val
 Scenario point_scenario(const SweepSpec& spec, const YAML::Node& base_tree,
                         const SweepPoint& point);
 
+/// The base scenario with `set:` applied (the plain base when `set:` alone does not validate,
+/// e.g. when it needs the axes' values too).
+Scenario base_scenario(const SweepSpec& spec);
+
 /// Checks the base scenario loads, the strategy subset exists, and every axis key is a valid key
 /// of the scenario (applied alone with its first value): errors name the sweep file's line.
 void validate_sweep(const SweepSpec& spec);

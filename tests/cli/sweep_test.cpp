@@ -314,6 +314,32 @@ TEST(SweepRun, ResultsDoNotDependOnTheNumberOfJobs) {
   EXPECT_EQ(one.rows[11].summary.gpus, 16);
 }
 
+TEST(SweepRun, SetEntriesApplyTogetherAndMayReplaceTheStrategies) {
+  fs::path d = temp_dir();
+  // cluster.nodes: 1 alone contradicts the base's ep = 16; with parallelism.ep it is fine.
+  write_file(
+      d / "s.yaml",
+      fmt::format("base: {}\n"
+                  "set:\n"
+                  "  cluster.nodes: 1\n"
+                  "  parallelism.ep: 8\n"
+                  "  engine.network: analytical\n"
+                  "  workload.iterations: 1\n"
+                  "  strategies: [{{name: base1, pipeline: 1}}, {{name: two, pipeline: 2}}]\n"
+                  "strategies: [two]\n"
+                  "axes:\n"
+                  "  model.top_k: [1, 2]\n",
+                  kQuickstart));
+  SweepOptions o;
+  o.progress = false;
+  SweepResult r = run_sweep(load_sweep((d / "s.yaml").string()), o);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.rows[0].summary.strategy, "two");
+  EXPECT_EQ(r.rows[0].summary.gpus, 8);
+  EXPECT_EQ(r.rows[0].summary.decisions.rfind("r=2 ", 0), 0u) << r.rows[0].summary.decisions;
+  EXPECT_EQ(r.rows[0].summary.speedup, 0);  // no baseline among the selected strategies
+}
+
 TEST(SweepCsv, QuotingRoundTrips) {
   std::vector<std::string> fields = {"plain", "a,b", "say \"hi\"", ""};
   std::string line;

@@ -677,6 +677,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   std::atomic<bool> stop{false};
   std::exception_ptr error;
   std::size_t completed = 0;
+  std::size_t printed = static_cast<std::size_t>(-1);
   const bool tty = isatty(fileno(stderr)) != 0;
   auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
   const auto run_t0 = std::chrono::steady_clock::now();
@@ -686,6 +687,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     auto now = std::chrono::steady_clock::now();
     double since = std::chrono::duration<double>(now - last_print).count();
     if (!final && since < (tty ? 0.2 : 5.0)) return;
+    if (final && !tty && printed == completed) return;  // the last line is already there
+    printed = completed;
     last_print = now;
     double elapsed = std::chrono::duration<double>(now - run_t0).count();
     std::string eta = completed > 0 ? fmt_seconds(elapsed / static_cast<double>(completed) *

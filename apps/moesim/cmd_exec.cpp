@@ -25,6 +25,9 @@
 #include "core/scenario_loader.hpp"
 #include "exec/executor.hpp"
 #include "exec/mpi_communicator.hpp"
+#ifdef MOESIM_HAVE_NCCL
+#include "exec/nccl_communicator.hpp"
+#endif
 #include "strategies/runner.hpp"
 #include "topology/topology.hpp"
 
@@ -60,9 +63,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (a.backend == "mpi") {
     comm = std::make_unique<exec::MpiCommunicator>();
   } else if (a.backend == "nccl") {
+#ifdef MOESIM_HAVE_NCCL
+    comm = std::make_unique<exec::NcclCommunicator>(session);
+#else
     throw InputError(
-        "--backend nccl: the NCCL executor path is not available in this build yet; use "
-        "--backend mpi (the host path)");
+        "--backend nccl: this build has no NCCL (needs MOESIM_WITH_CUDA and NCCL); use --backend "
+        "mpi (the host path)");
+#endif
   } else {
     throw InputError(fmt::format("--backend: found '{}', expected mpi or nccl", a.backend));
   }

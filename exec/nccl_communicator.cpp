@@ -1,0 +1,205 @@
+#include "exec/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "exec/mpi_communicator.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+void cuda_check(cudaError_t rc, const char* what, const char* file, int line) {
+  if (rc != cudaSuccess)
+    throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, cudaGetErrorString(rc)));
+}
+void nccl_check(ncclResult_t rc, const char* what, const char* file, int line) {
+  if (rc != ncclSuccess)
+    throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, ncclGetErrorString(rc)));
+}
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::byte* dev = nullptr;
+  std::size_t dev_bytes = 0;
+
+  std::byte* device_buffer(std::size_t bytes) {
+    if (bytes > dev_bytes) {
+      if (dev) CUDA_CHECK(cudaFree(dev));
+      dev = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), bytes));
+      dev_bytes = bytes;
+    }
+    return dev;
+  }
+
+  // Polls the stream; on timeout or an asynchronous NCCL error aborts the communicator.
+  void wait(const std::string& what) {
+    const double limit = exec_timeout_s();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) CUDA_CHECK(q);
+      ncclResult_t async = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (async != ncclSuccess || waited > limit) {
+        ncclCommAbort(comm);
+        comm = nullptr;
+        throw ExecError(
+            async != ncclSuccess
+                ? fmt::format("NCCL error during {}: {}", what, ncclGetErrorString(async))
+                : fmt::format("timed out after {:.0f} s waiting for {}", waited, what));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+};
+
+NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_unique<Impl>()) {
+  rank_ = session.rank();
+  size_ = session.size();
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices == 0) throw ExecError("--backend nccl: no CUDA device on this host");
+  CUDA_CHECK(cudaSetDevice(session.local_rank() % devices));
+  ncclUniqueId id;
+  if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<MPI_Request> req(1);
+  MPI_CHECK(MPI_Ibcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]));
+  wait_all(req, "NCCL unique id broadcast");
+  CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  NCCL_CHECK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (impl_->comm) ncclCommDestroy(impl_->comm);
+  if (impl_->dev) cudaFree(impl_->dev);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+void NcclCommunicator::exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs,
+                                int tag) {
+  // One device buffer holds every outgoing then every incoming message of the phase.
+  std::size_t total = 0;
+  for (const auto& s : sends) total += s.bytes;
+  std::size_t send_total = total;
+  for (const auto& r : recvs) total += r.bytes;
+  std::byte* dev = impl_->device_buffer(std::max<std::size_t>(total, 1));
+  std::size_t off = 0;
+  for (const auto& s : sends) {
+    CUDA_CHECK(cudaMemcpyAsync(dev + off, s.data, s.bytes, cudaMemcpyHostToDevice, impl_->stream));
+    off += s.bytes;
+  }
+  NCCL_CHECK(ncclGroupStart());
+  off = 0;
+  for (const auto& s : sends) {
+    NCCL_CHECK(ncclSend(dev + off, s.bytes, ncclChar, s.peer, impl_->comm, impl_->stream));
+    off += s.bytes;
+  }
+  for (const auto& r : recvs) {
+    NCCL_CHECK(ncclRecv(dev + off, r.bytes, ncclChar, r.peer, impl_->comm, impl_->stream));
+    off += r.bytes;
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  off = send_total;
+  for (const auto& r : recvs) {
+    CUDA_CHECK(cudaMemcpyAsync(r.data, dev + off, r.bytes, cudaMemcpyDeviceToHost, impl_->stream));
+    off += r.bytes;
+  }
+  impl_->wait(fmt::format("grouped send/recv (tag {}) on rank {}", tag, rank_));
+}
+
+void NcclCommunicator::all_to_allv(const std::byte* send, std::span<const std::size_t> send_counts,
+                                   std::span<const std::size_t> send_displs, std::byte* recv,
+                                   std::span<const std::size_t> recv_counts,
+                                   std::span<const std::size_t> recv_displs,
+                                   std::span<const int> group) {
+  std::vector<SendSpec> s;
+  std::vector<RecvSpec> r;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] == rank_) {
+      std::memcpy(recv + recv_displs[i], send + send_displs[i], send_counts[i]);
+      continue;
+    }
+    if (send_counts[i] > 0) s.push_back({group[i], send + send_displs[i], send_counts[i]});
+    if (recv_counts[i] > 0) r.push_back({group[i], recv + recv_displs[i], recv_counts[i]});
+  }
+  exchange(s, r, 0);
+}
+
+void NcclCommunicator::all_gather(const std::byte* in, std::size_t bytes, std::byte* out,
+                                  std::span<const int> group) {
+  std::vector<SendSpec> s;
+  std::vector<RecvSpec> r;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] == rank_) {
+      std::memcpy(out + i * bytes, in, bytes);
+      continue;
+    }
+    s.push_back({group[i], in, bytes});
+    r.push_back({group[i], out + i * bytes, bytes});
+  }
+  exchange(s, r, 0);
+}
+
+void NcclCommunicator::all_reduce_sum(float* data, std::size_t count, std::span<const int> group) {
+  // Gather every member's buffer, then sum in group order (same order on every member, so every
+  // member ends with bitwise the same result).
+  std::vector<float> all(count * group.size());
+  all_gather(reinterpret_cast<const std::byte*>(data), count * sizeof(float),
+             reinterpret_cast<std::byte*>(all.data()), group);
+  for (std::size_t j = 0; j < count; ++j) {
+    float acc = 0;
+    for (size_t i = 0; i < group.size(); ++i) acc += all[i * count + j];
+    data[j] = acc;
+  }
+}
+
+void NcclCommunicator::reduce_scatter_sum(const float* in, float* out, std::size_t count,
+                                          std::span<const int> group) {
+  // Block i of every member goes to member i, which sums the blocks in group order.
+  std::vector<float> blocks(count * group.size());
+  std::vector<SendSpec> s;
+  std::vector<RecvSpec> r;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] == rank_) {
+      const size_t me = i;
+      std::memcpy(&blocks[me * count], in + me * count, count * sizeof(float));
+      continue;
+    }
+    s.push_back(
+        {group[i], reinterpret_cast<const std::byte*>(in + i * count), count * sizeof(float)});
+    r.push_back(
+        {group[i], reinterpret_cast<std::byte*>(&blocks[i * count]), count * sizeof(float)});
+  }
+  exchange(s, r, 0);
+  for (std::size_t j = 0; j < count; ++j) {
+    float acc = 0;
+    for (size_t i = 0; i < group.size(); ++i) acc += blocks[i * count + j];
+    out[j] = acc;
+  }
+}
+
+void NcclCommunicator::barrier() {
+  float one = 1.0f;
+  std::byte* dev = impl_->device_buffer(sizeof(float));
+  CUDA_CHECK(cudaMemcpyAsync(dev, &one, sizeof(float), cudaMemcpyHostToDevice, impl_->stream));
+  NCCL_CHECK(ncclAllReduce(dev, dev, 1, ncclFloat, ncclSum, impl_->comm, impl_->stream));
+  impl_->wait("NCCL barrier");
+}
+
+}  // namespace moesim::exec

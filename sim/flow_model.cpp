@@ -130,6 +130,7 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   new_cnt_.assign(num_links, 0.0);
   since_.assign(num_links, 0.0);
   in_links_.assign(num_links, 0);
+  dirty_.assign(num_links, 0);
   w_rem_.assign(num_links, 0.0);
   w_cnt_.assign(num_links, 0.0);
 }
@@ -549,10 +550,25 @@ void FlowModel::solve(double keep_below) {
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
     }
   }
-  active_.clear();
+  // Level selection by a min-heap of link shares, so a level costs O(links it changes x log), not
+  // O(active links). Assigning flows at the current (least) level only raises the shares of the
+  // other links they cross, so an entry whose share no longer matches is stale and skipped; every
+  // link changed in a level gets a fresh entry.
+  auto share_of = [&](topology::LinkId l) { return std::max(w_rem_[l], 0.0) / w_cnt_[l]; };
+  level_heap_.clear();
   for (std::uint32_t l : solve_links_) {
-    if (w_cnt_[l] > 0.5) active_.push_back(l);
+    if (w_cnt_[l] > 0.5) level_heap_.push_back({share_of(l), l});
   }
+  std::make_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
+  auto top_valid = [&]() {
+    while (!level_heap_.empty()) {
+      const auto [s, l] = level_heap_.front();
+      if (w_cnt_[l] > 0.5 && !saturated_[l] && s == share_of(l)) return true;
+      std::pop_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
+      level_heap_.pop_back();
+    }
+    return false;
+  };
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
     g.stamp[i] = stamp - 1;
@@ -564,6 +580,10 @@ void FlowModel::solve(double keep_below) {
       const topology::LinkId l = g.routes[k];
       w_rem_[l] -= used;
       w_cnt_[l] -= m;
+      if (!dirty_[l]) {
+        dirty_[l] = 1;
+        dirty_links_.push_back(l);
+      }
     }
   };
 
@@ -579,12 +599,9 @@ void FlowModel::solve(double keep_below) {
   }
   int scans_this_solve = 0;
   bool first_level = true;
-  while (!active_.empty()) {
+  while (top_valid()) {
     ++stats_.levels;
-    share = kNever;
-    for (std::uint32_t l : active_) {
-      share = std::min(share, std::max(w_rem_[l], 0.0) / w_cnt_[l]);
-    }
+    share = level_heap_.front().first;
     if (first_level && partial && !(share >= keep_thr)) {
       // The kept rates do not leave room for the rest as they should (rounding drift in load_):
       // recompute from scratch, which is always exact. Nothing was assigned yet.
@@ -603,12 +620,13 @@ void FlowModel::solve(double keep_below) {
     const double threshold = share * (1 + kLevelTol);
     bottleneck_.clear();
     double csr_entries = 0;
-    for (std::uint32_t l : active_) {
-      if (std::max(w_rem_[l], 0.0) / w_cnt_[l] <= threshold) {
-        bottleneck_.push_back(l);
-        saturated_[l] = 1;
-        for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
-      }
+    while (top_valid() && level_heap_.front().first <= threshold) {
+      const topology::LinkId l = level_heap_.front().second;
+      std::pop_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
+      level_heap_.pop_back();
+      bottleneck_.push_back(l);
+      saturated_[l] = 1;
+      for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
     }
     const double build_cost = scans_this_solve >= 2 ? 0.0 : 2 * unbuilt_entries;
     if (csr_entries * 4 + build_cost < scan_entries) {
@@ -644,7 +662,14 @@ void FlowModel::solve(double keep_below) {
       saturated_[l] = 0;
       MOESIM_ASSERT(w_cnt_[l] < 0.5, "bottleneck link kept unassigned flows");
     }
-    std::erase_if(active_, [&](std::uint32_t l) { return w_cnt_[l] < 0.5; });
+    for (std::uint32_t l : dirty_links_) {
+      dirty_[l] = 0;
+      if (w_cnt_[l] > 0.5) {
+        level_heap_.push_back({share_of(l), l});
+        std::push_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
+      }
+    }
+    dirty_links_.clear();
   }
   for (std::uint32_t l : solve_links_) {
     load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);

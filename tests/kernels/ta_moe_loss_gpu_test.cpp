@@ -17,7 +17,10 @@ struct Dev {
   T* p = nullptr;
   std::size_t n = 0;
   explicit Dev(const std::vector<T>& v) : n(v.size()) {
-    if (cudaMalloc(&p, (n ? n : 1) * sizeof(T)) != cudaSuccess) throw std::runtime_error("malloc");
+    void* raw = nullptr;
+    if (cudaMalloc(&raw, (n ? n : 1) * sizeof(T)) != cudaSuccess)
+      throw std::runtime_error("malloc");
+    p = static_cast<T*>(raw);
     if (n && cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
       throw std::runtime_error("memcpy");
   }

@@ -131,6 +131,7 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   since_.assign(num_links, 0.0);
   in_links_.assign(num_links, 0);
   dirty_.assign(num_links, 0);
+  act_pos_.assign(num_links, 0);
   w_rem_.assign(num_links, 0.0);
   w_cnt_.assign(num_links, 0.0);
 }
@@ -550,25 +551,20 @@ void FlowModel::solve(double keep_below) {
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
     }
   }
-  // Level selection by a min-heap of link shares, so a level costs O(links it changes x log), not
-  // O(active links). Assigning flows at the current (least) level only raises the shares of the
-  // other links they cross, so an entry whose share no longer matches is stale and skipped; every
-  // link changed in a level gets a fresh entry.
+  // Level selection over a compact array of the active links' fair shares: a level is one
+  // contiguous min pass (no division, no gather), and only the links a level changed (dirty) get
+  // their share recomputed, or leave the array once no unassigned flow crosses them. (A heap was
+  // slower: a level of an all-to-all changes most active links.)
   auto share_of = [&](topology::LinkId l) { return std::max(w_rem_[l], 0.0) / w_cnt_[l]; };
-  level_heap_.clear();
+  act_links_.clear();
+  act_share_.clear();
   for (std::uint32_t l : solve_links_) {
-    if (w_cnt_[l] > 0.5) level_heap_.push_back({share_of(l), l});
-  }
-  std::make_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
-  auto top_valid = [&]() {
-    while (!level_heap_.empty()) {
-      const auto [s, l] = level_heap_.front();
-      if (w_cnt_[l] > 0.5 && !saturated_[l] && s == share_of(l)) return true;
-      std::pop_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
-      level_heap_.pop_back();
+    if (w_cnt_[l] > 0.5) {
+      act_pos_[l] = static_cast<std::uint32_t>(act_links_.size());
+      act_links_.push_back(l);
+      act_share_.push_back(share_of(l));
     }
-    return false;
-  };
+  }
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
     g.stamp[i] = stamp - 1;
@@ -599,9 +595,10 @@ void FlowModel::solve(double keep_below) {
   }
   int scans_this_solve = 0;
   bool first_level = true;
-  while (top_valid()) {
+  while (!act_links_.empty()) {
     ++stats_.levels;
-    share = level_heap_.front().first;
+    share = kNever;
+    for (double x : act_share_) share = std::min(share, x);
     if (first_level && partial && !(share >= keep_thr)) {
       // The kept rates do not leave room for the rest as they should (rounding drift in load_):
       // recompute from scratch, which is always exact. Nothing was assigned yet.
@@ -620,10 +617,9 @@ void FlowModel::solve(double keep_below) {
     const double threshold = share * (1 + kLevelTol);
     bottleneck_.clear();
     double csr_entries = 0;
-    while (top_valid() && level_heap_.front().first <= threshold) {
-      const topology::LinkId l = level_heap_.front().second;
-      std::pop_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
-      level_heap_.pop_back();
+    for (std::size_t a = 0; a < act_share_.size(); ++a) {
+      if (act_share_[a] > threshold) continue;
+      const topology::LinkId l = act_links_[a];
       bottleneck_.push_back(l);
       saturated_[l] = 1;
       for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
@@ -664,10 +660,18 @@ void FlowModel::solve(double keep_below) {
     }
     for (std::uint32_t l : dirty_links_) {
       dirty_[l] = 0;
+      const std::uint32_t a = act_pos_[l];
       if (w_cnt_[l] > 0.5) {
-        level_heap_.push_back({share_of(l), l});
-        std::push_heap(level_heap_.begin(), level_heap_.end(), std::greater<>());
+        act_share_[a] = share_of(l);
+        continue;
       }
+      // Swap-remove from the active array.
+      const topology::LinkId last = act_links_.back();
+      act_links_[a] = last;
+      act_share_[a] = act_share_.back();
+      act_pos_[last] = a;
+      act_links_.pop_back();
+      act_share_.pop_back();
     }
     dirty_links_.clear();
   }

@@ -162,8 +162,10 @@ class FlowModel final : public NetworkModel {
   // Water-filling scratch, kept to avoid reallocating per solve.
   std::vector<double> w_rem_, w_cnt_;
   std::vector<std::uint32_t> bottleneck_, dirty_links_;
-  std::vector<std::uint8_t> dirty_;                           // per link: in dirty_links_
-  std::vector<std::pair<double, std::uint32_t>> level_heap_;  // (share, link), min-heap
+  std::vector<std::uint8_t> dirty_;  // per link: in dirty_links_
+  // Active links of the current solve with their fair shares, and each link's position there.
+  std::vector<std::uint32_t> act_links_, act_pos_;
+  std::vector<double> act_share_;
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event

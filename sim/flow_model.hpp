@@ -20,7 +20,9 @@
 // are uint32 link ids in one pool per segment; each segment has a CSR index link -> flows, whose
 // lists are built on first use. Each recomputation is a level-by-level water-filling that
 // resolves a level either through the CSR lists of its bottleneck links or, when those are a
-// large part of all moving flows, by one sequential scan (symmetric collectives: a few levels).
+// large part of the flows being re-solved, by one sequential scan of them (symmetric collectives:
+// a few levels). The least share is found by one pass over a compact array of active-link shares,
+// of which only the links a level changed are recomputed.
 //
 // Events are incremental. Max-min rates form levels, and a flow frozen at level x crosses no link
 // that saturates above x. So when flows finish, every rate below the least finishing rate stays;

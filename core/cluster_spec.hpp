@@ -25,8 +25,8 @@ int dtype_bytes(Dtype d);
 
 /// A GPU model: either resolved from the catalog by name, or given inline as a map.
 struct GpuSpec {
-  std::string name;                 // catalog name ("a100-sxm-80gb") or user label
-  bool from_catalog = true;         // false when given inline
+  std::string name;                      // catalog name ("a100-sxm-80gb") or user label
+  bool from_catalog = true;              // false when given inline
   std::map<Dtype, FlopsPerSecond> peak;  // dense tensor-core peak per dtype (no sparsity)
   BytesPerSecond hbm_bandwidth{0};
   Bytes memory{0};
@@ -76,7 +76,7 @@ struct InterNodeSpec {
   bool ecmp_spray = false;
   // dragonfly
   int groups = 0;
-  int routers_per_group = 0;      // 0 = auto
+  int routers_per_group = 0;           // 0 = auto
   BytesPerSecond global_bandwidth{0};  // per global link; 0 = nic_bandwidth
   BytesPerSecond local_bandwidth{0};   // per router-router link in a group; 0 = nic_bandwidth
   // tree

@@ -50,7 +50,7 @@ class InternalError : public std::logic_error {
 
 /// Invariant check that stays on in release builds (simulation results must not be silently
 /// wrong); the message is built only on failure.
-#define MOESIM_ASSERT(cond, msg)                                         \
-  do {                                                                   \
+#define MOESIM_ASSERT(cond, msg)                                          \
+  do {                                                                    \
     if (!(cond)) ::moesim::assert_fail(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

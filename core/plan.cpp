@@ -1,10 +1,10 @@
 #include "core/plan.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <unordered_set>
-
-#include <fmt/format.h>
 
 #include "core/error.hpp"
 
@@ -63,18 +63,16 @@ bool RankSet::operator==(const RankSet& o) const {
 
 namespace {
 constexpr std::array kOpKinds = {"compute", "collective", "copy"};
-constexpr std::array kComputeClasses = {"gemm",      "gate",      "encode", "decode",
+constexpr std::array kComputeClasses = {"gemm",        "gate",      "encode", "decode",
                                         "elementwise", "attention", "other"};
-constexpr std::array kCollectiveTypes = {"all_to_all",     "all_to_allv", "all_reduce",
-                                         "all_gather",     "reduce_scatter", "send_recv"};
+constexpr std::array kCollectiveTypes = {"all_to_all", "all_to_allv",    "all_reduce",
+                                         "all_gather", "reduce_scatter", "send_recv"};
 constexpr std::array kCollectiveAlgos = {"auto", "linear",       "2dh", "ring",
                                          "tree", "hierarchical", "saa"};
 }  // namespace
 
 std::string_view op_kind_name(OpKind k) { return kOpKinds[static_cast<int>(k)]; }
-std::string_view compute_class_name(ComputeClass c) {
-  return kComputeClasses[static_cast<int>(c)];
-}
+std::string_view compute_class_name(ComputeClass c) { return kComputeClasses[static_cast<int>(c)]; }
 std::string_view collective_type_name(CollectiveType t) {
   return kCollectiveTypes[static_cast<int>(t)];
 }
@@ -227,8 +225,8 @@ void Plan::validate() const {
                              "unknown op)",
                              d));
       if (!ranksets_intersect(ops_[d].ranks, op.ranks))
-        fail(op, fmt::format("depends on op {} '{}', which shares no rank with it", d,
-                             ops_[d].label));
+        fail(op,
+             fmt::format("depends on op {} '{}', which shares no rank with it", d, ops_[d].label));
     }
     if (op.kind == OpKind::kCollective) {
       const auto& c = op.collective();

@@ -51,7 +51,7 @@ class RankSet {
 /// All groups of one Grouping have the same size; ranks within a group are in group order
 /// (position i = "group rank" i, which is what per-pair byte matrices are indexed by).
 struct Grouping {
-  std::string name;                     // "ep", "dp", "mp", "esp", "ep_esp", "world", ...
+  std::string name;  // "ep", "dp", "mp", "esp", "ep_esp", "world", ...
   std::vector<std::vector<int>> groups;
   int group_size() const { return groups.empty() ? 0 : static_cast<int>(groups[0].size()); }
 };
@@ -60,7 +60,12 @@ using GroupingId = std::int32_t;
 enum class OpKind { kCompute, kCollective, kCopy };
 enum class ComputeClass { kGemm, kGate, kEncode, kDecode, kElementwise, kAttention, kOther };
 enum class CollectiveType {
-  kAllToAll, kAllToAllv, kAllReduce, kAllGather, kReduceScatter, kSendRecv
+  kAllToAll,
+  kAllToAllv,
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kSendRecv
 };
 enum class CollectiveAlgo { kAuto, kLinear, k2dh, kRing, kTree, kHierarchical, kSaa };
 
@@ -80,8 +85,8 @@ struct GemmShape {
 
 struct ComputeSpec {
   ComputeClass cls = ComputeClass::kOther;
-  Flops flops{0};               // per rank (before rank_scale)
-  Bytes bytes{0};               // memory traffic per rank (before rank_scale)
+  Flops flops{0};                 // per rank (before rank_scale)
+  Bytes bytes{0};                 // memory traffic per rank (before rank_scale)
   std::optional<GemmShape> gemm;  // for kGemm: the shape decides efficiency
   /// Optional per-rank multiplier (indexed by position in Op::ranks) for skewed load.
   std::shared_ptr<const std::vector<float>> rank_scale;
@@ -92,13 +97,13 @@ struct ComputeSpec {
 /// patterns (CSR) cost only their non-zeros. The same matrix applies to every group of the op
 /// unless per_group has one per group.
 struct ByteMatrix {
-  int size = 0;              // W
-  Bytes unit{1};             // bytes per count
+  int size = 0;   // W
+  Bytes unit{1};  // bytes per count
   bool dense = true;
-  std::vector<std::uint32_t> counts;     // dense: W*W row-major (row = source)
-  std::vector<std::int64_t> row_offsets; // sparse CSR: W+1 offsets
-  std::vector<std::int32_t> cols;        // sparse CSR: destination positions
-  std::vector<std::uint32_t> values;     // sparse CSR: counts
+  std::vector<std::uint32_t> counts;      // dense: W*W row-major (row = source)
+  std::vector<std::int64_t> row_offsets;  // sparse CSR: W+1 offsets
+  std::vector<std::int32_t> cols;         // sparse CSR: destination positions
+  std::vector<std::uint32_t> values;      // sparse CSR: counts
   Bytes at(int src, int dst) const;
   Bytes row_sum(int src) const;
   Bytes col_sum(int dst) const;
@@ -133,9 +138,9 @@ struct Op {
   RankSet ranks;
   StreamId stream = 0;
   std::vector<OpId> deps;
-  int priority = 0;             // higher runs first where a scheduler reorders (Lina)
-  Bytes partition_size{0};      // micro-op size for partitioned collectives; 0 = whole
-  std::string label;            // "L0.fwd.dispatch.c1"
+  int priority = 0;         // higher runs first where a scheduler reorders (Lina)
+  Bytes partition_size{0};  // micro-op size for partitioned collectives; 0 = whole
+  std::string label;        // "L0.fwd.dispatch.c1"
   std::variant<ComputeSpec, CollectiveSpec, CopySpec> spec;
 
   const ComputeSpec& compute() const { return std::get<ComputeSpec>(spec); }

@@ -1,11 +1,11 @@
 #include "core/units.hpp"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <charconv>
 #include <cmath>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 namespace moesim {
 
@@ -172,9 +172,11 @@ FlopsPerSecond parse_flops_rate(std::string_view t) {
 }
 
 std::string to_string(Bytes b) {
-  static const std::array<std::pair<double, const char*>, 5> k = {
-      {{1099511627776.0, "TiB"}, {1073741824.0, "GiB"}, {1048576.0, "MiB"}, {1024.0, "KiB"},
-       {1.0, "B"}}};
+  static const std::array<std::pair<double, const char*>, 5> k = {{{1099511627776.0, "TiB"},
+                                                                   {1073741824.0, "GiB"},
+                                                                   {1048576.0, "MiB"},
+                                                                   {1024.0, "KiB"},
+                                                                   {1.0, "B"}}};
   if (b.value() == 0) return "0 B";
   return scaled(b.value(), k);
 }

@@ -223,8 +223,7 @@ class Builder {
       const std::string why = schedules::parm_inapplicable_reason(sc_, rep_);
       if (!why.empty())
         throw InputError(where, "schedule",
-                         fmt::format("strategy role schedule {}: {}",
-                                     name_of(dec_.schedule), why));
+                         fmt::format("strategy role schedule {}: {}", name_of(dec_.schedule), why));
     }
     if (dec_.a2a == CollectiveAlgo::k2dh && W_ > 1) {
       const auto* algo =
@@ -322,7 +321,8 @@ class Builder {
         ByteMatrix t = m;
         const auto w = static_cast<std::size_t>(m.size);
         for (std::size_t a = 0; a < w; ++a)
-          for (std::size_t c = a + 1; c < w; ++c) std::swap(t.counts[a * w + c], t.counts[c * w + a]);
+          for (std::size_t c = a + 1; c < w; ++c)
+            std::swap(t.counts[a * w + c], t.counts[c * w + a]);
         chunks[j].to_experts.push_back(std::make_shared<const ByteMatrix>(std::move(m)));
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
       }
@@ -612,7 +612,8 @@ class Builder {
   // all-reduce over dp (grad stream, launched as soon as the expert backward is done).
   OpId moe_backward(int l, int moe, OpId prev) {
     PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
-    if (grad_before_.size() < index_.moe_layers.size()) grad_before_.resize(index_.moe_layers.size());
+    if (grad_before_.size() < index_.moe_layers.size())
+      grad_before_.resize(index_.moe_layers.size());
     grad_before_[moe] = index_.gradient_sync.size();  // between_a2a: all-reduces before this layer
     if (schedules::is_fused_parm(dec_.schedule)) {
       const schedules::ParmBackward r =
@@ -680,8 +681,8 @@ class Builder {
   void lina_allreduce(GroupingId g, double bytes, OpId after, const std::string& label) {
     const int n = schedules::lina_micro_op_count(bytes, dec_.lina_micro_op);
     for (int i = 0; i < n; ++i) {
-      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, g,
-                           bytes / n, deps_of({after}), fmt::format("{}.m{}", label, i));
+      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, g, bytes / n,
+                           deps_of({after}), fmt::format("{}.m{}", label, i));
       plan_.mutable_ops()[id].priority = schedules::lina_allreduce_priority(dec_.schedule);
       index_.gradient_sync.push_back(id);
     }

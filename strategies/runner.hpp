@@ -36,9 +36,9 @@ struct IterationRecord {
 };
 
 struct StackRun {
-  std::string strategy;                 // StrategySpec::name
+  std::string strategy;  // StrategySpec::name
   std::vector<IterationRecord> iterations;
-  RunResult last_result;                // of the last iteration (for traces and breakdowns)
+  RunResult last_result;  // of the last iteration (for traces and breakdowns)
   BuiltPlan last_plan;
 };
 

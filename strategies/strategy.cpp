@@ -9,8 +9,8 @@
 #include "strategies/pipeline/fixed.hpp"
 #include "strategies/pipeline/pipemoe.hpp"
 #include "strategies/pipeline/tutel_online.hpp"
-#include "strategies/schedules/schedule.hpp"
 #include "strategies/routing/routing.hpp"
+#include "strategies/schedules/schedule.hpp"
 
 namespace moesim::strategies {
 

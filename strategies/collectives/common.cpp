@@ -374,6 +374,12 @@ std::shared_ptr<const CostShape> scaled_shape(const Algorithm& algo, const Colle
   });
 }
 
+Seconds scaled_time(const Algorithm& algo, const CollectiveCall& call, const CostContext& ctx,
+                    int tag, int extra) {
+  const auto shape = scaled_shape(algo, call, *ctx.topo, tag, extra);
+  return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+}
+
 std::shared_ptr<const LinearProfile> linear_profile(const CollectiveCall& call,
                                                     const topology::Topology& topo) {
   return cached<LinearProfile>(topo, kTagLinearProfile, 0, *call.group, [&] {
@@ -433,6 +439,78 @@ void append_ring_step(Phase& phase, const std::vector<int>& ring, double chunk_b
       phase.chunks.push_back({off, off});
     }
   }
+}
+
+NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo,
+                      std::string_view what) {
+  const auto info = grid_info(*call.group, topo);
+  if (!info->grid)
+    throw InputError(std::string(what) + " needs a node-aligned group: " + info->why);
+  return *info->grid;
+}
+
+namespace {
+
+// An in-place ring step phase in kRecv, repeated `repeat` times.
+Phase& add_ring_phase(std::vector<Phase>& phases, std::string_view label, int repeat) {
+  Phase& ph = phases.emplace_back();
+  ph.kind = Phase::Kind::kTransfers;
+  ph.label = label;
+  ph.src = ph.dst = Buffer::kRecv;
+  ph.repeat = repeat;
+  return ph;
+}
+
+int common_ring_size(std::span<const std::vector<int>> rings) {
+  if (rings.empty()) return 0;
+  const int r = static_cast<int>(rings.front().size());
+  for (const auto& ring : rings)
+    MOESIM_ASSERT(static_cast<int>(ring.size()) == r, "parallel rings need equal sizes");
+  return r;
+}
+
+}  // namespace
+
+void append_ring_reduce_scatter(std::vector<Phase>& phases, std::span<const std::vector<int>> rings,
+                                double chunk_bytes, double ring_stride, const RingLabels& labels,
+                                bool with_layout) {
+  const int r = common_ring_size(rings);
+  if (r < 2) return;
+  Phase& rs = add_ring_phase(phases, labels.rs_step, r - 1);
+  for (size_t i = 0; i < rings.size(); ++i)
+    append_ring_step(rs, rings[i], chunk_bytes, -1, static_cast<double>(i) * ring_stride,
+                     with_layout);
+  Phase& red = phases.emplace_back();  // `rs` is not used past this point (reallocation)
+  red.kind = Phase::Kind::kReduce;
+  red.label = labels.rs_reduce;
+  red.src = red.dst = Buffer::kRecv;
+  red.local_bytes = Bytes(3 * chunk_bytes * (r - 1));
+}
+
+void append_ring_all_gather(std::vector<Phase>& phases, std::span<const std::vector<int>> rings,
+                            double chunk_bytes, double ring_stride, const RingLabels& labels,
+                            bool with_layout) {
+  const int r = common_ring_size(rings);
+  if (r < 2) return;
+  Phase& ag = add_ring_phase(phases, labels.ag_step, r - 1);
+  for (size_t i = 0; i < rings.size(); ++i)
+    append_ring_step(ag, rings[i], chunk_bytes, 0, static_cast<double>(i) * ring_stride,
+                     with_layout);
+}
+
+std::vector<Phase> two_dh_phases() {
+  std::vector<Phase> phases(4);
+  const auto set = [&](int i, Phase::Kind kind, std::string_view label, Buffer src, Buffer dst) {
+    phases[i].kind = kind;
+    phases[i].label = label;
+    phases[i].src = src;
+    phases[i].dst = dst;
+  };
+  set(kStrideCopy1, Phase::Kind::kCopy, "stride_copy_1", Buffer::kSend, Buffer::kScratch);
+  set(kIntra, Phase::Kind::kTransfers, "intra", Buffer::kScratch, Buffer::kRecv);
+  set(kStrideCopy2, Phase::Kind::kCopy, "stride_copy_2", Buffer::kRecv, Buffer::kScratch);
+  set(kInter, Phase::Kind::kTransfers, "inter", Buffer::kScratch, Buffer::kRecv);
+  return phases;
 }
 
 }  // namespace detail

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -146,6 +148,9 @@ std::shared_ptr<const GridInfo> grid_info(const std::vector<int>& group,
 /// reference size (without layout) and converts every phase with phase_shape; cached.
 std::shared_ptr<const CostShape> scaled_shape(const Algorithm& algo, const CollectiveCall& call,
                                               const topology::Topology& topo, int tag, int extra);
+/// analytical_time of such a collective: its scaled_shape evaluated at spec.bytes.
+Seconds scaled_time(const Algorithm& algo, const CollectiveCall& call, const CostContext& ctx,
+                    int tag, int extra);
 
 /// Per-representative-rank class summaries for all-to-all algorithms.
 struct LinearProfile {
@@ -176,10 +181,70 @@ const Algorithm& ring_reduce_scatter();
 const Algorithm& send_recv();
 const Algorithm& saa_all_to_all();
 
+// ---- Lowering helpers shared by several algorithms ---------------------------------------------
+
+/// The InputError-checked grid of a node-aligned group; `what` names the algorithm in the message
+/// ("2dh all_to_all").
+NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo,
+                      std::string_view what);
+
 /// Appends the transfers of step 0 of a ring over `ring` (global ranks in ring order): position
 /// p sends chunk (p + send_shift) mod R of chunk_bytes to position p+1; the chunk keeps its index
 /// on the receiver (in-place rings), at base_offset + index * chunk_bytes on both sides.
 void append_ring_step(Phase& phase, const std::vector<int>& ring, double chunk_bytes,
                       int send_shift, double base_offset, bool with_layout);
+
+/// Phase labels of one level of ring collectives (Phase::label is a view: static strings only).
+struct RingLabels {
+  std::string_view rs_step, rs_reduce, ag_step;
+};
+inline constexpr RingLabels kFlatRing{"rs_step", "rs_reduce", "ag_step"};
+inline constexpr RingLabels kIntraNodeRings{"intra_rs_step", "intra_rs_reduce", "intra_ag_step"};
+inline constexpr RingLabels kInterNodeRings{"inter_rs_step", "inter_rs_reduce", "inter_ag_step"};
+
+/// In-place ring reduce-scatter in kRecv over parallel rings of equal size R (ring i's chunks at
+/// base i * ring_stride): one kTransfers phase repeated R-1 times whose step t sends chunk
+/// (p - t - 1) mod R of chunk_bytes to the successor, so position p ends owning reduced chunk p;
+/// then one kReduce phase with the R-1 reductions (3 * chunk_bytes each: read 2, write 1). Phases
+/// run in sequence, so one reduction phase after the steps costs the same as interleaving them.
+/// Appends nothing when there are no rings or R < 2.
+void append_ring_reduce_scatter(std::vector<Phase>& phases, std::span<const std::vector<int>> rings,
+                                double chunk_bytes, double ring_stride, const RingLabels& labels,
+                                bool with_layout);
+/// In-place ring all-gather in kRecv over the same rings: one kTransfers phase repeated R-1 times
+/// whose step t sends chunk (p - t) mod R, starting from the chunk p each position owns (after a
+/// reduce-scatter, or a self copy). A ring all_reduce is append_ring_reduce_scatter followed by
+/// append_ring_all_gather over the same rings.
+void append_ring_all_gather(std::vector<Phase>& phases, std::span<const std::vector<int>> rings,
+                            double chunk_bytes, double ring_stride, const RingLabels& labels,
+                            bool with_layout);
+
+/// Indices of the four 2DH phases (buffer layout in collective.hpp).
+enum TwoDhPhaseIndex : int { kStrideCopy1 = 0, kIntra, kStrideCopy2, kInter };
+/// The four 2DH phases of all_to_all and all_to_allv with their kinds, labels and buffers
+/// (stride_copy_1 kSend -> kScratch, intra kScratch -> kRecv, stride_copy_2 kRecv -> kScratch,
+/// inter kScratch -> kRecv); the caller fills sizes, strides, transfers and copies.
+std::vector<Phase> two_dh_phases();
+
+/// One rank's part of a 2DH exchange phase (intra: peers are the node's ranks; inter: the ranks
+/// of the same local index on other nodes). The rank (global rank `rank`) is index `own` of the
+/// `count` peers along the exchanged dimension; peer index k is global rank peer_rank(k) and gets
+/// bytes(k) bytes from send_offset(k) of the rank's src buffer to recv_offset(k) of the peer's dst
+/// buffer. Peers are visited from own + 1 upwards (mod count), empty blocks send nothing, and the
+/// own block is a LocalCopy (with layout only, as all layout data).
+template <typename PeerRank, typename BlockBytes, typename SendOffset, typename RecvOffset>
+void append_exchange(Phase& phase, int rank, int own, int count, PeerRank&& peer_rank,
+                     BlockBytes&& bytes, SendOffset&& send_offset, RecvOffset&& recv_offset,
+                     bool with_layout) {
+  for (int i = 1; i < count; ++i) {
+    const int k = (own + i) % count;
+    const double v = bytes(k);
+    if (v <= 0) continue;
+    phase.transfers.push_back({rank, peer_rank(k), v});
+    if (with_layout) phase.chunks.push_back({send_offset(k), recv_offset(k)});
+  }
+  if (with_layout && bytes(own) > 0)
+    phase.copies.push_back({rank, send_offset(own), recv_offset(own), bytes(own)});
+}
 
 }  // namespace moesim::collectives::detail

@@ -31,20 +31,14 @@ class RingAllGather final : public Algorithm {
     self.local_bytes = Bytes(2 * c);
     if (call.with_layout)
       for (int p = 0; p < w; ++p) self.copies.push_back({g[p], 0.0, p * c, c});
-    if (w < 2) return phases;
-    Phase& ag = phases.emplace_back();
-    ag.kind = Phase::Kind::kTransfers;
-    ag.label = "ag_step";
-    ag.src = ag.dst = Buffer::kRecv;
-    ag.repeat = w - 1;
-    append_ring_step(ag, g, c, 0, 0.0, call.with_layout);
+    append_ring_all_gather(phases, std::span<const std::vector<int>>(&g, 1), c, 0.0, kFlatRing,
+                           call.with_layout);
     return phases;
   }
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     if (group_size(call) < 1 || call.spec->bytes.value() <= 0) return Seconds(0);
-    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagRingAllGather, 0);
-    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+    return scaled_time(*this, call, ctx, kTagRingAllGather, 0);
   }
 };
 

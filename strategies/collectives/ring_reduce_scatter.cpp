@@ -1,6 +1,7 @@
 // Ring reduce_scatter: W-1 steps of S/W bytes to the ring successor; step t sends chunk
 // (p - t - 1) mod W, so position p ends owning the reduced chunk p (at p*S/W in its working
 // buffer). The reductions are one kReduce phase after the steps (same total as interleaved).
+// The lowering is append_ring_reduce_scatter (common.hpp), shared with ring all_reduce.
 #include "strategies/collectives/common.hpp"
 
 namespace moesim::collectives::detail {
@@ -20,26 +21,15 @@ class RingReduceScatter final : public Algorithm {
     const int w = group_size(call);
     const double size = call.spec->bytes.value();
     if (w < 2 || size <= 0) return {};
-    const double c = size / w;
-    std::vector<Phase> phases(2);
-    Phase& rs = phases[0];
-    rs.kind = Phase::Kind::kTransfers;
-    rs.label = "rs_step";
-    rs.src = rs.dst = Buffer::kRecv;
-    rs.repeat = w - 1;
-    append_ring_step(rs, *call.group, c, -1, 0.0, call.with_layout);
-    Phase& red = phases[1];
-    red.kind = Phase::Kind::kReduce;
-    red.label = "rs_reduce";
-    red.src = red.dst = Buffer::kRecv;
-    red.local_bytes = Bytes(3 * c * (w - 1));
+    std::vector<Phase> phases;
+    append_ring_reduce_scatter(phases, std::span<const std::vector<int>>(call.group, 1), size / w,
+                               0.0, kFlatRing, call.with_layout);
     return phases;
   }
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     if (group_size(call) < 2 || call.spec->bytes.value() <= 0) return Seconds(0);
-    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagRingReduceScatter, 0);
-    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+    return scaled_time(*this, call, ctx, kTagRingReduceScatter, 0);
   }
 };
 

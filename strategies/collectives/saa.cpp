@@ -104,8 +104,7 @@ class SimultaneousAllToAll final : public Algorithm {
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     if (!inapplicable_reason(call, *ctx.topo).empty() || call.spec->bytes.value() <= 0)
       return Seconds(0);
-    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagSaa, call.spec->sub_group);
-    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+    return scaled_time(*this, call, ctx, kTagSaa, call.spec->sub_group);
   }
 };
 

@@ -42,8 +42,7 @@ class SendRecv final : public Algorithm {
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     const int off = normalized_offset(call);
     if (off == 0 || call.spec->bytes.value() <= 0) return Seconds(0);
-    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagSendRecv, off);
-    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+    return scaled_time(*this, call, ctx, kTagSendRecv, off);
   }
 };
 

@@ -67,8 +67,7 @@ class TreeAllReduce final : public Algorithm {
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     if (group_size(call) < 2 || call.spec->bytes.value() <= 0) return Seconds(0);
-    const auto shape = scaled_shape(*this, call, *ctx.topo, kTagTreeAllReduce, 0);
-    return Seconds(shape_time_s(*shape, call.spec->bytes.value(), ctx));
+    return scaled_time(*this, call, ctx, kTagTreeAllReduce, 0);
   }
 };
 

@@ -21,7 +21,7 @@ class TwoDhAllToAll final : public Algorithm {
 
   std::vector<Phase> lower(const CollectiveCall& call,
                            const topology::Topology& topo) const override {
-    const NodeGrid grid = require_grid(call, topo);
+    const NodeGrid grid = require_grid(call, topo, "2dh all_to_all");
     const int m = grid.m, n = grid.n;
     // One node or one rank per node: both hierarchical phases collapse into one, i.e. linear.
     if (m == 1 || n == 1) return linear_all_to_all().lower(call, topo);
@@ -32,65 +32,35 @@ class TwoDhAllToAll final : public Algorithm {
     const double c = size / w;
     const bool layout = call.with_layout;
 
-    std::vector<Phase> phases(4);
-    Phase& copy1 = phases[0];
-    copy1.kind = Phase::Kind::kCopy;
-    copy1.label = "stride_copy_1";
-    copy1.src = Buffer::kSend;
-    copy1.dst = Buffer::kScratch;
-    copy1.stride_h = m;
-    copy1.stride_w = n;
-    copy1.chunk_bytes = c;
-    copy1.local_bytes = Bytes(2 * size);
-
-    Phase& intra = phases[1];
-    intra.kind = Phase::Kind::kTransfers;
-    intra.label = "intra";
-    intra.src = Buffer::kScratch;
-    intra.dst = Buffer::kRecv;
-    intra.local_bytes = Bytes(2 * n * c);
-    intra.transfers.reserve(static_cast<size_t>(w) * (m - 1));
-    for (int p = 0; p < w; ++p) {
-      const int a = p / m, j = p % m;
-      for (int i = 1; i < m; ++i) {
-        const int k = (j + i) % m;
-        intra.transfers.push_back({g[p], g[a * m + k], n * c});
-        if (layout) intra.chunks.push_back({k * n * c, j * n * c});
+    // Both levels are one exchange along a grid dimension of `dim` positions (intra: the node's
+    // m ranks, stride 1; inter: the n ranks of one local index, stride m) in blocks of
+    // other = W / dim chunks, preceded by the stride copy T(dim, other) that gathers each
+    // block: position p, index own along the dimension, sends block k (slots [k*other,
+    // k*other + other)) to the peer of index k, landing at the peer's block own.
+    std::vector<Phase> phases = two_dh_phases();
+    for (const bool inter_level : {false, true}) {
+      const int dim = inter_level ? n : m, other = w / dim, stride = inter_level ? m : 1;
+      Phase& copy = phases[inter_level ? kStrideCopy2 : kStrideCopy1];
+      copy.stride_h = dim;
+      copy.stride_w = other;
+      copy.chunk_bytes = c;
+      copy.local_bytes = Bytes(2 * size);
+      Phase& x = phases[inter_level ? kInter : kIntra];
+      x.local_bytes = Bytes(2 * other * c);
+      x.transfers.reserve(static_cast<size_t>(w) * (dim - 1));
+      for (int p = 0; p < w; ++p) {
+        const int own = (p / stride) % dim;
+        append_exchange(
+            x, g[p], own, dim, [&](int k) { return g[p + (k - own) * stride]; },
+            [&](int) { return other * c; }, [&](int k) { return k * other * c; },
+            [&](int) { return own * other * c; }, layout);
       }
-      if (layout) intra.copies.push_back({g[p], j * n * c, j * n * c, n * c});
-    }
-
-    Phase& copy2 = phases[2];
-    copy2.kind = Phase::Kind::kCopy;
-    copy2.label = "stride_copy_2";
-    copy2.src = Buffer::kRecv;
-    copy2.dst = Buffer::kScratch;
-    copy2.stride_h = n;
-    copy2.stride_w = m;
-    copy2.chunk_bytes = c;
-    copy2.local_bytes = Bytes(2 * size);
-
-    Phase& inter = phases[3];
-    inter.kind = Phase::Kind::kTransfers;
-    inter.label = "inter";
-    inter.src = Buffer::kScratch;
-    inter.dst = Buffer::kRecv;
-    inter.local_bytes = Bytes(2 * m * c);
-    inter.transfers.reserve(static_cast<size_t>(w) * (n - 1));
-    for (int p = 0; p < w; ++p) {
-      const int a = p / m, k = p % m;
-      for (int i = 1; i < n; ++i) {
-        const int b = (a + i) % n;
-        inter.transfers.push_back({g[p], g[b * m + k], m * c});
-        if (layout) inter.chunks.push_back({b * m * c, a * m * c});
-      }
-      if (layout) inter.copies.push_back({g[p], a * m * c, a * m * c, m * c});
     }
     return phases;
   }
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
-    const NodeGrid grid = require_grid(call, *ctx.topo);
+    const NodeGrid grid = require_grid(call, *ctx.topo, "2dh all_to_all");
     const int m = grid.m, n = grid.n;
     if (m == 1 || n == 1) return linear_all_to_all().analytical_time(call, ctx);
     const double size = call.spec->bytes.value();
@@ -111,14 +81,6 @@ class TwoDhAllToAll final : public Algorithm {
     intra = std::max(intra, local(2 * size / m));
     inter = std::max(inter, local(2 * size / n));
     return Seconds(2 * local(2 * size) + intra + inter);
-  }
-
- private:
-  NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo) const {
-    const auto info = grid_info(*call.group, topo);
-    if (!info->grid) throw InputError("2dh all_to_all needs a node-aligned group: " + info->why);
-    const auto grid = info->grid;
-    return *grid;
   }
 };
 

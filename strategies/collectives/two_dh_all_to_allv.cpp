@@ -51,7 +51,7 @@ class TwoDhAllToAllv final : public Algorithm {
 
   std::vector<Phase> lower(const CollectiveCall& call,
                            const topology::Topology& topo) const override {
-    const NodeGrid grid = require_grid(call, topo);
+    const NodeGrid grid = require_grid(call, topo, "2dh all_to_allv");
     if (grid.m == 1 || grid.n == 1) return linear_all_to_allv().lower(call, topo);
     const ByteMatrix& mat = require_matrix(call);
     const std::vector<int>& g = *call.group;
@@ -60,27 +60,11 @@ class TwoDhAllToAllv final : public Algorithm {
     const Blocks bl = make_blocks(mat, grid);
     const auto at = [&](int s, int d) { return mat.at(s, d).value(); };
 
-    std::vector<Phase> phases(4);
-    Phase& copy1 = phases[0];
-    copy1.kind = Phase::Kind::kCopy;
-    copy1.label = "stride_copy_1";
-    copy1.src = Buffer::kSend;
-    copy1.dst = Buffer::kScratch;
-    Phase& intra = phases[1];
-    intra.kind = Phase::Kind::kTransfers;
-    intra.label = "intra";
-    intra.src = Buffer::kScratch;
-    intra.dst = Buffer::kRecv;
-    Phase& copy2 = phases[2];
-    copy2.kind = Phase::Kind::kCopy;
-    copy2.label = "stride_copy_2";
-    copy2.src = Buffer::kRecv;
-    copy2.dst = Buffer::kScratch;
-    Phase& inter = phases[3];
-    inter.kind = Phase::Kind::kTransfers;
-    inter.label = "inter";
-    inter.src = Buffer::kScratch;
-    inter.dst = Buffer::kRecv;
+    std::vector<Phase> phases = two_dh_phases();
+    Phase& copy1 = phases[kStrideCopy1];
+    Phase& intra = phases[kIntra];
+    Phase& copy2 = phases[kStrideCopy2];
+    Phase& inter = phases[kInter];
 
     double max_row = 0, max_intra_self = 0, max_held = 0, max_inter_self = 0;
     // Stride copy 1 and the intra phase. Scratch of p: blocks in slot order k*n + b, so block k
@@ -116,15 +100,9 @@ class TwoDhAllToAllv final : public Algorithm {
         for (int kk = 0; kk < k; ++kk) off += bl.intra_at(p, kk);
         return off;
       };
-      for (int i = 1; i < m; ++i) {
-        const int k = (j + i) % m;
-        const double v = bl.intra_at(p, k);
-        if (v <= 0) continue;
-        intra.transfers.push_back({g[p], g[a * m + k], v});
-        if (layout) intra.chunks.push_back({scr_off(k), recv_off(k)});
-      }
-      if (layout && bl.intra_at(p, j) > 0)
-        intra.copies.push_back({g[p], scr_off(j), recv_off(j), bl.intra_at(p, j)});
+      append_exchange(
+          intra, g[p], j, m, [&](int k) { return g[a * m + k]; },
+          [&](int k) { return bl.intra_at(p, k); }, scr_off, recv_off, layout);
     }
     // Stride copy 2 and the inter phase, seen from q = (a, k). Its receive buffer holds blocks
     // in slot order j*n + b (source (a, j), destination (b, k)); scratch wants b*m + j.
@@ -161,15 +139,9 @@ class TwoDhAllToAllv final : public Algorithm {
         for (int aa = 0; aa < a; ++aa) off += bl.inter_at(aa * m + k, b);
         return off;
       };
-      for (int i = 1; i < n; ++i) {
-        const int b = (a + i) % n;
-        const double v = bl.inter_at(q, b);
-        if (v <= 0) continue;
-        inter.transfers.push_back({g[q], g[b * m + k], v});
-        if (layout) inter.chunks.push_back({send_off2(b), recv_off2(b)});
-      }
-      if (layout && bl.inter_at(q, a) > 0)
-        inter.copies.push_back({g[q], send_off2(a), recv_off2(a), bl.inter_at(q, a)});
+      append_exchange(
+          inter, g[q], a, n, [&](int b) { return g[b * m + k]; },
+          [&](int b) { return bl.inter_at(q, b); }, send_off2, recv_off2, layout);
     }
     copy1.local_bytes = Bytes(2 * max_row);
     intra.local_bytes = Bytes(2 * max_intra_self);
@@ -182,7 +154,7 @@ class TwoDhAllToAllv final : public Algorithm {
   // mean 1/bandwidth and max alpha of node peers (intra phase) and same-local-index peers
   // (inter phase) from the representative-rank profile.
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
-    const NodeGrid grid = require_grid(call, *ctx.topo);
+    const NodeGrid grid = require_grid(call, *ctx.topo, "2dh all_to_allv");
     if (grid.m == 1 || grid.n == 1) return linear_all_to_allv().analytical_time(call, ctx);
     const ByteMatrix& mat = require_matrix(call);
     const int m = grid.m, n = grid.n, w = m * n;
@@ -235,14 +207,6 @@ class TwoDhAllToAllv final : public Algorithm {
     }
     return Seconds(local(2 * max_row) + std::max(intra_t, local(2 * intra_self)) +
                    local(2 * max_held) + std::max(inter_t, local(2 * inter_self)));
-  }
-
- private:
-  NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo) const {
-    const auto info = grid_info(*call.group, topo);
-    if (!info->grid) throw InputError("2dh all_to_allv needs a node-aligned group: " + info->why);
-    const auto grid = info->grid;
-    return *grid;
   }
 };
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -599,6 +600,113 @@ TEST(RingReduceScatterAndAllGather, OwnChunkReducedAndEveryChunkGathered) {
     run_reduction(phases, st, {{"ag_step", {w, size}}});
     for (int p = 0; p < w; ++p)
       for (int e = 0; e < 10; ++e) EXPECT_EQ(st[p][e], 1u << (e / 2)) << p << " " << e;
+  }
+}
+
+// Field-by-field equality of two phases (all of Phase's data, layout included).
+void expect_same_phase(const Phase& a, const Phase& b, const std::string& where) {
+  SCOPED_TRACE(where);
+  EXPECT_EQ(a.kind, b.kind);
+  EXPECT_EQ(a.label, b.label);
+  EXPECT_EQ(a.repeat, b.repeat);
+  EXPECT_EQ(a.src, b.src);
+  EXPECT_EQ(a.dst, b.dst);
+  EXPECT_EQ(a.local_bytes, b.local_bytes);
+  EXPECT_EQ(a.stride_h, b.stride_h);
+  EXPECT_EQ(a.stride_w, b.stride_w);
+  EXPECT_EQ(a.chunk_bytes, b.chunk_bytes);
+  ASSERT_EQ(a.transfers.size(), b.transfers.size());
+  ASSERT_EQ(a.chunks.size(), b.chunks.size());
+  ASSERT_EQ(a.copies.size(), b.copies.size());
+  for (size_t i = 0; i < a.transfers.size(); ++i) {
+    EXPECT_EQ(a.transfers[i].src, b.transfers[i].src) << i;
+    EXPECT_EQ(a.transfers[i].dst, b.transfers[i].dst) << i;
+    EXPECT_EQ(a.transfers[i].bytes, b.transfers[i].bytes) << i;
+  }
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    EXPECT_EQ(a.chunks[i].send_offset, b.chunks[i].send_offset) << i;
+    EXPECT_EQ(a.chunks[i].recv_offset, b.chunks[i].recv_offset) << i;
+  }
+  for (size_t i = 0; i < a.copies.size(); ++i) {
+    EXPECT_EQ(a.copies[i].rank, b.copies[i].rank) << i;
+    EXPECT_EQ(a.copies[i].src_offset, b.copies[i].src_offset) << i;
+    EXPECT_EQ(a.copies[i].dst_offset, b.copies[i].dst_offset) << i;
+    EXPECT_EQ(a.copies[i].bytes, b.copies[i].bytes) << i;
+  }
+}
+
+// A ring all_reduce is exactly a ring reduce_scatter followed by the ring all_gather's steps (the
+// all_gather's self copy is not needed: after the reduce-scatter, position p already holds its
+// chunk p in place). Pinned by hand on 4 ranks (2 nodes x 2), S = 16 bytes, chunks of 4.
+TEST(RingAllReduce, IsReduceScatterPhasesThenAllGatherStepsExactly) {
+  FakeCluster topo({.nodes = 2, .m = 2});
+  const auto group = iota_group(4);
+  const double size = 16;
+  const auto lower = [&](CollectiveType type) {
+    const auto spec = make_spec(type, CollectiveAlgo::kRing, size);
+    return algo_of(type, CollectiveAlgo::kRing).lower(make_call(spec, group), topo);
+  };
+  const auto ar = lower(CollectiveType::kAllReduce);
+  const auto rs = lower(CollectiveType::kReduceScatter);
+  const auto ag = lower(CollectiveType::kAllGather);
+
+  // Hand-computed phases. Ring 0 -> 1 -> 2 -> 3 -> 0, 4 bytes per step. Reduce-scatter step 0:
+  // position p sends chunk (p - 1) mod 4 (offset 4k on both sides); all-gather step 0 sends
+  // chunk p. The reduction phase reads 2 and writes 1 chunk per received chunk: 3 * 4 * 3.
+  const auto ring_transfers = [](Phase& ph, std::vector<double> offsets) {
+    for (int p = 0; p < 4; ++p) {
+      ph.transfers.push_back({p, (p + 1) % 4, 4.0});
+      ph.chunks.push_back({offsets[p], offsets[p]});
+    }
+  };
+  Phase rs_step;
+  rs_step.label = "rs_step";
+  rs_step.src = rs_step.dst = Buffer::kRecv;
+  rs_step.repeat = 3;
+  ring_transfers(rs_step, {12, 0, 4, 8});
+  Phase rs_reduce;
+  rs_reduce.kind = Phase::Kind::kReduce;
+  rs_reduce.label = "rs_reduce";
+  rs_reduce.src = rs_reduce.dst = Buffer::kRecv;
+  rs_reduce.local_bytes = Bytes(36);
+  Phase ag_step;
+  ag_step.label = "ag_step";
+  ag_step.src = ag_step.dst = Buffer::kRecv;
+  ag_step.repeat = 3;
+  ring_transfers(ag_step, {0, 4, 8, 12});
+  Phase self_copy;
+  self_copy.kind = Phase::Kind::kCopy;
+  self_copy.label = "self_copy";
+  self_copy.src = Buffer::kSend;
+  self_copy.dst = Buffer::kRecv;
+  self_copy.local_bytes = Bytes(8);
+  for (int p = 0; p < 4; ++p) self_copy.copies.push_back({p, 0.0, 4.0 * p, 4.0});
+
+  ASSERT_EQ(rs.size(), 2u);
+  expect_same_phase(rs[0], rs_step, "reduce_scatter step");
+  expect_same_phase(rs[1], rs_reduce, "reduce_scatter reduction");
+  ASSERT_EQ(ag.size(), 2u);
+  expect_same_phase(ag[0], self_copy, "all_gather self copy");
+  expect_same_phase(ag[1], ag_step, "all_gather step");
+  ASSERT_EQ(ar.size(), 3u);
+  expect_same_phase(ar[0], rs[0], "all_reduce = reduce_scatter (step)");
+  expect_same_phase(ar[1], rs[1], "all_reduce = reduce_scatter (reduction)");
+  expect_same_phase(ar[2], ag[1], "all_reduce = all_gather (step)");
+
+  // The alpha-beta costs agree: all_reduce = reduce_scatter + all_gather - the self copy
+  // (2 * S/W HBM bytes), at every size and with per-message costs.
+  const double hbm = 1e12;
+  const CostContext ctx{&topo, {2e-6, 1e-6}, BytesPerSecond(hbm)};
+  for (const double bytes : {16.0, 4096.0, 64e6}) {
+    const auto time = [&](CollectiveType type) {
+      const auto spec = make_spec(type, CollectiveAlgo::kRing, bytes);
+      return algo_of(type, CollectiveAlgo::kRing)
+          .analytical_time(make_call(spec, group), ctx)
+          .value();
+    };
+    const double expected = time(CollectiveType::kReduceScatter) +
+                            time(CollectiveType::kAllGather) - 2 * bytes / 4 / hbm;
+    EXPECT_NEAR(time(CollectiveType::kAllReduce), expected, 1e-12 * expected) << bytes;
   }
 }
 

@@ -9,7 +9,8 @@
 //
 // Usage: flow_bench [--repeat N] [--nodes N] [--case all|a2a|2dh|skew] [--topology synthetic|built]
 //                   [--tolerance REL]   (FlowModelOptions::event_tolerance, default 1e-9)
-//                   [--ecmp hash|spray] (with --topology built: cluster.inter_node.ecmp)
+//                   [--ecmp dmodk|hash|spray] (with --topology built: cluster.inter_node.ecmp,
+//                   default dmodk as in the library)
 //   --topology built uses topology::build_topology (fat_tree) instead of the synthetic fat tree
 //   defined here (same figures; the library picks its own fat-tree shape and ECMP routes).
 #include <sys/resource.h>
@@ -244,7 +245,7 @@ void bench_case(const std::string& name, int repeat,
 
 int main(int argc, char** argv) {
   int repeat = 3, nodes = 512;
-  std::string which = "all", topo_kind = "synthetic", ecmp = "hash";
+  std::string which = "all", topo_kind = "synthetic", ecmp = "dmodk";
   moesim::sim::FlowModelOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -268,11 +269,21 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<moesim::topology::Topology> topo_ptr;
   if (topo_kind == "built") {
-    // The same cluster through the topology library's fat_tree builder (its own ECMP routing).
+    // The same cluster through the topology library's fat_tree builder (its own routing).
     moesim::ClusterSpec spec = SyntheticFatTree::make_spec(nodes);
     spec.gpu.name = "a100-sxm-80gb";
     spec.gpu.from_catalog = true;
-    spec.inter.ecmp_spray = ecmp == "spray";
+    if (ecmp == "dmodk") {
+      spec.inter.ecmp = moesim::EcmpMode::kDmodk;
+    } else if (ecmp == "hash") {
+      spec.inter.ecmp = moesim::EcmpMode::kHash;
+    } else if (ecmp == "spray") {
+      spec.inter.ecmp = moesim::EcmpMode::kSpray;
+    } else {
+      std::fprintf(stderr, "flow_bench: --ecmp: found '%s', expected dmodk, hash or spray\n",
+                   ecmp.c_str());
+      return 2;
+    }
     topo_ptr = moesim::topology::build_topology(spec);
   } else {
     topo_ptr = std::make_unique<SyntheticFatTree>(nodes);

@@ -61,6 +61,19 @@ struct TreeSpec {
   std::vector<TreeSpec> children;  // when !is_leaf
 };
 
+/// How flows use the equal-cost uplinks of a fat tree (or rail-optimized fabric).
+/// - kDmodk (default): destination-mod-k, the static InfiniBand "ftree" routing OpenSM installs:
+///   at every up-going hop a switch picks among its k equal-cost up-ports by the destination's
+///   index (NICs numbered leaf by leaf, port by port) divided by the product of the k's of the
+///   hops below, mod k. Every destination has exactly one spine / core and a dedicated down path,
+///   and shift / all-to-all traffic spreads evenly over the uplinks.
+/// - kHash: each flow takes one path picked by a per-(src, dst, hop) hash (RoCE / Ethernet ECMP;
+///   collisions make some uplinks carry more flows than others).
+/// - kSpray: every flow is split evenly over all equal-cost uplinks (what InfiniBand adaptive
+///   routing approximates), so a switch's parallel uplinks act as one link of their summed
+///   bandwidth.
+enum class EcmpMode { kDmodk, kHash, kSpray };
+
 struct InterNodeSpec {
   InterKind kind = InterKind::kNone;
   BytesPerSecond nic_bandwidth{0};  // per NIC per direction
@@ -69,11 +82,8 @@ struct InterNodeSpec {
   double oversubscription = 1.0;  // fat_tree / rail_optimized: down/up capacity ratio at a leaf
   int switch_radix = 64;          // ports per switch (fat_tree / rail_optimized sizing)
   int levels = 0;                 // fat_tree: 2 or 3; 0 = smallest that fits
-  // fat_tree: how a flow uses the equal-cost uplinks. false (hash, the default): each flow takes
-  // one path, picked by a per-pair hash. true (spray): every flow is split evenly over all of
-  // them (what InfiniBand adaptive routing approximates), so the parallel uplinks of a switch act
-  // as one link of their summed bandwidth.
-  bool ecmp_spray = false;
+  // fat_tree / rail_optimized: how a flow uses the equal-cost uplinks (`inter_node.ecmp`).
+  EcmpMode ecmp = EcmpMode::kDmodk;
   // dragonfly
   int groups = 0;
   int routers_per_group = 0;           // 0 = auto

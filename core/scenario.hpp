@@ -131,6 +131,10 @@ enum class RoutingRole { kEven, kTaMoe, kFasterMoeHir };
 enum class ParallelRole { kP1, kP2, kDegree, kTutelRouter };
 enum class PipelineRole { kDegree, kPipeMoe, kTutelOnline };
 enum class A2aRole { kLinear, k2dh, kAuto };
+  // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time
+  // of each other are handled together, in one recomputation (bounded error of about this much
+  // per event). 1e-9 is the normative model; 1e-3 makes hash-ECMP fat trees tractable.
+  double flow_event_tolerance = 1e-9;
 enum class LayoutRole { kPlain, kFlexible };
 enum class ScheduleRole {
   kNone,

@@ -262,7 +262,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
       {"oversubscription", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kTree}},
       {"switch_radix", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kDragonfly}},
       {"levels", {InterKind::kFatTree}},
-      {"ecmp", {InterKind::kFatTree}},
+      {"ecmp", {InterKind::kFatTree, InterKind::kRailOptimized}},
       {"groups", {InterKind::kDragonfly}},
       {"routers_per_group", {InterKind::kDragonfly}},
       {"global_bandwidth", {InterKind::kDragonfly}},
@@ -303,7 +303,10 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
     if (*v == 1) m.fail("levels", "found 1, expected 2 or 3 (or 0 for the smallest that fits)");
     inter.levels = to_int32(*v);
   }
-  if (auto v = m.get_choice("ecmp", {"hash", "spray"})) inter.ecmp_spray = *v == 1;
+  if (auto v = m.get_choice("ecmp", {"dmodk", "hash", "spray"})) {
+    constexpr EcmpMode kModes[] = {EcmpMode::kDmodk, EcmpMode::kHash, EcmpMode::kSpray};
+    inter.ecmp = kModes[*v];
+  }
   if (k == InterKind::kDragonfly) {
     // 0 = auto (about sqrt(nodes) groups); group sizes may differ by one node.
     if (auto v = m.get_int("groups", 0, nodes)) inter.groups = to_int32(*v);
@@ -717,7 +720,7 @@ EngineSpec parse_engine(const MapReader& root) {
   EngineSpec e;
   if (!root.has("engine")) return e;
   MapReader m = root.get_map("engine", {"network", "message_latency", "message_overhead",
-                                        "launch_overhead", "interference"});
+                                        "launch_overhead", "interference", "flow"});
   if (auto v = get_enum(m, "network", network_model_names())) e.network = *v;
   if (auto v = m.get_quantity("message_latency", UnitKind::kSeconds))
     e.message_latency = Seconds(*v);
@@ -748,6 +751,15 @@ std::optional<E> role_or_degree(const MapReader& m, std::string_view key,
   std::int64_t v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (!s.empty() && ptr == s.data() + s.size()) {
+  if (m.has("flow")) {
+    MapReader f = m.get_map("flow", {"event_tolerance"});
+    if (auto v = f.get_number("event_tolerance")) {
+      if (!(*v > 0 && *v < 0.1))
+        f.fail("event_tolerance",
+               fmt::format("found {}, expected a relative time in (0, 0.1) such as 1e-3", *v));
+      e.flow_event_tolerance = *v;
+    }
+  }
     if (ec != std::errc() || v < 1 || v > 1024)
       m.fail(key, fmt::format("found {}, expected an integer in [1, 1024] or {}", describe(n),
                               yaml::join_alternatives(names)));

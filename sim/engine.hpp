@@ -71,12 +71,16 @@ struct EngineConfig {
   int trace_max_ranks = 64;
   /// Submit groups of one collective that become ready together as one cohort (see above).
   bool merge_ready_groups = true;
+  /// FlowModelOptions::event_tolerance of the flow model (scenario engine.flow.event_tolerance).
+  double flow_event_tolerance = 1e-9;
 };
 
 /// Creates the network model for `kind`: AnalyticalModel (batch-level, contention-free),
 /// FlowModel, or SimgridModel (only when built with SimGrid; InputError otherwise).
+/// flow_event_tolerance: FlowModelOptions::event_tolerance (ignored by the other models).
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,
-                                                 const NetworkParams& params);
+                                                 const NetworkParams& params,
+                                                 double flow_event_tolerance = 1e-9);
 
 /// Runs plan on topo. network == analytical uses closed-form collective times; flow and simgrid
 /// lower collectives into batches for the model make_network_model creates. Validates the plan

@@ -36,8 +36,9 @@
 //
 // Cost: a symmetric collective has few levels and few events (6 for a 16.8 M-flow all-to-all).
 // Unbalanced routes (hash-ECMP collisions, skewed sizes) make nearly every flow finish at its own
-// time; each such event re-solves the flows at or above the finishing level. For large fat trees
-// prefer `inter_node.ecmp: spray` (a symmetric core) or FlowModelOptions::event_tolerance.
+// time; each such event re-solves the flows at or above the finishing level. Fat trees default to
+// d-mod-k routing (`inter_node.ecmp: dmodk`), which loads every uplink equally in all-to-all and
+// shift patterns; with `ecmp: hash` set engine.flow.event_tolerance (FlowModelOptions).
 //
 // Lookahead: next_completion_time() simulates ahead through internal events (flows starting or
 // finishing without completing a batch). A checkpoint of the per-flow state taken before going
@@ -81,7 +82,8 @@ struct FlowModelOptions {
   /// time are handled at that time, in one recomputation. The default, 1e-9, is the normative
   /// model. Larger values (1e-4 .. 1e-3) cut the number of events when routes are unbalanced
   /// (hash-based ECMP makes nearly every flow finish at its own time), at an error of about that
-  /// relative amount per event; see bench/flow_bench --tolerance.
+  /// relative amount per event; see bench/flow_bench --tolerance. Scenario key:
+  /// engine.flow.event_tolerance.
   double event_tolerance = 1e-9;
 };
 

@@ -6,7 +6,8 @@
 // are node 0's shifted by n * (vertices or links per node), so the GPU<->GPU and GPU<->NIC paths
 // inside a node are computed once on node 0 ("templates") and shifted. Between NICs, a table over
 // the fabric switches only gives, for each (switch, destination switch), the equal-cost next
-// hops; route() walks it in O(path length), choosing among next hops by the ECMP hash.
+// hops; route() walks it in O(path length), choosing among next hops by destination-mod-k (the
+// default for fat_tree / rail_optimized: InfiniBand static ftree routing) or by the ECMP hash.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -91,13 +92,27 @@ class StructuredTopology final : public Topology {
     const LinkId base = static_cast<LinkId>(node) * links_per_node_;
     for (std::uint32_t x = 0; x < a.len; ++x) out.push_back(base + tmpl_[a.begin + x]);
   }
+  /// Walks the fabric from switch s to the switch of global NIC g2 (GPU src -> GPU dst).
   template <typename Visit>
-  void walk_fabric(int src, int dst, std::uint32_t s, std::uint32_t d, Visit&& visit) const {
+  void walk_fabric(int src, int dst, std::size_t g2, std::uint32_t s, Visit&& visit) const {
+    const std::uint32_t d = nic_dest_[g2];
     const std::uint32_t target = dest_switch_[d];
+    // d-mod-k: the up-port at a hop with k choices is (index / product of the k's below) mod k,
+    // so destinations spread over every level's ports in turn and each has a single path.
+    std::uint32_t key = nic_order_[g2];
     for (int hop = 0; s != target; ++hop) {
       const std::size_t cell = static_cast<std::size_t>(s) * num_dest_ + d;
       const CandidateRange r = cells_[cell];
-      const Candidate& c = cand_[r.first + ecmp_pick(src, dst, hop, r.count)];
+      std::uint32_t pick = 0;
+      if (r.count > 1) {
+        if (dmodk_) {
+          pick = key % r.count;
+          key /= r.count;
+        } else {
+          pick = ecmp_pick(src, dst, hop, r.count);
+        }
+      }
+      const Candidate& c = cand_[r.first + pick];
       visit(c.link);
       s = c.next;
     }
@@ -123,6 +138,10 @@ class StructuredTopology final : public Topology {
   // Fabric, indexed by global NIC (node * nics + k) and by switch index.
   std::vector<LinkId> nic_up_, nic_down_;
   std::vector<std::uint32_t> nic_switch_, nic_dest_;
+  // d-mod-k destination index per global NIC: NICs numbered switch by switch (in switch index
+  // order), in attachment (port) order within a switch, as OpenSM's ftree numbers them.
+  std::vector<std::uint32_t> nic_order_;
+  bool dmodk_ = false;  // route by d-mod-k instead of the ECMP hash
   std::vector<VertexId> switch_vertex_;
   std::vector<std::uint32_t> dest_switch_;  // destination index -> switch index
   std::uint32_t num_dest_ = 0;
@@ -352,7 +371,7 @@ void StructuredTopology::build_fat_tree() {
   const Seconds half = inter.latency * 0.5;
   std::vector<VertexId> leaf(leaves);
   for (int l = 0; l < leaves; ++l) leaf[l] = add_switch(1, fmt::format("leaf{}", l));
-  if (inter.ecmp_spray) {
+  if (inter.ecmp == EcmpMode::kSpray) {
     // ecmp spray splits every flow evenly over a switch's equal-cost uplinks, so each carries the
     // same share of the traffic: together they are exactly one link of their summed bandwidth.
     up_bw = up_bw * static_cast<double>(up);
@@ -367,7 +386,7 @@ void StructuredTopology::build_fat_tree() {
   } else {
     // Core group j serves aggregation switch j of every pod; `cores` switches per group, enough
     // ports for every pod's uplinks. Aggregation switches are non-blocking (up = down).
-    const int cores = inter.ecmp_spray ? 1 : std::max(1, ceil_div(pods, 2));
+    const int cores = inter.ecmp == EcmpMode::kSpray ? 1 : std::max(1, ceil_div(pods, 2));
     std::vector<VertexId> agg(static_cast<std::size_t>(pods) * up);
     for (int q = 0; q < pods; ++q) {
       for (int j = 0; j < up; ++j) {
@@ -403,6 +422,11 @@ void StructuredTopology::build_rail_optimized() {
   int down = 0, up = 0;
   BytesPerSecond up_bw;
   leaf_ports(1, down, up, up_bw);
+  if (spec_.inter.ecmp == EcmpMode::kSpray) {
+    // As for fat_tree: the uplinks split every flow evenly, so they act as one summed link.
+    up_bw = up_bw * static_cast<double>(up);
+    up = 1;
+  }
   const int per_rail = ceil_div(spec_.nodes, down);
   GraphBuilder b(vertices_, links_);
   const Seconds half = spec_.inter.latency * 0.5;
@@ -677,6 +701,15 @@ void StructuredTopology::build_fabric_tables(const Graph& g) {
   num_dest_ = static_cast<std::uint32_t>(dest_switch_.size());
   nic_dest_.resize(nic_switch_.size());
   for (std::size_t x = 0; x < nic_switch_.size(); ++x) nic_dest_[x] = dest_of[nic_switch_[x]];
+  // d-mod-k numbering. NICs are attached node by node, so within a switch global NIC order is
+  // port order; switches come in index order (leaf0, leaf1, ... / rail0, rail1, ...).
+  dmodk_ = spec_.inter.ecmp == EcmpMode::kDmodk && (spec_.inter.kind == InterKind::kFatTree ||
+                                                    spec_.inter.kind == InterKind::kRailOptimized);
+  std::vector<std::uint32_t> first_of(num_switches + 1, 0);
+  for (std::uint32_t s : nic_switch_) ++first_of[s + 1];
+  for (std::size_t s = 0; s < num_switches; ++s) first_of[s + 1] += first_of[s];
+  nic_order_.resize(nic_switch_.size());
+  for (std::size_t x = 0; x < nic_switch_.size(); ++x) nic_order_[x] = first_of[nic_switch_[x]]++;
 
   auto switch_index = [&](VertexId v) -> std::int32_t {
     return vertices_[v].kind == VertexKind::kSwitch ? vertices_[v].index : -1;
@@ -772,7 +805,7 @@ void StructuredTopology::route(int src, int dst, std::vector<LinkId>& out) const
   const std::size_t g2 = static_cast<std::size_t>(n2) * nics_ + gpu_nic_[j];
   append(up_[i], n1, out);
   out.push_back(nic_up_[g1]);
-  walk_fabric(src, dst, nic_switch_[g1], nic_dest_[g2], [&](LinkId l) { out.push_back(l); });
+  walk_fabric(src, dst, g2, nic_switch_[g1], [&](LinkId l) { out.push_back(l); });
   out.push_back(nic_down_[g2]);
   append(down_[j], n2, out);
 }
@@ -788,7 +821,7 @@ PathSummary StructuredTopology::inter_summary(int src, int dst, int n1, int n2) 
   if (f.uniform) {
     p.add(f.sum);
   } else {
-    walk_fabric(src, dst, s, d, [&](LinkId l) { p.add(links_[l]); });
+    walk_fabric(src, dst, g2, s, [&](LinkId l) { p.add(links_[l]); });
   }
   p.add(links_[nic_down_[g2]]);
   p.add(down_[j].sum);

@@ -35,3 +35,4 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
 }
 
 }  // namespace moesim::app
+  cfg.flow_event_tolerance = sc.engine.flow_event_tolerance;

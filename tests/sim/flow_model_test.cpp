@@ -3,17 +3,20 @@
 // simulator written independently below.
 #include "sim/flow_model.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/cluster_spec.hpp"
 #include "core/error.hpp"
+#include "core/scenario_loader.hpp"
 
 namespace moesim::sim {
 namespace {
@@ -543,8 +546,8 @@ std::vector<double> run_staggered(FlowModel& model,
 }
 
 // 4 nodes x 4 GPUs (NVSwitch), 4 NICs per node, radix-4 switches: a 3-level fat tree (8 leaves of
-// 2 NICs with 2 uplinks, 4 pods) from the topology library, with hash or spray ECMP.
-ClusterSpec small_fat_tree(bool spray) {
+// 2 NICs with 2 uplinks, 4 pods) from the topology library, with the given ECMP mode.
+ClusterSpec small_fat_tree(EcmpMode ecmp) {
   ClusterSpec c;
   c.gpu.name = "a100-sxm-80gb";
   c.nodes = 4;
@@ -558,17 +561,20 @@ ClusterSpec small_fat_tree(bool spray) {
   c.inter.latency = Seconds(2e-6);
   c.inter.switch_radix = 4;
   // Non-blocking (2 NIC ports, 2 uplinks per leaf), but hash collisions still contend.
-  c.inter.ecmp_spray = spray;
+  c.inter.ecmp = ecmp;
   return c;
 }
 
 // Partial re-solves (flows finishing, flows starting while others move) on a built fat tree with
-// contended uplinks, checked against the reference; both ECMP modes.
+// contended uplinks, checked against the reference; every ECMP mode.
 TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
-  for (bool spray : {false, true}) {
-    const auto topo = topology::build_topology(small_fat_tree(spray));
+  for (EcmpMode mode : {EcmpMode::kHash, EcmpMode::kSpray, EcmpMode::kDmodk}) {
+    const auto topo = topology::build_topology(small_fat_tree(mode));
     const int p = topo->num_gpus();
-    std::mt19937 rng(spray ? 7 : 11);
+    const char* name = mode == EcmpMode::kHash    ? "hash"
+                       : mode == EcmpMode::kSpray ? "spray"
+                                                  : "dmodk";
+    std::mt19937 rng(mode == EcmpMode::kHash ? 11 : mode == EcmpMode::kSpray ? 7 : 13);
     std::uniform_int_distribution<int> gpu(0, p - 1), count(1, 40);
     std::uniform_real_distribution<double> size(1e5, 2e7), gap(0, 4e-4);
     std::int64_t partial = 0, solves = 0;
@@ -590,7 +596,7 @@ TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
       const auto got = run_staggered(model, batches, starts);
       for (int b = 0; b < num_batches; ++b) {
         EXPECT_NEAR(got[b], expected[b], 1e-7 * expected[b] + 1e-12)
-            << (spray ? "spray" : "hash") << " trial " << trial << " batch " << b;
+            << name << " trial " << trial << " batch " << b;
       }
       // Conservation: every byte crossed every link of its route once.
       double expected_bytes = 0, got_bytes = 0;
@@ -608,7 +614,7 @@ TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
       solves += model.stats().solves;
     }
     // Most events re-solved only part of the flows.
-    EXPECT_GT(partial, solves / 2) << (spray ? "spray" : "hash");
+    EXPECT_GT(partial, solves / 2) << name;
   }
 }
 
@@ -616,8 +622,8 @@ TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
 // inter-node flows share one rate and finish together (few events), never later than with hash
 // collisions, and the leaves' summed uplink capacity is the same in both modes.
 TEST(FlowModel, SprayEcmpMakesTheFabricSymmetric) {
-  const auto hash = topology::build_topology(small_fat_tree(false));
-  const auto spray = topology::build_topology(small_fat_tree(true));
+  const auto hash = topology::build_topology(small_fat_tree(EcmpMode::kHash));
+  const auto spray = topology::build_topology(small_fat_tree(EcmpMode::kSpray));
   auto uplink_capacity = [](const topology::Topology& topo) {
     double sum = 0;
     for (const auto& l : topo.links()) {
@@ -643,6 +649,93 @@ TEST(FlowModel, SprayEcmpMakesTheFabricSymmetric) {
   // The same against the reference, for the spray fabric.
   const auto expected = reference_completions(*spray, {a2a}, {0.0});
   expect_time(t_spray, expected[0]);
+}
+
+// d-mod-k (the fat_tree default) on a 2-leaf fat tree: 2 nodes x 8 GPUs (NVSwitch 300 GB/s,
+// PCIe 32 GB/s to the GPU's own 25 GB/s NIC), radix 16: two leaves of 8 NIC ports, 8 uplinks of
+// 25 GB/s to 8 spines. In a linear all-to-all of B bytes per pair every cross-leaf flow shares
+// each link of its route with exactly 7 others (its NIC's 8 remote destinations, its spine's 8
+// sources, its destination NIC's 8 sources), so all 128 get 25/8 GB/s and finish together at
+// route latency (0.5 + 1 + 1 + 1 + 1 + 0.5 us) + B / 3.125 GB/s. The intra-node flows (7 per
+// NVSwitch port, 300/7 GB/s) are done long before. Hash collisions can only be slower.
+TEST(FlowModel, DmodkLinearAllToAllOnTwoLeavesHandComputed) {
+  ClusterSpec c = small_fat_tree(EcmpMode::kDmodk);
+  c.nodes = 2;
+  c.gpus_per_node = 8;
+  c.inter.nics_per_node = 8;
+  c.inter.switch_radix = 16;
+  const auto topo = topology::build_topology(c);
+  const double bytes = 25e6;
+  std::vector<Transfer> a2a;
+  for (int s = 0; s < 16; ++s) {
+    for (int d = 0; d < 16; ++d) a2a.push_back({s, d, bytes});
+  }
+  FlowModel model(*topo);
+  const double t = run_one(model, a2a);
+  expect_time(t, 5 * kUs + bytes / (25 * kGB / 8));
+  // Two rate levels (intra-node, inter-node): the intra flows finish, then the inter flows.
+  EXPECT_LE(model.stats().events, 4);
+
+  c.inter.ecmp = EcmpMode::kHash;
+  const auto hash_topo = topology::build_topology(c);
+  FlowModel hash_model(*hash_topo);
+  EXPECT_GE(run_one(hash_model, a2a), t * (1 - 1e-9));
+}
+
+// The scenario keys of this engine and routing: cluster.inter_node.ecmp (default dmodk, also on
+// rail_optimized) and engine.flow.event_tolerance (default 1e-9, in (0, 0.1)).
+std::string scenario_yaml(const std::string& inter_extra, const std::string& engine) {
+  return "name: t\ndescription: t\ncluster:\n  gpu: a100-sxm-80gb\n  nodes: 4\n"
+         "  gpus_per_node: 8\n  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}\n"
+         "  inter_node:\n    nic_bandwidth: 200Gb/s\n    nics_per_node: 8\n" +
+         inter_extra +
+         "model: {mode: training, layers: 1, moe_every: 1, batch_per_gpu: 1, seq_len: 128, "
+         "model_dim: 256, hidden_dim: 256, experts_per_gpu: 1, top_k: 1}\n"
+         "parallelism: {ep: 32, esp: 1, mp: 1, dp: auto}\n" +
+         engine + "strategies:\n  - {name: baseline}\n";
+}
+
+TEST(FlowModel, ScenarioKeysForRoutingAndEventTolerance) {
+  const std::string fat = "    kind: fat_tree\n    switch_radix: 8\n";
+  Scenario s = parse_scenario_string(scenario_yaml(fat, ""), "t.yaml");
+  EXPECT_EQ(s.cluster.inter.ecmp, EcmpMode::kDmodk);
+  EXPECT_EQ(s.engine.flow_event_tolerance, 1e-9);
+  const std::pair<const char*, EcmpMode> modes[] = {
+      {"dmodk", EcmpMode::kDmodk}, {"hash", EcmpMode::kHash}, {"spray", EcmpMode::kSpray}};
+  for (const auto& [name, mode] : modes) {
+    s = parse_scenario_string(scenario_yaml(fat + "    ecmp: " + name + "\n", ""), "t.yaml");
+    EXPECT_EQ(s.cluster.inter.ecmp, mode) << name;
+    s = parse_scenario_string(
+        scenario_yaml(
+            "    kind: rail_optimized\n    switch_radix: 8\n    ecmp: " + std::string(name) + "\n",
+            ""),
+        "t.yaml");
+    EXPECT_EQ(s.cluster.inter.ecmp, mode) << name;
+  }
+  s = parse_scenario_string(scenario_yaml(fat, "engine: {flow: {event_tolerance: 1e-3}}\n"),
+                            "t.yaml");
+  EXPECT_EQ(s.engine.flow_event_tolerance, 1e-3);
+
+  auto error_of = [](const std::string& yaml) {
+    try {
+      parse_scenario_string(yaml, "t.yaml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(error_of(scenario_yaml(fat + "    ecmp: adaptive\n", "")),
+              ::testing::HasSubstr("ecmp"));
+  EXPECT_THAT(error_of(scenario_yaml("    kind: dragonfly\n    ecmp: dmodk\n", "")),
+              ::testing::HasSubstr("'ecmp' applies only to kind"));
+  for (const char* bad : {"0", "0.5", "-1e-3"}) {
+    EXPECT_THAT(error_of(scenario_yaml(
+                    fat, std::string("engine: {flow: {event_tolerance: ") + bad + "}}\n")),
+                ::testing::HasSubstr("engine.flow.event_tolerance"))
+        << bad;
+  }
+  EXPECT_THAT(error_of(scenario_yaml(fat, "engine: {flow: {tolerance: 1e-3}}\n")),
+              ::testing::HasSubstr("tolerance"));
 }
 
 }  // namespace

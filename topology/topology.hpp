@@ -76,8 +76,10 @@ class Topology {
   VertexId gpu_vertex(int gpu) const { return gpu_vertex_[gpu]; }
 
   /// Appends the directed links from GPU src to GPU dst (src != dst) to `out`. Shortest path
-  /// (hop count); among equal-cost next hops one is chosen by a deterministic hash of
-  /// (src, dst, hop) (ECMP). GPUs are never transit vertices except on nvlink_ring nodes.
+  /// (hop count); among equal-cost fabric next hops, fat_tree and rail_optimized follow
+  /// cluster.inter_node.ecmp (default d-mod-k: up-port by destination NIC index, see EcmpMode),
+  /// everything else (and intra-node alternatives) a deterministic hash of (src, dst, hop).
+  /// GPUs are never transit vertices except on nvlink_ring nodes.
   /// O(path length), allocates nothing beyond appending to `out`.
   virtual void route(int src, int dst, std::vector<LinkId>& out) const = 0;
   /// alpha/beta of the route(src, dst) path (src == dst: zero latency at HBM bandwidth).
@@ -127,7 +129,8 @@ class Topology {
 /// - fat_tree: a leaf has round(radix * o / (1 + o)) NIC ports (whole nodes per leaf when they
 ///   fit) and round(ports / o) uplinks, one per spine (per pod aggregation switch in 3 levels);
 ///   parallel cables are one link of summed bandwidth. 3 levels: radix/2 leaves per pod, core
-///   groups of ceil(pods / 2) switches per aggregation index.
+///   groups of ceil(pods / 2) switches per aggregation index. ecmp spray: one summed uplink per
+///   leaf (and per aggregation switch), one spine / core.
 /// - rail_optimized: NIC k of every node on rail k (several leaves per rail when the nodes do not
 ///   fit one), every rail leaf to every spine, sized as fat_tree leaves.
 /// - dragonfly: node n in group floor(n * groups / nodes) (0 groups = ceil(sqrt(nodes))), spread

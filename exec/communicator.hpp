@@ -1,8 +1,9 @@
 // The communicator abstraction of the real backend (DESIGN §4.2): what the executor needs from
-// MPI (host path) or NCCL (GPU path). Buffers are plain byte ranges in the memory the backend
-// works on (host memory for MPI; the NCCL communicator stages host buffers through the device,
-// see nccl_communicator.hpp). Ranks are global (MPI_COMM_WORLD) ranks; groups are lists of
-// global ranks in group order, as in core/plan.hpp's Grouping.
+// MPI (host path) or NCCL (GPU path). Buffers of this interface are host byte ranges (the NCCL
+// communicator stages them through the device; its device-buffer mode, used by the executor's
+// GPU path, takes device pointers and a stream per call, see nccl_communicator.hpp). Ranks are
+// global (MPI_COMM_WORLD) ranks; groups are lists of global ranks in group order, as in
+// core/plan.hpp's Grouping.
 //
 // Every blocking call is bounded by a timeout (ExecError instead of a hang, DESIGN §4.2 "never a
 // hang"): a peer that died or never posts its half of an exchange is reported by name.
@@ -36,11 +37,14 @@ struct RecvSpec {
   std::size_t bytes = 0;
 };
 
+// What the MPI and the NCCL communicator share lives here: the world rank and size (both bind to
+// MPI_COMM_WORLD's numbering), and the host-buffer interface below. The NCCL communicator adds a
+// device-buffer mode of its own (nccl_communicator.hpp) for the executor's GPU path.
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   /// "mpi" or "nccl": the RunResult::backend string.
   virtual std::string_view name() const = 0;
 
@@ -65,6 +69,9 @@ class Communicator {
   virtual void reduce_scatter_sum(const float* in, float* out, std::size_t count,
                                   std::span<const int> group) = 0;
   virtual void barrier() = 0;
+
+ protected:
+  int rank_ = 0, size_ = 1;  // set by the derived constructor from MPI_COMM_WORLD
 };
 
 /// Seconds a blocking call may wait before ExecError: $MOESIM_EXEC_TIMEOUT_S, default 120.

@@ -8,15 +8,26 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <queue>
 
+#include "exec/cuda_executor.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/plan_builder.hpp"
 #include "topology/topology.hpp"
+#ifdef MOESIM_HAVE_NCCL
+#include "exec/nccl_communicator.hpp"
+#endif
 
 namespace moesim::exec {
+
+#ifndef MOESIM_HAVE_NCCL
+// Without NCCL the GPU path is never created; unique_ptr<DevicePath> still needs a destructor.
+struct DevicePath::Impl {};
+DevicePath::~DevicePath() = default;
+#endif
 
 namespace {
 
@@ -24,15 +35,25 @@ using Clock = std::chrono::steady_clock;
 namespace kc = kernels::cpu;
 constexpr auto kF32 = kernels::DType::kF32;
 
-// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
-// "L{block}.fwd.{what}[.c{j}]" are part of the plan builder's contract).
-struct MoeOpRef {
-  enum Kind { kNone, kGate, kEncode, kDispatch, kFc1, kFc2, kCombine, kDecode } kind = kNone;
-  int block = -1;
-  int chunk = -1;  // 0-based
-};
+std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
-MoeOpRef parse_label(const std::string& label) {
+kernels::DType kernel_dtype(Dtype d) {
+  switch (d) {
+    case Dtype::kFp32:
+    case Dtype::kTf32:
+      return kernels::DType::kF32;
+    case Dtype::kBf16:
+      return kernels::DType::kBF16;
+    case Dtype::kFp16:
+    case Dtype::kFp8:  // no fp8 kernels: fp8 scenarios run their data in fp16
+      return kernels::DType::kF16;
+  }
+  return kernels::DType::kF32;
+}
+
+}  // namespace
+
+MoeOpRef parse_moe_label(const std::string& label) {
   MoeOpRef ref;
   int block = -1, consumed = 0;
   if (std::sscanf(label.c_str(), "L%d.fwd.%n", &block, &consumed) < 1 || consumed == 0) return ref;
@@ -59,17 +80,70 @@ MoeOpRef parse_label(const std::string& label) {
   return ref;
 }
 
-std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
+int moe_layer_of_block(int block, int moe_every) {
+  return (block + 1) / std::max(1, moe_every) - 1;
+}
 
-}  // namespace
+std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_experts) {
+  std::vector<MoeLayerPlan> layers;
+  std::map<int, int> block_to_layer;
+  for (const Op& op : plan.ops()) {
+    MoeOpRef ref = parse_moe_label(op.label);
+    if (ref.kind == MoeOpRef::kNone) continue;
+    if (!block_to_layer.count(ref.block)) {
+      block_to_layer[ref.block] = static_cast<int>(layers.size());
+      layers.emplace_back();
+      layers.back().moe = static_cast<int>(layers.size()) - 1;
+    }
+    MoeLayerPlan& L = layers[block_to_layer[ref.block]];
+    if (ref.kind == MoeOpRef::kFc1) {
+      const GemmShape& g = *op.compute().gemm;
+      MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
+      L.caps.push_back(
+          static_cast<int>(g.m * g.batch / (static_cast<std::int64_t>(ep) * local_experts)));
+    }
+    if (ref.kind == MoeOpRef::kDispatch) L.has_a2a = true;
+  }
+  for (MoeLayerPlan& L : layers) {
+    L.offset.assign(L.caps.size(), 0);
+    for (size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
+    L.capacity = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
+  }
+  return layers;
+}
 
-// One MoE layer's buffers on this rank (fp32). Chunk j covers capacity slots
-// [offset[j], offset[j] + caps[j]) of every expert.
-struct Executor::Layer {
-  int moe = 0;
-  std::vector<int> caps, offset;
-  int capacity = 0;
-  bool has_a2a = false;
+std::vector<OpId> priority_issue_order(const Plan& plan) {
+  const auto& ops = plan.ops();
+  std::vector<int> waiting(ops.size(), 0);
+  std::vector<std::vector<OpId>> next(ops.size());
+  for (const Op& op : ops)
+    for (OpId d : op.deps) {
+      ++waiting[op.id];
+      next[d].push_back(op.id);
+    }
+  // Ready ops by (highest priority, lowest id).
+  auto later = [&](OpId a, OpId b) {
+    if (ops[a].priority != ops[b].priority) return ops[a].priority < ops[b].priority;
+    return a > b;
+  };
+  std::priority_queue<OpId, std::vector<OpId>, decltype(later)> ready(later);
+  for (const Op& op : ops)
+    if (waiting[op.id] == 0) ready.push(op.id);
+  std::vector<OpId> order;
+  order.reserve(ops.size());
+  while (!ready.empty()) {
+    const OpId id = ready.top();
+    ready.pop();
+    order.push_back(id);
+    for (OpId n : next[id])
+      if (--waiting[n] == 0) ready.push(n);
+  }
+  MOESIM_ASSERT(order.size() == ops.size(), "plan has a dependency cycle");
+  return order;
+}
+
+// One MoE layer's host buffers on this rank (fp32; the GPU path keeps only the plan part).
+struct Executor::Layer : MoeLayerPlan {
   std::vector<float> gate_w;
   std::vector<std::vector<float>> w1, w2;  // local experts
   std::vector<float> x, logits, weight;
@@ -89,6 +163,14 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
     throw InputError(
         "--check: the host data path runs MoE layers with esp = 1 and unsharded experts "
         "(experts_per_gpu >= 1); this scenario has neither");
+  tolerance_ = options_.tolerance;
+#ifdef MOESIM_HAVE_NCCL
+  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm_)) {
+    const kernels::DType dt = kernel_dtype(md.dtype);
+    tolerance_ = std::max(tolerance_, check_tolerance(dt));
+    device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_);
+  }
+#endif
 }
 
 Executor::~Executor() = default;
@@ -113,27 +195,14 @@ RunResult Executor::run(const Plan& plan) {
   const int dE = md.local_experts();
   const auto wall0 = Clock::now();
 
-  // Per MoE layer: chunk capacities from the expert fc1 GEMMs (c_j = m * batch / (W * dE) in both
-  // the plain and the flexible layout when esp = rho = n = 1, docs/model.md).
   layers_.clear();
-  std::map<int, int> block_to_layer;
   if (data_path_) {
-    for (const Op& op : plan.ops()) {
-      MoeOpRef ref = parse_label(op.label);
-      if (ref.kind == MoeOpRef::kNone) continue;
-      if (!block_to_layer.count(ref.block)) {
-        block_to_layer[ref.block] = static_cast<int>(layers_.size());
-        layers_.push_back(std::make_unique<Layer>());
-        layers_.back()->moe = static_cast<int>(layers_.size()) - 1;
-      }
-      Layer& L = *layers_[block_to_layer[ref.block]];
-      if (ref.kind == MoeOpRef::kFc1) {
-        const GemmShape& g = *op.compute().gemm;
-        MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
-        L.caps.push_back(static_cast<int>(g.m * g.batch / (static_cast<std::int64_t>(W) * dE)));
-      }
-      if (ref.kind == MoeOpRef::kDispatch) L.has_a2a = true;
+    for (MoeLayerPlan& lp : plan_moe_layers(plan, W, dE)) {
+      layers_.push_back(std::make_unique<Layer>());
+      static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
     }
+  }
+  if (data_path_ && !device_) {
     // Position of this rank in its EP group: its experts are position * dE + le.
     const auto groups = strategies::make_groups(sc_);
     int pos = -1;
@@ -144,9 +213,6 @@ RunResult Executor::run(const Plan& plan) {
     const std::uint64_t seed = sc_.workload.routing.seed;
     for (auto& lp : layers_) {
       Layer& L = *lp;
-      L.offset.assign(L.caps.size(), 0);
-      for (size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
-      L.capacity = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
       L.gate_w = make_gate_weights(shape_, seed, L.moe);
       for (int le = 0; le < dE; ++le) {
         L.w1.push_back(make_w1(shape_, seed, L.moe, pos * dE + le));
@@ -159,16 +225,36 @@ RunResult Executor::run(const Plan& plan) {
   }
 
   collective_algo_.assign(plan.ops().size(), -1);
-  session_.barrier("start of the step");
-  const auto t0 = Clock::now();
   std::vector<double> mine;  // (start, end) of every op of this rank, in op order
-  for (const Op& op : plan.ops()) {
-    if (!op.ranks.contains(me)) continue;
-    const double start = std::chrono::duration<double>(Clock::now() - t0).count();
-    run_op(plan, op);
-    const double end = std::chrono::duration<double>(Clock::now() - t0).count();
-    mine.push_back(start);
-    mine.push_back(end);
+  outputs_.clear();
+  dropped_.clear();
+  if (device_) {
+#ifdef MOESIM_HAVE_NCCL
+    std::vector<MoeLayerPlan> lps;
+    for (const auto& lp : layers_) lps.push_back(*lp);
+    DeviceStep step = device_->run(plan, lps, iteration_, collective_algo_,
+                                   [this] { session_.barrier("start of the step"); });
+    mine = std::move(step.times);
+    outputs_ = std::move(step.outputs);
+    dropped_ = std::move(step.dropped);
+#endif
+  } else {
+    session_.barrier("start of the step");
+    const auto t0 = Clock::now();
+    for (const Op& op : plan.ops()) {
+      if (!op.ranks.contains(me)) continue;
+      const double start = std::chrono::duration<double>(Clock::now() - t0).count();
+      run_op(plan, op);
+      const double end = std::chrono::duration<double>(Clock::now() - t0).count();
+      mine.push_back(start);
+      mine.push_back(end);
+    }
+    for (auto& lp : layers_) {
+      outputs_.push_back(lp->y);
+      long long d = 0;
+      for (auto sl : lp->slot) d += sl < 0 ? 1 : 0;
+      dropped_.push_back(d);
+    }
   }
 
   // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
@@ -215,14 +301,6 @@ RunResult Executor::run(const Plan& plan) {
   }
   summarize_run(plan, result);
 
-  outputs_.clear();
-  dropped_.clear();
-  for (auto& lp : layers_) {
-    outputs_.push_back(lp->y);
-    long long d = 0;
-    for (auto s : lp->slot) d += s < 0 ? 1 : 0;
-    dropped_.push_back(d);
-  }
   if (options_.check) check_layers();
   ++iteration_;
   result.wall_s =
@@ -232,12 +310,10 @@ RunResult Executor::run(const Plan& plan) {
 }
 
 void Executor::run_op(const Plan& plan, const Op& op) {
-  MoeOpRef ref = data_path_ ? parse_label(op.label) : MoeOpRef{};
+  MoeOpRef ref = data_path_ ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
-    // Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
-    const int moe_every = std::max(1, sc_.model.moe_every);
-    const int moe = (ref.block + 1) / moe_every - 1;
+    const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers_.size()), "MoE layer out of range");
     L = layers_[moe].get();
   }
@@ -403,15 +479,22 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
           send_bytes = static_cast<std::size_t>(m->row_sum(pos).value());
           recv_bytes = static_cast<std::size_t>(m->col_sum(pos).value());
         } else {
-          // Whole 4-byte elements in every one of the W chunks, so no offset is fractional.
-          send_bytes = recv_bytes = round_up(std::max<std::size_t>(bytes, 1), 4 * W);
+          // Whole 4-byte elements in every one of the W chunks, so no offset is fractional (SAA
+          // also cuts each chunk into n <= 8 slices: a multiple of lcm(1..8) = 840 elements).
+          const std::size_t unit = 4 * W * (spec.algo == CollectiveAlgo::kSaa ? 840 : 1);
+          send_bytes = recv_bytes = round_up(std::max<std::size_t>(bytes, 1), unit);
           s.bytes = Bytes(static_cast<double>(send_bytes));
         }
         const auto& algo = collectives::select_algorithm(call, cctx);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
+        // SAA (Parm): receives the all-to-all all-gathered over the sub-group, m * S bytes.
+        const SaaLayout saa{static_cast<int>(W), std::max(1, s.sub_group),
+                            static_cast<double>(send_bytes)};
+        const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
+        if (is_saa) recv_bytes = send_bytes * static_cast<std::size_t>(saa.sub_group);
         std::vector<std::byte> send(send_bytes, std::byte{1}), recv(recv_bytes);
         run_phases(comm_, algo.lower(call, topo_), send.data(), send.size(), recv.data(),
-                   recv.size(), op.id % 32000);
+                   recv.size(), op.id % 32000, is_saa ? &saa : nullptr);
         break;
       }
       case CollectiveType::kAllReduce: {
@@ -445,11 +528,10 @@ void Executor::check_layers() {
   const std::uint64_t seed = sc_.workload.routing.seed;
   const int P = comm_.size();
   const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
-  for (auto& lp : layers_) {
-    const Layer& L = *lp;
-    std::vector<float> all = session_.gather_floats(L.y);
-    long long my_drops = 0;
-    for (auto s : L.slot) my_drops += s < 0 ? 1 : 0;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& L = *layers_[li];
+    std::vector<float> all = session_.gather_floats(outputs_[li]);
+    const long long my_drops = dropped_[li];
     LayerCheck chk;
     chk.iteration = iteration_;
     chk.layer = L.moe;
@@ -471,7 +553,7 @@ void Executor::check_layers() {
         for (std::size_t i = 0; i < per_rank; ++i) {
           const double got = all.size() == per_rank * P ? all[r * per_rank + i] : NAN;
           const double err = std::fabs(got - ref[i]);
-          if (!(err <= options_.tolerance * (1.0 + std::fabs(ref[i])))) ++wrong;
+          if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;
           if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
         }
       }

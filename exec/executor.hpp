@@ -18,12 +18,19 @@
 // the measured per-op times are gathered to every rank so each rank's strategy stack sees the same
 // RunResult and takes the same next decision.
 //
+// GPU path (the communicator is an NcclCommunicator; exec/cuda_executor.hpp): the same ops on
+// device buffers in the scenario's dtype, one CUDA stream per plan stream, deps across streams as
+// CUDA events, the CUDA kernels and cuBLAS for the MoE forward, NCCL for the collectives, op
+// times from CUDA event pairs read after the step's final synchronize; ops are issued in
+// priority_issue_order() (Lina). The timing gather and the RunResult are shared with the host path.
+//
 // The MoE data path needs esp = 1 and unsharded experts (no partial sums); other scenarios run
 // with scratch buffers only and `check` is refused (InputError).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/run_result.hpp"
@@ -43,9 +50,41 @@ class MpiSession;
 struct ExecOptions {
   bool check = false;  // compare every MoE layer with the single-process reference
   /// Relative tolerance of the check: |y - ref| <= tol * (1 + |ref|) (fp32 kernels against a
-  /// double-accumulating reference).
+  /// double-accumulating reference). The GPU path runs the scenario's dtype and uses
+  /// max(tolerance, check_tolerance(dtype)) (exec/moe_data.hpp).
   double tolerance = 1e-4;
 };
+
+/// One MoE layer of the plan as the data path runs it (host and GPU path). Chunk j covers
+/// capacity slots [offset[j], offset[j] + caps[j]) of every expert.
+struct MoeLayerPlan {
+  int moe = 0;  // MoE layer number
+  std::vector<int> caps, offset;
+  int capacity = 0;
+  bool has_a2a = false;  // dispatch / combine all-to-alls (false: W = 1, experts local)
+};
+
+/// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
+/// "L{block}.fwd.{what}[.c{j}]" are part of the plan builder's contract).
+struct MoeOpRef {
+  enum Kind { kNone, kGate, kEncode, kDispatch, kFc1, kFc2, kCombine, kDecode } kind = kNone;
+  int block = -1;
+  int chunk = -1;  // 0-based
+};
+MoeOpRef parse_moe_label(const std::string& label);
+/// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
+int moe_layer_of_block(int block, int moe_every);
+/// The MoE layers of `plan` (chunk capacities from the expert fc1 GEMMs: c_j = m * batch /
+/// (W * dE) in both the plain and the flexible layout when esp = rho = n = 1, docs/model.md).
+std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_experts);
+
+/// The GPU path's issue order: a topological order of the plan in which, among the ops whose deps
+/// are all issued, the highest Op::priority goes first, then the lowest id (Lina: the all-to-alls
+/// before gradient micro-ops; plain plans keep id order). It depends on the plan alone, so every
+/// rank issues its collectives in the same order (NCCL's requirement).
+std::vector<OpId> priority_issue_order(const Plan& plan);
+
+class DevicePath;
 
 /// Result of checking one MoE layer of one iteration (identical on every rank).
 struct LayerCheck {
@@ -80,6 +119,8 @@ class Executor {
   bool has_data_path() const { return data_path_; }
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
+  /// True when ops run on the GPU (NCCL communicator); false on the host path.
+  bool on_device() const { return device_ != nullptr; }
 
  private:
   struct Layer;
@@ -100,6 +141,8 @@ class Executor {
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
+  std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
+  double tolerance_ = 0;                       // of the check, for this path's dtype
 };
 
 }  // namespace moesim::exec

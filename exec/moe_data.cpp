@@ -137,4 +137,16 @@ std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& 
   return y;
 }
 
+double check_tolerance(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kF32:
+      return 1e-4;
+    case kernels::DType::kF16:
+      return 1e-2;
+    case kernels::DType::kBF16:
+      return 5e-2;
+  }
+  return 1e-4;
+}
+
 }  // namespace moesim::exec

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/moe_kernels.hpp"
+
 namespace moesim::exec {
 
 /// Shape of one MoE layer as the executor runs it (fp32 on the host path).
@@ -53,5 +55,14 @@ std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& 
                                    const std::vector<std::vector<float>>& w1,
                                    const std::vector<std::vector<float>>& w2, int capacity,
                                    long long* dropped);
+
+/// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
+/// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4. fp16: 1e-2 and bf16: 5e-2,
+/// i.e. about 20 and 13 units of the dtype's rounding (2^-11, 2^-8) of an output of size 1: the
+/// tokens, weights, hidden activations and expert outputs are each rounded once to the dtype
+/// (inputs of the reference are not), and every product accumulates in fp32. The gate runs in
+/// fp32 on fp32 tokens on every path, so routing and drops match the reference exactly.
+/// tests/exec/moe_dtype_test.cpp checks these bounds with the CPU kernels in each dtype.
+double check_tolerance(kernels::DType dtype);
 
 }  // namespace moesim::exec

@@ -62,8 +62,6 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator();
   ~MpiCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string_view name() const override { return "mpi"; }
 
   void exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, int tag) override;
@@ -81,7 +79,6 @@ class MpiCommunicator : public Communicator {
  private:
   MPI_Comm group_comm(std::span<const int> group);
 
-  int rank_ = 0, size_ = 1;
   std::map<std::vector<int>, MPI_Comm> comms_;
 };
 

@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "exec/mpi_communicator.hpp"
@@ -26,13 +29,57 @@ void nccl_check(ncclResult_t rc, const char* what, const char* file, int line) {
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
 
+ncclDataType_t nccl_type(kernels::DType d) {
+  switch (d) {
+    case kernels::DType::kF32:
+      return ncclFloat32;
+    case kernels::DType::kF16:
+      return ncclFloat16;
+    case kernels::DType::kBF16:
+      return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+
 }  // namespace
 
 struct NcclCommunicator::Impl {
-  ncclComm_t comm = nullptr;
+  int device = 0;
+  ncclComm_t comm = nullptr;  // the world communicator (host-buffer mode, barrier, splits)
   cudaStream_t stream = nullptr;
   std::byte* dev = nullptr;
   std::size_t dev_bytes = 0;
+  std::vector<ncclComm_t> channels;  // device mode: one world communicator per channel
+  // device mode: (grouping's groups, channel) -> this rank's group communicator (null outside).
+  std::map<std::pair<std::vector<std::vector<int>>, int>, ncclComm_t> groups;
+
+  ncclComm_t group_comm(const Grouping& g, int channel) const {
+    auto it = groups.find({g.groups, channel});
+    if (it == groups.end() || it->second == nullptr)
+      throw ExecError(
+          fmt::format("no NCCL communicator for grouping '{}' on channel {} (call "
+                      "prepare_group first; is this rank a member?)",
+                      g.name, channel));
+    return it->second;
+  }
+
+  // Aborts every communicator (after an error or a timeout nothing on them can complete).
+  void abort_all() {
+    for (auto& [key, c] : groups)
+      if (c) {
+        ncclCommAbort(c);
+        c = nullptr;
+      }
+    for (auto& c : channels)
+      if (c) {
+        ncclCommAbort(c);
+        c = nullptr;
+      }
+    if (comm) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
 
   std::byte* device_buffer(std::size_t bytes) {
     if (bytes > dev_bytes) {
@@ -57,8 +104,7 @@ struct NcclCommunicator::Impl {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (async != ncclSuccess || waited > limit) {
-        ncclCommAbort(comm);
-        comm = nullptr;
+        abort_all();
         throw ExecError(
             async != ncclSuccess
                 ? fmt::format("NCCL error during {}: {}", what, ncclGetErrorString(async))
@@ -75,7 +121,8 @@ NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_
   int devices = 0;
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (devices == 0) throw ExecError("--backend nccl: no CUDA device on this host");
-  CUDA_CHECK(cudaSetDevice(session.local_rank() % devices));
+  impl_->device = session.local_rank() % devices;
+  CUDA_CHECK(cudaSetDevice(impl_->device));
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   std::vector<MPI_Request> req(1);
@@ -86,6 +133,10 @@ NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  for (auto& [key, c] : impl_->groups)
+    if (c) ncclCommDestroy(c);
+  for (auto c : impl_->channels)
+    if (c) ncclCommDestroy(c);
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->dev) cudaFree(impl_->dev);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
@@ -200,6 +251,111 @@ void NcclCommunicator::barrier() {
   CUDA_CHECK(cudaMemcpyAsync(dev, &one, sizeof(float), cudaMemcpyHostToDevice, impl_->stream));
   NCCL_CHECK(ncclAllReduce(dev, dev, 1, ncclFloat, ncclSum, impl_->comm, impl_->stream));
   impl_->wait("NCCL barrier");
+}
+
+// --- Device-buffer mode
+// ----------------------------------------------------------------------------
+
+int NcclCommunicator::device() const { return impl_->device; }
+
+void NcclCommunicator::prepare_channels(int channels) {
+  while (static_cast<int>(impl_->channels.size()) < channels) {
+    ncclComm_t c = nullptr;
+    NCCL_CHECK(ncclCommSplit(impl_->comm, 0, rank_, &c, nullptr));
+    impl_->channels.push_back(c);
+  }
+}
+
+void NcclCommunicator::prepare_group(const Grouping& g, int channel) {
+  auto key = std::make_pair(g.groups, channel);
+  if (impl_->groups.count(key)) return;
+  int color = NCCL_SPLIT_NOCOLOR, position = 0;
+  for (size_t gi = 0; gi < g.groups.size(); ++gi) {
+    auto it = std::find(g.groups[gi].begin(), g.groups[gi].end(), rank_);
+    if (it == g.groups[gi].end()) continue;
+    color = static_cast<int>(gi);
+    position = static_cast<int>(it - g.groups[gi].begin());
+  }
+  ncclComm_t c = nullptr;
+  NCCL_CHECK(ncclCommSplit(impl_->comm, color, position, &c, nullptr));
+  impl_->groups.emplace(std::move(key), c);
+}
+
+void NcclCommunicator::exchange_on(int channel, Stream stream, std::span<const SendSpec> sends,
+                                   std::span<const RecvSpec> recvs) {
+  if (channel < 0 || channel >= static_cast<int>(impl_->channels.size()))
+    throw ExecError(fmt::format("NCCL channel {} not prepared", channel));
+  ncclComm_t c = impl_->channels[channel];
+  NCCL_CHECK(ncclGroupStart());
+  for (const auto& snd : sends)
+    if (snd.bytes > 0) NCCL_CHECK(ncclSend(snd.data, snd.bytes, ncclChar, snd.peer, c, stream));
+  for (const auto& r : recvs)
+    if (r.bytes > 0) NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclChar, r.peer, c, stream));
+  NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::all_reduce_on(const Grouping& g, int channel, Stream stream, void* data,
+                                     std::size_t count, kernels::DType dtype) {
+  if (count == 0) return;
+  NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum,
+                           impl_->group_comm(g, channel), stream));
+}
+
+void NcclCommunicator::all_gather_on(const Grouping& g, int channel, Stream stream, const void* in,
+                                     std::size_t bytes, void* out) {
+  if (bytes == 0) return;
+  NCCL_CHECK(ncclAllGather(in, out, bytes, ncclChar, impl_->group_comm(g, channel), stream));
+}
+
+void NcclCommunicator::reduce_scatter_on(const Grouping& g, int channel, Stream stream,
+                                         const void* in, void* out, std::size_t count,
+                                         kernels::DType dtype) {
+  if (count == 0) return;
+  NCCL_CHECK(ncclReduceScatter(in, out, count, nccl_type(dtype), ncclSum,
+                               impl_->group_comm(g, channel), stream));
+}
+
+void NcclCommunicator::wait_streams(std::span<const Stream> streams, const std::string& what) {
+  const double limit = exec_timeout_s();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long polls = 0;; ++polls) {
+    bool idle = true;
+    for (Stream st : streams) {
+      const cudaError_t q = cudaStreamQuery(st);
+      if (q == cudaErrorNotReady) {
+        idle = false;
+        break;
+      }
+      if (q != cudaSuccess) {
+        impl_->abort_all();
+        CUDA_CHECK(q);
+      }
+    }
+    if (idle) return;
+    ncclResult_t async = ncclSuccess;
+    std::vector<ncclComm_t> all(impl_->channels);
+    for (const auto& [key, c] : impl_->groups)
+      if (c) all.push_back(c);
+    for (ncclComm_t c : all) {
+      if (!c) continue;
+      NCCL_CHECK(ncclCommGetAsyncError(c, &async));
+      if (async != ncclSuccess) break;
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (async != ncclSuccess || waited > limit) {
+      impl_->abort_all();
+      throw ExecError(async != ncclSuccess
+                          ? fmt::format("NCCL error during {} on rank {}: {}", what, rank_,
+                                        ncclGetErrorString(async))
+                          : fmt::format("timed out after {:.0f} s waiting for {} on rank {} (a "
+                                        "peer died, diverged or is stuck; raise "
+                                        "MOESIM_EXEC_TIMEOUT_S if the run is just slow)",
+                                        waited, what, rank_));
+    }
+    // Spin first (short steps finish in microseconds), then yield the CPU.
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 }  // namespace moesim::exec

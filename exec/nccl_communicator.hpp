@@ -2,18 +2,30 @@
 // (MOESIM_HAVE_NCCL). Bootstrap: rank 0 creates the unique id, MPI broadcasts it, every rank
 // binds GPU local_rank % device_count and joins one world communicator.
 //
-// Every phase is one grouped ncclSend/ncclRecv (ncclGroupStart/End) on one CUDA stream, exactly
-// the transfers the collective library lowers. This first version takes host buffers (the
-// executor's host data path) and stages them through device buffers, so the same executor and
-// --check run over NCCL; group collectives (all_reduce, all_gather, reduce_scatter) are built
-// from grouped send/recv among the members (NCCL sub-communicators would need every world rank
-// to split together, which the per-op lazy use here cannot promise). Waits poll the stream and
-// ncclCommGetAsyncError against exec_timeout_s() and abort the communicator instead of hanging.
+// Two modes:
+//  * Host buffers (the Communicator interface): every phase is one grouped ncclSend/ncclRecv
+//    (ncclGroupStart/End) on an internal stream, staged through a device buffer; group collectives
+//    are built from grouped send/recv among the members (no sub-communicators needed, so any rank
+//    subset may call them lazily). Used by tests and the host data layout.
+//  * Device buffers (the executor's GPU path, the *_on methods): device pointers, enqueued on the
+//    caller's stream and returned at once (no host sync). Communicators are made once, before the
+//    step, by collective calls every world rank makes in the same order (prepare_channels,
+//    prepare_group: ncclCommSplit of the world communicator), so there is no lazy creation that
+//    could deadlock: one world communicator per channel (the executor uses one channel per plan
+//    stream plus SAA's second stream, so operations issued on different streams never share a
+//    communicator, whose operations NCCL requires in one issue order), and per (grouping, channel)
+//    a sub-communicator per group (colour = group index, key = position) for ncclAllReduce /
+//    ncclAllGather / ncclReduceScatter.
+// Waits poll the streams and ncclCommGetAsyncError against exec_timeout_s() and abort every
+// communicator instead of hanging.
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "core/plan.hpp"
 #include "exec/communicator.hpp"
+#include "kernels/moe_kernels.hpp"
 
 namespace moesim::exec {
 
@@ -24,8 +36,6 @@ class NcclCommunicator : public Communicator {
   explicit NcclCommunicator(const MpiSession& session);
   ~NcclCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string_view name() const override { return "nccl"; }
 
   void exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, int tag) override;
@@ -40,10 +50,35 @@ class NcclCommunicator : public Communicator {
                           std::span<const int> group) override;
   void barrier() override;
 
+  // --- Device-buffer mode ------------------------------------------------------------------------
+  using Stream = kernels::cuda::Stream;
+  /// The GPU this rank bound (local_rank % device count).
+  int device() const;
+  /// Makes world communicators for channels [0, channels) that do not exist yet. Collective.
+  void prepare_channels(int channels);
+  /// Makes the sub-communicators of `grouping` on `channel` unless made before. Collective: every
+  /// world rank calls it with the same arguments in the same order (ranks outside every group
+  /// pass no colour).
+  void prepare_group(const Grouping& grouping, int channel);
+  /// One grouped send/recv phase among global ranks on `channel`, enqueued on `stream`.
+  void exchange_on(int channel, Stream stream, std::span<const SendSpec> sends,
+                   std::span<const RecvSpec> recvs);
+  /// In-place sum of `count` elements of `dtype` over this rank's group of `grouping`.
+  void all_reduce_on(const Grouping& grouping, int channel, Stream stream, void* data,
+                     std::size_t count, kernels::DType dtype);
+  /// out (group size * bytes) receives every member's `bytes` of `in`, in group order.
+  void all_gather_on(const Grouping& grouping, int channel, Stream stream, const void* in,
+                     std::size_t bytes, void* out);
+  /// in: group size blocks of `count` elements; out: the sum of this member's block.
+  void reduce_scatter_on(const Grouping& grouping, int channel, Stream stream, const void* in,
+                         void* out, std::size_t count, kernels::DType dtype);
+  /// Waits until every stream is idle, polling them and the communicators' asynchronous errors;
+  /// on an error or after exec_timeout_s() aborts every communicator and throws ExecError.
+  void wait_streams(std::span<const Stream> streams, const std::string& what);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int rank_ = 0, size_ = 1;
 };
 
 }  // namespace moesim::exec

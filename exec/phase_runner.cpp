@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -21,19 +22,20 @@ struct Buffers {
   std::size_t send_bytes;
   std::byte* recv;
   std::size_t recv_bytes;
-  std::vector<std::byte> scratch;
+  std::byte* scratch;
+  std::size_t scratch_bytes;
 
   std::size_t size(Buffer b) const {
-    return b == Buffer::kSend ? send_bytes : b == Buffer::kRecv ? recv_bytes : scratch.size();
+    return b == Buffer::kSend ? send_bytes : b == Buffer::kRecv ? recv_bytes : scratch_bytes;
   }
   const std::byte* read(Buffer b, std::size_t off, std::size_t bytes) const {
     check(b, off, bytes);
-    return (b == Buffer::kSend ? send : b == Buffer::kRecv ? recv : scratch.data()) + off;
+    return (b == Buffer::kSend ? send : b == Buffer::kRecv ? recv : scratch) + off;
   }
   std::byte* write(Buffer b, std::size_t off, std::size_t bytes) {
     MOESIM_ASSERT(b != Buffer::kSend, "a collective phase writes into its send buffer");
     check(b, off, bytes);
-    return (b == Buffer::kRecv ? recv : scratch.data()) + off;
+    return (b == Buffer::kRecv ? recv : scratch) + off;
   }
   void check(Buffer b, std::size_t off, std::size_t bytes) const {
     MOESIM_ASSERT(off + bytes <= size(b),
@@ -73,15 +75,66 @@ std::size_t scratch_extent(const std::vector<Phase>& phases, int me) {
 
 }  // namespace
 
-PhaseStats run_phases(Communicator& comm, const std::vector<Phase>& phases, const std::byte* send,
-                      std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes, int tag) {
-  const int me = comm.rank();
-  Buffers buf{send, send_bytes, recv, recv_bytes, {}};
-  buf.scratch.resize(scratch_extent(phases, me));
-  PhaseStats stats;
+std::byte* HostPhaseIo::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void HostPhaseIo::copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  std::memmove(dst, src, bytes);
+}
+
+void HostPhaseIo::stride_copy(const std::byte* src, std::byte* dst, int h, int w,
+                              std::size_t chunk_bytes) {
   kernels::cpu::Context kctx;
-  std::vector<SendSpec> sends;
-  std::vector<RecvSpec> recvs;
+  kernels::cpu::stride_copy(kctx, src, dst, h, w, chunk_bytes);
+}
+
+void HostPhaseIo::exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs,
+                           std::span<const SendSpec> sends2, std::span<const RecvSpec> recvs2,
+                           int tag) {
+  if (sends2.empty() && recvs2.empty()) {
+    comm_.exchange(sends, recvs, tag);
+    return;
+  }
+  s_.assign(sends.begin(), sends.end());
+  s_.insert(s_.end(), sends2.begin(), sends2.end());
+  r_.assign(recvs.begin(), recvs.end());
+  r_.insert(r_.end(), recvs2.begin(), recvs2.end());
+  comm_.exchange(s_, r_, tag);
+}
+
+PhaseStats run_phases(Communicator& comm, const std::vector<Phase>& phases, const std::byte* send,
+                      std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes, int tag,
+                      const SaaLayout* saa) {
+  HostPhaseIo io(comm);
+  return run_phases(io, comm.rank(), phases, send, send_bytes, recv, recv_bytes, tag, saa);
+}
+
+PhaseStats run_phases(PhaseIo& io, int me, const std::vector<Phase>& phases, const std::byte* send,
+                      std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes, int tag,
+                      const SaaLayout* saa) {
+  const std::size_t scratch_bytes = scratch_extent(phases, me);
+  Buffers buf{send,
+              send_bytes,
+              recv,
+              recv_bytes,
+              scratch_bytes > 0 ? io.scratch(scratch_bytes) : nullptr,
+              scratch_bytes};
+  PhaseStats stats;
+  // SAA: n + 1 saa_step phases; step k < n starts with the W * (A - 1) all-to-all transfers.
+  int saa_steps = 0, saa_step = 0, saa_a = 1;
+  double saa_c = 0, saa_q = 0;
+  if (saa) {
+    for (const Phase& ph : phases) saa_steps += ph.label == "saa_step" ? 1 : 0;
+    MOESIM_ASSERT(saa->sub_group >= 1 && saa->group_size % saa->sub_group == 0,
+                  "saa layout: sub_group must divide the group size");
+    saa_a = saa->group_size / saa->sub_group;
+    saa_c = saa->bytes / saa_a;
+    saa_q = saa_steps > 1 ? saa_c / (saa_steps - 1) : 0;
+  }
+  std::vector<SendSpec> sends, sends2;
+  std::vector<RecvSpec> recvs, recvs2;
   for (const Phase& ph : phases) {
     if (ph.kind == Phase::Kind::kReduce || ph.repeat != 1)
       throw InternalError(fmt::format(
@@ -93,13 +146,36 @@ PhaseStats run_phases(Communicator& comm, const std::vector<Phase>& phases, cons
                     "exec needs the lowering with layout (CollectiveCall::with_layout)");
       sends.clear();
       recvs.clear();
+      sends2.clear();
+      recvs2.clear();
+      std::size_t first_forward = ph.transfers.size();
+      if (saa && ph.label == "saa_step") {
+        const std::size_t a2a =
+            saa_step < saa_steps - 1 ? static_cast<std::size_t>(saa->group_size) * (saa_a - 1) : 0;
+        first_forward = std::min(a2a, ph.transfers.size());
+        ++saa_step;
+      }
       for (size_t i = 0; i < ph.transfers.size(); ++i) {
         const auto& t = ph.transfers[i];
         const std::size_t bytes = whole(t.bytes);
         if (bytes == 0) continue;
+        if (i >= first_forward) {
+          // A forwarded SAA slice: A pieces of q bytes, strided by c, same offsets both sides,
+          // in kRecv (the all-to-all's output), as one grouped set of messages to the peer.
+          const std::size_t piece = whole(saa_q);
+          for (int a = 0; a < saa_a && piece > 0; ++a) {
+            const std::size_t off = whole(ph.chunks[i].send_offset + a * saa_c);
+            if (t.src == me) {
+              sends2.push_back({t.dst, buf.read(Buffer::kRecv, off, piece), piece});
+              stats.sent_bytes += piece;
+            }
+            if (t.dst == me) recvs2.push_back({t.src, buf.write(Buffer::kRecv, off, piece), piece});
+          }
+          continue;
+        }
         if (t.src == me && t.dst == me) {
-          std::memmove(buf.write(ph.dst, whole(ph.chunks[i].recv_offset), bytes),
-                       buf.read(ph.src, whole(ph.chunks[i].send_offset), bytes), bytes);
+          io.copy(buf.write(ph.dst, whole(ph.chunks[i].recv_offset), bytes),
+                  buf.read(ph.src, whole(ph.chunks[i].send_offset), bytes), bytes);
           continue;
         }
         if (t.src == me) {
@@ -114,11 +190,11 @@ PhaseStats run_phases(Communicator& comm, const std::vector<Phase>& phases, cons
       for (const auto& c : ph.copies)
         if (c.rank == me && whole(c.bytes) > 0) {
           const std::size_t bytes = whole(c.bytes);
-          std::memcpy(buf.write(ph.dst, whole(c.dst_offset), bytes),
-                      buf.read(ph.src, whole(c.src_offset), bytes), bytes);
+          io.copy(buf.write(ph.dst, whole(c.dst_offset), bytes),
+                  buf.read(ph.src, whole(c.src_offset), bytes), bytes);
           stats.copied_bytes += bytes;
         }
-      comm.exchange(sends, recvs, tag);
+      io.exchange(sends, recvs, sends2, recvs2, tag);
       ++stats.exchanges;
       continue;
     }
@@ -127,16 +203,16 @@ PhaseStats run_phases(Communicator& comm, const std::vector<Phase>& phases, cons
       const std::size_t chunk = whole(ph.chunk_bytes);
       const std::size_t all = chunk * ph.stride_h * ph.stride_w;
       if (all > 0) {
-        kernels::cpu::stride_copy(kctx, buf.read(ph.src, 0, all), buf.write(ph.dst, 0, all),
-                                  ph.stride_h, ph.stride_w, chunk);
+        io.stride_copy(buf.read(ph.src, 0, all), buf.write(ph.dst, 0, all), ph.stride_h,
+                       ph.stride_w, chunk);
         stats.copied_bytes += all;
       }
     }
     for (const auto& c : ph.copies)
       if (c.rank == me && whole(c.bytes) > 0) {
         const std::size_t bytes = whole(c.bytes);
-        std::memcpy(buf.write(ph.dst, whole(c.dst_offset), bytes),
-                    buf.read(ph.src, whole(c.src_offset), bytes), bytes);
+        io.copy(buf.write(ph.dst, whole(c.dst_offset), bytes),
+                buf.read(ph.src, whole(c.src_offset), bytes), bytes);
         stats.copied_bytes += bytes;
       }
   }

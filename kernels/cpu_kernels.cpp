@@ -367,4 +367,21 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
   }
 }
 
+void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
+                          long long stride_a, const void* b, long long stride_b, void* c,
+                          long long stride_c, int batch) {
+  if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+    throw InputError("kernels::gemm_strided_batched: negative batch or stride");
+  const std::size_t es = dtype_size(dtype);
+  for (int i = 0; i < batch; ++i)
+    gemm(ctx, dtype, m, n, k, static_cast<const std::byte*>(a) + i * stride_a * es,
+         static_cast<const std::byte*>(b) + i * stride_b * es,
+         static_cast<std::byte*>(c) + i * stride_c * es);
+}
+
+void activation(Context&, DType dtype, Activation act, void* data, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    store_element(dtype, data, i, activate(act, load_element(dtype, data, i)));
+}
+
 }  // namespace moesim::kernels::cpu

@@ -655,4 +655,30 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
       h_stride, &beta, y, t, m, x_stride, e, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
+                          long long stride_a, const void* b, long long stride_b, void* c,
+                          long long stride_c, int batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+    throw InputError("kernels::cuda::gemm_strided_batched: negative dimension, batch or stride");
+  if (m == 0 || n == 0 || batch == 0) return;
+  const cudaDataType_t t = cuda_type(dtype);
+  const float alpha = 1.0f, beta = 0.0f;
+  // Row-major C_i = A_i B_i is column-major C_i^T = B_i^T A_i^T (as gemm()).
+  MOESIM_KCUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(ctx.cublas_handle()), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha,
+      b, t, n, stride_b, a, t, k, stride_a, &beta, c, t, n, stride_c, batch, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n) {
+  if (n == 0 || act == Activation::kNone) return;
+  const int grid = grid_for(std::min<std::size_t>((n + 255) / 256, 65536));
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    activation_kernel<T>
+        <<<grid, 256, 0, ctx.stream()>>>(n, static_cast<int>(act), static_cast<T*>(data));
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
 }  // namespace moesim::kernels::cuda

@@ -231,6 +231,15 @@ void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::si
 void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
                 const void* w1, const void* w2, void* hidden, void* y);
 
+/// `batch` GEMMs C_i (m x n) = A_i (m x k) * B_i (k x n), A_i = a + i * stride_a elements (same
+/// for B, C; a stride of 0 reuses one matrix, e.g. one expert's weights for every source rank's
+/// block). fp32 accumulation, one rounding to the dtype on the store.
+void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
+                          long long stride_a, const void* b, long long stride_b, void* c,
+                          long long stride_c, int batch);
+/// data[i] = act(data[i]) for n elements (kGelu: the tanh approximation above).
+void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
+
 }  // namespace cpu
 
 // --- CUDA kernels (defined only when kCudaCompiled) ----------------------------------------------
@@ -284,6 +293,11 @@ void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::si
 /// cuBLAS strided-batched GEMMs + an activation kernel.
 void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
                 const void* w1, const void* w2, void* hidden, void* y);
+/// cublasGemmStridedBatchedEx with fp32 compute (see the cpu:: twin for the layout).
+void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
+                          long long stride_a, const void* b, long long stride_b, void* c,
+                          long long stride_c, int batch);
+void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
 
 }  // namespace cuda
 }  // namespace moesim::kernels

@@ -106,6 +106,38 @@ TEST(ExecMpi, WaitTimesOutInsteadOfHanging) {
   g_session->barrier("after the timeout test");
 }
 
+// SAA (Parm) with m = 2, A = 2 on the four ranks, through the host PhaseIo: rank (a, t) =
+// position a * 2 + t receives in slot t' * A + a' the chunk that (a', t') sent to all-to-all
+// peer a, i.e. the all-to-all result all-gathered over the sub-group, strided pieces included.
+TEST(ExecMpi, SaaDeliversTheAllToAllAllGatheredOverTheSubGroup) {
+  Scenario sc = host4();
+  auto topo = topology::build_topology(sc.cluster);
+  MpiCommunicator comm;
+  const int me = comm.rank(), m = 2, A = 2;
+  const std::size_t c = 24;  // bytes per all-to-all peer, a multiple of the n = 2 slices
+  std::vector<std::byte> send(c * A), expected(c * A * m), recv(c * A * m);
+  for (int a = 0; a < A; ++a)
+    for (std::size_t j = 0; j < c; ++j) send[a * c + j] = pattern(me, a, j);
+  const int my_a = me / m;
+  for (int t2 = 0; t2 < m; ++t2)
+    for (int a2 = 0; a2 < A; ++a2)
+      for (std::size_t j = 0; j < c; ++j)
+        expected[(t2 * A + a2) * c + j] = pattern(a2 * m + t2, my_a, j);
+  std::vector<int> world{0, 1, 2, 3};
+  CollectiveSpec spec;
+  spec.type = CollectiveType::kAllToAll;
+  spec.algo = CollectiveAlgo::kSaa;
+  spec.sub_group = m;
+  spec.bytes = Bytes(static_cast<double>(c * A));
+  collectives::CollectiveCall call{&spec, &world, 0, true};
+  const auto* algo = collectives::find_algorithm(spec.type, spec.algo);
+  ASSERT_NE(algo, nullptr);
+  const SaaLayout saa{4, m, static_cast<double>(c * A)};
+  run_phases(comm, algo->lower(call, *topo), send.data(), send.size(), recv.data(), recv.size(), 5,
+             &saa);
+  EXPECT_EQ(recv, expected);
+}
+
 struct Outcome {
   RunResult result;
   std::vector<std::vector<float>> outputs;

@@ -309,6 +309,28 @@ TEST_F(KernelGpuTest, GemmAndExpertFfnMatchCpu) {
   }
 }
 
+// The executor's expert GEMM: per local expert, W source blocks against one weight (stride 0),
+// cuBLAS strided-batched vs the CPU twin, then ReLU on the device vs the CPU.
+TEST_F(KernelGpuTest, GemmStridedBatchedAndActivationMatchCpu) {
+  const int m = 24, n = 40, k = 56, batch = 3;
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer a(d, random_floats(std::size_t(batch) * m * k, 91)),
+        b(d, random_floats(std::size_t(k) * n, 92, -0.3f, 0.3f)), c(d, std::size_t(batch) * m * n);
+    cpu::Context cctx;
+    cpu::gemm_strided_batched(cctx, d, m, n, k, a.data(), static_cast<long long>(m) * k, b.data(),
+                              0, c.data(), static_cast<long long>(m) * n, batch);
+    cpu::activation(cctx, d, Activation::kRelu, c.data(), c.size());
+    DeviceBuffer da(a), db(b), dc(std::size_t(batch) * m * n * dtype_size(d));
+    cuda::gemm_strided_batched(ctx(), d, m, n, k, da.get(), static_cast<long long>(m) * k, db.get(),
+                               0, dc.get(), static_cast<long long>(m) * n, batch);
+    cuda::activation(ctx(), d, Activation::kRelu, dc.get(), c.size());
+    ctx().synchronize();
+    const float tol = 4 * testing::dtype_eps(d) + 1e-5f;
+    expect_close(dc.to_buffer(d).to_float(), c.to_float(), tol, tol, "gemm_strided_batched");
+  }
+}
+
 TEST_F(KernelGpuTest, NoTokensLeavesEverySlotEmpty) {
   GateParams p = random_params(false);
   p.num_tokens = 0;

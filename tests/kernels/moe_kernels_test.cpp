@@ -501,5 +501,34 @@ TEST(KernelFfn, MatchesTwoGemmsPlusActivation) {
   }
 }
 
+// Two 2x2 products with a shared right operand (stride 0), exact in every dtype (small integers).
+TEST(KernelGemmStridedBatched, SharedWeightsExactInEveryDType) {
+  const std::vector<float> a = {1, 2, 3, 4, /* second */ 0, 1, 1, 0};
+  const std::vector<float> b = {1, 1, 0, 2};
+  const std::vector<float> want = {1, 5, 3, 11, /* second */ 0, 2, 1, 1};
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer ha(d, a), hb(d, b), hc(d, std::vector<float>(8, -7.0f));
+    cpu::Context ctx;
+    cpu::gemm_strided_batched(ctx, d, 2, 2, 2, ha.data(), 4, hb.data(), 0, hc.data(), 4, 2);
+    EXPECT_EQ(hc.to_float(), want);
+  }
+  cpu::Context ctx;
+  float x = 0;
+  EXPECT_THROW(cpu::gemm_strided_batched(ctx, DType::kF32, 1, 1, 1, &x, -1, &x, 0, &x, 0, 1),
+               InputError);
+}
+
+TEST(KernelActivation, ReluAndGeluInPlace) {
+  HostBuffer h(DType::kF32, std::vector<float>{-2, -0.5f, 0, 1.5f});
+  cpu::Context ctx;
+  cpu::activation(ctx, DType::kF32, Activation::kRelu, h.data(), 4);
+  EXPECT_EQ(h.to_float(), (std::vector<float>{0, 0, 0, 1.5f}));
+  HostBuffer g(DType::kF32, std::vector<float>{1.0f});
+  cpu::activation(ctx, DType::kF32, Activation::kGelu, g.data(), 1);
+  // 0.5 (1 + tanh(sqrt(2/pi) * 1.044715)) = 0.841192
+  EXPECT_NEAR(g.to_float()[0], 0.841192f, 1e-5f);
+}
+
 }  // namespace
 }  // namespace moesim::kernels

@@ -1,0 +1,177 @@
+// CPU-only tests of exec/ pieces that need no MPI rank: the GPU path's issue order (Lina's
+// priorities), the MoE layer plan read from a plan, and the --check tolerances per dtype (the
+// device data path's arithmetic replayed with the CPU twins in fp16 / bf16 against the reference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "exec/executor.hpp"
+#include "exec/moe_data.hpp"
+#include "kernels/moe_kernels.hpp"
+
+namespace moesim::exec {
+namespace {
+
+using kernels::DType;
+
+Op compute_op(int priority, std::vector<OpId> deps, StreamId stream = 0) {
+  Op op;
+  op.kind = OpKind::kCompute;
+  op.ranks = RankSet::all(1);
+  op.stream = stream;
+  op.deps = std::move(deps);
+  op.priority = priority;
+  op.spec = ComputeSpec{};
+  return op;
+}
+
+TEST(PriorityIssueOrder, PlainPlanKeepsIdOrder) {
+  Plan plan(1);
+  plan.stream("compute");
+  plan.add(compute_op(0, {}));
+  plan.add(compute_op(0, {0}));
+  plan.add(compute_op(0, {}));
+  plan.add(compute_op(0, {1, 2}));
+  EXPECT_EQ(priority_issue_order(plan), (std::vector<OpId>{0, 1, 2, 3}));
+}
+
+// Lina: gradient micro-ops (priority -1) wait behind a ready all-to-all (priority 1) even when
+// their ids are lower; deps still come first.
+TEST(PriorityIssueOrder, HigherPriorityFirstAmongReadyOpsDepsRespected) {
+  Plan plan(1);
+  plan.stream("compute");
+  plan.add(compute_op(0, {}));    // 0
+  plan.add(compute_op(-1, {0}));  // 1: micro-op m0
+  plan.add(compute_op(-1, {0}));  // 2: micro-op m1
+  plan.add(compute_op(1, {0}));   // 3: all-to-all
+  plan.add(compute_op(1, {3}));   // 4: next all-to-all
+  plan.add(compute_op(5, {1}));   // 5: high priority but behind micro-op 1
+  EXPECT_EQ(priority_issue_order(plan), (std::vector<OpId>{0, 3, 4, 1, 5, 2}));
+}
+
+TEST(MoeLabels, ParseAndLayerOfBlock) {
+  MoeOpRef r = parse_moe_label("L3.fwd.expert.fc2.c2");
+  EXPECT_EQ(r.kind, MoeOpRef::kFc2);
+  EXPECT_EQ(r.block, 3);
+  EXPECT_EQ(r.chunk, 1);
+  EXPECT_EQ(parse_moe_label("L0.fwd.gate").kind, MoeOpRef::kGate);
+  EXPECT_EQ(parse_moe_label("L0.bwd.gate").kind, MoeOpRef::kNone);
+  EXPECT_EQ(parse_moe_label("L1.fwd.dispatch.c3").chunk, 2);
+  EXPECT_EQ(moe_layer_of_block(3, 2), 1);  // blocks 1, 3 hold MoE layers 0, 1
+  EXPECT_EQ(moe_layer_of_block(0, 1), 0);
+}
+
+TEST(MoeLabels, LayerPlanFromFc1Shapes) {
+  // W = 2, dE = 3: chunk capacity = m * batch / (W * dE).
+  Plan plan(2);
+  const StreamId s = plan.stream("compute");
+  auto fc1 = [&](int chunk, std::int64_t m, std::int64_t batch) {
+    ComputeSpec cs;
+    cs.cls = ComputeClass::kGemm;
+    cs.gemm = GemmShape{m, 8, 4, batch};
+    plan.add_compute(RankSet::all(2), s, cs, {}, "L0.fwd.expert.fc1.c" + std::to_string(chunk));
+  };
+  fc1(1, 5, 6);  // 30 / 6 = 5
+  fc1(2, 3, 6);  // 3
+  const auto layers = plan_moe_layers(plan, 2, 3);
+  ASSERT_EQ(layers.size(), 1u);
+  EXPECT_EQ(layers[0].caps, (std::vector<int>{5, 3}));
+  EXPECT_EQ(layers[0].offset, (std::vector<int>{0, 5}));
+  EXPECT_EQ(layers[0].capacity, 8);
+  EXPECT_FALSE(layers[0].has_a2a);
+}
+
+// The device data path's arithmetic for one rank with every expert local (gate in fp32 on fp32
+// tokens; tokens, weights, hidden and outputs in `d`; fp32 accumulation), with the CPU twins.
+std::vector<float> layer_in_dtype(const MoeShape& s, DType d, std::uint64_t seed, int capacity,
+                                  long long* dropped) {
+  kernels::cpu::Context ctx;
+  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
+  const auto x = make_tokens(s, seed, 0, 0, 0);
+  const auto gw = make_gate_weights(s, seed, 0);
+  std::vector<float> logits(static_cast<size_t>(S) * E), weight(static_cast<size_t>(S) * k);
+  std::vector<std::int32_t> expert(weight.size()), slot(weight.size()),
+      slot_entry(static_cast<size_t>(E) * capacity), count(E);
+  kernels::GateParams gp;
+  gp.num_tokens = S;
+  gp.model_dim = M;
+  gp.num_experts = E;
+  gp.top_k = k;
+  gp.capacity = capacity;
+  kernels::cpu::gate(ctx, DType::kF32, gp, x.data(), gw.data(), logits.data(),
+                     {expert.data(), slot.data(), weight.data(), slot_entry.data(), count.data()});
+  const std::size_t es = kernels::dtype_size(d);
+  auto to_d = [&](const std::vector<float>& v) {
+    std::vector<std::byte> out(v.size() * es);
+    kernels::convert(DType::kF32, v.data(), d, out.data(), v.size());
+    return out;
+  };
+  const auto xd = to_d(x);
+  std::vector<std::byte> w1(static_cast<size_t>(E) * M * H * es), w2(w1.size());
+  for (int e = 0; e < E; ++e) {
+    const auto a = to_d(make_w1(s, seed, 0, e)), b = to_d(make_w2(s, seed, 0, e));
+    std::copy(a.begin(), a.end(), w1.begin() + static_cast<long>(e) * M * H * es);
+    std::copy(b.begin(), b.end(), w2.begin() + static_cast<long>(e) * H * M * es);
+  }
+  kernels::Routing r{
+      S, k, E, capacity, expert.data(), slot.data(), weight.data(), slot_entry.data()};
+  const std::size_t rows = static_cast<std::size_t>(E) * capacity;
+  std::vector<std::byte> disp(rows * M * es), hid(rows * H * es), out(rows * M * es),
+      y(static_cast<size_t>(S) * M * es);
+  kernels::cpu::encode(ctx, d, r, M, xd.data(), disp.data());
+  // As the GPU path: per expert a (strided-batched) GEMM, ReLU in place, second GEMM.
+  kernels::cpu::gemm_strided_batched(
+      ctx, d, capacity, H, M, disp.data(), static_cast<long long>(capacity) * M, w1.data(),
+      static_cast<long long>(M) * H, hid.data(), static_cast<long long>(capacity) * H, E);
+  kernels::cpu::activation(ctx, d, kernels::Activation::kRelu, hid.data(), rows * H);
+  kernels::cpu::gemm_strided_batched(
+      ctx, d, capacity, M, H, hid.data(), static_cast<long long>(capacity) * H, w2.data(),
+      static_cast<long long>(H) * M, out.data(), static_cast<long long>(capacity) * M, E);
+  kernels::cpu::decode(ctx, d, r, M, out.data(), y.data());
+  std::vector<float> yf(static_cast<size_t>(S) * M);
+  kernels::convert(d, y.data(), DType::kF32, yf.data(), yf.size());
+  *dropped = 0;
+  for (auto sl : slot) *dropped += sl < 0 ? 1 : 0;
+  return yf;
+}
+
+TEST(CheckTolerance, EveryDtypeWithinItsToleranceOfTheReference) {
+  const MoeShape s{96, 64, 128, 4, 2};
+  const int capacity = 40;  // 192 choices over 4 x 40 slots: some drop
+  const std::uint64_t seed = 5;
+  std::vector<std::vector<float>> w1, w2;
+  for (int e = 0; e < s.experts; ++e) {
+    w1.push_back(make_w1(s, seed, 0, e));
+    w2.push_back(make_w2(s, seed, 0, e));
+  }
+  long long ref_drops = 0;
+  const auto ref = reference_layer(s, make_tokens(s, seed, 0, 0, 0), make_gate_weights(s, seed, 0),
+                                   w1, w2, capacity, &ref_drops);
+  EXPECT_GT(ref_drops, 0);
+  double prev_err = -1;
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(kernels::dtype_name(d));
+    long long drops = 0;
+    const auto y = layer_in_dtype(s, d, seed, capacity, &drops);
+    EXPECT_EQ(drops, ref_drops);  // fp32 gate: the same routing in every dtype
+    const double tol = check_tolerance(d);
+    double max_rel = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+      max_rel = std::max(max_rel, std::fabs(y[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+    EXPECT_LE(max_rel, tol);
+    // The tolerance is not vacuous: the rounding uses at least 1% of it (fp16 / bf16),
+    // and the error grows as the dtype gets coarser.
+    if (d != DType::kF32) {
+      EXPECT_GE(max_rel, tol / 100);
+    }
+    EXPECT_GT(max_rel, prev_err);
+    prev_err = max_rel;
+  }
+  EXPECT_EQ(check_tolerance(DType::kF32), 1e-4);
+}
+
+}  // namespace
+}  // namespace moesim::exec

@@ -111,7 +111,9 @@ void register_route_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--label-smoothing", cfg->label_smoothing, "Label smoothing of the task loss")
       ->capture_default_str();
-  cmd->add_option("--dim", cfg->feature_dim, "Token feature dimension")->capture_default_str();
+  cmd->add_option("--dim", cfg->feature_dim,
+                  "Token feature dimension (0: max(16, number of experts))")
+      ->capture_default_str();
   cmd->add_option("--seed", cfg->seed, "Seed of the synthetic data and the initial gate")
       ->capture_default_str();
   cmd->add_option("--json", *json_path, "Write both runs' curves as JSON to this file");
@@ -127,6 +129,8 @@ void register_route_train(CLI::App& app) {
     c.num_gpus = static_cast<int>(s.ranks.size());
     c.experts_per_gpu = sc.model.local_experts();
     c.top_k = sc.model.top_k;
+    if (c.feature_dim == 0)
+      c.feature_dim = routing::default_feature_dim(c.num_gpus * c.experts_per_gpu);
     c.node_of.clear();
     for (int r : s.ranks) c.node_of.push_back(topo->node_of(r));
     c.target_share.resize(static_cast<std::size_t>(c.num_gpus) * c.num_gpus);
@@ -179,6 +183,7 @@ void register_route_train(CLI::App& app) {
       j["gpus"] = c.num_gpus;
       j["experts"] = c.num_gpus * c.experts_per_gpu;
       j["top_k"] = c.top_k;
+      j["feature_dim"] = c.feature_dim;
       j["lambda"] = s.target.lambda;
       j["target_offnode_share"] = target_off;
       auto& jr = j["runs"] = nlohmann::ordered_json::array();

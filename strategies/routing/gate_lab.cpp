@@ -25,14 +25,14 @@ class Lab {
   explicit Lab(const GateLabConfig& c) : c_(c) {
     P_ = c.num_gpus;
     E_ = P_ * c.experts_per_gpu;
-    D_ = c.feature_dim;
+    D_ = c.feature_dim > 0 ? c.feature_dim : default_feature_dim(E_);
     C_ = c.clusters > 0 ? c.clusters : 2 * E_;
     in_ = D_ + P_;
-    if (P_ < 1 || c.experts_per_gpu < 1 || c.top_k < 1 || c.top_k > E_ || D_ < 1 || c.batch < 1 ||
-        c.tokens_per_gpu < c.batch || c.eval_tokens_per_gpu < 1 || c.epochs < 0 ||
+    if (P_ < 1 || c.experts_per_gpu < 1 || c.top_k < 1 || c.top_k > E_ || c.feature_dim < 0 ||
+        c.batch < 1 || c.tokens_per_gpu < c.batch || c.eval_tokens_per_gpu < 1 || c.epochs < 0 ||
         !(c.label_smoothing >= 0 && c.label_smoothing < 1))
       throw InputError(
-          "gate lab: need gpus, experts_per_gpu, top_k <= E, feature_dim, batch >= 1 "
+          "gate lab: need gpus, experts_per_gpu, top_k <= E, batch >= 1, feature_dim >= 0 "
           "and tokens_per_gpu >= batch");
     if (static_cast<int>(c.node_of.size()) != P_ ||
         static_cast<int>(c.target_share.size()) != P_ * P_)
@@ -108,8 +108,15 @@ class Lab {
             }
           }
         }
-        const double step = c_.learning_rate / P_;  // mean over GPUs (data-parallel all-reduce)
-        for (std::size_t i = 0; i < w.size(); ++i) w[i] -= step * grad[i];
+        // Shared rows (token features): the mean of the GPUs' gradients (data-parallel
+        // all-reduce). GPU-private rows (the one-hot input of GPU g, which only g's tokens
+        // touch): g's own gradient, like expert weights under expert parallelism, which are not
+        // all-reduced either. Averaging them over P replicas, P - 1 of which contribute zero,
+        // divided their learning rate by P: on 48 GPUs the per-GPU preference the topology loss
+        // asks for moved 48x slower than on 1 GPU, and 30 epochs barely moved it (issue 6).
+        const std::size_t shared = static_cast<std::size_t>(D_) * E_;
+        for (std::size_t i = 0; i < shared; ++i) w[i] -= c_.learning_rate / P_ * grad[i];
+        for (std::size_t i = shared; i < w.size(); ++i) w[i] -= c_.learning_rate * grad[i];
       }
       run.epochs.push_back(evaluate(w, weights, epoch));
     }
@@ -218,6 +225,8 @@ class Lab {
 };
 
 }  // namespace
+
+int default_feature_dim(int experts) { return std::max(16, experts); }
 
 GateLabRun train_gate(const GateLabConfig& config, bool topology_loss) {
   Lab lab(config);

@@ -10,7 +10,9 @@
 // the softmax gate to the teacher's expert; routing: top-k of the gate probabilities. Every step:
 // each GPU takes a minibatch of its tokens, computes the task gradient and the auxiliary loss
 // gradient (kernels::cpu::ta_moe_loss, over its local tokens and choices), chains both through the
-// softmax; the gradients are averaged over GPUs (the data-parallel all-reduce) and applied. Per
+// softmax; the shared (feature) rows take the mean of the GPUs' gradients (the data-parallel
+// all-reduce), while each GPU's one-hot row, a per-GPU parameter only its own tokens touch, takes
+// that GPU's gradient (as expert weights under expert parallelism are not all-reduced). Per
 // epoch, on held-out tokens: accuracy (top-1 == teacher), balance (largest expert load / mean, over
 // all choices), off-node share (choices whose expert lives on another node).
 #pragma once
@@ -27,7 +29,10 @@ struct GateLabConfig {
   int top_k = 2;
   /// Target shares c-hat (P x P, rows sum to 1) for the topology loss weights.
   std::vector<double> target_share;
-  int feature_dim = 16;      // D
+  /// D; 0 = default_feature_dim(E). A real gate's input (model_dim) is far wider than the
+  /// number of experts; with D < E the 2E clusters crowd the feature space, the task itself
+  /// stops being separable and no logit margin is left for the topology loss to spend.
+  int feature_dim = 0;
   int clusters = 0;          // C (0: 2 * E)
   double separation = 3.0;   // cluster centre scale
   int tokens_per_gpu = 512;  // training tokens per GPU per epoch
@@ -55,6 +60,9 @@ struct GateLabRun {
   bool topology_loss = false;
   std::vector<GateLabEpoch> epochs;  // epoch 0 .. config.epochs
 };
+
+/// The default feature dimension for E experts: max(16, E) (see GateLabConfig::feature_dim).
+int default_feature_dim(int experts);
 
 /// Trains one gate; deterministic for a seed (both runs of run_gate_lab see the same data and
 /// the same initial gate). Throws InputError for inconsistent configs.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -598,60 +599,160 @@ std::vector<std::string> sweep_csv_columns(const SweepSpec& spec) {
 // ------------------------------------------------------------------------------------------------
 // Running
 
+namespace {
+
+// Rows of one point as a message to rank 0: every field, doubles exact (JSON numbers round-trip).
+std::string rows_message(int rank, const std::vector<SweepRow>& rows) {
+  nlohmann::ordered_json j;
+  j["rank"] = rank;
+  auto& arr = j["rows"] = nlohmann::ordered_json::array();
+  for (const auto& r : rows) {
+    const RunSummary& m = r.summary;
+    nlohmann::ordered_json rj;
+    rj["point"] = r.point;
+    rj["values"] = r.values;
+    rj["scenario"] = r.scenario;
+    rj["strategy"] = m.strategy;
+    rj["topology"] = m.topology;
+    rj["gpus"] = m.gpus;
+    rj["times"] = {m.step_mean_s,    m.step_p50_s,
+                   m.step_p95_s,     m.moe_layer_mean_s,
+                   m.a2a_mean_s,     m.allreduce_mean_s,
+                   m.compute_mean_s, m.exposed_comm_mean_s,
+                   m.speedup,        m.wall_s};
+    rj["decisions"] = m.decisions;
+    rj["run"] = r.run;
+    arr.push_back(std::move(rj));
+  }
+  return j.dump();
+}
+
+std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
+  std::vector<SweepRow> rows;
+  for (const auto& rj : j.at("rows")) {
+    SweepRow r;
+    r.point = rj.at("point").get<std::size_t>();
+    r.values = rj.at("values").get<std::vector<std::string>>();
+    r.scenario = rj.at("scenario").get<std::string>();
+    RunSummary& m = r.summary;
+    m.strategy = rj.at("strategy").get<std::string>();
+    m.topology = rj.at("topology").get<std::string>();
+    m.gpus = rj.at("gpus").get<int>();
+    const auto& t = rj.at("times");
+    std::size_t i = 0;
+    for (double* d :
+         {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s, &m.a2a_mean_s,
+          &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s, &m.speedup, &m.wall_s}) {
+      const auto& v = t.at(i++);
+      *d = v.is_number() ? v.get<double>() : 0.0;  // JSON has no NaN: dump() wrote null
+    }
+    m.decisions = rj.at("decisions").get<std::string>();
+    r.run = rj.at("run");
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace
+
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
-  validate_sweep(spec);
+  SweepTransport* const tp =
+      opts.transport != nullptr && opts.transport->size() > 1 ? opts.transport : nullptr;
+  const int rank = tp ? tp->rank() : 0;
+  const int ranks = tp ? tp->size() : 1;
+  const bool root = rank == 0;
+
+  SweepResult result;
+  result.points_per_rank.assign(static_cast<std::size_t>(ranks), 0);
+  const std::vector<SweepPoint> points = expand_points(spec);
+  result.points_total = points.size();
+  const auto cols = sweep_csv_columns(spec);
+  const std::size_t num_axes = spec.axes.size();
+  std::vector<std::string> strategy_names;
+  std::vector<SweepRow> foreign;  // rows of the file that are not points of this sweep (kept)
+  std::vector<std::size_t> todo;
+  std::vector<double> cost;  // predicted cost of todo[k] (the ETA's weights, the ranks' split)
+
+  // Other ranks wait for rank 0's list of the points left (rank 0 alone reads the CSV, which may
+  // not even exist on their machines) before doing anything that can fail: an input error is then
+  // reported once, by rank 0, which ends the job.
+  if (!root) {
+    std::string text;
+    tp->broadcast(text);
+    auto j = nlohmann::json::parse(text);
+    todo = j.at("todo").get<std::vector<std::size_t>>();
+    cost = j.at("cost").get<std::vector<double>>();
+  }
+  if (root) validate_sweep(spec);
   const std::string base_text = read_text(spec.base_path);
   const Scenario base_sc = base_scenario(spec);
-  std::vector<std::string> strategy_names;
   for (const auto& s : select_strategies(base_sc, spec.strategies))
     strategy_names.push_back(s.name);
 
-  const std::vector<SweepPoint> points = expand_points(spec);
-  const auto cols = sweep_csv_columns(spec);
-  const std::size_t num_axes = spec.axes.size();
-
-  SweepResult result;
-  result.points_total = points.size();
-
-  // Resume: a point is done when the CSV holds a row for each of its strategies.
-  std::map<std::string, std::size_t> point_of;
-  for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
-  std::vector<SweepRow> foreign;  // rows of the file that are not points of this sweep (kept)
-  std::vector<bool> done(points.size(), false);
-  if (!opts.csv_path.empty()) {
-    std::map<std::size_t, std::vector<SweepRow>> by_point;
-    for (auto& r : read_existing(opts.csv_path, cols, num_axes)) {
-      auto it = point_of.find(join_values(r.values));
-      if (it == point_of.end()) {
-        foreign.push_back(std::move(r));
-        continue;
+  if (root) {
+    // Resume: a point is done when the CSV holds a row for each of its strategies.
+    std::map<std::string, std::size_t> point_of;
+    for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
+    std::vector<bool> done(points.size(), false);
+    if (!opts.csv_path.empty()) {
+      std::map<std::size_t, std::vector<SweepRow>> by_point;
+      for (auto& r : read_existing(opts.csv_path, cols, num_axes)) {
+        auto it = point_of.find(join_values(r.values));
+        if (it == point_of.end()) {
+          foreign.push_back(std::move(r));
+          continue;
+        }
+        r.point = it->second;
+        by_point[it->second].push_back(std::move(r));
       }
-      r.point = it->second;
-      by_point[it->second].push_back(std::move(r));
+      for (auto& [idx, rows] : by_point) {
+        std::set<std::string> have;
+        for (const auto& r : rows) have.insert(r.summary.strategy);
+        bool complete = std::all_of(strategy_names.begin(), strategy_names.end(),
+                                    [&](const std::string& n) { return have.count(n) > 0; });
+        if (!complete) continue;
+        done[idx] = true;
+        ++result.points_skipped;
+        for (auto& r : rows)
+          if (std::find(strategy_names.begin(), strategy_names.end(), r.summary.strategy) !=
+              strategy_names.end())
+            result.rows.push_back(std::move(r));
+      }
     }
-    for (auto& [idx, rows] : by_point) {
-      std::set<std::string> have;
-      for (const auto& r : rows) have.insert(r.summary.strategy);
-      bool complete = std::all_of(strategy_names.begin(), strategy_names.end(),
-                                  [&](const std::string& n) { return have.count(n) > 0; });
-      if (!complete) continue;
-      done[idx] = true;
-      ++result.points_skipped;
-      for (auto& r : rows)
-        if (std::find(strategy_names.begin(), strategy_names.end(), r.summary.strategy) !=
-            strategy_names.end())
-          result.rows.push_back(std::move(r));
+    for (const auto& p : points)
+      if (!done[p.index]) todo.push_back(p.index);
+    // Points run in a fixed shuffled order: costs often grow along an axis (nodes, sizes), and a
+    // random order makes the running mean an unbiased estimate of the rest, so the ETA is honest
+    // early on. The CSV is sorted by point at the end.
+    std::shuffle(todo.begin(), todo.end(), std::mt19937_64(0x5eed));
+    cost.assign(todo.size(), 1.0);
+    if (tp) {
+      nlohmann::json j;
+      j["todo"] = todo;
+      j["cost"] = cost;
+      std::string text = j.dump();
+      tp->broadcast(text);
     }
   }
 
-  std::vector<std::size_t> todo;
-  for (const auto& p : points)
-    if (!done[p.index]) todo.push_back(p.index);
-  // Points run in a fixed shuffled order: costs often grow along an axis (nodes, sizes), and a
-  // random order makes the running mean an unbiased estimate of the rest, so the ETA is honest
-  // early on. The CSV is sorted by point at the end.
-  std::shuffle(todo.begin(), todo.end(), std::mt19937_64(0x5eed));
+  // This rank's share: each point to the rank with the least predicted cost so far (with equal
+  // costs: round robin), the same greedy split on every rank.
+  std::vector<std::size_t> mine;
+  {
+    std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+    for (std::size_t k = 0; k < todo.size(); ++k) {
+      auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += cost[k];
+      if (static_cast<int>(r) == rank) mine.push_back(todo[k]);
+    }
+  }
+  std::map<std::size_t, double> cost_of;  // by point index
+  double cost_total = 0;
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    cost_of[todo[k]] = cost[k];
+    cost_total += cost[k];
+  }
 
   auto write_all = [&](const std::vector<SweepRow>& rows) {
     write_file_atomic(opts.csv_path, [&](std::ostream& os) {
@@ -662,26 +763,41 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     });
   };
   std::ofstream csv;
-  if (!opts.csv_path.empty()) {
+  if (root && !opts.csv_path.empty()) {
     write_all(result.rows);  // drops cut-short lines before appending
     csv.open(opts.csv_path, std::ios::app);
     if (!csv) throw RuntimeError(fmt::format("cannot append to {}", opts.csv_path));
   }
+  std::ofstream eta_log;
+  if (root && !opts.eta_log_path.empty()) {
+    eta_log.open(opts.eta_log_path);
+    if (!eta_log) throw RuntimeError(fmt::format("cannot write {}", opts.eta_log_path));
+    eta_log << "# elapsed_s points_done points_total eta_s\n";
+  }
 
   int jobs = opts.jobs > 0 ? opts.jobs
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  jobs = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(jobs), todo.size()));
+  jobs = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(jobs), mine.size()));
 
   std::mutex mu;
+  std::condition_variable outbox_cv;
+  std::vector<std::string> outbox;  // ranks > 0: messages for rank 0, sent by the main thread
   std::atomic<std::size_t> next{0};
   std::atomic<bool> stop{false};
+  std::atomic<int> active{jobs};
   std::exception_ptr error;
   std::size_t completed = 0;
+  double cost_done = 0;
   std::size_t printed = static_cast<std::size_t>(-1);
   const bool tty = isatty(fileno(stderr)) != 0;
   auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
   const auto run_t0 = std::chrono::steady_clock::now();
 
+  // Remaining time: the elapsed time scaled by the predicted cost still to run over the cost
+  // done (with equal costs: the mean time per point times the points left).
+  auto eta_s = [&](double elapsed) {
+    return elapsed / cost_done * std::max(0.0, cost_total - cost_done);
+  };
   auto progress = [&](bool final) {  // under mu
     if (!opts.progress) return;
     auto now = std::chrono::steady_clock::now();
@@ -691,9 +807,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     printed = completed;
     last_print = now;
     double elapsed = std::chrono::duration<double>(now - run_t0).count();
-    std::string eta = completed > 0 ? fmt_seconds(elapsed / static_cast<double>(completed) *
-                                                  static_cast<double>(todo.size() - completed))
-                                    : "?";
+    std::string eta = cost_done > 0 ? fmt_seconds(eta_s(elapsed)) : "?";
     std::fprintf(stderr, "%smoesim sweep: %zu/%zu points (%.0f%%), %s elapsed, ETA %s%s",
                  tty ? "\r" : "", completed, todo.size(),
                  todo.empty()
@@ -702,7 +816,27 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
                  fmt_seconds(elapsed).c_str(), eta.c_str(), tty && !final ? "   " : "\n");
     std::fflush(stderr);
   };
-  if (opts.progress && result.points_skipped > 0)
+  // Rank 0, under mu: one point's rows arrived (from a local worker or another rank).
+  auto point_done = [&](int from, std::vector<SweepRow>& rows) {
+    if (csv.is_open()) {
+      for (const auto& r : rows) csv << csv_line(r);
+      csv.flush();
+    }
+    if (!rows.empty()) cost_done += cost_of[rows.front().point];
+    for (auto& r : rows) result.rows.push_back(std::move(r));
+    ++completed;
+    ++result.points_run;
+    ++result.points_per_rank.at(static_cast<std::size_t>(from));
+    if (eta_log.is_open()) {
+      double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+      eta_log << fmt::format("{:.3f} {} {} {:.3f}\n", elapsed, completed, todo.size(),
+                             eta_s(elapsed));
+      eta_log.flush();
+    }
+    progress(false);
+  };
+  if (root && opts.progress && result.points_skipped > 0)
     std::fprintf(stderr, "moesim sweep: %zu of %zu points already in %s, skipped\n",
                  result.points_skipped, points.size(), opts.csv_path.c_str());
 
@@ -713,8 +847,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       const YAML::Node base_tree = YAML::Load(base_text);
       while (!stop.load()) {
         std::size_t k = next.fetch_add(1);
-        if (k >= todo.size()) break;
-        const SweepPoint& p = points[todo[k]];
+        if (k >= mine.size()) break;
+        const SweepPoint& p = points[mine[k]];
         Scenario sc = point_scenario(spec, base_tree, p);
         auto topo = topology::build_topology(sc.cluster);
         sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
@@ -731,32 +865,88 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
           if (!opts.json_path.empty()) r.run = run_json(sc, o.run, o.summary);
           rows.push_back(std::move(r));
         }
+        std::string message = root ? std::string() : rows_message(rank, rows);
         std::lock_guard<std::mutex> lock(mu);
         if (result.engine.empty()) result.engine = std::string(sim::network_kind_name(cfg.network));
-        if (csv.is_open()) {
-          for (const auto& r : rows) csv << csv_line(r);
-          csv.flush();
+        if (root) {
+          point_done(0, rows);
+        } else {
+          outbox.push_back(std::move(message));
+          for (auto& r : rows) result.rows.push_back(std::move(r));
+          ++result.points_run;
+          ++result.points_per_rank.at(static_cast<std::size_t>(rank));
+          outbox_cv.notify_one();
         }
-        for (auto& r : rows) result.rows.push_back(std::move(r));
-        ++completed;
-        ++result.points_run;
-        progress(false);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
       if (!error) error = std::current_exception();
       stop.store(true);
     }
+    std::lock_guard<std::mutex> lock(mu);
+    active.fetch_sub(1);
+    outbox_cv.notify_one();
   };
   std::vector<std::thread> pool;
-  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-  if (jobs > 0) worker();
+  if (!tp) {
+    for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+    if (jobs > 0) worker();
+  } else {
+    // The main thread talks to the other ranks (all MPI calls stay on it); workers compute.
+    for (int j = 0; j < jobs; ++j) pool.emplace_back(worker);
+    try {
+      if (root) {
+        int finished_ranks = 0;
+        while (true) {
+          while (auto text = tp->try_receive()) {
+            auto j = nlohmann::ordered_json::parse(*text);
+            if (j.contains("done")) {
+              ++finished_ranks;
+              continue;
+            }
+            auto rows = parse_rows_message(j);
+            const int from = j.at("rank").get<int>();
+            if (from <= 0 || from >= ranks)
+              throw RuntimeError(fmt::format("sweep: a message from rank {} of {}", from, ranks));
+            std::lock_guard<std::mutex> lock(mu);
+            point_done(from, rows);
+          }
+          if (stop.load()) break;
+          if (active.load() == 0 && finished_ranks == ranks - 1) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      } else {
+        while (true) {
+          std::vector<std::string> batch;
+          bool workers_left = true;
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            outbox_cv.wait_for(lock, std::chrono::milliseconds(100),
+                               [&] { return !outbox.empty() || active.load() == 0; });
+            batch.swap(outbox);
+            workers_left = active.load() > 0;
+          }
+          for (const auto& m : batch) tp->send_to_root(m);
+          if (!workers_left) break;
+        }
+        if (!stop.load()) tp->send_to_root("{\"done\":true}");
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      stop.store(true);
+    }
+  }
   for (auto& t : pool) t.join();
-  if (!todo.empty()) {
+  if (root && !todo.empty()) {
     std::lock_guard<std::mutex> lock(mu);
     progress(true);
   }
   if (error) std::rethrow_exception(error);
+  if (!root) {
+    result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return result;  // rank 0 writes everything
+  }
 
   std::map<std::string, std::size_t> order;
   for (std::size_t i = 0; i < strategy_names.size(); ++i) order[strategy_names[i]] = i;

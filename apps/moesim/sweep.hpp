@@ -79,12 +79,33 @@ Scenario base_scenario(const SweepSpec& spec);
 /// of the scenario (applied alone with its first value): errors name the sweep file's line.
 void validate_sweep(const SweepSpec& spec);
 
+/// Spreads a sweep over processes (MPI ranks under mpirun). The sweep code stays free of MPI: the
+/// CLI supplies the MPI implementation (cmd_sweep.cpp), tests may supply another.
+class SweepTransport {
+ public:
+  virtual ~SweepTransport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Collective: every rank ends up with rank 0's `text`.
+  virtual void broadcast(std::string& text) = 0;
+  /// Ranks > 0: one message to rank 0; messages of one rank arrive in the order sent.
+  virtual void send_to_root(const std::string& text) = 0;
+  /// Rank 0: a message from another rank if one has arrived; never blocks.
+  virtual std::optional<std::string> try_receive() = 0;
+};
+
 struct SweepOptions {
-  int jobs = 0;        // 0 = hardware threads
+  int jobs = 0;        // 0 = hardware threads (per rank under a transport)
   std::string engine;  // "" = the scenario's
   std::string csv_path;
   std::string json_path;
   bool progress = true;  // progress line with ETA on stderr
+  // With more than one rank: rank 0 decides which points remain (resume) and broadcasts them;
+  // each rank runs its share with `jobs` threads and sends the rows to rank 0, which alone writes
+  // the CSV and JSON and prints the progress. Null = this process runs everything.
+  SweepTransport* transport = nullptr;
+  // Hidden measurement aid: every progress update appends "elapsed_s done total eta_s" here.
+  std::string eta_log_path;
 };
 
 /// One strategy's result at one point.
@@ -99,6 +120,7 @@ struct SweepRow {
 struct SweepResult {
   std::vector<SweepRow> rows;  // every row (resumed ones too), sorted by point then strategy
   std::size_t points_total = 0, points_skipped = 0, points_run = 0;
+  std::vector<std::size_t> points_per_rank;  // points run by each rank (one entry without MPI)
   std::string engine;
   double wall_s = 0;
 };
@@ -106,9 +128,10 @@ struct SweepResult {
 /// CSV header for a spec: point, every axis key, then the result columns.
 std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
 
-/// Runs the sweep. With a CSV path, rows of completed points are appended as they finish (so an
-/// interrupted sweep keeps them) and the file is rewritten sorted at the end; points whose rows
-/// are all in an existing CSV with the same columns are skipped.
+/// Runs the sweep (on rank 0 of a transport: everything, gathered; on other ranks: their share,
+/// whose rows are returned but not written). With a CSV path, rows of completed points are appended
+/// as they finish (so an interrupted sweep keeps them) and the file is rewritten sorted at the end;
+/// points whose rows are all in an existing CSV with the same columns are skipped.
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts);
 
 /// CSV field quoting (RFC 4180) and splitting one line back (exposed for tests).

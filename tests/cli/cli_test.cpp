@@ -192,7 +192,7 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
   auto b = nlohmann::json::parse(read_file(dir / "b.json"));
   EXPECT_EQ(a["scenario"], "quickstart");
   EXPECT_EQ(a["engine"], "flow");
-  ASSERT_EQ(a["runs"].size(), 3u);
+  ASSERT_EQ(a["runs"].size(), 4u);  // baseline, tutel, pipemoe, ta_moe
   for (const auto& run : a["runs"]) {
     for (const char* key : {"strategy", "topology", "gpus", "step_time_s", "moe_layer_time_s",
                             "iterations", "breakdown", "decisions", "speedup_vs_baseline"})
@@ -231,7 +231,7 @@ TEST(Cli, SimulateSeedChangesTheWorkload) {
 TEST(Cli, SimulateUnknownStrategyExitsTwo) {
   auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --strategy nope", kSource));
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("baseline, tutel, pipemoe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("baseline, tutel, pipemoe, ta_moe"), std::string::npos) << r.out;
 }
 
 TEST(Cli, SimulateCollectiveReportsNcclTestsBandwidths) {
@@ -265,10 +265,23 @@ TEST(Cli, CompareRunsStacksTimesTopologies) {
                            kSource, topos, (dir / "c.json").string()));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(read_file(dir / "c.json"));
-  ASSERT_EQ(j["runs"].size(), 9u);  // 3 strategies x 3 topologies
+  ASSERT_EQ(j["runs"].size(), 12u);  // 4 strategies x 3 topologies, topology by topology
+  const auto& dgx_base = j["runs"][0];
+  const auto& ib_base = j["runs"][4];
+  ASSERT_EQ(dgx_base["strategy"], "baseline");
+  ASSERT_EQ(ib_base["strategy"], "baseline");
+  EXPECT_EQ(ib_base["topology"], "a100-4x4-ib100");
   // The NVSwitch + 8 NIC nodes are faster than 4 GPUs sharing one 100 Gb/s NIC, for the baseline.
-  EXPECT_LT(j["runs"][0]["step_time_s"].get<double>(), j["runs"][3]["step_time_s"].get<double>());
-  EXPECT_EQ(j["runs"][3]["topology"], "a100-4x4-ib100");
+  EXPECT_LT(dgx_base["step_time_s"].get<double>(), ib_base["step_time_s"].get<double>());
+  // TA-MoE's dispatch keeps tokens inside the node: it pays most where the NIC is scarcest (one
+  // 100 Gb/s NIC per 4 GPUs against one 200 Gb/s NIC per GPU), and cuts the all-to-all there.
+  const auto& dgx_ta = j["runs"][3];
+  const auto& ib_ta = j["runs"][7];
+  ASSERT_EQ(dgx_ta["strategy"], "ta_moe");
+  ASSERT_EQ(ib_ta["strategy"], "ta_moe");
+  EXPECT_GT(ib_ta["speedup_vs_baseline"].get<double>(),
+            dgx_ta["speedup_vs_baseline"].get<double>());
+  EXPECT_LT(ib_ta["breakdown"]["a2a_s"].get<double>(), ib_base["breakdown"]["a2a_s"].get<double>());
   fs::remove_all(dir);
 }
 

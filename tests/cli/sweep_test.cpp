@@ -57,6 +57,13 @@ std::vector<std::string> lines_of(const std::string& text) {
   return out;
 }
 
+// Occurrences of `needle` in `hay`.
+std::size_t count_of(const std::string& hay, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
 SweepSpec spec_from(const std::string& yaml) {
   return parse_sweep(parse_yaml_string(yaml, "/tmp/s.yaml"), "/tmp/s.yaml");
 }
@@ -431,35 +438,136 @@ TEST(SweepCli, ListShowsTheLibraryWithDescriptions) {
     EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
 }
 
-// Renders a compare report in headless Chromium: the screenshot is a real image and the DOM
-// still holds the comparison table. Skips where Chromium is not installed.
+// Every field of a CSV line but the last (wall_s, the wall-clock time of the row).
+std::string without_wall(const std::string& line) { return line.substr(0, line.rfind(',')); }
+
+// `mpirun -np 2 moesim sweep` writes what a single process writes (CSV rows but for wall_s, the
+// JSON byte for byte), both ranks run points, and a resumed run under mpirun skips the points in
+// the CSV on every rank.
+TEST(SweepCli, MpirunSpreadsPointsAndGathersTheSameOutput) {
+#ifndef MOESIM_MPIEXEC
+  GTEST_SKIP() << "moesim built without MPI";
+#else
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0, 1.5, 2.0]\n"
+                                       "  model.top_k: [1, 2]\n"));
+  auto one = run(fmt::format(
+      "sweep '{0}/s.yaml' --jobs 2 --csv '{0}/one.csv' --json '{0}/one.json'", d.string()));
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const std::string mpirun = fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 "
+      "{} -np 2 --oversubscribe",
+      MOESIM_MPIEXEC);
+  auto two =
+      run(fmt::format("sweep '{0}/s.yaml' --jobs 1 --csv '{0}/two.csv' --json '{0}/two.json'",
+                      d.string()),
+          mpirun);
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  // Rank 0 alone prints: one summary, naming both ranks' shares (6 points split 3 + 3).
+  EXPECT_EQ(count_of(two.out, "# small: 6 point(s)"), 1u) << two.out;
+  EXPECT_NE(two.out.find("(6 run on 2 ranks (3 + 3), 0 resumed)"), std::string::npos) << two.out;
+  auto a = lines_of(read_file(d / "one.csv"));
+  auto b = lines_of(read_file(d / "two.csv"));
+  ASSERT_EQ(a.size(), 1u + 6 * 2);
+  ASSERT_EQ(b.size(), a.size());
+  EXPECT_EQ(a[0], b[0]);
+  for (std::size_t i = 1; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(b[i]));
+  EXPECT_EQ(read_file(d / "one.json"), read_file(d / "two.json"));
+
+  // Resume under mpirun: the first 2 points are in the CSV; the 4 others run, 2 per rank.
+  write_file(d / "two.csv", a[0] + "\n" + a[1] + "\n" + a[2] + "\n" + a[3] + "\n" + a[4] + "\n");
+  auto again =
+      run(fmt::format("sweep '{0}/s.yaml' --jobs 1 --csv '{0}/two.csv'", d.string()), mpirun);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("(4 run on 2 ranks (2 + 2), 2 resumed)"), std::string::npos)
+      << again.out;
+  auto c = lines_of(read_file(d / "two.csv"));
+  ASSERT_EQ(c.size(), a.size());
+  for (std::size_t i = 1; i < 5; ++i) EXPECT_EQ(c[i], a[i]);  // resumed rows kept as written
+  for (std::size_t i = 1; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(c[i]));
+
+  // An input error is reported once (by rank 0) and ends the job with exit code 2.
+  write_file(d / "bad.yaml", small_sweep("  model.hiden_dim: [1024]\n"));
+  auto bad = run(fmt::format("sweep '{}/bad.yaml'", d.string()), mpirun);
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;  // MPI_Abort with the input-error code
+  EXPECT_EQ(count_of(bad.out, "moesim: error:"), 1u) << bad.out;
+  EXPECT_NE(bad.out.find("hiden_dim"), std::string::npos) << bad.out;
+#endif
+}
+
+// Width and height from a PNG's IHDR chunk (bytes 16-23, big-endian), or {0, 0} when `png` is not
+// a PNG.
+std::pair<unsigned, unsigned> png_size(const std::string& png) {
+  if (png.size() < 24 || png.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0 ||
+      png.compare(12, 4, "IHDR") != 0)
+    return {0, 0};
+  auto be32 = [&](std::size_t at) {
+    unsigned v = 0;
+    for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(png[at + i]);
+    return v;
+  };
+  return {be32(16), be32(20)};
+}
+
+// Renders the README's compare report (4 strategies x 3 topologies) in headless Chromium: the
+// screenshot has the window's size and far more content than a blank page rendered the same way,
+// and the DOM Chromium built holds the comparison table: a header and one row per strategy, one
+// column per topology. Skips where Chromium is not installed (scripts/setup.sh installs it).
 TEST(SweepCli, ReportRendersInHeadlessChromium) {
   const std::string chromium = "/usr/bin/chromium";
   if (access(chromium.c_str(), X_OK) != 0) GTEST_SKIP() << "no /usr/bin/chromium";
   fs::path d = temp_dir();
-  auto r = run(fmt::format("compare '{}' --engine analytical --iterations 1 --report '{}/c.html'",
-                           kQuickstart, d.string()));
+  const std::string topo = kSource + "/scenarios/topologies";
+  auto r = run(fmt::format(
+      "compare '{0}' --engine analytical --iterations 1 --topology '{1}/dgx-a100-2x8.yaml' "
+      "--topology '{1}/a100-4x4-ib100.yaml' --topology '{1}/a100-pcie-2x8-ib100.yaml' "
+      "--report '{2}/c.html'",
+      kQuickstart, topo, d.string()));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  std::string flags =
-      "--headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,1400";
-  std::string shot = (d / "shot.png").string();
-  std::string cmd = fmt::format("{} {} --screenshot='{}' 'file://{}/c.html' >/dev/null 2>&1",
-                                chromium, flags, shot, d.string());
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  std::string png = read_file(shot);
-  ASSERT_GT(png.size(), 8u);
-  EXPECT_EQ(png.substr(1, 3), "PNG");
-  // A blank page compresses to a few hundred bytes; text, table and plot do not.
-  EXPECT_GT(png.size(), 20'000u);
-  std::string dom_path = (d / "dom.html").string();
-  cmd = fmt::format("{} {} --dump-dom 'file://{}/c.html' > '{}' 2>/dev/null", chromium, flags,
-                    d.string(), dom_path);
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  std::string dom = read_file(dom_path);
-  EXPECT_NE(dom.find("id=\"comparison\""), std::string::npos);
-  EXPECT_NE(dom.find(">baseline<"), std::string::npos);
-  EXPECT_NE(dom.find(">tutel<"), std::string::npos);
-  EXPECT_NE(dom.find(">pipemoe<"), std::string::npos);
+  write_file(d / "blank.html", "<!DOCTYPE html><html><body></body></html>\n");
+  // Flags that work as root in a container without a display or network; a fresh profile per
+  // call, so nothing is shared with another run.
+  int profile = 0;
+  auto chrome = [&](const std::string& what, const std::string& page, const std::string& redirect) {
+    std::string flags = fmt::format(
+        "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+        "--disable-background-networking --disable-component-update --disable-sync "
+        "--hide-scrollbars --window-size=1200,1400 --user-data-dir='{}'",
+        (d / fmt::format("profile{}", profile++)).string());
+    std::string cmd = fmt::format("timeout 60 {} {} {} 'file://{}' {}", chromium, flags, what,
+                                  (d / page).string(), redirect);
+    return std::system(cmd.c_str());
+  };
+  ASSERT_EQ(chrome(fmt::format("--screenshot='{}'", (d / "blank.png").string()), "blank.html",
+                   ">/dev/null 2>&1"),
+            0);
+  ASSERT_EQ(chrome(fmt::format("--screenshot='{}'", (d / "shot.png").string()), "c.html",
+                   ">/dev/null 2>&1"),
+            0);
+  std::string blank = read_file(d / "blank.png");
+  std::string png = read_file(d / "shot.png");
+  EXPECT_EQ(png_size(blank), std::make_pair(1200u, 1400u));
+  EXPECT_EQ(png_size(png), std::make_pair(1200u, 1400u));
+  // A blank page compresses to a few kB; headings, tables and the text do not.
+  EXPECT_GT(png.size(), 10 * blank.size()) << png.size() << " vs blank " << blank.size();
+
+  ASSERT_EQ(
+      chrome("--dump-dom", "c.html", fmt::format("> '{}' 2>/dev/null", (d / "dom.html").string())),
+      0);
+  std::string dom = read_file(d / "dom.html");
+  auto at = dom.find("<table id=\"comparison\">");
+  ASSERT_NE(at, std::string::npos) << dom.substr(0, 2000);
+  std::string table = dom.substr(at, dom.find("</table>", at) - at);
+  EXPECT_EQ(count_of(table, "<tr>"), 1u + 4);  // header + 4 strategies
+  EXPECT_EQ(count_of(table, "<th"), 1u + 3);   // strategy + 3 topologies
+  EXPECT_EQ(count_of(table, "<td"), 4u * (1 + 3));
+  for (const char* name : {"baseline", "tutel", "pipemoe", "ta_moe"})
+    EXPECT_EQ(count_of(table, fmt::format(">{}</td>", name)), 1u) << name;
+  for (const char* t : {"dgx-a100-2x8", "a100-4x4-ib100", "a100-pcie-2x8-ib100"})
+    EXPECT_EQ(count_of(table, fmt::format(">{}</th>", t)), 1u) << t;
+  // Chromium parsed the page, not just echoed it: it inserted the implied <tbody>.
+  EXPECT_NE(table.find("<tbody>"), std::string::npos);
 }
 
 }  // namespace

@@ -19,7 +19,8 @@ const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names()
       {RoutingDistribution::kUniform, "uniform"},
       {RoutingDistribution::kZipf, "zipf"},
       {RoutingDistribution::kDirichlet, "dirichlet"},
-      {RoutingDistribution::kTrace, "trace"}};
+      {RoutingDistribution::kTrace, "trace"},
+      {RoutingDistribution::kCorrelated, "correlated"}};
   return t;
 }
 

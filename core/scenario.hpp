@@ -83,7 +83,9 @@ struct ParallelismSpec {
 // ---------------------------------------------------------------------------------------------
 // workload:
 
-enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace };
+// kCorrelated: the multi-layer routing generator of inference (strategies/inference/,
+// STRATEGIES §7): per-layer Zipf marginals (skew) and tokens that follow their path.
+enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace, kCorrelated };
 
 struct RoutingWorkloadSpec {
   RoutingDistribution distribution = RoutingDistribution::kUniform;
@@ -91,6 +93,13 @@ struct RoutingWorkloadSpec {
   std::uint64_t seed = 1;        // every random draw of the run derives from it
   std::string trace_path;        // distribution trace: absolute path (resolved against the file)
   double dirichlet_alpha = 1.0;  // distribution dirichlet: concentration (> 0)
+  // distribution correlated (strategies/inference/correlated_routing.hpp): probability that a
+  // token's first choice is the dominant next expert of its path group, in [0, 1]; and how many
+  // previous MoE layers' first choices form that group (>= 1); how much a batch's popularity
+  // varies around the layer's Zipf marginals (relative standard deviation scale, in [0, 1)).
+  double stickiness = 0.4;
+  int memory = 3;
+  double batch_variation = 0.1;
 };
 
 enum class CapacityKind { kFixed, kTrace, kRandomWalk };
@@ -122,6 +131,10 @@ struct EngineSpec {
   Seconds message_overhead{1e-6};  // endpoint cost per message (bounds the message rate)
   Seconds launch_overhead{5e-6};   // per kernel / collective launch
   double interference = 0.0;       // compute slow-down factor while communication runs (>= 0)
+  // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time
+  // of each other are handled together, in one recomputation (bounded error of about this much
+  // per event). 1e-9 is the normative model; 1e-3 makes hash-ECMP fat trees tractable.
+  double flow_event_tolerance = 1e-9;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -131,10 +144,6 @@ enum class RoutingRole { kEven, kTaMoe, kFasterMoeHir };
 enum class ParallelRole { kP1, kP2, kDegree, kTutelRouter };
 enum class PipelineRole { kDegree, kPipeMoe, kTutelOnline };
 enum class A2aRole { kLinear, k2dh, kAuto };
-  // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time
-  // of each other are handled together, in one recomputation (bounded error of about this much
-  // per event). 1e-9 is the normative model; 1e-3 makes hash-ECMP fat trees tractable.
-  double flow_event_tolerance = 1e-9;
 enum class LayoutRole { kPlain, kFlexible };
 enum class ScheduleRole {
   kNone,
@@ -168,7 +177,8 @@ struct LinaParams {
 };
 /// inference: lina (STRATEGIES §7).
 struct LinaInferenceParams {
-  int path_length = 3;  // experts of previous layers that form a token's path (>= 1)
+  int path_length = 3;      // experts of previous layers that form a token's path (>= 1)
+  int profile_batches = 8;  // batches of the profiling trace the path profile is built from
 };
 
 struct StrategySpec {

@@ -647,7 +647,8 @@ WorkloadSpec parse_workload(const MapReader& root) {
   MapReader m = root.get_map("workload", {"routing", "capacity", "iterations"});
   if (auto v = m.get_int("iterations", 1, kIntMax)) w.iterations = to_int32(*v);
   if (m.has("routing")) {
-    MapReader r = m.get_map("routing", {"distribution", "skew", "seed", "trace", "alpha"});
+    MapReader r = m.get_map("routing", {"distribution", "skew", "seed", "trace", "alpha",
+                                        "stickiness", "memory", "batch_variation"});
     auto& rt = w.routing;
     if (auto v = get_enum(r, "distribution", routing_distribution_names())) rt.distribution = *v;
     if (auto v = r.get_number("skew")) {
@@ -671,6 +672,23 @@ WorkloadSpec parse_workload(const MapReader& root) {
                                     name_of(rt.distribution)));
       if (*v <= 0) r.fail("alpha", fmt::format("found {}, expected a number > 0", *v));
       rt.dirichlet_alpha = *v;
+    }
+    // The correlated generator's keys (strategies/inference/correlated_routing.hpp).
+    for (std::string_view key : {"stickiness", "memory", "batch_variation"})
+      if (r.has(key) && rt.distribution != RoutingDistribution::kCorrelated)
+        r.fail(key, fmt::format("'{}' applies only to distribution correlated, but distribution "
+                                "is {}",
+                                key, name_of(rt.distribution)));
+    if (auto v = r.get_number("stickiness")) {
+      if (!(*v >= 0 && *v <= 1))
+        r.fail("stickiness", fmt::format("found {}, expected a probability in [0, 1]", *v));
+      rt.stickiness = *v;
+    }
+    if (auto v = r.get_int("memory", 1, 16)) rt.memory = to_int32(*v);
+    if (auto v = r.get_number("batch_variation")) {
+      if (!(*v >= 0 && *v < 1))
+        r.fail("batch_variation", fmt::format("found {}, expected a number in [0, 1)", *v));
+      rt.batch_variation = *v;
     }
   }
   if (m.has("capacity")) {
@@ -732,6 +750,15 @@ EngineSpec parse_engine(const MapReader& root) {
     if (*v < 0) m.fail("interference", fmt::format("found {}, expected a number >= 0", *v));
     e.interference = *v;
   }
+  if (m.has("flow")) {
+    MapReader f = m.get_map("flow", {"event_tolerance"});
+    if (auto v = f.get_number("event_tolerance")) {
+      if (!(*v > 0 && *v < 0.1))
+        f.fail("event_tolerance",
+               fmt::format("found {}, expected a relative time in (0, 0.1) such as 1e-3", *v));
+      e.flow_event_tolerance = *v;
+    }
+  }
   return e;
 }
 
@@ -751,15 +778,6 @@ std::optional<E> role_or_degree(const MapReader& m, std::string_view key,
   std::int64_t v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (!s.empty() && ptr == s.data() + s.size()) {
-  if (m.has("flow")) {
-    MapReader f = m.get_map("flow", {"event_tolerance"});
-    if (auto v = f.get_number("event_tolerance")) {
-      if (!(*v > 0 && *v < 0.1))
-        f.fail("event_tolerance",
-               fmt::format("found {}, expected a relative time in (0, 0.1) such as 1e-3", *v));
-      e.flow_event_tolerance = *v;
-    }
-  }
     if (ec != std::errc() || v < 1 || v > 1024)
       m.fail(key, fmt::format("found {}, expected an integer in [1, 1024] or {}", describe(n),
                               yaml::join_alternatives(names)));
@@ -868,8 +886,10 @@ StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::str
     if (auto v = p.get_bool("pack_experts")) s.lina.pack_experts = *v;
   }
   if (m.has("lina_inference")) {
-    MapReader p = m.get_map("lina_inference", {"path_length"});
+    MapReader p = m.get_map("lina_inference", {"path_length", "profile_batches"});
     if (auto v = p.get_int("path_length", 1, 64)) s.lina_inference.path_length = to_int32(*v);
+    if (auto v = p.get_int("profile_batches", 1, 1024))
+      s.lina_inference.profile_batches = to_int32(*v);
   }
   return s;
 }

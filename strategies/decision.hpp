@@ -2,10 +2,12 @@
 // into a Plan. Every strategy module fills its part; a role left out keeps the baseline value.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
+#include "strategies/inference/types.hpp"
 
 namespace moesim::strategies {
 
@@ -32,6 +34,10 @@ struct Decision {
   /// expert compute scaled by each rank's received tokens) instead of the padded all_to_all. Set
   /// by the routing role when it is not even (TA-MoE, FasterMoE hir: STRATEGIES §8).
   bool variable_dispatch = false;
+  /// Inference expert placement (STRATEGIES §7, strategies/inference/): per MoE layer, the
+  /// tokens each GPU sends to each GPU (replacing the placement-by-id dispatch; needs
+  /// variable_dispatch) and the expert weights moved. Null: experts stay where the ids put them.
+  std::shared_ptr<const InferencePlan> inference;
 
   /// "r=2 a2a=2dh layout=flexible parallel=1" — stable, for tables and JSON.
   std::string describe() const;

@@ -214,6 +214,11 @@ class Builder {
       throw InputError(sc_.location_of("model.experts_per_gpu"), "model.experts_per_gpu",
                        "sharded experts (experts_per_gpu < 0) with parallelism.esp > 1: expected "
                        "one of the two ways of splitting an expert");
+    if (dec_.inference &&
+        (dec_.inference->layers.size() != work_.layers.size() || !dec_.variable_dispatch))
+      throw InputError(fmt::format(
+          "plan builder: inference placement of {} MoE layers for {} (variable dispatch {})",
+          dec_.inference->layers.size(), work_.layers.size(), dec_.variable_dispatch));
     if (dec_.a2a != CollectiveAlgo::kLinear && dec_.a2a != CollectiveAlgo::k2dh &&
         dec_.a2a != CollectiveAlgo::kAuto)
       throw InputError(where, "a2a",
@@ -309,8 +314,12 @@ class Builder {
     const auto r = static_cast<std::uint32_t>(dims.chunks.size());
     chunks.resize(r);
     std::vector<std::vector<float>> scale(r, std::vector<float>(P_, 0.0f));
-    for (const auto& grp : groups_.ep.groups) {
-      const ByteMatrix full = workload::dispatch_matrix(layer, grp, placement, unit);
+    for (std::size_t gi = 0; gi < groups_.ep.groups.size(); ++gi) {
+      const auto& grp = groups_.ep.groups[gi];
+      // Inference placement (STRATEGIES §7): the placement decided where the tokens go.
+      const ByteMatrix full = dec_.inference
+                                  ? *dec_.inference->layers.at(moe).tokens.at(gi)
+                                  : workload::dispatch_matrix(layer, grp, placement, unit);
       for (std::uint32_t j = 0; j < r; ++j) {
         ByteMatrix m = full;
         for (auto& c : m.counts) c = c / r + (j < c % r ? 1u : 0u);
@@ -345,6 +354,20 @@ class Builder {
     spec.algo = dec_.a2a;
     spec.grouping = grouping(groups_.ep);
     const auto& mats = to_experts ? rc.to_experts : rc.to_tokens;
+    if (mats.size() == 1)
+      spec.matrix = mats[0];
+    else
+      spec.per_group = mats;
+    return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
+  }
+  // Expert weights moved between the GPUs of every EP group (inference placement): an
+  // all_to_allv of per-group matrices counted in experts.
+  OpId weight_move(StreamId stream, const std::vector<std::shared_ptr<const ByteMatrix>>& mats,
+                   std::vector<OpId> deps, std::string label) {
+    CollectiveSpec spec;
+    spec.type = CollectiveType::kAllToAllv;
+    spec.algo = CollectiveAlgo::kLinear;
+    spec.grouping = grouping(groups_.ep);
     if (mats.size() == 1)
       spec.matrix = mats[0];
     else
@@ -542,6 +565,15 @@ class Builder {
       index_.moe_layers.push_back(std::move(ops));
       return out;
     }
+    // Inference placement, phase 1 (STRATEGIES §7): the weights of this layer's placement move
+    // on the param stream once the previous MoE layer's gate ran (its tokens' paths are known
+    // then), overlapping the layers in between; outside the layer's own ops.
+    const InferenceLayerPlan* inf =
+        dec_.inference ? &dec_.inference->layers.at(static_cast<std::size_t>(moe)) : nullptr;
+    OpId prefetch = kNone;
+    if (inf && !inf->prefetch.empty())
+      prefetch = weight_move(s_param_, inf->prefetch, deps_of({last_gate_}),
+                             lbl(l, false, "expert_prefetch"));
     const OpId first_id = static_cast<OpId>(plan_.ops().size());
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
@@ -558,6 +590,15 @@ class Builder {
                                 deps_of({prev}), lbl(l, false, "param_allgather"));
     const GemmShape gate{St, E_, M_, 1};
     OpId g = gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({in}), lbl(l, false, "gate"));
+    last_gate_ = g;
+    // Lina's check after the gate: all-reduce of the E actual counts; phase 2 then moves weights
+    // to the re-planned placement. Both block the dispatch (encode waits for them).
+    if (inf && inf->sync_counts && W_ > 1)
+      g = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                     grouping(groups_.ep), 4.0 * static_cast<double>(E_), deps_of({g}),
+                     lbl(l, false, "count_allreduce"));
+    if (inf && !inf->replan.empty())
+      g = weight_move(s_comm_, inf->replan, deps_of({g}), lbl(l, false, "expert_replan"));
     OpId enc = kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity), deps_of({g}),
                       lbl(l, false, "encode"));
     OpId last_combine = kNone, last_expert = kNone;
@@ -572,7 +613,7 @@ class Builder {
       }
       const ExpertShapes sh = expert_shapes(cap);
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_each,
-                     deps_of({enc, disp, j == 0 ? param_gather : kNone}),
+                     deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
                      lbl(l, false, "expert.fc1." + c), expert_scale(moe, j));
       OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_each, deps_of({f1}),
                      lbl(l, false, "expert.fc2." + c), expert_scale(moe, j));
@@ -738,6 +779,7 @@ class Builder {
   std::vector<size_t> grad_before_;  // per MoE layer (lina schedules)
   std::vector<std::pair<std::string, GroupingId>> grouping_ids_;
   std::vector<std::vector<RoutedChunk>> routed_;  // per MoE layer, per chunk (variable dispatch)
+  OpId last_gate_ = kNone;                        // gate of the previous MoE layer (forward)
   int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
   std::int64_t b_ = 2;

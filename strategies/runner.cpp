@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
+#include "strategies/inference/session.hpp"
 #include "strategies/strategy.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
@@ -66,6 +67,10 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const auto& md = sc.model;
+  // Inference expert placement (STRATEGIES §7): the batches come from the correlated routing
+  // generator and every MoE layer's tokens go where the inference role placed the experts.
+  std::optional<inference::InferenceSession> session;
+  if (inference::placement_active(sc)) session.emplace(sc, spec);
 
   StackRun run;
   run.strategy = spec.name;
@@ -76,7 +81,10 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
     // the sampled counts (the first MoE layer's; the draws are keyed by iteration, so sampling it
     // again below gives the same counts).
     std::int64_t capacity = 0;
-    if (f > 0 || md.num_moe_layers() == 0)
+    if (session) session->generate(i);
+    if (session && f <= 0 && md.num_moe_layers() > 0)
+      capacity = session->workload(i, f, 1).layers[0].capacity;
+    else if (f > 0 || md.num_moe_layers() == 0)
       capacity = workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(),
                                           md.experts, 0, 1);
     else
@@ -86,11 +94,21 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
     const StrategyContext ctx{sc, spec, topo, cost, i, f, capacity, &run.iterations};
     Decision decision;
     stack->decide(ctx, decision);
-    workload::IterationWorkload work = generator.next(i, decision.pipeline_degree);
+    workload::IterationWorkload work = session ? session->workload(i, f, decision.pipeline_degree)
+                                               : generator.next(i, decision.pipeline_degree);
     stack->route(ctx, decision, work);
+    InferenceRecord placed;
+    if (session) {
+      decision.inference = session->place(work, placed);
+      decision.variable_dispatch = true;
+    }
     BuiltPlan built = build_step_plan(sc, topo, work, decision);
     RunResult result = backend(built.plan);
     IterationRecord rec = make_record(i, f, decision, work, built, result);
+    if (session) {
+      rec.inference = placed;
+      rec.decision.inference.reset();  // P x P matrices per layer: not kept per iteration
+    }
     stack->observe(ctx, rec);
     run.iterations.push_back(rec);
     run.last_result = std::move(result);

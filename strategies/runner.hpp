@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct IterationRecord {
   double compute_s = 0;
   double exposed_comm_s = 0;
   std::int64_t dropped_tokens = 0;
+  /// Inference expert placement of this batch (STRATEGIES §7), when the scenario uses it.
+  std::optional<InferenceRecord> inference;
 };
 
 struct StackRun {

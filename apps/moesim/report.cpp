@@ -54,6 +54,28 @@ RunSummary summarize(const strategies::StackRun& run, const std::string& topolog
   s.exposed_comm_mean_s = mean_of(run.iterations, &strategies::IterationRecord::exposed_comm_s);
   if (!run.iterations.empty()) s.decisions = run.iterations.back().decision.describe();
   s.wall_s = wall_s;
+  strategies::InferenceRecord inf;
+  for (const auto& r : run.iterations) {
+    if (!r.inference) continue;
+    s.inference = true;
+    inf.placements += r.inference->placements;
+    inf.estimated += r.inference->estimated;
+    inf.topk_matches += r.inference->topk_matches;
+    inf.popularity_error += r.inference->popularity_error;
+    inf.phase2 += r.inference->phase2;
+    inf.load_imbalance_sum += r.inference->load_imbalance_sum;
+    inf.moved_weight_bytes += r.inference->moved_weight_bytes;
+  }
+  if (s.inference) {
+    if (inf.placements > 0) s.load_imbalance = inf.load_imbalance_sum / inf.placements;
+    s.moved_weight_bytes = inf.moved_weight_bytes / static_cast<double>(run.iterations.size());
+    if (inf.estimated > 0) {
+      const double n = inf.estimated;
+      s.topk_accuracy = inf.topk_matches / n;
+      s.popularity_error = inf.popularity_error / n;
+      s.phase2_rate = inf.phase2 / n;
+    }
+  }
   return s;
 }
 
@@ -69,6 +91,11 @@ void apply_speedups(std::vector<RunSummary>& rows, int baseline) {
   if (baseline < 0 || baseline >= static_cast<int>(rows.size())) return;
   double base = rows[baseline].step_mean_s;
   for (auto& r : rows) r.speedup = r.step_mean_s > 0 ? base / r.step_mean_s : 0;
+  const RunSummary& b = rows[baseline];
+  for (auto& r : rows) {
+    r.speedup_p50 = r.step_p50_s > 0 ? b.step_p50_s / r.step_p50_s : 0;
+    r.speedup_p95 = r.step_p95_s > 0 ? b.step_p95_s / r.step_p95_s : 0;
+  }
 }
 
 void print_table(const std::vector<RunSummary>& rows) {
@@ -81,7 +108,44 @@ void print_table(const std::vector<RunSummary>& rows) {
                ms(r.step_mean_s), ms(r.step_p50_s), ms(r.step_p95_s), ms(r.moe_layer_mean_s),
                ms(r.a2a_mean_s), ms(r.exposed_comm_mean_s), speedup, r.decisions);
   }
+  // Inference placement (STRATEGIES §7): batch latency median / p95 against the baseline's.
+  if (std::none_of(rows.begin(), rows.end(), [](const RunSummary& r) { return r.inference; }))
+    return;
+  auto ratio = [](double x) { return x > 0 ? fmt::format("{:.2f}x", x) : std::string("-"); };
+  auto share = [](double x) { return x >= 0 ? fmt::format("{:.1f}%", 100 * x) : std::string("-"); };
+  fmt::print("\n{:<16} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11}\n", "inference",
+             "p50(ms)", "p95(ms)", "p50 x", "p95 x", "imbalance", "top-k acc", "pop err", "phase 2",
+             "moved(MB)");
+  for (const auto& r : rows) {
+    if (!r.inference) continue;
+    fmt::print("{:<16} {:>10} {:>10} {:>8} {:>8} {:>10.3f} {:>10} {:>9} {:>8} {:>11.1f}\n",
+               r.strategy, ms(r.step_p50_s), ms(r.step_p95_s), ratio(r.speedup_p50),
+               ratio(r.speedup_p95), r.load_imbalance, share(r.topk_accuracy),
+               r.popularity_error >= 0 ? fmt::format("{:.4f}", r.popularity_error) : "-",
+               share(r.phase2_rate), r.moved_weight_bytes / 1e6);
+  }
 }
+
+namespace {
+
+// The "inference" object of a run or an iteration (new fields of DESIGN §5).
+nlohmann::ordered_json inference_json(const strategies::InferenceRecord& r) {
+  nlohmann::ordered_json j;
+  j["placements"] = r.placements;
+  j["estimated"] = r.estimated;
+  j["topk_matches"] = r.topk_matches;
+  j["phase2"] = r.phase2;
+  j["popularity_error"] = r.estimated > 0 ? r.popularity_error / r.estimated : 0.0;
+  j["load_imbalance"] = r.placements > 0 ? r.load_imbalance_sum / r.placements : 0.0;
+  j["moved_weight_bytes"] = r.moved_weight_bytes;
+  return j;
+}
+
+nlohmann::ordered_json number_or_null(double x, bool valid) {
+  return valid ? nlohmann::ordered_json(x) : nlohmann::ordered_json(nullptr);
+}
+
+}  // namespace
 
 nlohmann::ordered_json decision_json(const Scenario& sc, const strategies::Decision& d) {
   nlohmann::ordered_json j;
@@ -112,6 +176,7 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
     it["moe_layer_time_s"] = r.moe_layer_time_s;
     it["dropped_tokens"] = r.dropped_tokens;
     it["decisions"] = decision_json(sc, r.decision);
+    if (r.inference) it["inference"] = inference_json(*r.inference);
     its.push_back(std::move(it));
   }
   j["breakdown"] = {{"compute_s", s.compute_mean_s},
@@ -123,6 +188,18 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
     j["speedup_vs_baseline"] = s.speedup;
   else
     j["speedup_vs_baseline"] = nullptr;
+  if (s.inference) {
+    auto& inf = j["inference"];
+    inf["latency_p50_s"] = s.step_p50_s;
+    inf["latency_p95_s"] = s.step_p95_s;
+    inf["speedup_p50_vs_baseline"] = number_or_null(s.speedup_p50, s.speedup_p50 > 0);
+    inf["speedup_p95_vs_baseline"] = number_or_null(s.speedup_p95, s.speedup_p95 > 0);
+    inf["load_imbalance"] = s.load_imbalance;
+    inf["moved_weight_bytes_per_batch"] = s.moved_weight_bytes;
+    inf["topk_accuracy"] = number_or_null(s.topk_accuracy, s.topk_accuracy >= 0);
+    inf["popularity_error"] = number_or_null(s.popularity_error, s.popularity_error >= 0);
+    inf["phase2_rate"] = number_or_null(s.phase2_rate, s.phase2_rate >= 0);
+  }
   return j;
 }
 

@@ -22,6 +22,17 @@ struct RunSummary {
   std::string decisions;  // the last iteration's decision, described
   double speedup = 0;     // baseline step mean / this step mean (0 = no baseline)
   double wall_s = 0;
+  // Inference expert placement (STRATEGIES §7), when the scenario uses it: one batch = one
+  // iteration, so the batch latency median / p95 are step_p50_s / step_p95_s.
+  bool inference = false;
+  double speedup_p50 = 0, speedup_p95 = 0;  // baseline p50 (p95) / this p50 (p95); 0 = none
+  double load_imbalance = 0;                // mean over placements of max / mean GPU tokens
+  double moved_weight_bytes = 0;            // expert weights moved per batch, mean
+  // Lina only (-1 otherwise): over its (batch, MoE layer, EP group) placements, the share whose
+  // estimated top-k popular experts were the actual ones, the mean total-variation distance
+  // 0.5 * sum_e |estimated_e - actual_e| of the popularity estimate, and the share re-planned by
+  // phase 2.
+  double topk_accuracy = -1, popularity_error = -1, phase2_rate = -1;
 };
 
 /// Mean, median and 95th percentile (nearest rank) of the step times, and means of the rest.

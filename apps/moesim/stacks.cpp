@@ -49,7 +49,7 @@ std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<Strat
   std::vector<RunSummary> rows;
   for (const auto& o : out) rows.push_back(o.summary);
   apply_speedups(rows, baseline_index(specs));
-  for (size_t i = 0; i < out.size(); ++i) out[i].summary.speedup = rows[i].speedup;
+  for (size_t i = 0; i < out.size(); ++i) out[i].summary = rows[i];  // with the speedups
   return out;
 }
 

@@ -75,7 +75,8 @@ std::vector<double> WorkloadGenerator::Impl::popularity(int iteration, int layer
     case RoutingDistribution::kUniform:
     case RoutingDistribution::kTrace:
       return {};
-    case RoutingDistribution::kZipf: {
+    case RoutingDistribution::kZipf:
+    case RoutingDistribution::kCorrelated: {  // its per-layer marginals (strategies/inference/)
       auto& p = zipf[static_cast<std::size_t>(layer)];
       if (p.empty()) p = detail::zipf_popularity(num_experts, routing.skew, routing.seed, layer);
       return p;

@@ -668,7 +668,7 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
   };
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: gaussian}}")),
               HasSubstr("workload.routing.distribution: found 'gaussian', expected one of "
-                        "uniform, zipf, dirichlet or trace"));
+                        "uniform, zipf, dirichlet, trace or correlated"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: zipf, skew: -1}}")),
               HasSubstr("workload.routing.skew: found -1, expected a number >= 0"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace}}")),

@@ -451,14 +451,19 @@ NodeGrid require_grid(const CollectiveCall& call, const topology::Topology& topo
 
 namespace {
 
-// An in-place ring step phase in kRecv, repeated `repeat` times.
-Phase& add_ring_phase(std::vector<Phase>& phases, std::string_view label, int repeat) {
+// One in-place ring step phase in kRecv over all rings (ring i's chunks at base i * ring_stride),
+// repeated r - 1 times: see append_ring_step for send_shift.
+void add_ring_steps(std::vector<Phase>& phases, std::span<const std::vector<int>> rings, int r,
+                    double chunk_bytes, double ring_stride, std::string_view label, int send_shift,
+                    bool with_layout) {
   Phase& ph = phases.emplace_back();
   ph.kind = Phase::Kind::kTransfers;
   ph.label = label;
   ph.src = ph.dst = Buffer::kRecv;
-  ph.repeat = repeat;
-  return ph;
+  ph.repeat = r - 1;
+  for (size_t i = 0; i < rings.size(); ++i)
+    append_ring_step(ph, rings[i], chunk_bytes, send_shift, static_cast<double>(i) * ring_stride,
+                     with_layout);
 }
 
 int common_ring_size(std::span<const std::vector<int>> rings) {
@@ -476,11 +481,8 @@ void append_ring_reduce_scatter(std::vector<Phase>& phases, std::span<const std:
                                 bool with_layout) {
   const int r = common_ring_size(rings);
   if (r < 2) return;
-  Phase& rs = add_ring_phase(phases, labels.rs_step, r - 1);
-  for (size_t i = 0; i < rings.size(); ++i)
-    append_ring_step(rs, rings[i], chunk_bytes, -1, static_cast<double>(i) * ring_stride,
-                     with_layout);
-  Phase& red = phases.emplace_back();  // `rs` is not used past this point (reallocation)
+  add_ring_steps(phases, rings, r, chunk_bytes, ring_stride, labels.rs_step, -1, with_layout);
+  Phase& red = phases.emplace_back();
   red.kind = Phase::Kind::kReduce;
   red.label = labels.rs_reduce;
   red.src = red.dst = Buffer::kRecv;
@@ -492,10 +494,7 @@ void append_ring_all_gather(std::vector<Phase>& phases, std::span<const std::vec
                             bool with_layout) {
   const int r = common_ring_size(rings);
   if (r < 2) return;
-  Phase& ag = add_ring_phase(phases, labels.ag_step, r - 1);
-  for (size_t i = 0; i < rings.size(); ++i)
-    append_ring_step(ag, rings[i], chunk_bytes, 0, static_cast<double>(i) * ring_stride,
-                     with_layout);
+  add_ring_steps(phases, rings, r, chunk_bytes, ring_stride, labels.ag_step, 0, with_layout);
 }
 
 std::vector<Phase> two_dh_phases() {

@@ -653,27 +653,24 @@ TEST(RingAllReduce, IsReduceScatterPhasesThenAllGatherStepsExactly) {
   // Hand-computed phases. Ring 0 -> 1 -> 2 -> 3 -> 0, 4 bytes per step. Reduce-scatter step 0:
   // position p sends chunk (p - 1) mod 4 (offset 4k on both sides); all-gather step 0 sends
   // chunk p. The reduction phase reads 2 and writes 1 chunk per received chunk: 3 * 4 * 3.
-  const auto ring_transfers = [](Phase& ph, std::vector<double> offsets) {
+  const auto ring_step = [](std::string_view label, std::vector<double> offsets) {
+    Phase ph;
+    ph.label = label;
+    ph.src = ph.dst = Buffer::kRecv;
+    ph.repeat = 3;
     for (int p = 0; p < 4; ++p) {
       ph.transfers.push_back({p, (p + 1) % 4, 4.0});
       ph.chunks.push_back({offsets[p], offsets[p]});
     }
+    return ph;
   };
-  Phase rs_step;
-  rs_step.label = "rs_step";
-  rs_step.src = rs_step.dst = Buffer::kRecv;
-  rs_step.repeat = 3;
-  ring_transfers(rs_step, {12, 0, 4, 8});
+  const Phase rs_step = ring_step("rs_step", {12, 0, 4, 8});
+  const Phase ag_step = ring_step("ag_step", {0, 4, 8, 12});
   Phase rs_reduce;
   rs_reduce.kind = Phase::Kind::kReduce;
   rs_reduce.label = "rs_reduce";
   rs_reduce.src = rs_reduce.dst = Buffer::kRecv;
   rs_reduce.local_bytes = Bytes(36);
-  Phase ag_step;
-  ag_step.label = "ag_step";
-  ag_step.src = ag_step.dst = Buffer::kRecv;
-  ag_step.repeat = 3;
-  ring_transfers(ag_step, {0, 4, 8, 12});
   Phase self_copy;
   self_copy.kind = Phase::Kind::kCopy;
   self_copy.label = "self_copy";

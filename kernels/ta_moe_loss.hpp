@@ -9,8 +9,9 @@
 //   l_topo = scale * sum_e w_e * c_e * m_e
 //   d l_topo / d probs[t, e] = scale * w_e * c_e / T   (c_e is a count: no gradient, as in GShard)
 // w_e = w_{o(e)} is the weight of the GPU that owns expert e, w_j proportional to 1 / c-hat_ij
-// (the sender's target share) and normalised to mean 1 over j (ta_moe_gpu_weights): with a uniform
-// target every w is 1 and, with scale = E, l_topo is GShard's balance loss E * sum_e c_e m_e.
+// (the sender's target share) and normalised to mean 1 over j (ta_moe_expert_weights): with a
+// uniform target every w is 1 and, with scale = E, l_topo is GShard's balance loss
+// E * sum_e c_e m_e.
 // Choices with expert < 0 (dropped or padding) are not counted; T = num_tokens.
 // This header is C++17 and includes no CUDA header (nvcc compiles the .cu with C++17).
 #pragma once

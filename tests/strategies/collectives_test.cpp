@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -704,6 +705,39 @@ TEST(RingAllReduce, IsReduceScatterPhasesThenAllGatherStepsExactly) {
     const double expected = time(CollectiveType::kReduceScatter) +
                             time(CollectiveType::kAllGather) - 2 * bytes / 4 / hbm;
     EXPECT_NEAR(time(CollectiveType::kAllReduce), expected, 1e-12 * expected) << bytes;
+  }
+}
+
+// 2DH all_to_all and all_to_allv share their phase skeleton and exchange helper: with a uniform
+// matrix the intra and inter phases are identical (transfers, chunk offsets, self copies, local
+// bytes); the stride copies differ only in form (a stride permutation vs explicit block copies)
+// and move the same bytes.
+TEST(TwoDh, UniformAllToAllvExchangesExactlyLikeAllToAll) {
+  for (auto [nodes, m] : {std::pair{2, 2}, {3, 4}, {4, 2}}) {
+    FakeCluster topo({.nodes = nodes, .m = m});
+    const int w = nodes * m;
+    const auto group = iota_group(w);
+    const auto a2a_spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::k2dh, 3.0 * w);
+    auto a2av_spec = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::k2dh, 0);
+    a2av_spec.matrix = std::make_shared<ByteMatrix>(uniform_matrix(w, 3));
+    const auto a2a = algo_of(CollectiveType::kAllToAll, CollectiveAlgo::k2dh)
+                         .lower(make_call(a2a_spec, group), topo);
+    const auto a2av = algo_of(CollectiveType::kAllToAllv, CollectiveAlgo::k2dh)
+                          .lower(make_call(a2av_spec, group), topo);
+    ASSERT_EQ(a2a.size(), 4u);
+    ASSERT_EQ(a2av.size(), 4u);
+    const std::string grid = std::to_string(nodes) + "x" + std::to_string(m);
+    expect_same_phase(a2a[1], a2av[1], grid + " intra");
+    expect_same_phase(a2a[3], a2av[3], grid + " inter");
+    for (int i : {0, 2}) {
+      EXPECT_EQ(a2a[i].label, a2av[i].label);
+      EXPECT_EQ(a2a[i].src, a2av[i].src);
+      EXPECT_EQ(a2a[i].dst, a2av[i].dst);
+      EXPECT_EQ(a2a[i].local_bytes, a2av[i].local_bytes) << grid << " " << a2a[i].label;
+      double copied = 0;
+      for (const auto& c : a2av[i].copies) copied += c.bytes;
+      EXPECT_EQ(copied, 3.0 * w * w) << grid;  // every rank's whole buffer
+    }
   }
 }
 

@@ -11,6 +11,9 @@
 //                   [--tolerance REL]   (FlowModelOptions::event_tolerance, default 1e-9)
 //                   [--ecmp dmodk|hash|spray] (with --topology built: cluster.inter_node.ecmp,
 //                   default dmodk as in the library)
+//                   [--radix R]        (with --topology built: switch ports, default 64)
+//                   [--overhead S]     (NetworkParams::message_overhead_s, default 0; the CLI's
+//                                       engine.message_overhead default is 1e-6)
 //   --topology built uses topology::build_topology (fat_tree) instead of the synthetic fat tree
 //   defined here (same figures; the library picks its own fat-tree shape and ECMP routes).
 #include <sys/resource.h>
@@ -211,7 +214,8 @@ double bottleneck_bound(const moesim::topology::Topology& topo,
 
 void bench_case(const std::string& name, int repeat,
                 const std::function<std::vector<std::vector<Transfer>>()>& make,
-                const moesim::topology::Topology& topo, moesim::sim::FlowModelOptions options) {
+                const moesim::topology::Topology& topo, moesim::sim::FlowModelOptions options,
+                moesim::sim::NetworkParams params) {
   std::vector<double> walls, gens, cpus;
   CaseResult last;
   double bound_s = 0;
@@ -222,7 +226,7 @@ void bench_case(const std::string& name, int repeat,
     if (r == 0) bound_s = bottleneck_bound(topo, phases);
     const double t1b = wall_now();
     const double c1 = cpu_now();
-    FlowModel model(topo, {}, options);
+    FlowModel model(topo, params, options);
     last.sim_s = run_phases(model, phases);
     const double t2 = wall_now();
     cpus.push_back(cpu_now() - c1);
@@ -247,6 +251,8 @@ int main(int argc, char** argv) {
   int repeat = 3, nodes = 512;
   std::string which = "all", topo_kind = "synthetic", ecmp = "dmodk";
   moesim::sim::FlowModelOptions options;
+  moesim::sim::NetworkParams params;
+  int radix = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--repeat" && i + 1 < argc) {
@@ -259,6 +265,10 @@ int main(int argc, char** argv) {
       options.event_tolerance = std::atof(argv[++i]);
     } else if (a == "--ecmp" && i + 1 < argc) {
       ecmp = argv[++i];
+    } else if (a == "--radix" && i + 1 < argc) {
+      radix = std::atoi(argv[++i]);
+    } else if (a == "--overhead" && i + 1 < argc) {
+      params.message_overhead_s = std::atof(argv[++i]);
     } else if (a == "--topology" && i + 1 < argc) {
       topo_kind = argv[++i];
     } else {
@@ -273,6 +283,7 @@ int main(int argc, char** argv) {
     moesim::ClusterSpec spec = SyntheticFatTree::make_spec(nodes);
     spec.gpu.name = "a100-sxm-80gb";
     spec.gpu.from_catalog = true;
+    spec.inter.switch_radix = radix;
     if (ecmp == "dmodk") {
       spec.inter.ecmp = moesim::EcmpMode::kDmodk;
     } else if (ecmp == "hash") {
@@ -297,8 +308,9 @@ int main(int argc, char** argv) {
       "flow_bench: %d GPUs (%d nodes x %d), %s topology%s, %zu directed links, 128 MiB per GPU, "
       "chunk %.0f B, repeat %d\n",
       p, nodes, gpn, topo_kind.c_str(),
-      topo_kind == "built" ? (" (ecmp " + ecmp + ")").c_str() : "", topo.links().size(), chunk,
-      repeat);
+      topo_kind == "built" ? (" (ecmp " + ecmp + ", radix " + std::to_string(radix) + ")").c_str()
+                           : "",
+      topo.links().size(), chunk, repeat);
 
   if (which == "all" || which == "a2a") {
     bench_case(
@@ -311,7 +323,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo, options);
+        topo, options, params);
   }
   if (which == "all" || which == "2dh") {
     // Phase 1: GPU (n, i) sends to (n, j) the nodes * chunk bytes bound for local index j.
@@ -333,7 +345,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo, options);
+        topo, options, params);
   }
   if (which == "all" || which == "skew") {
     // Skewed all-to-allv among the first 512 GPUs, every pair a different size: many distinct
@@ -350,7 +362,7 @@ int main(int argc, char** argv) {
           }
           return phases;
         },
-        topo, options);
+        topo, options, params);
   }
   std::printf("peak RSS %.2f GiB\n", peak_rss_gib());
   return 0;

@@ -655,6 +655,46 @@ std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
 
 }  // namespace
 
+double weighted_eta_s(const std::vector<EtaPoint>& points, std::size_t workers) {
+  // Fit of log(time per run) = a + b log(GPUs) over the finished points, b pulled towards the
+  // prior: kPriorWeight is as much as two points a factor e apart in GPUs.
+  constexpr double kPriorWeight = 2.0;
+  double n = 0, mx = 0, my = 0;
+  for (const auto& p : points)
+    if (p.wall_s > 0) {
+      n += 1;
+      mx += std::log(p.gpus);
+      my += std::log(p.wall_s / p.runs);
+    }
+  if (n == 0) return 0;
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0;
+  for (const auto& p : points)
+    if (p.wall_s > 0) {
+      const double dx = std::log(p.gpus) - mx;
+      sxx += dx * dx;
+      sxy += dx * (std::log(p.wall_s / p.runs) - my);
+    }
+  const double b =
+      std::clamp((sxy + kPriorWeight * kEtaPriorExponent) / (sxx + kPriorWeight), 0.5, 3.0);
+  double done_cost = 0, done_s = 0, left = 0, largest = 0;
+  std::size_t left_points = 0;
+  for (const auto& p : points) {
+    const double c = p.runs * std::pow(p.gpus, b);
+    if (p.wall_s > 0) {
+      done_cost += c;
+      done_s += p.wall_s;
+    } else if (p.wall_s < 0) {
+      left += c;
+      largest = std::max(largest, c);
+      ++left_points;
+    }
+  }
+  const double w = static_cast<double>(std::min(left_points, workers));
+  return w > 0 ? done_s / done_cost * std::max(left / w, largest) : 0.0;
+}
+
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   SweepTransport* const tp =
@@ -673,6 +713,9 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   std::vector<SweepRow> foreign;  // rows of the file that are not points of this sweep (kept)
   std::vector<std::size_t> todo;
   std::vector<double> cost;  // predicted cost of todo[k] (the ETA's weights, the ranks' split)
+  // Rank 0's cost model (see below): per todo[k], runs and log(GPUs); fitted exponent.
+  bool weigh = false;
+  std::vector<double> runs_of, gpus_of;
 
   // Other ranks wait for rank 0's list of the points left (rank 0 alone reads the CSV, which may
   // not even exist on their machines) before doing anything that can fail: an input error is then
@@ -727,6 +770,25 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     // early on. The CSV is sorted by point at the end.
     std::shuffle(todo.begin(), todo.end(), std::mt19937_64(0x5eed));
     cost.assign(todo.size(), 1.0);
+    // Points of a flow or SimGrid sweep differ in cost by orders of magnitude (the simulation
+    // time grows faster than the GPU count), so the mean time per point says little about the
+    // rest until the expensive ones are sampled. Their cost is predicted as runs x GPUs^b
+    // (runs = iterations x strategies; b = 2 here, fitted on the finished points for the ETA).
+    // Analytical points cost about the same, and their sweeps are too large to parse every point
+    // up front.
+    weigh = engine_config_from(base_sc, opts.engine).network != sim::NetworkKind::kAnalytical;
+    if (weigh) {
+      const YAML::Node base_tree = YAML::Load(base_text);
+      runs_of.resize(todo.size());
+      gpus_of.resize(todo.size());
+      for (std::size_t k = 0; k < todo.size(); ++k) {
+        Scenario sc = point_scenario(spec, base_tree, points[todo[k]]);
+        runs_of[k] = static_cast<double>(sc.workload.iterations) *
+                     static_cast<double>(select_strategies(sc, spec.strategies).size());
+        gpus_of[k] = static_cast<double>(std::max(1, sc.num_gpus()));
+        cost[k] = runs_of[k] * std::pow(gpus_of[k], kEtaPriorExponent);
+      }
+    }
     if (tp) {
       nlohmann::json j;
       j["todo"] = todo;
@@ -747,12 +809,12 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       if (static_cast<int>(r) == rank) mine.push_back(todo[k]);
     }
   }
-  std::map<std::size_t, double> cost_of;  // by point index
-  double cost_total = 0;
-  for (std::size_t k = 0; k < todo.size(); ++k) {
-    cost_of[todo[k]] = cost[k];
-    cost_total += cost[k];
-  }
+  std::map<std::size_t, std::size_t> k_of;  // point index -> position in todo
+  for (std::size_t k = 0; k < todo.size(); ++k) k_of[todo[k]] = k;
+  std::vector<EtaPoint> eta_points;  // by position in todo (weighted sweeps only)
+  if (weigh)
+    for (std::size_t k = 0; k < todo.size(); ++k) eta_points.push_back({gpus_of[k], runs_of[k]});
+  std::size_t fitted_points = 0;
 
   auto write_all = [&](const std::vector<SweepRow>& rows) {
     write_file_atomic(opts.csv_path, [&](std::ostream& os) {
@@ -777,6 +839,9 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
 
   int jobs = opts.jobs > 0 ? opts.jobs
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Workers of all ranks (for the ETA; other ranks are assumed to run as many as this one).
+  const std::size_t workers_total =
+      static_cast<std::size_t>(jobs) * static_cast<std::size_t>(ranks);
   jobs = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(jobs), mine.size()));
 
   std::mutex mu;
@@ -787,16 +852,20 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   std::atomic<int> active{jobs};
   std::exception_ptr error;
   std::size_t completed = 0;
-  double cost_done = 0;
   std::size_t printed = static_cast<std::size_t>(-1);
   const bool tty = isatty(fileno(stderr)) != 0;
   auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
   const auto run_t0 = std::chrono::steady_clock::now();
 
-  // Remaining time: the elapsed time scaled by the predicted cost still to run over the cost
-  // done (with equal costs: the mean time per point times the points left).
+  // Remaining time (under mu). Analytical points cost about the same: the mean time per point
+  // so far times the points left. Flow and SimGrid points are weighted by a cost model fitted on
+  // the finished ones (weighted_eta_s).
   auto eta_s = [&](double elapsed) {
-    return elapsed / cost_done * std::max(0.0, cost_total - cost_done);
+    if (completed == 0) return 0.0;
+    if (!weigh || fitted_points == 0)
+      return elapsed / static_cast<double>(completed) *
+             static_cast<double>(todo.size() - completed);
+    return weighted_eta_s(eta_points, workers_total);
   };
   auto progress = [&](bool final) {  // under mu
     if (!opts.progress) return;
@@ -807,7 +876,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     printed = completed;
     last_print = now;
     double elapsed = std::chrono::duration<double>(now - run_t0).count();
-    std::string eta = cost_done > 0 ? fmt_seconds(eta_s(elapsed)) : "?";
+    std::string eta = completed > 0 ? fmt_seconds(eta_s(elapsed)) : "?";
     std::fprintf(stderr, "%smoesim sweep: %zu/%zu points (%.0f%%), %s elapsed, ETA %s%s",
                  tty ? "\r" : "", completed, todo.size(),
                  todo.empty()
@@ -822,7 +891,12 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       for (const auto& r : rows) csv << csv_line(r);
       csv.flush();
     }
-    if (!rows.empty()) cost_done += cost_of[rows.front().point];
+    if (weigh && !rows.empty()) {
+      double wall = 0;
+      for (const auto& r : rows) wall += r.summary.wall_s;
+      eta_points[k_of.at(rows.front().point)].wall_s = std::max(0.0, wall);
+      if (wall > 0) ++fitted_points;
+    }
     for (auto& r : rows) result.rows.push_back(std::move(r));
     ++completed;
     ++result.points_run;

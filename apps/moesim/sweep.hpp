@@ -134,6 +134,22 @@ std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
 /// points whose rows are all in an existing CSV with the same columns are skipped.
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts);
 
+/// The ETA of a flow or SimGrid sweep (DESIGN §6), exposed for tests. Point costs there differ by
+/// orders of magnitude, so each point is predicted to cost t0 x runs x GPUs^b (runs = iterations
+/// x strategies); b is the least-squares slope of log(time per run) over log(GPUs) of the
+/// finished points, pulled towards kEtaPriorExponent (an all-to-all has P^2 flows) so that the
+/// first few points do not swing it, and t0 follows from their times. The work left is shared by
+/// `workers` (of all ranks), but no point is split: at least the largest one left. It uses the
+/// points' own times, not the elapsed time: with a point in flight on every worker, the elapsed
+/// time early on overstates the cost of the few finished ones.
+struct EtaPoint {
+  double gpus = 1;
+  double runs = 1;     // iterations x strategies
+  double wall_s = -1;  // the point's time once finished (sum of its runs); < 0 = not yet
+};
+inline constexpr double kEtaPriorExponent = 2.0;
+double weighted_eta_s(const std::vector<EtaPoint>& points, std::size_t workers);
+
 /// CSV field quoting (RFC 4180) and splitting one line back (exposed for tests).
 std::string csv_field(const std::string& s);
 std::vector<std::string> split_csv_line(const std::string& line);

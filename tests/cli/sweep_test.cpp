@@ -359,6 +359,32 @@ TEST(SweepCsv, QuotingRoundTrips) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The ETA of weighted (flow, SimGrid) sweeps
+
+TEST(SweepEta, FitsTheGpuExponentAndSharesTheWorkLeft) {
+  // Finished: 2 GPUs in 4 s and 4 GPUs in 16 s, one run each: slope exactly 2 (the prior too),
+  // so cost = 1 s x GPUs^2. Left: 8 GPUs (64 s) and 2 GPUs (4 s).
+  std::vector<EtaPoint> pts = {{2, 1, 4.0}, {4, 1, 16.0}, {8, 1}, {2, 1}};
+  EXPECT_NEAR(weighted_eta_s(pts, 1), 68.0, 1e-9);
+  EXPECT_NEAR(weighted_eta_s(pts, 2), 64.0, 1e-9);  // the 8-GPU point alone takes 64 s
+  EXPECT_NEAR(weighted_eta_s(pts, 8), 64.0, 1e-9);
+  // A finished point without a time (wall 0) is neither done work nor work left.
+  pts.push_back({16, 1, 0.0});
+  EXPECT_NEAR(weighted_eta_s(pts, 1), 68.0, 1e-9);
+  // Nothing finished with a time: no estimate.
+  EXPECT_EQ(weighted_eta_s({{2, 1}, {4, 1}}, 1), 0.0);
+}
+
+TEST(SweepEta, TheFittedExponentIsPulledTowardsThePrior) {
+  // 1 GPU in 1 s and 100 GPUs in 100 s: slope 1 over sxx = 2 (ln 100 / 2)^2 = 10.604, pulled
+  // towards 2 with weight 2: b = (10.604 + 4) / (10.604 + 2) = 1.158682. t0 = 101 s / (1 + 100^b);
+  // a 10-GPU point of 1 run costs t0 10^b = 6.975 s, one of 3 runs three times that.
+  std::vector<EtaPoint> pts = {{1, 1, 1.0}, {100, 1, 100.0}, {10, 1}, {10, 3}};
+  EXPECT_NEAR(weighted_eta_s(pts, 1), 27.900547, 1e-5);
+  EXPECT_NEAR(weighted_eta_s(pts, 2), 3 * 6.975137, 1e-5);  // the 3-run point is the tail
+}
+
+// ---------------------------------------------------------------------------------------------
 // Through the binary: plots, reports, list
 
 TEST(SweepCli, PlotReportAndProgress) {

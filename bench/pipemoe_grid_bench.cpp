@@ -7,14 +7,20 @@
 //   pipemoe_auto a2a auto,   pipeline pipemoe, layout flexible
 //   tutel        a2a auto,   pipeline tutel_online (settles within its 8-strategy space)
 // Prints, per P, the median and max speedup of each stack's last-iteration MoE layer time over
-// the baseline, PipeMoE's chosen degrees, and the total wall time (target <= 5 s).
+// the baseline, PipeMoE's chosen degrees, and the total wall and CPU time (target <= 5 s).
+// The sampled token counts depend on (P, E, S = B L, k, seed, iteration) only, not on M, H or
+// the stack, so all runs share one workload::SampleCache: 54 shapes are sampled instead of
+// every point x stack (the results are the same; --no-cache 1 turns it off to compare).
 //
-// Usage: pipemoe_grid_bench [ITERATIONS]   (default 10: Tutel's search needs 9 to settle)
+// Usage: pipemoe_grid_bench [ITERATIONS] [--no-cache 1]
+//   (ITERATIONS default 10: Tutel's search needs 9 to settle)
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -23,6 +29,7 @@
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
 #include "strategies/runner.hpp"
+#include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
 namespace {
@@ -79,7 +86,7 @@ struct Outcome {
 
 // Runs the 4 stacks on one configuration.
 Outcome run_config(Scenario sc, const topology::Topology& topo, const sim::EngineConfig& cfg,
-                   const Config& c, int tutel_iterations) {
+                   const Config& c, int tutel_iterations, workload::SampleCache* cache) {
   sc.model.batch_per_gpu = c.b;
   sc.model.seq_len = c.l;
   sc.model.model_dim = c.m;
@@ -90,8 +97,8 @@ Outcome run_config(Scenario sc, const topology::Topology& topo, const sim::Engin
   Outcome out;
   double base = 0;
   for (const auto& spec : sc.strategies) {
-    const auto run =
-        strategies::run_stack(sc, spec, topo, backend, spec.name == "tutel" ? tutel_iterations : 1);
+    const auto run = strategies::run_stack(sc, spec, topo, backend,
+                                           spec.name == "tutel" ? tutel_iterations : 1, cache);
     out.iterations += static_cast<int>(run.iterations.size());
     const double t = run.iterations.back().moe_layer_time_s;
     if (spec.name == "baseline") {
@@ -104,10 +111,27 @@ Outcome run_config(Scenario sc, const topology::Topology& topo, const sim::Engin
   return out;
 }
 
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
+  int iterations = 10;
+  bool use_cache = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-cache") && i + 1 < argc)
+      use_cache = std::atoi(argv[++i]) == 0;
+    else
+      iterations = std::max(1, std::atoi(argv[i]));
+  }
+  // Largest entry: k * P * E * 4 bytes = 2 * 64 * 128 * 4 = 64 KiB; the whole grid's 540
+  // (shape, iteration) entries fit in ~20 MiB.
+  workload::SampleCache cache(std::size_t{64} << 20);
   // Configurations are independent: split them over the cores (each thread has its own
   // topology); results are gathered by index, so the output does not depend on the threads.
   const int threads = std::max(1u, std::thread::hardware_concurrency());
@@ -133,7 +157,7 @@ int main(int argc, char** argv) {
       pool.emplace_back([&, t] {
         const auto topo = topology::build_topology(sc.cluster);
         for (size_t i = t; i < grid.size(); i += threads)
-          out[i] = run_config(sc, *topo, cfg, grid[i], iterations);
+          out[i] = run_config(sc, *topo, cfg, grid[i], iterations, use_cache ? &cache : nullptr);
       });
     for (auto& th : pool) th.join();
     std::map<std::string, std::vector<double>> speedup;
@@ -152,7 +176,9 @@ int main(int argc, char** argv) {
     fmt::print("\n");
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("total: {} iterations simulated on {} threads, wall {:.2f} s (target <= 5 s)\n", runs,
-             threads, wall);
+  fmt::print(
+      "total: {} iterations simulated on {} threads, wall {:.2f} s, CPU {:.2f} s (target <= 5 s); "
+      "sample cache {} hits, {} misses\n",
+      runs, threads, wall, cpu_seconds(), cache.hits(), cache.misses());
   return 0;
 }

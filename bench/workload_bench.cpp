@@ -1,12 +1,16 @@
 // workload_bench: the workload generator at Tutel's scaling case (STRATEGIES §1): one iteration,
 // one MoE layer at 4,096 GPUs, S = 16,384 tokens per GPU, dE = 2 (E = 8,192), k = 2, f = 1.
 // Prints the wall time of WorkloadGenerator::next (median of --reps runs) and the process RSS,
-// for uniform and zipf routing; then the per-GPU cost of the two sampling methods (token-level
-// vs count-level) over S / E ratios, which is what ChoiceSampler::kTokenMethodMaxRatio is set by.
+// for uniform and zipf routing; then the per-GPU cost of the sampling methods (token-level,
+// count-level, pair) over S / E ratios, which is what ChoiceSampler::kPairsMinRatio and
+// kTokenMethodMaxRatio are set by. The per-GPU costs are thread CPU time (the development machine
+// is shared, so wall time there mostly measures the other users).
 //
 //   workload_bench [--gpus 4096] [--tokens 16384] [--experts-per-gpu 2] [--reps 3]
+//                  [--crossover-only 1]
 #include <fmt/format.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +39,12 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -80,6 +90,7 @@ moesim::Scenario tutel_case(int gpus, int tokens, int experts_per_gpu, RoutingDi
 
 int main(int argc, char** argv) {
   int gpus = 4096, tokens = 16384, experts_per_gpu = 2, reps = 3;
+  bool crossover_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const int v = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--gpus"))
@@ -90,6 +101,8 @@ int main(int argc, char** argv) {
       experts_per_gpu = v;
     else if (!std::strcmp(argv[i], "--reps"))
       reps = v;
+    else if (!std::strcmp(argv[i], "--crossover-only"))
+      crossover_only = v != 0;
   }
   fmt::print("workload_bench: P = {} GPUs, S = {} tokens/GPU, E = {} experts, k = 2, f = 1\n", gpus,
              tokens, gpus * experts_per_gpu);
@@ -102,8 +115,10 @@ int main(int argc, char** argv) {
     double skew;
   };
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (const Case c : {Case{"uniform", RoutingDistribution::kUniform, 0.0},
-                       Case{"zipf1.0", RoutingDistribution::kZipf, 1.0}}) {
+  for (const Case c : crossover_only
+                          ? std::vector<Case>{}
+                          : std::vector<Case>{Case{"uniform", RoutingDistribution::kUniform, 0.0},
+                                              Case{"zipf1.0", RoutingDistribution::kZipf, 1.0}}) {
     for (const int threads : {1, hw}) {
       if (threads == hw && hw == 1) continue;
       std::vector<double> times, cpu;
@@ -121,7 +136,10 @@ int main(int argc, char** argv) {
       const auto& d = w.layers[0];
       const std::int64_t experts = static_cast<std::int64_t>(gpus) * experts_per_gpu;
       const char* method =
-          tokens <= moesim::workload::detail::ChoiceSampler::kTokenMethodMaxRatio * experts
+          moesim::workload::detail::ChoiceSampler({}, static_cast<int>(experts), 2, tokens)
+                      .method() == moesim::workload::detail::ChoiceSampler::Method::kPairs
+              ? "pairs"
+          : tokens <= moesim::workload::detail::ChoiceSampler::kTokenMethodMaxRatio * experts
               ? "tokens"
               : "counts";
       fmt::print(
@@ -136,33 +154,40 @@ int main(int argc, char** argv) {
              current_rss_mib(), peak_rss_mib(),
              2.0 * 4 * gpus * static_cast<double>(gpus) * experts_per_gpu / (1 << 20));
 
-  // Method crossover: time per GPU row of each method at fixed E, growing S.
-  fmt::print("\nper-GPU sampling cost, uniform, k = 2 (median of {}; microseconds per GPU)\n",
+  // Method crossover: CPU time per GPU row of each method at fixed E, growing S.
+  fmt::print("\nper-GPU sampling cost, k = 2 (median of {}; thread CPU microseconds per GPU)\n",
              reps);
-  fmt::print("{:>8} {:>8} {:>6} {:>12} {:>12}\n", "E", "S", "S/E", "tokens_us", "counts_us");
+  fmt::print("{:<8} {:>6} {:>8} {:>6} {:>12} {:>12} {:>12}\n", "routing", "E", "S", "S/E",
+             "tokens_us", "counts_us", "pairs_us");
   using moesim::workload::detail::ChoiceSampler;
-  for (const int E : {64, 8192}) {
-    for (const int ratio : {1, 4, 16, 32, 64, 128, 256, 512}) {
-      if (E > 64 && ratio > 32) break;  // the large-E rows only show the small-ratio regime
-      const int S = E * ratio;
-      const int rows = std::max(4, 4'000'000 / (2 * S));
-      double us[2];
-      for (int m = 0; m < 2; ++m) {
-        const ChoiceSampler sampler(
-            {}, E, 2, S, m == 0 ? ChoiceSampler::Method::kTokens : ChoiceSampler::Method::kCounts);
-        std::vector<std::uint32_t> counts(2 * static_cast<std::size_t>(E));
-        std::vector<double> t;
-        for (int r = 0; r < reps; ++r) {
-          const auto t0 = Clock::now();
-          for (int row = 0; row < rows; ++row) {
-            moesim::workload::detail::Xoshiro256 rng(static_cast<std::uint64_t>(row + 1));
-            sampler.sample(rng, counts);
+  for (const bool zipf : {false, true}) {
+    for (const int E : {16, 64, 8192}) {
+      for (const int ratio : {1, 4, 16, 32, 64, 128, 256, 512}) {
+        if (E > 64 && ratio > 32) break;  // the large-E rows only show the small-ratio regime
+        const int S = E * ratio;
+        const int rows = std::max(4, 4'000'000 / (2 * S));
+        std::vector<double> p;
+        if (zipf) p = moesim::workload::detail::zipf_popularity(E, 1.0, 1, 0);
+        double us[3];
+        int m = 0;
+        for (const auto method : {ChoiceSampler::Method::kTokens, ChoiceSampler::Method::kCounts,
+                                  ChoiceSampler::Method::kPairs}) {
+          const ChoiceSampler sampler(p, E, 2, S, method);
+          std::vector<std::uint32_t> counts(2 * static_cast<std::size_t>(E));
+          std::vector<double> t;
+          for (int r = 0; r < reps; ++r) {
+            const double t0 = thread_cpu_seconds();
+            for (int row = 0; row < rows; ++row) {
+              moesim::workload::detail::Xoshiro256 rng(static_cast<std::uint64_t>(row + 1));
+              sampler.sample(rng, counts);
+            }
+            t.push_back((thread_cpu_seconds() - t0) / rows * 1e6);
           }
-          t.push_back(seconds_since(t0) / rows * 1e6);
+          us[m++] = median(t);
         }
-        us[m] = median(t);
+        fmt::print("{:<8} {:>6} {:>8} {:>6} {:>12.1f} {:>12.1f} {:>12.1f}\n",
+                   zipf ? "zipf1.0" : "uniform", E, S, ratio, us[0], us[1], us[2]);
       }
-      fmt::print("{:>8} {:>8} {:>6} {:>12.1f} {:>12.1f}\n", E, S, ratio, us[0], us[1]);
     }
   }
   return 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
@@ -60,10 +61,12 @@ IterationRecord make_record(int index, double f, const Decision& d,
 }  // namespace
 
 StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
-                   const Backend& backend, int iterations) {
+                   const Backend& backend, int iterations, workload::SampleCache* cache) {
   if (iterations < 0) throw InputError("iterations must be >= 0");
   MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
   workload::WorkloadGenerator generator(sc);
+  generator.set_keep_demanded(false);  // the plan needs kept counts only (one P x E matrix less)
+  generator.set_cache(cache);
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const auto& md = sc.model;
@@ -78,24 +81,32 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
   for (int i = 0; i < iterations; ++i) {
     const double f = generator.capacity_factor(i);
     // dC before rounding to the pipeline degree: closed form for f > 0; dropless factors need
-    // the sampled counts (the first MoE layer's; the draws are keyed by iteration, so sampling it
-    // again below gives the same counts).
+    // the sampled counts (the first MoE layer's), so the iteration is sampled once here, with
+    // capacity multiple 1, and round_capacity re-rounds dC to the pipeline degree after the
+    // decision: the same counts next(i, degree) would draw (only a capped f < 0 that dropped
+    // choices has to sample again, as a larger dC keeps more of them).
     std::int64_t capacity = 0;
+    std::optional<workload::IterationWorkload> sampled;
     if (session) session->generate(i);
     if (session && f <= 0 && md.num_moe_layers() > 0)
       capacity = session->workload(i, f, 1).layers[0].capacity;
     else if (f > 0 || md.num_moe_layers() == 0)
       capacity = workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(),
                                           md.experts, 0, 1);
-    else
-      capacity = generator.sample_layer(i, 0, f, 1).capacity;
+    else {
+      sampled = generator.next(i, 1);
+      capacity = sampled->layers[0].capacity;
+    }
     capacity = std::max<std::int64_t>(capacity, 1);
 
     const StrategyContext ctx{sc, spec, topo, cost, i, f, capacity, &run.iterations};
     Decision decision;
     stack->decide(ctx, decision);
-    workload::IterationWorkload work = session ? session->workload(i, f, decision.pipeline_degree)
-                                               : generator.next(i, decision.pipeline_degree);
+    workload::IterationWorkload work =
+        session ? session->workload(i, f, decision.pipeline_degree)
+        : sampled && generator.round_capacity(*sampled, decision.pipeline_degree)
+            ? std::move(*sampled)
+            : generator.next(i, decision.pipeline_degree);
     stack->route(ctx, decision, work);
     InferenceRecord placed;
     if (session) {

@@ -18,6 +18,10 @@ namespace moesim::topology {
 class Topology;
 }
 
+namespace moesim::workload {
+class SampleCache;
+}  // namespace moesim::workload
+
 namespace moesim::strategies {
 
 /// Runs a plan and reports what happened: sim::run_plan, or the real executor.
@@ -46,8 +50,10 @@ struct StackRun {
 };
 
 /// Runs `iterations` iterations of the stack described by `spec`. The workload is sampled from
-/// the scenario's seed, so every stack of one scenario sees the same token routing.
+/// the scenario's seed, so every stack of one scenario sees the same token routing. `cache`
+/// (optional) shares the sampled counts with other runs of the same workload shape (stacks of
+/// one point, sweep points that differ in M or H, ...); the results do not depend on it.
 StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
-                   const Backend& backend, int iterations);
+                   const Backend& backend, int iterations, workload::SampleCache* cache = nullptr);
 
 }  // namespace moesim::strategies

@@ -1,6 +1,7 @@
 #include "strategies/workload/sampling.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -8,6 +9,88 @@
 #include "core/error.hpp"
 
 namespace moesim::workload::detail {
+
+namespace {
+
+// log(x!): a table below 32, Stirling's series for log Gamma(x + 1) above (truncation error
+// below 1 / (1680 (x+1)^7) < 1e-13 there). Our own, not std::lgamma, which may write the global
+// signgam (a data race between sampling threads).
+double log_factorial(std::int64_t x) {
+  static const std::array<double, 32> table = [] {
+    std::array<double, 32> t{};
+    double sum = 0;
+    for (std::size_t i = 2; i < t.size(); ++i) t[i] = sum += std::log(static_cast<double>(i));
+    return t;
+  }();
+  if (x < static_cast<std::int64_t>(table.size())) return table[static_cast<std::size_t>(x)];
+  const double n = static_cast<double>(x) + 1.0;
+  const double inv = 1.0 / n;
+  const double inv2 = inv * inv;
+  constexpr double kHalfLog2Pi = 0.91893853320467274178;
+  return (n - 0.5) * std::log(n) - n + kHalfLog2Pi +
+         inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 / 1260.0));
+}
+
+}  // namespace
+
+std::int64_t binomial(Xoshiro256& rng, std::int64_t n, double p) {
+  if (n <= 0 || !(p > 0)) return 0;
+  if (p >= 1) return n;
+  if (p > 0.5) return n - binomial(rng, n, 1.0 - p);  // both methods want p <= 1/2
+  const double q = 1.0 - p;
+  const double dn = static_cast<double>(n);
+  const double np = dn * p;
+  if (np < 10) {
+    // Inversion: walk the pmf from 0, f(x) = f(x-1) * ((n+1)/x - 1) * p/q. f(0) = q^n >= e^-14
+    // here (n p < 10, p <= 1/2), so it never underflows. The rare walk that runs off the end
+    // (rounding leaves u above the summed mass) or into an underflowed tail draws again.
+    const double s = p / q;
+    const double a = (dn + 1.0) * s;
+    const double f0 = std::exp(dn * std::log1p(-p));
+    for (;;) {
+      double u = rng.uniform();
+      double f = f0;
+      for (std::int64_t x = 0;;) {
+        if (u < f) return x;
+        u -= f;
+        if (++x > n) break;
+        f *= a / static_cast<double>(x) - s;
+        if (f < 1e-300) break;
+      }
+    }
+  }
+  // BTRS (Hoermann 1993, valid for n p >= 10): k = floor((2a/us + b) u + c) with u uniform on
+  // (-1/2, 1/2), us = 1/2 - |u|; accept when v * alpha / (a/us^2 + b) <= pmf(k) / pmf(m), m the
+  // mode (a/us^2 + b is dk/du). The squeeze (us >= 0.07 and v <= vr) accepts without the pmf.
+  const double spq = std::sqrt(np * q);
+  const double b = 1.15 + 2.53 * spq;
+  const double a = -0.0873 + 0.0248 * b + 0.01 * p;
+  const double c = np + 0.5;
+  const double alpha = (2.83 + 5.1 / b) * spq;
+  const double vr = 0.92 - 4.2 / b;
+  // The exact test's constants cost three logs: computed on its first use only (the squeeze
+  // settles ~85% of the draws without them).
+  double log_r = 0, log_fm = 0;
+  std::int64_t m = -1;
+  for (;;) {
+    const double u = rng.uniform() - 0.5;
+    const double v = rng.uniform();
+    const double us = 0.5 - std::abs(u);
+    const double kd = std::floor((2.0 * a / us + b) * u + c);
+    if (!(kd >= 0 && kd <= dn)) continue;  // also rejects us = 0 (kd = -inf)
+    const auto k = static_cast<std::int64_t>(kd);
+    if (us >= 0.07 && v <= vr) return k;
+    // log(pmf(k) / pmf(m)) = log(m! (n-m)!) - log(k! (n-k)!) + (k - m) log(p/q).
+    if (m < 0) {
+      m = static_cast<std::int64_t>(std::floor((dn + 1.0) * p));
+      log_r = std::log(p / q);
+      log_fm = log_factorial(m) + log_factorial(n - m);
+    }
+    const double log_ratio =
+        log_fm - log_factorial(k) - log_factorial(n - k) + static_cast<double>(k - m) * log_r;
+    if (std::log(v * alpha / (a / (us * us) + b)) <= log_ratio) return k;
+  }
+}
 
 AliasTable::AliasTable(std::span<const double> weights) {
   const std::size_t n = weights.size();
@@ -99,10 +182,21 @@ ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, in
                 "tokens per GPU must fit 32-bit counts");
   if (uniform_) p_.assign(num_experts_, 1.0 / num_experts_);
   MOESIM_ASSERT(p_.size() == num_experts_, "popularity needs one weight per expert");
-  if (method_ == Method::kAuto)
-    method_ = tokens_ <= kTokenMethodMaxRatio * static_cast<std::int64_t>(num_experts_)
-                  ? Method::kTokens
-                  : Method::kCounts;
+  // The pair method needs a second expert with weight for every first choice to move to.
+  const auto positive = std::count_if(p_.begin(), p_.end(), [](double x) { return x > 0; });
+  const bool pairs_ok = top_k_ <= 2 && (top_k_ == 1 || positive >= 2);
+  if (method_ == Method::kAuto) {
+    const auto E = static_cast<std::int64_t>(num_experts_);
+    if (pairs_ok && tokens_ > kPairsMinRatio * E)
+      method_ = Method::kPairs;
+    else
+      method_ = tokens_ <= kTokenMethodMaxRatio * E ? Method::kTokens : Method::kCounts;
+  }
+  if (method_ == Method::kPairs) {
+    MOESIM_ASSERT(pairs_ok, "the pair method needs top_k <= 2 and two experts with weight");
+    build_pairs_tables();
+    return;
+  }
   if (method_ == Method::kTokens) {
     if (!uniform_) alias_ = AliasTable(p_);
     return;
@@ -141,6 +235,47 @@ ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, in
   }
 }
 
+void ChoiceSampler::build_pairs_tables() {
+  const std::size_t E = num_experts_;
+  first_cond_.assign(E, 0.0);
+  lo_prob_.assign(E, 0.0);
+  down_cond_.assign(E, 0.0);
+  if (uniform_) {  // exact ratios instead of sums of 1/E
+    for (std::size_t e = 0; e < E; ++e) {
+      first_cond_[e] = 1.0 / static_cast<double>(E - e);
+      lo_prob_[e] = E > 1 ? static_cast<double>(e) / static_cast<double>(E - 1) : 0.0;
+      down_cond_[e] = 1.0 / static_cast<double>(e + 1);
+    }
+    return;
+  }
+  // prefix[e] = p_0 + ... + p_{e-1}, suffix[e] = p_e + ... + p_{E-1}; each summed from its
+  // small end, so a ratio of a tail weight to a tail sum keeps its relative precision.
+  std::vector<double> prefix(E + 1, 0.0), suffix(E + 1, 0.0);
+  for (std::size_t e = 0; e < E; ++e) prefix[e + 1] = prefix[e] + p_[e];
+  for (std::size_t e = E; e-- > 0;) suffix[e] = suffix[e + 1] + p_[e];
+  for (std::size_t e = 0; e < E; ++e) {
+    if (p_[e] > 0) {
+      first_cond_[e] = std::min(1.0, p_[e] / suffix[e]);
+      down_cond_[e] = std::min(1.0, p_[e] / prefix[e + 1]);
+    }
+    const double rest = prefix[e] + suffix[e + 1];
+    lo_prob_[e] = rest > 0 ? std::min(1.0, prefix[e] / rest) : 0.0;
+    if (suffix[e + 1] == 0 && prefix[e] > 0) lo_prob_[e] = 1.0;
+  }
+  // The chains end at the last (first) expert with weight: probability 1 there, so rounding in
+  // the sums can never leave tokens unplaced.
+  for (std::size_t e = E; e-- > 0;)
+    if (p_[e] > 0) {
+      first_cond_[e] = 1.0;
+      break;
+    }
+  for (std::size_t e = 0; e < E; ++e)
+    if (p_[e] > 0) {
+      down_cond_[e] = 1.0;
+      break;
+    }
+}
+
 std::span<const double> ChoiceSampler::rank_weights(int j) const {
   if (q_.empty()) return {};
   return {q_.data() + static_cast<std::size_t>(j) * num_experts_, num_experts_};
@@ -152,6 +287,8 @@ void ChoiceSampler::sample(Xoshiro256& rng, std::span<std::uint32_t> counts) con
   std::fill(counts.begin(), counts.end(), 0u);
   if (method_ == Method::kTokens)
     sample_tokens(rng, counts);
+  else if (method_ == Method::kPairs)
+    sample_pairs(rng, counts);
   else
     sample_counts(rng, counts);
 }
@@ -235,12 +372,57 @@ void ChoiceSampler::sample_counts(Xoshiro256& rng, std::span<std::uint32_t> coun
     for (std::size_t e = 0; e < E && left > 0; ++e) {
       if (cond[e] <= 0) continue;
       std::int64_t x = left;
-      if (cond[e] < 1.0) x = std::binomial_distribution<std::int64_t>(left, cond[e])(rng);
+      if (cond[e] < 1.0) x = binomial(rng, left, cond[e]);
       c[e] = static_cast<std::uint32_t>(x);
       left -= x;
     }
     MOESIM_ASSERT(left == 0, "multinomial chain must place every token");
   }
+}
+
+void ChoiceSampler::sample_pairs(Xoshiro256& rng, std::span<std::uint32_t> counts) const {
+  const std::size_t E = num_experts_;
+  std::uint32_t* c1 = counts.data();
+  // First choices: Multinomial(S, p) as a chain of conditional binomials.
+  std::int64_t left = tokens_;
+  for (std::size_t e = 0; e < E && left > 0; ++e) {
+    const std::int64_t x = binomial(rng, left, first_cond_[e]);
+    c1[e] = static_cast<std::uint32_t>(x);
+    left -= x;
+  }
+  MOESIM_ASSERT(left == 0, "first-choice chain must place every token");
+  if (top_k_ == 1) return;
+  // Second choices. A token whose first choice is f draws its second from p restricted to the
+  // other experts: below f with probability P_f / (P_f + T_{f+1}), then distributed as p over
+  // [0, f); otherwise as p over (f, E). Ascending pass: split every expert's first-choice tokens
+  // into lo and hi; the pending hi tokens all follow p over [e, E), so the number landing on e
+  // is Binomial(pending, p_e / T_e) and the rest follow p over (e, E). Descending pass: the same
+  // for the lo tokens with p_e / P_{e+1}. Every step is the exact conditional law, so the counts
+  // have exactly the token method's joint distribution.
+  std::uint32_t* c2 = c1 + E;
+  std::vector<std::uint32_t> lo(E);
+  std::int64_t above = 0;
+  for (std::size_t e = 0; e < E; ++e) {
+    if (above > 0) {
+      const std::int64_t x = binomial(rng, above, first_cond_[e]);
+      c2[e] = static_cast<std::uint32_t>(x);
+      above -= x;
+    }
+    const std::int64_t below_f = binomial(rng, c1[e], lo_prob_[e]);
+    lo[e] = static_cast<std::uint32_t>(below_f);
+    above += c1[e] - below_f;
+  }
+  MOESIM_ASSERT(above == 0, "second-choice chain (above the first) must place every token");
+  std::int64_t below = 0;
+  for (std::size_t e = E; e-- > 0;) {
+    if (below > 0) {
+      const std::int64_t x = binomial(rng, below, down_cond_[e]);
+      c2[e] += static_cast<std::uint32_t>(x);
+      below -= x;
+    }
+    below += lo[e];
+  }
+  MOESIM_ASSERT(below == 0, "second-choice chain (below the first) must place every token");
 }
 
 }  // namespace moesim::workload::detail

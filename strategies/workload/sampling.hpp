@@ -26,14 +26,23 @@ std::vector<double> dirichlet_popularity(int num_experts, double alpha, std::uin
 class ChoiceSampler {
  public:
   enum class Method {
-    kAuto,    // kTokens when S <= kTokenMethodMaxRatio * E, else kCounts
+    kAuto,    // kPairs when k <= 2 and S > kPairsMinRatio * E; otherwise kTokens when
+              // S <= kTokenMethodMaxRatio * E, else kCounts
     kTokens,  // every token's k choices drawn (alias table, rejection of repeats): exact
     kCounts,  // one multinomial of S per choice rank (conditional binomials): approximate for j>0
+    kPairs,   // k <= 2: per-expert counts from ~4E binomials, exact (docs/workload.md)
   };
-  /// Token-level sampling costs ~k*S draws of a few ns; count-level ~k*E binomials of ~0.1-1 us
-  /// each (std::binomial_distribution sets up per call). Measured with workload_bench: the
-  /// token method stays cheaper up to S/E of about 100-200 (docs/workload.md).
+  /// Token-level sampling costs ~k*S draws of a few ns; count-level ~k*E binomials. Measured
+  /// with workload_bench when the binomials were std::binomial_distribution (~0.1-1 us): the
+  /// token method stayed cheaper up to S/E of about 100-200 (docs/workload.md). Only k >= 3
+  /// uses this switch now.
   static constexpr std::int64_t kTokenMethodMaxRatio = 128;
+  /// kPairs costs ~4E binomials of ~40-50 ns (detail::binomial) against ~k*S draws of ~1-2 ns
+  /// (uniform) or ~2-4 ns (alias table) for the token method; workload_bench's thread CPU times
+  /// put the crossover near S/E = 90 (uniform) and 50 (zipf). The switch stays where the count
+  /// method's was, so the token range samples exactly as before and only the approximate count
+  /// method is replaced (docs/workload.md).
+  static constexpr std::int64_t kPairsMinRatio = 128;
 
   /// popularity: p_e (sums to 1), or empty for uniform.
   ChoiceSampler(std::vector<double> popularity, int num_experts, int top_k,
@@ -53,6 +62,8 @@ class ChoiceSampler {
   std::uint32_t draw_excluding(Xoshiro256& rng, const std::uint32_t* chosen, int n) const;
   void sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_counts(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
+  void sample_pairs(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
+  void build_pairs_tables();
 
   std::uint32_t num_experts_;
   int top_k_;
@@ -64,6 +75,13 @@ class ChoiceSampler {
   // Count method: q[j * E + e] (rank weights) and cond[j * E + e] = q_e / sum_{e' >= e} q_e'.
   std::vector<double> q_;
   std::vector<double> cond_;
+  // Pair method (docs/workload.md), P the prefix and T the suffix sums of p:
+  // first_cond_[e] = p_e / T_e (first choices, and the ascending chain of second choices above
+  // their first), lo_prob_[f] = P_f / (P_f + T_{f+1}) (a token with first choice f picks its
+  // second below f), down_cond_[e] = p_e / P_{e+1} (the descending chain below the first).
+  std::vector<double> first_cond_;
+  std::vector<double> lo_prob_;
+  std::vector<double> down_cond_;
 };
 
 }  // namespace moesim::workload::detail

@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <exception>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "strategies/workload/random.hpp"
@@ -42,6 +46,12 @@ double LayerDispatch::imbalance() const {
   return static_cast<double>(largest) * num_experts / static_cast<double>(total);
 }
 
+std::uint32_t LayerDispatch::demanded_at(int gpu, int expert) const {
+  if (!demanded.empty()) return demanded[static_cast<std::size_t>(gpu) * num_experts + expert];
+  MOESIM_ASSERT(dropped == 0, "demanded counts were not kept and differ from kept");
+  return at(gpu, expert);
+}
+
 std::int64_t LayerDispatch::gpu_sent(int gpu) const {
   std::int64_t sent = 0;
   for (int e = 0; e < num_experts; ++e) sent += at(gpu, e);
@@ -63,6 +73,8 @@ struct WorkloadGenerator::Impl {
 
   std::vector<double> popularity(int iteration, int layer);
   int threads = 0;  // 0: hardware concurrency
+  bool keep_demanded = true;
+  SampleCache* cache = nullptr;
 
   // Applies capacity `cap` to one GPU's per-choice counts (counts[j * E + e]) and fills row i;
   // accumulates the row's drops per choice and its largest demand.
@@ -94,7 +106,8 @@ void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uin
   const std::size_t E = static_cast<std::size_t>(num_experts);
   const std::size_t k = static_cast<std::size_t>(top_k);
   std::uint32_t* kept = d.kept.data() + static_cast<std::size_t>(gpu) * E;
-  std::uint32_t* demanded = d.demanded.data() + static_cast<std::size_t>(gpu) * E;
+  std::uint32_t* demanded =
+      d.demanded.empty() ? nullptr : d.demanded.data() + static_cast<std::size_t>(gpu) * E;
   std::uint32_t by_choice[64];
   std::uint32_t kept_by_choice[64];
   for (std::size_t e = 0; e < E; ++e) {
@@ -102,7 +115,7 @@ void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uin
     for (std::size_t j = 0; j < k; ++j) demand += counts[j * E + e];
     MOESIM_ASSERT(demand <= std::numeric_limits<std::uint32_t>::max(),
                   "per-pair demand exceeds 32-bit counts");
-    demanded[e] = static_cast<std::uint32_t>(demand);
+    if (demanded) demanded[e] = static_cast<std::uint32_t>(demand);
     max_demanded = std::max(max_demanded, demand);
     if (demand <= cap) {  // the common case: nothing dropped, no per-choice bookkeeping
       kept[e] = static_cast<std::uint32_t>(demand);
@@ -215,7 +228,7 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
   d.top_k = m.top_k;
   d.capacity_factor = f;
   d.kept.assign(static_cast<std::size_t>(m.num_gpus) * E, 0u);
-  d.demanded.assign(d.kept.size(), 0u);
+  if (m.keep_demanded) d.demanded.assign(d.kept.size(), 0u);
   d.dropped_by_choice.assign(k, 0);
 
   // The cap the rows are cut at. For f < 0 it is the -f value: when the dropless capacity turns
@@ -243,14 +256,36 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       a = b;
     }
   } else {
-    const ChoiceSampler sampler(m.popularity(iteration, layer), m.num_experts, m.top_k, m.tokens);
+    // With a cache: rows come from the cached counts, or are sampled into a new entry.
+    SampleCache::Counts cached;
+    std::shared_ptr<std::vector<std::uint32_t>> fresh;
+    SampleCache::Key key;
+    if (m.cache) {
+      key = SampleCache::Key{m.num_gpus,
+                             m.num_experts,
+                             m.top_k,
+                             m.tokens,
+                             static_cast<int>(m.routing.distribution),
+                             m.routing.skew,
+                             m.routing.dirichlet_alpha,
+                             m.routing.seed,
+                             iteration,
+                             layer};
+      cached = m.cache->find(key);
+      if (!cached)
+        fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
+                                                             k * E);
+    }
+    std::optional<ChoiceSampler> sampler;
+    if (!cached) sampler.emplace(m.popularity(iteration, layer), m.num_experts, m.top_k, m.tokens);
     // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
     // split the GPUs into contiguous blocks; per-thread maxima and drop counts are merged in
     // thread order. Small layers stay on the calling thread.
     int threads = m.threads > 0
                       ? m.threads
                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const std::int64_t work = static_cast<std::int64_t>(m.num_gpus) * m.tokens * m.top_k;
+    const std::int64_t work =
+        static_cast<std::int64_t>(m.num_gpus) * (cached ? m.num_experts : m.tokens) * m.top_k;
     threads = static_cast<int>(
         std::clamp<std::int64_t>(std::min<std::int64_t>(threads, work / 2'000'000), 1, m.num_gpus));
     struct Partial {
@@ -263,15 +298,23 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       Partial& out = partial[static_cast<std::size_t>(t)];
       try {
         out.dropped_by_choice.assign(k, 0);
-        std::vector<std::uint32_t> scratch(k * E, 0u);
+        std::vector<std::uint32_t> scratch(cached || fresh ? 0 : k * E, 0u);
         const int begin = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * t / threads);
         const int end = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * (t + 1) / threads);
         for (int gpu = begin; gpu < end; ++gpu) {
+          const std::size_t row = static_cast<std::size_t>(gpu) * k * E;
+          if (cached) {
+            m.fill_row(d, gpu, cached->data() + row, cap, out.max_demanded,
+                       out.dropped_by_choice.data());
+            continue;
+          }
+          const std::span<std::uint32_t> counts =
+              fresh ? std::span<std::uint32_t>(fresh->data() + row, k * E) : scratch;
           Xoshiro256 rng(
               substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
                             static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
-          sampler.sample(rng, scratch);
-          m.fill_row(d, gpu, scratch.data(), cap, out.max_demanded, out.dropped_by_choice.data());
+          sampler->sample(rng, counts);
+          m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
         }
       } catch (...) {
         out.error = std::current_exception();
@@ -287,10 +330,91 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       max_demanded = std::max(max_demanded, p.max_demanded);
       for (std::size_t j = 0; j < k; ++j) d.dropped_by_choice[j] += p.dropped_by_choice[j];
     }
+    if (fresh) m.cache->insert(key, std::move(fresh));
   }
+  d.max_demanded = max_demanded;
   d.capacity = capacity_slots(f, m.top_k, m.tokens, m.num_experts, max_demanded, capacity_multiple);
   for (const std::int64_t x : d.dropped_by_choice) d.dropped += x;
   return d;
+}
+
+bool WorkloadGenerator::round_capacity(IterationWorkload& w, int capacity_multiple) const {
+  if (capacity_multiple < 1)
+    throw InputError(fmt::format("workload: capacity multiple {} must be >= 1", capacity_multiple));
+  if (w.capacity_multiple == capacity_multiple) return true;
+  // Only from multiple 1: round_up(x, 1) = x <= round_up(x, m) for every m, so a cap that
+  // dropped nothing stays a cap that drops nothing (from m0 > 1 the new cap can be smaller).
+  if (w.capacity_multiple != 1) return false;
+  for (const LayerDispatch& d : w.layers)
+    if (d.dropped != 0) return false;
+  const Impl& m = *impl_;
+  for (LayerDispatch& d : w.layers)
+    d.capacity = capacity_slots(d.capacity_factor, m.top_k, m.tokens, m.num_experts, d.max_demanded,
+                                capacity_multiple);
+  w.capacity_multiple = capacity_multiple;
+  return true;
+}
+
+void WorkloadGenerator::set_keep_demanded(bool keep) { impl_->keep_demanded = keep; }
+
+void WorkloadGenerator::set_cache(SampleCache* cache) { impl_->cache = cache; }
+
+// ---------------------------------------------------------------------------------------------
+
+struct SampleCache::Impl {
+  std::mutex mutex;
+  std::size_t max_bytes = 0;
+  std::size_t bytes = 0;
+  std::map<Key, Counts> entries;
+  std::deque<Key> order;  // insertion order: the oldest is dropped first
+  std::int64_t hits = 0, misses = 0;
+};
+
+SampleCache::SampleCache(std::size_t max_bytes) : impl_(std::make_unique<Impl>()) {
+  impl_->max_bytes = max_bytes;
+}
+SampleCache::~SampleCache() = default;
+
+bool SampleCache::Key::operator<(const Key& o) const {
+  return std::tie(num_gpus, num_experts, top_k, tokens, distribution, skew, alpha, seed, iteration,
+                  layer) < std::tie(o.num_gpus, o.num_experts, o.top_k, o.tokens, o.distribution,
+                                    o.skew, o.alpha, o.seed, o.iteration, o.layer);
+}
+
+std::int64_t SampleCache::hits() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->hits;
+}
+
+std::int64_t SampleCache::misses() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->misses;
+}
+
+SampleCache::Counts SampleCache::find(const Key& key) {
+  std::lock_guard lock(impl_->mutex);
+  const auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) {
+    ++impl_->misses;
+    return nullptr;
+  }
+  ++impl_->hits;
+  return it->second;
+}
+
+void SampleCache::insert(const Key& key, Counts counts) {
+  MOESIM_ASSERT(counts != nullptr, "sample cache entries must hold counts");
+  const std::size_t size = counts->size() * sizeof(std::uint32_t);
+  std::lock_guard lock(impl_->mutex);
+  if (size > impl_->max_bytes || !impl_->entries.emplace(key, std::move(counts)).second) return;
+  impl_->order.push_back(key);
+  impl_->bytes += size;
+  while (impl_->bytes > impl_->max_bytes) {
+    const auto oldest = impl_->entries.find(impl_->order.front());
+    impl_->bytes -= oldest->second->size() * sizeof(std::uint32_t);
+    impl_->entries.erase(oldest);
+    impl_->order.pop_front();
+  }
 }
 
 void WorkloadGenerator::set_threads(int threads) {
@@ -302,6 +426,7 @@ IterationWorkload WorkloadGenerator::next(int iteration, int capacity_multiple) 
   IterationWorkload w;
   w.index = iteration;
   w.capacity_factor = capacity_factor(iteration);
+  w.capacity_multiple = capacity_multiple;
   w.layers.reserve(static_cast<std::size_t>(impl_->num_layers));
   for (int l = 0; l < impl_->num_layers; ++l)
     w.layers.push_back(sample_layer(iteration, l, w.capacity_factor, capacity_multiple));

@@ -35,9 +35,13 @@ struct LayerDispatch {
   std::int64_t capacity = 0;   // dC: slots per (source GPU, expert); the padded buffer size
   /// kept[i * E + e]: tokens GPU i sends to expert e after drops (<= capacity).
   std::vector<std::uint32_t> kept;
-  /// demanded[i * E + e]: choices before drops (first + later choices).
+  /// demanded[i * E + e]: choices before drops (first + later choices). Empty when the
+  /// generator does not keep it (WorkloadGenerator::set_keep_demanded(false), as the runner
+  /// does: a second P x E matrix is 64-128 MiB per layer at 4,096 GPUs and only trace export and
+  /// tests read it); demanded_at() then answers from kept when nothing was dropped.
   std::vector<std::uint32_t> demanded;
-  std::int64_t dropped = 0;  // sum(demanded - kept)
+  std::int64_t max_demanded = 0;  // largest demanded count of any (GPU, expert) pair
+  std::int64_t dropped = 0;       // sum(demanded - kept)
   /// dropped_by_choice[j]: (j+1)-th choices dropped (size top_k; sums to `dropped`). Trace rows
   /// without a choice column count as first choices.
   std::vector<std::int64_t> dropped_by_choice;
@@ -45,9 +49,7 @@ struct LayerDispatch {
   std::uint32_t at(int gpu, int expert) const {
     return kept[static_cast<std::size_t>(gpu) * num_experts + expert];
   }
-  std::uint32_t demanded_at(int gpu, int expert) const {
-    return demanded[static_cast<std::size_t>(gpu) * num_experts + expert];
-  }
+  std::uint32_t demanded_at(int gpu, int expert) const;
   /// Tokens expert e receives in total (column sum of kept).
   std::int64_t expert_load(int expert) const;
   /// Largest expert load / mean expert load (1 = balanced; 0 when nothing is kept).
@@ -73,6 +75,7 @@ struct ExpertPlacement {
 struct IterationWorkload {
   int index = 0;
   double capacity_factor = 0;
+  int capacity_multiple = 1;          // dC of every layer is a multiple of this
   std::vector<LayerDispatch> layers;  // one per MoE layer
 };
 
@@ -139,6 +142,44 @@ void write_routing_trace(std::ostream& out, const std::vector<IterationWorkload>
 
 // ---------------------------------------------------------------------------------------------
 
+/// Per-choice counts of sampled layers, shared between generators (and threads). The counts of
+/// (iteration, layer) depend only on the routing spec (distribution, skew, alpha, seed) and the
+/// shape (P, E, k, S), not on the capacity factor, the pipeline degree or anything else a
+/// strategy or a sweep axis like M or H changes; so generators of scenarios that agree on those
+/// can share one sampling. PipeMoE's grid (bench/pipemoe_grid_bench) samples 54 shapes instead
+/// of 864 points x 4 stacks. Entries cost k * P * E * 4 bytes; the oldest are dropped beyond
+/// max_bytes. Thread-safe; two generators missing the same entry at once both sample it (the
+/// same counts) and the first insert wins.
+class SampleCache {
+ public:
+  explicit SampleCache(std::size_t max_bytes = std::size_t{256} << 20);
+  ~SampleCache();
+  SampleCache(const SampleCache&) = delete;
+  SampleCache& operator=(const SampleCache&) = delete;
+
+  std::int64_t hits() const;
+  std::int64_t misses() const;
+
+  /// What the counts of one layer depend on.
+  struct Key {
+    int num_gpus = 0, num_experts = 0, top_k = 0;
+    std::int64_t tokens = 0;
+    int distribution = 0;
+    double skew = 0, alpha = 0;
+    std::uint64_t seed = 0;
+    int iteration = 0, layer = 0;
+    bool operator<(const Key& o) const;
+  };
+  using Counts = std::shared_ptr<const std::vector<std::uint32_t>>;
+  /// The counts (counts[(gpu * k + j) * E + e]), or null (a miss).
+  Counts find(const Key& key);
+  void insert(const Key& key, Counts counts);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// Deterministic: every draw comes from a substream keyed by (workload.routing.seed, iteration,
 /// layer, GPU), so the counts of iteration i do not depend on which iterations were sampled
 /// before it or in which order.
@@ -158,6 +199,21 @@ class WorkloadGenerator {
   IterationWorkload next(int iteration, int capacity_multiple = 1);
   /// One MoE layer of iteration i with capacity factor f (next() uses capacity_factor(i)).
   LayerDispatch sample_layer(int iteration, int layer, double f, int capacity_multiple = 1);
+
+  /// Turns `w`, sampled by next(i, 1), into exactly what next(i, capacity_multiple) returns,
+  /// without sampling again, when that is possible: when no layer dropped anything (a larger dC
+  /// drops nothing either, so only dC is re-rounded; always true for f = 0, dropless). Returns
+  /// false and leaves `w` as it was otherwise (some choice was dropped: the rounded-up dC would
+  /// keep more, which needs the per-choice counts; call next(i, capacity_multiple)).
+  bool round_capacity(IterationWorkload& w, int capacity_multiple) const;
+
+  /// Shares sampled counts with other generators through `cache` (nullptr, the default: none).
+  /// The counts do not depend on it. Routing traces are not cached (nothing is sampled).
+  void set_cache(SampleCache* cache);
+
+  /// Whether sampled layers keep `demanded` (default true). The simulation needs only `kept`,
+  /// max_demanded and the drop counts; false saves one P x E matrix per layer.
+  void set_keep_demanded(bool keep);
 
   /// Threads that sample the GPUs' rows (0, the default: std::thread::hardware_concurrency()).
   /// The counts do not depend on it (every GPU has its own substream).

@@ -1,6 +1,8 @@
 // Workload generator (STRATEGIES §1): capacity modes and the slot rule by hand, sampling
-// properties (totals, distinct choices, skew ordering, exact second-choice marginals),
-// determinism, dynamic capacity, trace files, dispatch matrices.
+// properties (totals, distinct choices, skew ordering, exact second-choice marginals), the
+// binomial sampler against its pmf, the pair method's count moments against the exact ones and
+// the token method's, determinism, dynamic capacity, re-rounding dC without sampling again,
+// trace files, dispatch matrices.
 #include "strategies/workload/workload.hpp"
 
 #include <gtest/gtest.h>
@@ -127,7 +129,7 @@ TEST(ApplyCapacity, FirstChoicesBeforeSecondChoices) {
 // Sampling properties.
 
 TEST(WorkloadGenerator, TotalsAndCapacityBothMethods) {
-  // S = 60 <= 128 * E: token method; S = 1100 > 128 * E: count method.
+  // S = 60 <= 128 * E: token method; S = 1100 > 128 * E: pair method.
   for (const int tokens : {60, 1100}) {
     for (const double f : {1.0, 0.5, 2.0}) {
       WorkloadGenerator gen(make_scenario(4, 8, 2, tokens, f));
@@ -584,6 +586,346 @@ TEST(WorkloadGenerator, RejectsBadInputs) {
   EXPECT_THROW(gen.next(-1), InputError);
   EXPECT_THROW(gen.next(0, 0), InputError);
   EXPECT_THROW(gen.sample_layer(0, 1, 1.0), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// detail::binomial and the pair method (exact per-expert counts for k <= 2).
+
+// log of the Binomial(n, p) pmf at k, from std::lgamma (single-threaded test: no data race).
+double log_binomial_pmf(std::int64_t n, double p, std::int64_t k) {
+  return std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
+         static_cast<double>(k) * std::log(p) + static_cast<double>(n - k) * std::log1p(-p);
+}
+
+TEST(Binomial, EdgeCases) {
+  detail::Xoshiro256 rng(3);
+  EXPECT_EQ(detail::binomial(rng, 0, 0.5), 0);
+  EXPECT_EQ(detail::binomial(rng, 17, 0.0), 0);
+  EXPECT_EQ(detail::binomial(rng, 17, 1.0), 17);
+  EXPECT_EQ(detail::binomial(rng, -3, 0.5), 0);
+  for (int i = 0; i < 1000; ++i) {
+    const std::int64_t x = detail::binomial(rng, 1'000'000'000, 1e-9 * (i % 7));  // inversion
+    EXPECT_GE(x, 0);
+    EXPECT_LE(x, 100);
+  }
+}
+
+TEST(Binomial, MatchesThePmf) {
+  // Both methods (inversion below n p = 10, BTRS above) and the p > 1/2 reflection: a chi-square
+  // test of 200,000 draws against the exact pmf (cells with expectation < 5 pooled into the
+  // tails), plus mean and variance within 5 standard errors. Fixed seeds: deterministic.
+  struct Case {
+    std::int64_t n;
+    double p;
+  };
+  for (const Case c : {Case{5, 0.3}, Case{40, 0.2}, Case{20, 0.5}, Case{100, 0.1}, Case{1000, 0.37},
+                       Case{300, 0.9}, Case{1'000'000, 0.5}, Case{50'000, 0.0004}}) {
+    const int draws = 200'000;
+    detail::Xoshiro256 rng(static_cast<std::uint64_t>(c.n * 1000 + 7));
+    std::vector<std::int64_t> seen;
+    double sum = 0, sum2 = 0;
+    for (int i = 0; i < draws; ++i) {
+      const std::int64_t x = detail::binomial(rng, c.n, c.p);
+      ASSERT_GE(x, 0);
+      ASSERT_LE(x, c.n);
+      seen.push_back(x);
+      sum += static_cast<double>(x);
+      sum2 += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double mean = c.n * c.p, var = c.n * c.p * (1 - c.p);
+    const double sample_mean = sum / draws;
+    const double sample_var = sum2 / draws - sample_mean * sample_mean;
+    EXPECT_NEAR(sample_mean, mean, 5 * std::sqrt(var / draws)) << c.n << " " << c.p;
+    // Var of the sample variance ~ 2 var^2 / draws for near-normal counts (plus kurtosis terms
+    // that are small here); 6 standard errors.
+    EXPECT_NEAR(sample_var, var, 6 * var * std::sqrt(2.0 / draws) + 1e-9) << c.n << " " << c.p;
+    // Chi-square over the central range mean +- 6 sd, tails pooled.
+    const auto lo = static_cast<std::int64_t>(std::max(0.0, std::floor(mean - 6 * std::sqrt(var))));
+    const auto hi = static_cast<std::int64_t>(
+        std::min(static_cast<double>(c.n), std::ceil(mean + 6 * std::sqrt(var))));
+    std::vector<double> expected, observed;
+    double exp_acc = 0, obs_acc = 0, mass = 0;
+    std::vector<std::int64_t> hist(static_cast<std::size_t>(hi - lo + 1), 0);
+    std::int64_t outside = 0;
+    for (const std::int64_t x : seen) {
+      if (x < lo || x > hi)
+        ++outside;
+      else
+        ++hist[static_cast<std::size_t>(x - lo)];
+    }
+    for (std::int64_t k = lo; k <= hi; ++k) {
+      const double e = draws * std::exp(log_binomial_pmf(c.n, c.p, k));
+      mass += e / draws;
+      exp_acc += e;
+      obs_acc += static_cast<double>(hist[static_cast<std::size_t>(k - lo)]);
+      if (exp_acc >= 5) {
+        expected.push_back(exp_acc);
+        observed.push_back(obs_acc);
+        exp_acc = obs_acc = 0;
+      }
+    }
+    if (!expected.empty()) {
+      expected.back() += exp_acc + draws * std::max(0.0, 1 - mass);
+      observed.back() += obs_acc + static_cast<double>(outside);
+    }
+    double chi2 = 0;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      chi2 += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
+    const double df = static_cast<double>(expected.size()) - 1;
+    ASSERT_GE(df, 1) << c.n << " " << c.p;
+    EXPECT_LT(chi2, df + 5 * std::sqrt(2 * df)) << c.n << " " << c.p << " df " << df;
+  }
+}
+
+// Exact per-GPU moments of the per-choice counts for k = 2 (tokens i.i.d.): with s_e the
+// second-choice marginal and P(first = e, second = f) = p_e p_f / (1 - p_e), the count vector
+// (c1, c2) of S tokens has mean S (p, s) and covariance S times the one-token covariance.
+struct PairMoments {
+  std::vector<double> mean;  // 2E
+  std::vector<double> cov;   // 2E x 2E
+};
+
+PairMoments exact_pair_moments(const std::vector<double>& p, double tokens) {
+  const std::size_t E = p.size();
+  std::vector<double> joint(E * E, 0.0), s(E, 0.0);
+  for (std::size_t e = 0; e < E; ++e)
+    for (std::size_t f = 0; f < E; ++f)
+      if (e != f) s[f] += joint[e * E + f] = p[e] * p[f] / (1 - p[e]);
+  PairMoments m;
+  m.mean.resize(2 * E);
+  m.cov.assign(4 * E * E, 0.0);
+  for (std::size_t e = 0; e < E; ++e) {
+    m.mean[e] = tokens * p[e];
+    m.mean[E + e] = tokens * s[e];
+  }
+  // One token's indicators: I_x for x < E (first = x), I_{E+y} (second = y).
+  auto second_moment = [&](std::size_t x, std::size_t y) {
+    if (x < E && y < E) return x == y ? p[x] : 0.0;
+    if (x >= E && y >= E) return x == y ? s[x - E] : 0.0;
+    return x < E ? joint[x * E + (y - E)] : joint[y * E + (x - E)];
+  };
+  for (std::size_t x = 0; x < 2 * E; ++x)
+    for (std::size_t y = 0; y < 2 * E; ++y)
+      m.cov[x * 2 * E + y] =
+          tokens * (second_moment(x, y) - m.mean[x] / tokens * m.mean[y] / tokens);
+  return m;
+}
+
+TEST(ChoiceSampler, PairMethodMatchesTokenMethodMoments) {
+  // Over 20,000 seeds (GPUs), the pair method and the exact token method must both reproduce the
+  // exact mean of every count and the full covariance matrix of (c1, c2), including the negative
+  // covariance of c1[e] and c2[e] that the old count method missed (it drew ranks
+  // independently). Tolerance: 5 standard errors of each estimate (+ a small absolute floor).
+  const std::vector<std::vector<double>> cases = {
+      {0.25, 0.25, 0.25, 0.25},           // uniform (the sampler's exact-ratio branch)
+      {0.5, 0.25, 0.15, 0.1},             // skewed
+      {0.05, 0.3, 0.05, 0.2, 0.1, 0.3}};  // unsorted weights
+  const int tokens = 40, seeds = 20'000;
+  using Method = detail::ChoiceSampler::Method;
+  for (const auto& p : cases) {
+    const std::size_t E = p.size();
+    const bool uniform = std::all_of(p.begin(), p.end(), [&](double x) { return x == p[0]; });
+    const PairMoments exact = exact_pair_moments(p, tokens);
+    for (const Method method : {Method::kTokens, Method::kPairs}) {
+      const detail::ChoiceSampler sampler(uniform ? std::vector<double>{} : p, static_cast<int>(E),
+                                          2, tokens, method);
+      ASSERT_EQ(sampler.method(), method);
+      std::vector<double> sum(2 * E, 0.0), sum2(4 * E * E, 0.0);
+      std::vector<std::uint32_t> counts(2 * E);
+      for (int seed = 0; seed < seeds; ++seed) {
+        detail::Xoshiro256 rng(static_cast<std::uint64_t>(seed) * 7919 + 1);
+        sampler.sample(rng, counts);
+        ASSERT_EQ(std::accumulate(counts.begin(), counts.begin() + E, 0u), 40u);
+        ASSERT_EQ(std::accumulate(counts.begin() + E, counts.end(), 0u), 40u);
+        for (std::size_t e = 0; e < E; ++e) ASSERT_LE(counts[e] + counts[E + e], 40u);
+        for (std::size_t x = 0; x < 2 * E; ++x) {
+          sum[x] += counts[x];
+          for (std::size_t y = 0; y < 2 * E; ++y)
+            sum2[x * 2 * E + y] += static_cast<double>(counts[x]) * counts[y];
+        }
+      }
+      for (std::size_t x = 0; x < 2 * E; ++x) {
+        const double mean = sum[x] / seeds;
+        const double var_x = exact.cov[x * 2 * E + x];
+        EXPECT_NEAR(mean, exact.mean[x], 5 * std::sqrt(var_x / seeds) + 1e-9)
+            << "method " << static_cast<int>(method) << " count " << x;
+        for (std::size_t y = 0; y < 2 * E; ++y) {
+          const double cov = sum2[x * 2 * E + y] / seeds - mean * (sum[y] / seeds);
+          const double var_y = exact.cov[y * 2 * E + y];
+          const double c = exact.cov[x * 2 * E + y];
+          const double se = std::sqrt((var_x * var_y + c * c) / seeds);
+          EXPECT_NEAR(cov, c, 5 * se + 1e-3)
+              << "method " << static_cast<int>(method) << " cov " << x << "," << y;
+        }
+      }
+    }
+  }
+}
+
+TEST(ChoiceSampler, PairMethodZeroWeightsAndTopOne) {
+  // Only experts 1 and 3 have weight: a token's second choice is the other one, exactly.
+  const detail::ChoiceSampler two({0.0, 0.6, 0.0, 0.4}, 4, 2, 1000,
+                                  detail::ChoiceSampler::Method::kPairs);
+  std::vector<std::uint32_t> counts(8);
+  for (std::uint64_t seed = 1; seed <= 50; ++seed) {
+    detail::Xoshiro256 rng(seed);
+    two.sample(rng, counts);
+    EXPECT_EQ(counts[0] + counts[2] + counts[4] + counts[6], 0u);
+    EXPECT_EQ(counts[1] + counts[3], 1000u);
+    EXPECT_EQ(counts[5], counts[3]);
+    EXPECT_EQ(counts[7], counts[1]);
+  }
+  // k = 1: a plain multinomial of S; each count is Binomial(S, p_e).
+  const std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
+  const detail::ChoiceSampler one(p, 4, 1, 500, detail::ChoiceSampler::Method::kPairs);
+  std::vector<double> sum(4, 0.0);
+  std::vector<std::uint32_t> c(4);
+  const int seeds = 4000;
+  for (int seed = 0; seed < seeds; ++seed) {
+    detail::Xoshiro256 rng(static_cast<std::uint64_t>(seed) + 11);
+    one.sample(rng, c);
+    EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0u), 500u);
+    for (int e = 0; e < 4; ++e) sum[e] += c[e];
+  }
+  for (int e = 0; e < 4; ++e)
+    EXPECT_NEAR(sum[e] / seeds, 500 * p[e], 5 * std::sqrt(500 * p[e] * (1 - p[e]) / seeds));
+  // Auto picks the pair method above kPairsMinRatio * E for k <= 2 only.
+  using Method = detail::ChoiceSampler::Method;
+  const auto ratio = detail::ChoiceSampler::kPairsMinRatio;
+  EXPECT_EQ(detail::ChoiceSampler({}, 8, 2, 8 * ratio + 1).method(), Method::kPairs);
+  EXPECT_EQ(detail::ChoiceSampler({}, 8, 2, 8 * ratio).method(), Method::kTokens);
+  EXPECT_EQ(detail::ChoiceSampler({}, 8, 1, 8 * ratio + 1).method(), Method::kPairs);
+  EXPECT_EQ(detail::ChoiceSampler({}, 8, 3, 8 * ratio).method(), Method::kTokens);
+  EXPECT_EQ(detail::ChoiceSampler({}, 8, 3, 8 * 128 + 1).method(), Method::kCounts);
+  EXPECT_EQ(detail::ChoiceSampler({1.0, 0, 0, 0}, 4, 2, 4000).method(), Method::kCounts);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling once per iteration (round_capacity) and dropping the demanded copy.
+
+TEST(WorkloadGenerator, RoundCapacityEqualsSamplingAtTheMultiple) {
+  struct Case {
+    double f;
+    bool exact;  // whether round_capacity can do it without sampling again
+  };
+  // f = 0: dropless, always. f = -100 and f = 4: a cap nothing reaches. f = 1, f = -1: drops.
+  for (const Case c : {Case{0.0, true}, Case{-100.0, true}, Case{4.0, true}, Case{1.0, false},
+                       Case{-1.0, false}}) {
+    for (const auto dist : {RoutingDistribution::kUniform, RoutingDistribution::kZipf}) {
+      WorkloadGenerator gen(make_scenario(4, 8, 2, 300, c.f, dist, 2.0, 1, 2));
+      for (const int multiple : {1, 3, 4}) {
+        IterationWorkload w = gen.next(2, 1);
+        const IterationWorkload direct = gen.next(2, multiple);
+        const bool done = gen.round_capacity(w, multiple);
+        EXPECT_EQ(done, c.exact || multiple == 1) << c.f << " " << multiple;
+        if (!done) {
+          EXPECT_EQ(w.capacity_multiple, 1);
+          continue;
+        }
+        EXPECT_EQ(w.capacity_multiple, multiple);
+        ASSERT_EQ(w.layers.size(), direct.layers.size());
+        for (std::size_t l = 0; l < w.layers.size(); ++l) {
+          EXPECT_EQ(w.layers[l].capacity, direct.layers[l].capacity) << c.f << " " << multiple;
+          EXPECT_EQ(w.layers[l].capacity % multiple, 0);
+          EXPECT_EQ(w.layers[l].kept, direct.layers[l].kept);
+          EXPECT_EQ(w.layers[l].demanded, direct.layers[l].demanded);
+          EXPECT_EQ(w.layers[l].dropped_by_choice, direct.layers[l].dropped_by_choice);
+          EXPECT_EQ(w.layers[l].max_demanded, direct.layers[l].max_demanded);
+        }
+      }
+    }
+  }
+  // Only from multiple 1: from 4 to 3 the cap could shrink.
+  WorkloadGenerator gen(make_scenario(4, 8, 2, 300, 0.0));
+  IterationWorkload w4 = gen.next(0, 4);
+  EXPECT_FALSE(gen.round_capacity(w4, 3));
+  EXPECT_TRUE(gen.round_capacity(w4, 4));
+  EXPECT_THROW(gen.round_capacity(w4, 0), InputError);
+}
+
+TEST(WorkloadGenerator, WithoutDemandedKeepsTheSameCounts) {
+  for (const double f : {0.0, 1.0}) {
+    const Scenario sc = make_scenario(4, 8, 2, 300, f, RoutingDistribution::kZipf, 1.0);
+    WorkloadGenerator full(sc), lean(sc);
+    lean.set_keep_demanded(false);
+    const LayerDispatch a = full.next(1).layers[0], b = lean.next(1).layers[0];
+    EXPECT_TRUE(b.demanded.empty());
+    EXPECT_EQ(a.kept, b.kept);
+    EXPECT_EQ(a.capacity, b.capacity);
+    EXPECT_EQ(a.dropped_by_choice, b.dropped_by_choice);
+    EXPECT_EQ(a.max_demanded, b.max_demanded);
+    EXPECT_EQ(a.max_demanded, *std::max_element(a.demanded.begin(), a.demanded.end()));
+    if (f == 0) {  // nothing dropped: demanded_at answers from kept
+      EXPECT_EQ(b.dropped, 0);
+      for (int i = 0; i < 4; ++i)
+        for (int e = 0; e < 8; ++e) EXPECT_EQ(b.demanded_at(i, e), a.demanded_at(i, e));
+    } else {
+      EXPECT_GT(b.dropped, 0);
+      EXPECT_THROW(b.demanded_at(0, 0), std::exception);  // not kept, and it differs from kept
+    }
+  }
+}
+
+TEST(SampleCache, SharedCountsAreTheSameCounts) {
+  // Two generators of the same shape and routing share samples; the capacity factor and the
+  // multiple (which differ between stacks) are applied to the cached counts per request.
+  for (const int tokens : {60, 1100}) {  // token and pair methods
+    SampleCache cache;
+    Scenario a = make_scenario(4, 8, 2, tokens, 1.0, RoutingDistribution::kZipf, 1.0, 3, 2);
+    Scenario b = a;
+    b.model.capacity_factor = 0.0;  // another f: same counts
+    b.model.model_dim = 4 * a.model.model_dim;
+    WorkloadGenerator plain_a(a), plain_b(b), cached_a(a), cached_b(b);
+    cached_a.set_cache(&cache);
+    cached_b.set_cache(&cache);
+    for (const int multiple : {1, 4}) {
+      const IterationWorkload x = cached_a.next(1, multiple), y = plain_a.next(1, multiple);
+      const IterationWorkload u = cached_b.next(1, multiple), v = plain_b.next(1, multiple);
+      for (std::size_t l = 0; l < 2; ++l) {
+        EXPECT_EQ(x.layers[l].kept, y.layers[l].kept);
+        EXPECT_EQ(x.layers[l].demanded, y.layers[l].demanded);
+        EXPECT_EQ(x.layers[l].dropped_by_choice, y.layers[l].dropped_by_choice);
+        EXPECT_EQ(x.layers[l].capacity, y.layers[l].capacity);
+        EXPECT_EQ(u.layers[l].kept, v.layers[l].kept);
+        EXPECT_EQ(u.layers[l].capacity, v.layers[l].capacity);
+        EXPECT_EQ(u.layers[l].demanded, x.layers[l].demanded);
+      }
+    }
+    // 2 layers sampled once (iteration 1), then 2 x 4 - 2 lookups hit.
+    EXPECT_EQ(cache.misses(), 2);
+    EXPECT_EQ(cache.hits(), 6);
+    // Another seed is another entry.
+    Scenario c = a;
+    c.workload.routing.seed = 4;
+    WorkloadGenerator cached_c(c);
+    cached_c.set_cache(&cache);
+    EXPECT_NE(cached_c.next(1).layers[0].demanded, plain_a.next(1).layers[0].demanded);
+    EXPECT_EQ(cache.misses(), 4);
+  }
+}
+
+TEST(SampleCache, DropsTheOldestBeyondItsBudget) {
+  // One entry (k * P * E * 4 = 2 * 4 * 8 * 4 = 256 bytes): a 600-byte cache keeps two.
+  SampleCache cache(600);
+  const Scenario sc = make_scenario(4, 8, 2, 60);
+  WorkloadGenerator gen(sc);
+  gen.set_cache(&cache);
+  const auto first = gen.next(0).layers[0].kept;
+  gen.next(1);
+  gen.next(2);  // evicts iteration 0
+  EXPECT_EQ(cache.misses(), 3);
+  gen.next(2);
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(gen.next(0).layers[0].kept, first);  // sampled again: the same counts
+  EXPECT_EQ(cache.misses(), 4);
+  // An entry larger than the whole budget is not kept.
+  SampleCache tiny(100);
+  WorkloadGenerator g2(sc);
+  g2.set_cache(&tiny);
+  g2.next(0);
+  g2.next(0);
+  EXPECT_EQ(tiny.hits(), 0);
+  EXPECT_EQ(tiny.misses(), 2);
 }
 
 }  // namespace

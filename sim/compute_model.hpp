@@ -34,30 +34,19 @@
 #include <vector>
 
 #include "core/cluster_spec.hpp"
+#include "core/gemm_model.hpp"
 #include "core/plan.hpp"
 #include "core/units.hpp"
 
 namespace moesim::sim {
 
-/// One measured GEMM: efficiency = achieved FLOP/s / peak for that shape.
-struct GemmEfficiencyPoint {
-  GemmShape shape;
-  double efficiency = 0;
-};
-
-/// Values fitted by `moesim calibrate`; every field is optional and the default (empty) means
-/// "use the analytical model".
-struct ComputeCalibration {
-  /// Fixed cost of one GEMM call (replaces launch_overhead for GEMMs).
-  std::optional<Seconds> alpha_gemm;
-  /// Seconds per FLOP of a large GEMM (replaces 1 / (peak * max_gemm_efficiency)); shape
-  /// efficiency is then applied relative to the large-GEMM efficiency.
-  std::optional<double> beta_gemm_s_per_flop;
-  /// Measured efficiencies; when non-empty the efficiency of a shape is that of the nearest point
-  /// in log space over (m, n, k, batch) (nearest neighbour: no extrapolation beyond measured
-  /// points, which is what a lookup table should do).
-  std::vector<GemmEfficiencyPoint> efficiency_table;
-};
+/// The calibration hooks are core's (core/gemm_model.hpp), shared with strategies/cost_model:
+/// alpha_gemm replaces launch_overhead for GEMMs; beta_gemm (seconds per FLOP of a large GEMM)
+/// replaces 1 / (peak * max_gemm_efficiency), shape efficiency then applied relative to the
+/// large-GEMM efficiency; a measured efficiency table replaces the tile model (nearest measured
+/// point in log space over (m, n, k, batch): no extrapolation beyond measured points).
+using GemmEfficiencyPoint = ::moesim::GemmEfficiencyPoint;
+using ComputeCalibration = ::moesim::GemmCalibration;
 
 struct ComputeParams {
   Seconds launch_overhead{5e-6};  // per kernel (engine.launch_overhead)
@@ -70,6 +59,11 @@ struct ComputeParams {
   /// they are normally bandwidth-bound anyway.
   double other_efficiency = 0.5;
   ComputeCalibration calibration;
+
+  /// The shared roofline's parameters (core/gemm_model.hpp).
+  GemmModelParams gemm_params() const {
+    return GemmModelParams{launch_overhead, max_gemm_efficiency, tile_mn, tile_k};
+  }
 };
 
 class ComputeModel {

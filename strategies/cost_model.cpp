@@ -12,16 +12,6 @@
 
 namespace moesim::strategies {
 
-namespace {
-
-// u(d, T) of sim/compute_model.cpp: the useful fraction of a T-wide tile for a dimension d.
-double tile_utilisation(double d, double tile) {
-  d = std::max(d, 1.0);
-  return d / (d + tile * std::exp(-d / tile));
-}
-
-}  // namespace
-
 AlphaBeta AlphaBeta::through(double x1, double t1, double x2, double t2) {
   MOESIM_ASSERT(x1 != x2, "alpha-beta fit needs two distinct sizes");
   AlphaBeta ab;
@@ -35,35 +25,31 @@ AlphaBeta AlphaBeta::through(double x1, double t1, double x2, double t2) {
   return ab;
 }
 
-FlopsPerSecond peak_for(const GpuSpec& gpu, Dtype dtype) {
-  std::vector<Dtype> order{dtype};
-  switch (dtype) {
-    case Dtype::kFp8:
-      order.insert(order.end(), {Dtype::kFp16, Dtype::kBf16});
-      break;
-    case Dtype::kBf16:
-      order.push_back(Dtype::kFp16);
-      break;
-    case Dtype::kFp16:
-      order.push_back(Dtype::kBf16);
-      break;
-    case Dtype::kTf32:
-      order.push_back(Dtype::kFp32);
-      break;
-    case Dtype::kFp32:
-      break;
-  }
-  for (Dtype d : order) {
-    auto it = gpu.peak.find(d);
-    if (it != gpu.peak.end() && it->second.value() > 0) return it->second;
-  }
-  return FlopsPerSecond(0);
+std::shared_ptr<const Calibration> scenario_calibration(const Scenario& sc) {
+  const auto& c = sc.cluster;
+  if (c.calibration_path.empty()) return nullptr;
+  return load_calibration_cached(c.calibration_path, c.location_of("cluster.calibration"));
+}
+
+double calibrated_message_latency(const Calibration* cal, const ClusterSpec& cluster,
+                                  double fallback) {
+  if (cal == nullptr) return fallback;
+  const TierCalibration* t0 = cal->tier(0);
+  if (t0 == nullptr) return fallback;
+  return std::max(0.0, t0->fit.alpha.value() - cluster.intra.latency.value());
 }
 
 CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmModelParams gemm)
     : sc_(sc), topo_(topo), gemm_(gemm) {
   // The engine charges the scenario's launch overhead per kernel (apps/moesim/engine_setup).
   gemm_.launch_overhead = sc.engine.launch_overhead;
+  cal_ = scenario_calibration(sc);
+  message_latency_s_ = sc.engine.message_latency.value();
+  if (cal_) {
+    gemm_cal_ = cal_->gemm;
+    message_latency_s_ =
+        calibrated_message_latency(cal_.get(), sc.cluster, sc.engine.message_latency.value());
+  }
   const auto& par = sc.parallelism;
   MOESIM_ASSERT(par.ep >= 1, "cost model needs a resolved EP group size");
   // Rank map of strategies/plan_builder.hpp: rank = ((d * ep + e) * esp + s) * mp + t; the EP
@@ -72,7 +58,7 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
   for (int e = 0; e < par.ep; ++e) ep_group_.push_back(e * par.esp * par.mp);
   peak_ = peak_for(topo.gpu(), sc.model.dtype);
   hbm_ = topo.gpu().hbm_bandwidth;
-  if (peak_.value() <= 0)
+  if (peak_.value() <= 0 && !gemm_cal_.beta_gemm_s_per_flop)
     throw InputError(topo.gpu().where, "cluster.gpu",
                      fmt::format("GPU '{}' has no peak compute rate for {}", topo.gpu().name,
                                  dtype_name(sc.model.dtype)));
@@ -96,6 +82,12 @@ Seconds CostModel::a2a_time(CollectiveAlgo algo, Bytes bytes_per_rank) const {
     auto it = a2a_memo_.find(key);
     if (it != a2a_memo_.end()) return Seconds(it->second);
   }
+  if (cal_ && algo != CollectiveAlgo::kAuto) {
+    // A measured line for this algorithm over a group of this size replaces the closed form.
+    const CollectiveCalibration* c =
+        cal_->collective(CollectiveType::kAllToAll, algo, static_cast<int>(ep_group_.size()));
+    if (c != nullptr) return Seconds(c->fit.time(bytes_per_rank.value()));
+  }
   CollectiveSpec spec;
   spec.type = CollectiveType::kAllToAll;
   spec.algo = algo;
@@ -103,7 +95,7 @@ Seconds CostModel::a2a_time(CollectiveAlgo algo, Bytes bytes_per_rank) const {
   collectives::CollectiveCall call{&spec, &ep_group_, 0, false};
   collectives::CostContext ctx;
   ctx.topo = &topo_;
-  ctx.net.message_latency_s = sc_.engine.message_latency.value();
+  ctx.net.message_latency_s = message_latency_s_;
   ctx.net.message_overhead_s = sc_.engine.message_overhead.value();
   // 0 = the GPU's HBM bandwidth, which is what the engine passes (sim/engine.cpp).
   ctx.local_copy_bandwidth = BytesPerSecond(0);
@@ -121,17 +113,16 @@ AlphaBeta CostModel::a2a_fit(CollectiveAlgo algo, Bytes lo, Bytes hi) const {
 }
 
 Seconds CostModel::gemm_time(const GemmShape& s, double flops_factor) const {
-  const double m = static_cast<double>(s.m), n = static_cast<double>(s.n),
-               k = static_cast<double>(s.k), batch = static_cast<double>(s.batch);
   // flops_factor: backward GEMMs do 2x the work on the same shapes (input and weight gradients);
   // their memory traffic is modelled as the forward's, as the compute model does.
-  const double flops = 2.0 * m * n * k * batch * flops_factor;
-  const double eff = gemm_.max_gemm_efficiency * tile_utilisation(m, gemm_.tile_mn) *
-                     tile_utilisation(n, gemm_.tile_mn) * tile_utilisation(k, gemm_.tile_k);
-  const double bytes = (m * k + k * n + m * n) * batch * sc_.model.bytes_per_element();
-  const double flop_time = flops > 0 ? flops / (peak_.value() * eff) : 0.0;
-  const double mem_time = hbm_.value() > 0 ? bytes / hbm_.value() : 0.0;
-  return Seconds(gemm_.launch_overhead.value() + std::max(flop_time, mem_time));
+  GemmWork w;
+  w.m = static_cast<double>(s.m);
+  w.n = static_cast<double>(s.n);
+  w.k = static_cast<double>(s.k);
+  w.batch = static_cast<double>(s.batch);
+  w.flops = s.flops() * flops_factor;
+  w.bytes = gemm_min_bytes(s, sc_.model.bytes_per_element());
+  return moesim::gemm_time(gemm_, gemm_cal_, peak_, hbm_, w);
 }
 
 GemmShape CostModel::expert_gemm_shape(double chunk_capacity, LayoutRole layout,

@@ -8,23 +8,30 @@
 //    0, per algorithm (linear, 2dh). The closed form is affine in n for one algorithm up to the
 //    switch between the intra- and inter-node class maxima, so a two-point fit over the range
 //    of interest is exact or very close.
-//  - GEMM: the roofline of sim/compute_model (whose library sits above this one, so it is
-//    mirrored here, not included; tests check both agree on default parameters):
+//  - GEMM: the roofline of core/gemm_model.hpp, the same function sim/compute_model charges:
 //      t = launch_overhead + max(flops / (peak * eff(m, n, k)), bytes / hbm_bandwidth)
 //      eff(m, n, k) = max_gemm_efficiency * u(m, tile_mn) * u(n, tile_mn) * u(k, tile_k)
 //      u(d, T) = d / (d + T * exp(-d / T)),  bytes = (m*k + k*n + m*n) * batch * bytes/element.
 //    The expert line t_e(x) = alpha_e + beta_e * x (x = tokens * M * H) is fitted through the
 //    times of the expert's two GEMMs at two chunk sizes, so small chunks' lost tile efficiency
 //    and weight re-reads land in alpha_e, as PipeMoE's profiled fit would.
-// Calibration (exec/ `moesim calibrate`) may later replace any of these lines.
+// Calibration (`cluster.calibration`, core/calibration.hpp) replaces, where the file has them:
+//  - the GEMM roofline's alpha, beta and efficiency table (through core/gemm_model, as the
+//    simulator's compute model does);
+//  - the all-to-all line: a measured (all_to_all, algo, |EP group|) entry gives
+//    t_a2a(n) = alpha + beta * n exactly; otherwise the closed form above, with the per-message
+//    latency the calibration implies (calibrated_message_latency, as the engines use).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "core/calibration.hpp"
+#include "core/gemm_model.hpp"
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "core/units.hpp"
@@ -47,14 +54,9 @@ struct AlphaBeta {
   static AlphaBeta through(double x1, double t1, double x2, double t2);
 };
 
-/// Mirrors the defaults of sim::ComputeParams (sim/compute_model.hpp). launch_overhead is
-/// replaced by the scenario's engine.launch_overhead (what the engine charges).
-struct GemmModelParams {
-  Seconds launch_overhead{5e-6};
-  double max_gemm_efficiency = 0.8;
-  double tile_mn = 96;
-  double tile_k = 32;
-};
+/// The GEMM roofline's knobs (core/gemm_model.hpp; defaults of sim::ComputeParams).
+/// launch_overhead is replaced by the scenario's engine.launch_overhead (what the engine charges).
+using GemmModelParams = ::moesim::GemmModelParams;
 
 /// The shape-dependent quantities of one MoE layer under a decision, per GPU.
 struct MoeLayerShape {
@@ -71,6 +73,9 @@ class CostModel {
 
   const Scenario& scenario() const { return sc_; }
   const topology::Topology& topology() const { return topo_; }
+  /// The scenario's calibration (cluster.calibration), or nullptr.
+  const Calibration* calibration() const { return cal_.get(); }
+
   /// Ranks of the EP group of rank 0 under the plan builder's rank map (MP fastest).
   const std::vector<int>& ep_group() const { return ep_group_; }
 
@@ -109,6 +114,9 @@ class CostModel {
   const Scenario& sc_;
   const topology::Topology& topo_;
   GemmModelParams gemm_;
+  std::shared_ptr<const Calibration> cal_;
+  GemmCalibration gemm_cal_;
+  double message_latency_s_ = 0;
   std::vector<int> ep_group_;
   FlopsPerSecond peak_{0};
   BytesPerSecond hbm_{0};
@@ -117,7 +125,20 @@ class CostModel {
 };
 
 /// Peak rate of `gpu` for `dtype`, falling back to the closest related dtype (fp8 -> fp16 ->
-/// bf16, tf32 -> fp32) as sim::ComputeModel does; 0 when none is known.
-FlopsPerSecond peak_for(const GpuSpec& gpu, Dtype dtype);
+/// bf16, tf32 -> fp32) as sim::ComputeModel does; 0 when none is known (core/gemm_model).
+inline FlopsPerSecond peak_for(const GpuSpec& gpu, Dtype dtype) {
+  return gemm_peak_for(gpu, dtype);
+}
+
+/// The scenario's calibration file (cluster.calibration), parsed once per process; nullptr when
+/// the scenario names none. InputError at the calibration key when it is missing or invalid.
+std::shared_ptr<const Calibration> scenario_calibration(const Scenario& sc);
+
+/// The per-message latency a calibration implies for the engines' NetworkParams: the measured
+/// point-to-point alpha of tier 0 (inside a node) minus the latency the scenario's topology
+/// already charges for that tier (cluster.intra_node.latency), clamped at >= 0; `fallback` (the
+/// scenario's engine.message_latency) when the file has no tier-0 entry.
+double calibrated_message_latency(const Calibration* cal, const ClusterSpec& cluster,
+                                  double fallback);
 
 }  // namespace moesim::strategies

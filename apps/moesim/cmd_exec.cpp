@@ -1,16 +1,21 @@
 // `moesim exec` (DESIGN §4.2, §5): real execution under mpirun.
 //   mpirun -np P moesim exec SCENARIO.yaml [--strategy NAME]... [--iterations N] [--seed S]
 //                            [--json F] [--check] [--backend mpi|nccl]
+//                            [--predict [--engine analytical|flow|simgrid]]
 // Every rank loads the scenario, builds the same plans through the same strategy stacks as
 // `simulate`, and runs them on the real backend (executor.hpp); rank 0 prints the table and
 // writes the same JSON as simulate (engine = the backend). --check compares every MoE layer's
-// output with the single-process reference and fails (exit 1) on any mismatch.
+// output with the single-process reference and fails (exit 1) on any mismatch. --predict also
+// simulates every plan that ran (rank 0, the scenario's engine or --engine, with the scenario's
+// calibration if any, apps/moesim/engine_setup) and prints measured vs predicted per op class and
+// per step, with the % error; the JSON gets a `predict` object.
 //
 // Exit codes: 2 for invalid input (also: mpirun size != the scenario's GPU count), 1 for runtime
 // failures. A failure that may have hit only some ranks (timeout, MPI error) aborts the whole job
 // with MPI_Abort, since a collective MPI_Finalize would wait for the failed ranks forever.
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/moesim/commands.hpp"
+#include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
@@ -28,6 +34,7 @@
 #ifdef MOESIM_HAVE_NCCL
 #include "exec/nccl_communicator.hpp"
 #endif
+#include "sim/engine.hpp"
 #include "strategies/runner.hpp"
 #include "topology/topology.hpp"
 
@@ -43,7 +50,109 @@ struct ExecArgs {
   std::string json_path;
   bool check = false;
   std::string backend = "mpi";
+  bool predict = false;
+  std::string engine;  // --engine for --predict ("" = the scenario's)
 };
+
+// --- --predict: simulated vs measured per op class and per step ----------------------------------
+
+constexpr int kNumClasses = 6;
+constexpr std::array<const char*, kNumClasses> kClassNames = {
+    "gemm", "gate", "encode/decode", "all_to_all", "allreduce", "other"};
+
+int op_class(const Op& op) {
+  if (op.kind == OpKind::kCompute) {
+    switch (op.compute().cls) {
+      case ComputeClass::kGemm:
+        return 0;
+      case ComputeClass::kGate:
+        return 1;
+      case ComputeClass::kEncode:
+      case ComputeClass::kDecode:
+        return 2;
+      default:
+        return 5;
+    }
+  }
+  if (op.kind == OpKind::kCollective) {
+    switch (op.collective().type) {
+      case CollectiveType::kAllToAll:
+      case CollectiveType::kAllToAllv:
+        return 3;
+      case CollectiveType::kAllReduce:
+        return 4;
+      default:
+        return 5;
+    }
+  }
+  return 5;
+}
+
+// Per class: the sum over ops of the op's mean duration over its ranks (busy time of that class
+// on an average rank, concurrent ops counted twice).
+std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r) {
+  std::array<double, kNumClasses> t{};
+  for (const Op& op : plan.ops()) {
+    const int n = op.ranks.size();
+    if (n == 0) continue;
+    double sum = 0;
+    for (int p = 0; p < n; ++p) sum += r.op_end(op.id, p) - r.op_start(op.id, p);
+    t[op_class(op)] += sum / n;
+  }
+  return t;
+}
+
+struct PredictStep {
+  double measured_s = 0, predicted_s = 0;
+  std::array<double, kNumClasses> measured{}, predicted{};
+};
+
+double error_pct(double measured, double predicted) {
+  return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
+}
+
+std::string error_text(double measured, double predicted) {
+  if (measured <= 0) return predicted > 0 ? "n/a" : "-";
+  return fmt::format("{:+.1f}", error_pct(measured, predicted));
+}
+
+void print_predict(const std::string& strategy, const std::vector<PredictStep>& steps) {
+  fmt::print("\n# predict: {} (measured vs simulated, per step; busy time of an average rank)\n",
+             strategy);
+  fmt::print("{:<16} {:>14} {:>14} {:>9}\n", "op class", "measured_us", "predicted_us", "err%");
+  const double n = static_cast<double>(std::max<size_t>(steps.size(), 1));
+  for (int c = 0; c < kNumClasses; ++c) {
+    double m = 0, p = 0;
+    for (const auto& s : steps) m += s.measured[c], p += s.predicted[c];
+    fmt::print("{:<16} {:>14.2f} {:>14.2f} {:>9}\n", kClassNames[c], m / n * 1e6, p / n * 1e6,
+               error_text(m, p));
+  }
+  for (size_t i = 0; i < steps.size(); ++i)
+    fmt::print("{:<16} {:>14.2f} {:>14.2f} {:>9}\n", fmt::format("step {}", i),
+               steps[i].measured_s * 1e6, steps[i].predicted_s * 1e6,
+               error_text(steps[i].measured_s, steps[i].predicted_s));
+}
+
+nlohmann::ordered_json predict_json(const std::string& strategy,
+                                    const std::vector<PredictStep>& steps) {
+  nlohmann::ordered_json j;
+  j["strategy"] = strategy;
+  auto& cl = j["classes"] = nlohmann::ordered_json::object();
+  const double n = static_cast<double>(std::max<size_t>(steps.size(), 1));
+  for (int c = 0; c < kNumClasses; ++c) {
+    double m = 0, p = 0;
+    for (const auto& s : steps) m += s.measured[c], p += s.predicted[c];
+    cl[kClassNames[c]] = {
+        {"measured_s", m / n}, {"predicted_s", p / n}, {"error_pct", error_pct(m, p)}};
+  }
+  auto& st = j["steps"] = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < steps.size(); ++i)
+    st.push_back({{"iteration", i},
+                  {"measured_s", steps[i].measured_s},
+                  {"predicted_s", steps[i].predicted_s},
+                  {"error_pct", error_pct(steps[i].measured_s, steps[i].predicted_s)}});
+  return j;
+}
 
 // Returns the process exit code (0, or 1 on a --check mismatch). Throws InputError for bad input.
 int run_exec(const ExecArgs& a, exec::MpiSession& session) {
@@ -80,6 +189,26 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   exec::ExecOptions opt;
   opt.check = a.check;
   exec::Executor executor(sc, *topo, session, *comm, opt);
+  // --predict: the simulator's view of the same plans (rank 0 only; the measured result alone
+  // drives the strategies' decisions, so every rank still takes the same path).
+  sim::EngineConfig engine_cfg;
+  if (a.predict) engine_cfg = engine_config_from(sc, a.engine);
+  std::vector<std::vector<PredictStep>> predicted(specs.size());
+  size_t current = 0;
+  const strategies::Backend measured = executor.backend();
+  const strategies::Backend backend = [&](const Plan& plan) {
+    RunResult m = measured(plan);
+    if (a.predict && root) {
+      const RunResult p = sim::run_plan(plan, *topo, engine_cfg);
+      PredictStep s;
+      s.measured_s = m.makespan_s;
+      s.predicted_s = p.makespan_s;
+      s.measured = class_times(plan, m);
+      s.predicted = class_times(plan, p);
+      predicted[current].push_back(s);
+    }
+    return m;
+  };
   if (root)
     fmt::print("# {}: {} ranks, backend {}, {} iteration(s), seed {}{}\n", sc.name, session.size(),
                comm->name(), iterations, sc.workload.routing.seed,
@@ -88,7 +217,8 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   std::vector<RunSummary> rows;
   for (const auto& spec : specs) {
     const auto t0 = std::chrono::steady_clock::now();
-    runs.push_back(strategies::run_stack(sc, spec, *topo, executor.backend(), iterations));
+    current = runs.size();
+    runs.push_back(strategies::run_stack(sc, spec, *topo, backend, iterations));
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rows.push_back(summarize(runs.back(), topo_name, sc.num_gpus(), wall));
@@ -111,6 +241,18 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
           "max abs error {:.3g}, drop-count mismatches {}\n",
           checks.size(), compared, wrong, max_err, drop_mismatch);
     }
+    if (a.predict) {
+      fmt::print("\n# predict: engine {}, calibration {}\n",
+                 sim::network_kind_name(engine_cfg.network),
+                 sc.cluster.calibration_path.empty() ? "none (datasheet defaults)"
+                                                     : sc.cluster.calibration_path);
+      if (comm->name() == "mpi")
+        fmt::print(
+            "# host path: only the MoE forward (gate, encode, expert GEMMs, decode) and the "
+            "collectives do real work; other compute ops are timed as empty ops, so their "
+            "measured time is ~0\n");
+      for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i]);
+    }
     if (!a.json_path.empty()) {
       nlohmann::ordered_json j;
       j["moesim_version"] = MOESIM_VERSION;
@@ -124,6 +266,15 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
         wall += rows[i].wall_s;
       }
       j["wall_s"] = wall;
+      if (a.predict) {
+        nlohmann::ordered_json p;
+        p["engine"] = std::string(sim::network_kind_name(engine_cfg.network));
+        p["calibration"] = sc.cluster.calibration_path;
+        auto& ps = p["strategies"] = nlohmann::ordered_json::array();
+        for (size_t i = 0; i < specs.size(); ++i)
+          ps.push_back(predict_json(runs[i].strategy, predicted[i]));
+        j["predict"] = p;
+      }
       if (a.check) {
         nlohmann::ordered_json c;
         c["layers_checked"] = checks.size();
@@ -160,6 +311,11 @@ void register_exec(CLI::App& app) {
   cmd->add_flag("--check", a->check,
                 "Compare every MoE layer with a single-process reference; exit 1 on mismatch");
   cmd->add_option("--backend", a->backend, "mpi (host path) or nccl");
+  cmd->add_flag("--predict", a->predict,
+                "Also simulate every plan that ran; print measured vs predicted per op class and "
+                "per step");
+  cmd->add_option("--engine", a->engine,
+                  "Engine for --predict: analytical, flow or simgrid (default: the scenario's)");
   cmd->callback([a] {
     int code = 0;
     {

@@ -24,6 +24,8 @@ void register_compare(CLI::App& app);
 void register_route_train(CLI::App& app);  // cmd_route_train.cpp (TA-MoE gate-training lab)
 /// Only in builds with MPI (MOESIM_HAVE_EXEC).
 void register_exec(CLI::App& app);
+/// `moesim calibrate` (cmd_calibrate.cpp); only in builds with MPI.
+void register_calibrate(CLI::App& app);
 void register_sweep(CLI::App& app);
 void register_list(CLI::App& app);
 

@@ -3,8 +3,25 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "strategies/cost_model.hpp"
 
 namespace moesim::app {
+
+// The one place where a calibration file's values enter the simulator (docs/calibration.md,
+// "Which engine uses what"). strategies/cost_model.cpp reads the same file for the strategies'
+// predictions through the same helpers (scenario_calibration, calibrated_message_latency).
+void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
+  const auto cal = strategies::scenario_calibration(sc);
+  if (!cal) return;
+  // Compute model (every engine): alpha_gemm, beta_gemm and the efficiency table.
+  cfg.compute.calibration = cal->gemm;
+  if (cal->interference) cfg.compute.interference = *cal->interference;
+  // Network (every engine): the per-message latency the measured intra-node point-to-point
+  // alpha implies on top of the topology's own latency. Bandwidths stay the topology's: the
+  // flow and simgrid models share links by capacity, which a per-pair beta cannot replace.
+  cfg.net.message_latency_s = strategies::calibrated_message_latency(
+      cal.get(), sc.cluster, cfg.net.message_latency_s);
+}
 
 sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override) {
   sim::EngineConfig cfg;
@@ -28,11 +45,12 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
   }
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.flow_event_tolerance = sc.engine.flow_event_tolerance;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = sc.engine.interference;
   cfg.precision = sc.model.dtype;
+  apply_calibration(cfg, sc);
   return cfg;
 }
 
 }  // namespace moesim::app
-  cfg.flow_event_tolerance = sc.engine.flow_event_tolerance;

@@ -13,4 +13,9 @@ namespace moesim::app {
 /// is an InputError listing the valid ones.
 sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override);
 
+/// Applies the scenario's calibration file (cluster.calibration), if any, to `cfg`: GEMM
+/// alpha/beta/efficiency table and interference into the compute model, the per-message latency
+/// implied by the measured intra-node alpha into the network params. engine_config_from calls it.
+void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc);
+
 }  // namespace moesim::app

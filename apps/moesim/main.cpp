@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   moesim::app::register_route_train(app);
 #ifdef MOESIM_HAVE_EXEC
   moesim::app::register_exec(app);
+  moesim::app::register_calibrate(app);
 #endif
   moesim::app::register_sweep(app);
   moesim::app::register_list(app);

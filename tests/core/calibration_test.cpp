@@ -1,0 +1,217 @@
+// The calibration file (core/calibration) and the shared GEMM roofline (core/gemm_model):
+// exact fits on synthetic lines, loader errors with file:line:key, write -> load round trip,
+// and the calibrated GEMM time against a hand computation.
+#include "core/calibration.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/gemm_model.hpp"
+#include "core/scenario_loader.hpp"
+
+namespace moesim {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_calibration(text, "cal.yaml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(CalibrationFit, RecoversAlphaBetaExactlyFromALine) {
+  // t = 3 us + 0.25 ns/B * x at sizes 1 KiB .. 1 MiB (x4 steps, as the sweeps use).
+  std::vector<double> x, y;
+  for (double s = 1024; s <= 1 << 20; s *= 4) {
+    x.push_back(s);
+    y.push_back(3e-6 + 0.25e-9 * s);
+  }
+  const LinearFit f = fit_alpha_beta(x, y);
+  EXPECT_NEAR(f.alpha.value(), 3e-6, 1e-18);
+  EXPECT_NEAR(f.beta, 0.25e-9, 1e-24);
+  EXPECT_NEAR(f.time(4096), 3e-6 + 0.25e-9 * 4096, 1e-18);
+}
+
+TEST(CalibrationFit, LeastSquaresOnNoisyPointsAndNoNegativeIntercept) {
+  // Points (0, 1), (1, 3), (2, 2), (3, 4): mean x 1.5, mean y 2.5,
+  // Sxy = (-1.5)(-1.5) + (-0.5)(0.5) + (0.5)(-0.5) + (1.5)(1.5) = 4, Sxx = 5, so beta = 0.8 and
+  // alpha = 2.5 - 0.8 * 1.5 = 1.3.
+  const LinearFit f = fit_alpha_beta({0, 1, 2, 3}, {1, 3, 2, 4});
+  EXPECT_DOUBLE_EQ(f.beta, 0.8);
+  EXPECT_DOUBLE_EQ(f.alpha.value(), 1.3);
+  // A line with a negative intercept (t = -1 + 2x) becomes the fit through the origin:
+  // beta = sum(x*y) / sum(x^2) = (1*1 + 2*3 + 3*5) / (1 + 4 + 9) = 22 / 14.
+  const LinearFit g = fit_alpha_beta({1, 2, 3}, {1, 3, 5});
+  EXPECT_EQ(g.alpha.value(), 0.0);
+  EXPECT_DOUBLE_EQ(g.beta, 22.0 / 14.0);
+}
+
+const char* kGood = R"(# comment
+format: moesim-calibration/1
+gpu: a100-sxm-80gb
+device: host-cpu
+backend: mpi
+dtype: fp32
+ranks: 4
+nodes: 2
+gpus_per_node: 2
+gemm:
+  alpha: 2us
+  beta: 0.001ns/FLOP
+  efficiency:
+    - {m: 8, n: 128, k: 64, efficiency: 0.25}
+    - {m: 128, n: 128, k: 64, batch: 2, efficiency: 1}
+point_to_point:
+  - {tier: 0, alpha: 11us, beta: 0.01ns/B}
+  - {tier: 1, alpha: 20us, beta: 0.08ns/B}
+collectives:
+  - {collective: all_to_all, algo: linear, ranks: 4, alpha: 40us, beta: 0.5ns/B}
+  - {collective: all_reduce, algo: ring, ranks: 4, alpha: 30us, beta: 1ns/B}
+interference: 0.125
+)";
+
+TEST(CalibrationLoader, ReadsEveryField) {
+  const Calibration c = parse_calibration(kGood, "cal.yaml");
+  EXPECT_EQ(c.gpu, "a100-sxm-80gb");
+  EXPECT_EQ(c.device, "host-cpu");
+  EXPECT_EQ(c.backend, "mpi");
+  EXPECT_EQ(c.ranks, 4);
+  EXPECT_EQ(c.nodes, 2);
+  EXPECT_EQ(c.gpus_per_node, 2);
+  EXPECT_DOUBLE_EQ(c.gemm.alpha_gemm->value(), 2e-6);
+  EXPECT_DOUBLE_EQ(*c.gemm.beta_gemm_s_per_flop, 1e-12);
+  ASSERT_EQ(c.gemm.efficiency_table.size(), 2u);
+  EXPECT_EQ(c.gemm.efficiency_table[1].shape.batch, 2);
+  EXPECT_EQ(c.gemm.efficiency_table[0].shape.m, 8);
+  ASSERT_NE(c.tier(1), nullptr);
+  EXPECT_DOUBLE_EQ(c.tier(1)->fit.alpha.value(), 20e-6);
+  EXPECT_DOUBLE_EQ(c.tier(1)->fit.beta, 0.08e-9);
+  const auto* a2a = c.collective(CollectiveType::kAllToAll, CollectiveAlgo::kLinear, 4);
+  ASSERT_NE(a2a, nullptr);
+  EXPECT_DOUBLE_EQ(a2a->fit.time(1e6), 40e-6 + 0.5e-9 * 1e6);
+  EXPECT_EQ(c.collective(CollectiveType::kAllToAll, CollectiveAlgo::kLinear, 8), nullptr);
+  EXPECT_DOUBLE_EQ(*c.interference, 0.125);
+}
+
+TEST(CalibrationLoader, UnknownKeyNamesFileLineAndKey) {
+  std::string text = kGood;
+  text.replace(text.find("interference:"), 13, "interferense:");
+  EXPECT_THAT(error_of(text), AllOf(StartsWith("cal.yaml:22:"), HasSubstr("interferense"),
+                                    HasSubstr("did you mean 'interference'")));
+}
+
+TEST(CalibrationLoader, BareNumbersWithoutUnitAreRefused) {
+  std::string text = kGood;
+  text.replace(text.find("alpha: 2us"), 10, "alpha: 2");
+  EXPECT_THAT(error_of(text),
+              AllOf(StartsWith("cal.yaml:11:"), HasSubstr("gemm.alpha"), HasSubstr("bare number")));
+  text = kGood;
+  text.replace(text.find("beta: 0.5ns/B"), 13, "beta: 0.5");
+  EXPECT_THAT(error_of(text), AllOf(StartsWith("cal.yaml:20:"), HasSubstr("collectives[0].beta"),
+                                    HasSubstr("time per B")));
+}
+
+TEST(CalibrationLoader, OtherErrors) {
+  EXPECT_THAT(error_of("gpu: x\n"), HasSubstr("missing required key 'format'"));
+  std::string text = kGood;
+  text.replace(text.find("efficiency: 0.25"), 16, "efficiency: 1.5");
+  EXPECT_THAT(error_of(text), AllOf(StartsWith("cal.yaml:14:"), HasSubstr("(0, 1]")));
+  text = kGood;
+  text.replace(text.find("algo: linear"), 12, "algo: lineer");
+  EXPECT_THAT(error_of(text),
+              AllOf(StartsWith("cal.yaml:20:"), HasSubstr("did you mean 'linear'")));
+}
+
+TEST(CalibrationLoader, MissingFileIsReportedAtTheScenarioKey) {
+  const SourceLocation key{"scenario.yaml", 7, 16};
+  try {
+    load_calibration("/nonexistent/calib.yaml", key);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), AllOf(StartsWith("scenario.yaml:7:16:"), HasSubstr("cluster.calibration"),
+                                HasSubstr("does not exist")));
+  }
+}
+
+TEST(CalibrationLoader, WriteThenLoadGivesTheSameValues) {
+  Calibration c = parse_calibration(kGood, "cal.yaml");
+  // Values that have no short decimal form must survive too.
+  c.gemm.alpha_gemm = Seconds(1.0 / 3.0 * 1e-5);
+  c.collectives[0].fit.beta = std::sqrt(2.0) * 1e-10;
+  c.interference = 0.1 + 0.2;
+  c.comments = {"a comment", ""};
+  const std::string text = calibration_yaml(c);
+  const Calibration d = parse_calibration(text, "round.yaml");
+  EXPECT_EQ(d.gpu, c.gpu);
+  EXPECT_EQ(d.device, c.device);
+  EXPECT_EQ(d.ranks, c.ranks);
+  EXPECT_EQ(d.gemm.alpha_gemm->value(), c.gemm.alpha_gemm->value());
+  EXPECT_EQ(*d.gemm.beta_gemm_s_per_flop, *c.gemm.beta_gemm_s_per_flop);
+  ASSERT_EQ(d.gemm.efficiency_table.size(), c.gemm.efficiency_table.size());
+  for (size_t i = 0; i < d.gemm.efficiency_table.size(); ++i) {
+    EXPECT_EQ(d.gemm.efficiency_table[i].efficiency, c.gemm.efficiency_table[i].efficiency);
+    EXPECT_EQ(d.gemm.efficiency_table[i].shape.m, c.gemm.efficiency_table[i].shape.m);
+    EXPECT_EQ(d.gemm.efficiency_table[i].shape.batch, c.gemm.efficiency_table[i].shape.batch);
+  }
+  ASSERT_EQ(d.point_to_point.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(d.point_to_point[i].tier, c.point_to_point[i].tier);
+    EXPECT_EQ(d.point_to_point[i].fit.alpha.value(), c.point_to_point[i].fit.alpha.value());
+    EXPECT_EQ(d.point_to_point[i].fit.beta, c.point_to_point[i].fit.beta);
+  }
+  ASSERT_EQ(d.collectives.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(d.collectives[i].type, c.collectives[i].type);
+    EXPECT_EQ(d.collectives[i].algo, c.collectives[i].algo);
+    EXPECT_EQ(d.collectives[i].ranks, c.collectives[i].ranks);
+    EXPECT_EQ(d.collectives[i].fit.alpha.value(), c.collectives[i].fit.alpha.value());
+    EXPECT_EQ(d.collectives[i].fit.beta, c.collectives[i].fit.beta);
+  }
+  EXPECT_EQ(*d.interference, *c.interference);
+  // Writing the loaded file again gives the same text (comments aside: they are not read).
+  Calibration e = d;
+  e.comments = c.comments;
+  EXPECT_EQ(calibration_yaml(e), text);
+}
+
+TEST(CalibrationLoader, BundledExampleLoads) {
+  const Calibration c = load_calibration(std::string(MOESIM_SOURCE_DIR) +
+                                         "/scenarios/calibration/a100-2x8-example.yaml");
+  EXPECT_EQ(c.ranks, 16);
+  EXPECT_NE(c.collective(CollectiveType::kAllToAll, CollectiveAlgo::k2dh, 16), nullptr);
+  EXPECT_DOUBLE_EQ(c.tier(1)->fit.beta, 4.4e-11);
+}
+
+TEST(GemmModel, CalibratedTimeIsAlphaPlusBetaOverRelativeEfficiency) {
+  GemmCalibration cal = parse_calibration(kGood, "cal.yaml").gemm;
+  const GemmModelParams params;  // launch 5 us: replaced by alpha = 2 us
+  // m = 8 is nearest to the 0.25 point; relative to the table's best (1.0):
+  // flops = 2 * 8 * 128 * 64 = 131,072; t = 2 us + 131,072 * 1e-12 / 0.25 = 2.524288 us.
+  GemmWork w{8, 128, 64, 1, 2.0 * 8 * 128 * 64, 0};
+  EXPECT_DOUBLE_EQ(gemm_time(params, cal, FlopsPerSecond(0), BytesPerSecond(0), w).value(),
+                   2e-6 + 131072 * 1e-12 / 0.25);
+  // The memory roofline still applies: 1 MB at 1 GB/s = 1 ms dominates.
+  w.bytes = 1e6;
+  EXPECT_DOUBLE_EQ(gemm_time(params, cal, FlopsPerSecond(0), BytesPerSecond(1e9), w).value(),
+                   2e-6 + 1e-3);
+  // Without calibration: launch + flops / (peak * eff(tile model)).
+  const GemmCalibration none;
+  const double eff = 0.8 * gemm_tile_utilisation(8, 96) * gemm_tile_utilisation(128, 96) *
+                     gemm_tile_utilisation(64, 32);
+  w.bytes = 0;
+  EXPECT_DOUBLE_EQ(gemm_time(params, none, FlopsPerSecond(1e12), BytesPerSecond(0), w).value(),
+                   5e-6 + 131072 / (1e12 * eff));
+}
+
+}  // namespace
+}  // namespace moesim

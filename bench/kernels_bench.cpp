@@ -9,8 +9,11 @@
 // Every figure is the median of --reps timed runs (each run averages --iters launches on the GPU).
 //
 //   kernels_bench [--tokens 16384] [--model-dim 4096] [--experts 64] [--top-k 2] [--reps 5]
-//                 [--iters 20] [--hbm-gbs 4800] [--peak-tflops 989] [--cpu] [--cpu-model-dim 1024]
-//                 [--threads N]
+//                 [--iters 20] [--gpu h200-sxm] [--hbm-gbs GBS] [--peak-tflops TF] [--cpu]
+//                 [--cpu-model-dim 1024] [--threads N]
+// --gpu takes the HBM bandwidth and the dense fp16 tensor peak the percentages are of from the GPU
+// catalog (topology/gpu_catalog.hpp; h200-sxm: 4,800 GB/s, 989.5 TFLOP/s); --hbm-gbs and
+// --peak-tflops override them.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "kernels/moe_kernels.hpp"
+#include "topology/gpu_catalog.hpp"
 
 #if MOESIM_KERNELS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -41,8 +45,9 @@ struct Options {
   int top_k = 2;
   int reps = 5;
   int iters = 20;
-  double hbm_gbs = 4800;
-  double peak_tflops = 989;
+  std::string gpu = "h200-sxm";
+  double hbm_gbs = 0;      // 0: from the catalog entry of `gpu`
+  double peak_tflops = 0;  // 0: from the catalog entry of `gpu`
   bool cpu = false;
   int cpu_model_dim = 1024;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -71,6 +76,8 @@ Options parse(int argc, char** argv) {
       o.reps = std::max(1, std::atoi(next()));
     else if (a == "--iters")
       o.iters = std::max(1, std::atoi(next()));
+    else if (a == "--gpu")
+      o.gpu = next();
     else if (a == "--hbm-gbs")
       o.hbm_gbs = std::atof(next());
     else if (a == "--peak-tflops")
@@ -85,6 +92,16 @@ Options parse(int argc, char** argv) {
       fmt::print(stderr, "kernels_bench: unknown option {}\n", a);
       std::exit(2);
     }
+  }
+  const moesim::GpuSpec* spec = moesim::topology::find_gpu(o.gpu);
+  if (!spec) {
+    fmt::print(stderr, "kernels_bench: --gpu: '{}' is not in the GPU catalog\n", o.gpu);
+    std::exit(2);
+  }
+  if (o.hbm_gbs <= 0) o.hbm_gbs = spec->hbm_bandwidth.value() / 1e9;
+  if (o.peak_tflops <= 0) {
+    auto it = spec->peak.find(moesim::Dtype::kFp16);
+    o.peak_tflops = it == spec->peak.end() ? 0 : it->second.value() / 1e12;
   }
   return o;
 }

@@ -29,10 +29,6 @@ std::uint64_t PathProfile::path_key(int layer, std::span<const std::uint16_t> pa
   return h;
 }
 
-std::uint64_t PathProfile::joint_key(std::uint64_t path, std::uint16_t expert) {
-  return wd::mix64(path ^ (0x9e3779b97f4a7c15ULL * (static_cast<std::uint64_t>(expert) + 1)));
-}
-
 void PathProfile::add(int layer, std::span<const std::uint16_t> path,
                       std::span<const std::uint16_t> next) {
   MOESIM_ASSERT(layer >= 0 && layer < num_layers_, "path profile: layer out of range");
@@ -43,29 +39,63 @@ void PathProfile::add(int layer, std::span<const std::uint16_t> path,
     PathEntry& entry = paths_[key];
     for (std::uint16_t e : next) {
       ++entry.total;
-      std::uint64_t& c = joint_[joint_key(key, e)];
-      if (c++ == 0) entry.experts.push_back(e);
+      const auto it = std::find(entry.experts.begin(), entry.experts.end(), e);
+      if (it == entry.experts.end()) {
+        entry.experts.push_back(e);
+        entry.counts.push_back(1);
+      } else {
+        ++entry.counts[static_cast<std::size_t>(it - entry.experts.begin())];
+      }
     }
   }
 }
 
 void PathProfile::add_batch(const RoutingBatch& b) {
+  // Same counts as add() token by token, but sorted into (path, next) runs first: one hash-map
+  // access per distinct path instead of one per token (the maps do not fit in cache).
+  std::vector<std::pair<std::uint64_t, std::uint16_t>> kv;
+  kv.reserve(static_cast<std::size_t>(b.num_tokens) * static_cast<std::size_t>(b.top_k));
   std::vector<std::uint16_t> path(static_cast<std::size_t>(path_length_));
-  for (std::int64_t t = 0; t < b.num_tokens; ++t)
-    for (int l = 0; l < b.num_layers; ++l) {
-      const int len = std::min(l, path_length_);
-      for (int q = 0; q < len; ++q) path[static_cast<std::size_t>(q)] = b.first(l - len + q, t);
-      add(l, std::span<const std::uint16_t>(path.data(), static_cast<std::size_t>(len)),
-          b.of(l, t));
+  for (int l = 0; l < b.num_layers; ++l) {
+    MOESIM_ASSERT(l < num_layers_, "path profile: layer out of range");
+    const int len = std::min(l, path_length_);
+    for (int q = 0; q <= len; ++q) {
+      kv.clear();
+      for (std::int64_t t = 0; t < b.num_tokens; ++t) {
+        for (int i = 0; i < q; ++i) path[static_cast<std::size_t>(i)] = b.first(l - q + i, t);
+        const std::uint64_t key =
+            path_key(l, std::span<const std::uint16_t>(path.data(), static_cast<std::size_t>(q)));
+        for (std::uint16_t e : b.of(l, t)) kv.emplace_back(key, e);
+      }
+      std::sort(kv.begin(), kv.end());
+      for (std::size_t i = 0; i < kv.size();) {
+        PathEntry& entry = paths_[kv[i].first];
+        const std::uint64_t key = kv[i].first;
+        while (i < kv.size() && kv[i].first == key) {
+          const std::uint16_t e = kv[i].second;
+          std::uint64_t c = 0;
+          for (; i < kv.size() && kv[i].first == key && kv[i].second == e; ++i) ++c;
+          entry.total += c;
+          const auto it = std::find(entry.experts.begin(), entry.experts.end(), e);
+          if (it == entry.experts.end()) {
+            entry.experts.push_back(e);
+            entry.counts.push_back(c);
+          } else {
+            entry.counts[static_cast<std::size_t>(it - entry.experts.begin())] += c;
+          }
+        }
+      }
     }
+  }
 }
 
 bool PathProfile::accumulate(std::uint64_t key, double count, std::vector<double>& out) const {
   const auto it = paths_.find(key);
   if (it == paths_.end() || it->second.total < min_count_) return false;
   const double scale = count / static_cast<double>(it->second.total);
-  for (std::uint16_t e : it->second.experts)
-    out[e] += scale * static_cast<double>(joint_.at(joint_key(key, e)));
+  const PathEntry& entry = it->second;
+  for (std::size_t i = 0; i < entry.experts.size(); ++i)
+    out[entry.experts[i]] += scale * static_cast<double>(entry.counts[i]);
   return true;
 }
 
@@ -96,18 +126,31 @@ std::vector<double> PathProfile::estimate(const RoutingBatch& b, int layer,
       grp.count += 1;
       tokens += 1;
     }
-  std::vector<double> est(static_cast<std::size_t>(num_experts_), 0.0);
+  // Resolve every group to the longest profiled suffix of its path first, then expand each
+  // resolved distribution once: many rare long paths share a short suffix.
+  std::unordered_map<std::uint64_t, double> resolved;
+  double unresolved = 0;
   for (const auto& [key, grp] : groups) {
     for (int q = 0; q < len; ++q)
       path[static_cast<std::size_t>(q)] = b.first(layer - len + q, grp.token);
     bool found = false;
-    for (int q = len; q >= 0 && !found; --q)
-      found = accumulate(
-          path_key(layer, std::span<const std::uint16_t>(path).last(static_cast<std::size_t>(q))),
-          grp.count, est);
-    if (!found)
-      for (auto& x : est) x += grp.count / static_cast<double>(num_experts_);
+    for (int q = len; q >= 0 && !found; --q) {
+      const std::uint64_t k =
+          path_key(layer, std::span<const std::uint16_t>(path).last(static_cast<std::size_t>(q)));
+      const auto it = paths_.find(k);
+      if (it != paths_.end() && it->second.total >= min_count_) {
+        resolved[k] += grp.count;
+        found = true;
+      }
+    }
+    if (!found) unresolved += grp.count;
   }
+  std::vector<double> est(static_cast<std::size_t>(num_experts_),
+                          unresolved / static_cast<double>(num_experts_));
+  // Sorted keys: the floating-point sum does not depend on the hash map's iteration order.
+  std::vector<std::pair<std::uint64_t, double>> order(resolved.begin(), resolved.end());
+  std::sort(order.begin(), order.end());
+  for (const auto& [k, count] : order) accumulate(k, count, est);
   if (tokens > 0)
     for (auto& x : est) x /= tokens;
   return est;

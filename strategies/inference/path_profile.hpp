@@ -10,9 +10,9 @@
 // unseen (Katz-style back-off), so longer paths do not trade the shorter ones' statistics for
 // noise.
 //
-// Storage is sparse: (layer, path) and (layer, path, next expert) keys are 64-bit hashes (a
-// collision, probability ~2^-64 per pair, would merge two paths' counts), so memory grows with
-// the distinct paths seen, not with E^path_length.
+// Storage is sparse: (layer, path) keys are 64-bit hashes (a collision, probability ~2^-64 per
+// pair, would merge two paths' counts), each with the next experts seen after it and their
+// counts, so memory grows with the distinct (path, next) pairs seen, not with E^path_length.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +52,9 @@ class PathProfile {
   struct PathEntry {
     std::uint64_t total = 0;             // choices counted under this path
     std::vector<std::uint16_t> experts;  // distinct next experts seen, in order of first sight
+    std::vector<std::uint64_t> counts;   // counts[i]: choices of experts[i]
   };
   static std::uint64_t path_key(int layer, std::span<const std::uint16_t> path);
-  static std::uint64_t joint_key(std::uint64_t path, std::uint16_t expert);
   // Adds count * P(. | path) into `out`; false when the path is unknown.
   bool accumulate(std::uint64_t key, double count, std::vector<double>& out) const;
 
@@ -63,7 +63,6 @@ class PathProfile {
   int path_length_;
   std::uint64_t min_count_;
   std::unordered_map<std::uint64_t, PathEntry> paths_;
-  std::unordered_map<std::uint64_t, std::uint64_t> joint_;
 };
 
 }  // namespace moesim::inference

@@ -56,9 +56,12 @@ struct ExecArgs {
 
 // --- --predict: simulated vs measured per op class and per step ----------------------------------
 
-constexpr int kNumClasses = 6;
+// The last class holds the compute ops the host path times as empty ops (not run), so the other
+// rows compare only what really ran.
+constexpr int kNumClasses = 7;
+constexpr int kNotRun = 6;
 constexpr std::array<const char*, kNumClasses> kClassNames = {
-    "gemm", "gate", "encode/decode", "all_to_all", "allreduce", "other"};
+    "gemm", "gate", "encode/decode", "all_to_all", "allreduce", "other", "not run (host)"};
 
 int op_class(const Op& op) {
   if (op.kind == OpKind::kCompute) {
@@ -90,14 +93,21 @@ int op_class(const Op& op) {
 
 // Per class: the sum over ops of the op's mean duration over its ranks (busy time of that class
 // on an average rank, concurrent ops counted twice).
-std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r) {
+// `host`: on the host path only the MoE forward's compute ops run for real (with the data path);
+// every other compute op is an empty op there and goes to kNotRun.
+std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r, bool host,
+                                            bool data_path) {
   std::array<double, kNumClasses> t{};
   for (const Op& op : plan.ops()) {
     const int n = op.ranks.size();
     if (n == 0) continue;
     double sum = 0;
     for (int p = 0; p < n; ++p) sum += r.op_end(op.id, p) - r.op_start(op.id, p);
-    t[op_class(op)] += sum / n;
+    int c = op_class(op);
+    if (host && op.kind == OpKind::kCompute &&
+        !(data_path && exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone))
+      c = kNotRun;
+    t[c] += sum / n;
   }
   return t;
 }
@@ -116,12 +126,13 @@ std::string error_text(double measured, double predicted) {
   return fmt::format("{:+.1f}", error_pct(measured, predicted));
 }
 
-void print_predict(const std::string& strategy, const std::vector<PredictStep>& steps) {
+void print_predict(const std::string& strategy, const std::vector<PredictStep>& steps, bool host) {
   fmt::print("\n# predict: {} (measured vs simulated, per step; busy time of an average rank)\n",
              strategy);
   fmt::print("{:<16} {:>14} {:>14} {:>9}\n", "op class", "measured_us", "predicted_us", "err%");
   const double n = static_cast<double>(std::max<size_t>(steps.size(), 1));
   for (int c = 0; c < kNumClasses; ++c) {
+    if (c == kNotRun && !host) continue;
     double m = 0, p = 0;
     for (const auto& s : steps) m += s.measured[c], p += s.predicted[c];
     fmt::print("{:<16} {:>14.2f} {:>14.2f} {:>9}\n", kClassNames[c], m / n * 1e6, p / n * 1e6,
@@ -134,15 +145,16 @@ void print_predict(const std::string& strategy, const std::vector<PredictStep>& 
 }
 
 nlohmann::ordered_json predict_json(const std::string& strategy,
-                                    const std::vector<PredictStep>& steps) {
+                                    const std::vector<PredictStep>& steps, bool host) {
   nlohmann::ordered_json j;
   j["strategy"] = strategy;
   auto& cl = j["classes"] = nlohmann::ordered_json::object();
   const double n = static_cast<double>(std::max<size_t>(steps.size(), 1));
   for (int c = 0; c < kNumClasses; ++c) {
+    if (c == kNotRun && !host) continue;
     double m = 0, p = 0;
     for (const auto& s : steps) m += s.measured[c], p += s.predicted[c];
-    cl[kClassNames[c]] = {
+    cl[c == kNotRun ? "not_run_host" : kClassNames[c]] = {
         {"measured_s", m / n}, {"predicted_s", p / n}, {"error_pct", error_pct(m, p)}};
   }
   auto& st = j["steps"] = nlohmann::ordered_json::array();
@@ -195,6 +207,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (a.predict) engine_cfg = engine_config_from(sc, a.engine);
   std::vector<std::vector<PredictStep>> predicted(specs.size());
   size_t current = 0;
+  const bool host = comm->name() == "mpi";
   const strategies::Backend measured = executor.backend();
   const strategies::Backend backend = [&](const Plan& plan) {
     RunResult m = measured(plan);
@@ -203,8 +216,8 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
       PredictStep s;
       s.measured_s = m.makespan_s;
       s.predicted_s = p.makespan_s;
-      s.measured = class_times(plan, m);
-      s.predicted = class_times(plan, p);
+      s.measured = class_times(plan, m, host, executor.has_data_path());
+      s.predicted = class_times(plan, p, host, executor.has_data_path());
       predicted[current].push_back(s);
     }
     return m;
@@ -246,12 +259,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                  sim::network_kind_name(engine_cfg.network),
                  sc.cluster.calibration_path.empty() ? "none (datasheet defaults)"
                                                      : sc.cluster.calibration_path);
-      if (comm->name() == "mpi")
+      if (host)
         fmt::print(
-            "# host path: only the MoE forward (gate, encode, expert GEMMs, decode) and the "
-            "collectives do real work; other compute ops are timed as empty ops, so their "
-            "measured time is ~0\n");
-      for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i]);
+            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode) and "
+            "the collectives run for real; the other compute ops are empty ops there, shown apart "
+            "as 'not run (host)' (their prediction is what a GPU would take; the step rows "
+            "include it)\n");
+      for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i], host);
     }
     if (!a.json_path.empty()) {
       nlohmann::ordered_json j;
@@ -272,7 +286,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
         p["calibration"] = sc.cluster.calibration_path;
         auto& ps = p["strategies"] = nlohmann::ordered_json::array();
         for (size_t i = 0; i < specs.size(); ++i)
-          ps.push_back(predict_json(runs[i].strategy, predicted[i]));
+          ps.push_back(predict_json(runs[i].strategy, predicted[i], host));
         j["predict"] = p;
       }
       if (a.check) {

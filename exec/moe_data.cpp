@@ -142,9 +142,9 @@ double check_tolerance(kernels::DType dtype) {
     case kernels::DType::kF32:
       return 1e-4;
     case kernels::DType::kF16:
-      return 1e-2;
+      return 5e-3;
     case kernels::DType::kBF16:
-      return 5e-2;
+      return 2e-2;
   }
   return 1e-4;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/plan.hpp"
@@ -162,6 +163,7 @@ TEST(CheckTolerance, EveryDtypeWithinItsToleranceOfTheReference) {
     for (size_t i = 0; i < y.size(); ++i)
       max_rel = std::max(max_rel, std::fabs(y[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
     EXPECT_LE(max_rel, tol);
+    RecordProperty(std::string("max_rel_error_") + kernels::dtype_name(d), std::to_string(max_rel));
     // The tolerance is not vacuous: the rounding uses at least 1% of it (fp16 / bf16),
     // and the error grows as the dtype gets coarser.
     if (d != DType::kF32) {

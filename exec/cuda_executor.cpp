@@ -496,20 +496,9 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
     case CollectiveType::kAllToAll:
     case CollectiveType::kSendRecv:
     case CollectiveType::kAllToAllv: {
-      std::size_t send_bytes = 0, recv_bytes = 0;
-      if (spec.type == CollectiveType::kAllToAllv) {
-        const ByteMatrix* m = call.matrix();
-        MOESIM_ASSERT(m != nullptr, "all_to_allv without a matrix");
-        send_bytes = static_cast<std::size_t>(m->row_sum(pos).value());
-        recv_bytes = static_cast<std::size_t>(m->col_sum(pos).value());
-      } else {
-        // As the host path: whole elements per chunk (SAA: per slice too, lcm(1..8) = 840).
-        const std::size_t unit = 4 * W * (spec.algo == CollectiveAlgo::kSaa ? 840 : 1);
-        send_bytes = recv_bytes = round_up(std::max<std::size_t>(bytes, 1), unit);
-        s.bytes = Bytes(static_cast<double>(send_bytes));
-        if (spec.algo == CollectiveAlgo::kSaa)
-          recv_bytes = send_bytes * static_cast<std::size_t>(std::max(1, spec.sub_group));
-      }
+      const ExchangeSizes sz = exchange_sizes(spec, call.matrix(), W, pos);
+      const std::size_t send_bytes = sz.send, recv_bytes = sz.recv;
+      if (spec.type != CollectiveType::kAllToAllv) s.bytes = Bytes(static_cast<double>(sz.send));
       // Contents are whatever the pool hands out: collectives move bytes, values do not matter.
       StreamBuffer send(send_bytes, st), recv(recv_bytes, st);
       run_lowered(plan, op, s, st, channel, send.get(), send_bytes, recv.get(), recv_bytes,

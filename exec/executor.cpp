@@ -112,6 +112,23 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_ex
   return layers;
 }
 
+ExchangeSizes exchange_sizes(const CollectiveSpec& spec, const ByteMatrix* matrix,
+                             std::size_t group_size, int pos) {
+  ExchangeSizes sz;
+  if (spec.type == CollectiveType::kAllToAllv) {
+    MOESIM_ASSERT(matrix != nullptr, "all_to_allv without a matrix");
+    sz.send = static_cast<std::size_t>(matrix->row_sum(pos).value());
+    sz.recv = static_cast<std::size_t>(matrix->col_sum(pos).value());
+    return sz;
+  }
+  const bool saa = spec.algo == CollectiveAlgo::kSaa;  // never picked by auto: named by the plan
+  const std::size_t bytes = static_cast<std::size_t>(std::ceil(spec.bytes.value()));
+  const std::size_t unit = 4 * group_size * (saa ? 840 : 1);
+  sz.send = sz.recv = round_up(std::max<std::size_t>(bytes, 1), unit);
+  if (saa) sz.recv *= static_cast<std::size_t>(std::max(1, spec.sub_group));
+  return sz;
+}
+
 std::vector<OpId> priority_issue_order(const Plan& plan) {
   const auto& ops = plan.ops();
   std::vector<int> waiting(ops.size(), 0);
@@ -472,26 +489,14 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
       case CollectiveType::kAllToAll:
       case CollectiveType::kSendRecv:
       case CollectiveType::kAllToAllv: {
-        std::size_t send_bytes = 0, recv_bytes = 0;
-        if (spec.type == CollectiveType::kAllToAllv) {
-          const ByteMatrix* m = call.matrix();
-          MOESIM_ASSERT(m != nullptr, "all_to_allv without a matrix");
-          send_bytes = static_cast<std::size_t>(m->row_sum(pos).value());
-          recv_bytes = static_cast<std::size_t>(m->col_sum(pos).value());
-        } else {
-          // Whole 4-byte elements in every one of the W chunks, so no offset is fractional (SAA
-          // also cuts each chunk into n <= 8 slices: a multiple of lcm(1..8) = 840 elements).
-          const std::size_t unit = 4 * W * (spec.algo == CollectiveAlgo::kSaa ? 840 : 1);
-          send_bytes = recv_bytes = round_up(std::max<std::size_t>(bytes, 1), unit);
-          s.bytes = Bytes(static_cast<double>(send_bytes));
-        }
+        const ExchangeSizes sz = exchange_sizes(spec, call.matrix(), W, pos);
+        const std::size_t send_bytes = sz.send, recv_bytes = sz.recv;
+        if (spec.type != CollectiveType::kAllToAllv) s.bytes = Bytes(static_cast<double>(sz.send));
         const auto& algo = collectives::select_algorithm(call, cctx);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
-        // SAA (Parm): receives the all-to-all all-gathered over the sub-group, m * S bytes.
+        const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
         const SaaLayout saa{static_cast<int>(W), std::max(1, s.sub_group),
                             static_cast<double>(send_bytes)};
-        const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
-        if (is_saa) recv_bytes = send_bytes * static_cast<std::size_t>(saa.sub_group);
         std::vector<std::byte> send(send_bytes, std::byte{1}), recv(recv_bytes);
         run_phases(comm_, algo.lower(call, topo_), send.data(), send.size(), recv.data(),
                    recv.size(), op.id % 32000, is_saa ? &saa : nullptr);

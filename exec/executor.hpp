@@ -84,6 +84,18 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_ex
 /// rank issues its collectives in the same order (NCCL's requirement).
 std::vector<OpId> priority_issue_order(const Plan& plan);
 
+/// Buffer sizes of this rank's part (position `pos` in a group of `group_size`) of an all_to_all,
+/// all_to_allv or send_recv outside the MoE data path, shared by the host and GPU path.
+/// all_to_allv: the matrix's row and column sums. Otherwise the plan's bytes rounded up to whole
+/// 4-byte elements in each of the W chunks, so no lowered offset is fractional (SAA also cuts a
+/// chunk into n <= 8 slices: a multiple of lcm(1..8) = 840 elements), and SAA receives the
+/// all-to-all all-gathered over its sub-group: sub_group times that.
+struct ExchangeSizes {
+  std::size_t send = 0, recv = 0;
+};
+ExchangeSizes exchange_sizes(const CollectiveSpec& spec, const ByteMatrix* matrix,
+                             std::size_t group_size, int pos);
+
 class DevicePath;
 
 /// Result of checking one MoE layer of one iteration (identical on every rank).

@@ -85,6 +85,29 @@ TEST(MoeLabels, LayerPlanFromFc1Shapes) {
   EXPECT_FALSE(layers[0].has_a2a);
 }
 
+TEST(ExchangeSizes, WholeElementsPerChunkSaaSlicesAndMatrixSums) {
+  CollectiveSpec spec;
+  spec.type = CollectiveType::kAllToAll;
+  spec.bytes = Bytes(10);
+  ExchangeSizes sz = exchange_sizes(spec, nullptr, 4, 0);
+  EXPECT_EQ(sz.send, 16u);  // 4 chunks of one 4-byte element
+  EXPECT_EQ(sz.recv, 16u);
+  spec.algo = CollectiveAlgo::kSaa;
+  spec.sub_group = 2;
+  sz = exchange_sizes(spec, nullptr, 4, 3);
+  EXPECT_EQ(sz.send, 4u * 4 * 840);  // slices of every chunk in whole elements
+  EXPECT_EQ(sz.recv, 2u * 4 * 4 * 840);
+  ByteMatrix m;
+  m.size = 2;
+  m.unit = Bytes(8);
+  m.counts = {1, 2, 3, 4};  // row = source
+  spec = CollectiveSpec{};
+  spec.type = CollectiveType::kAllToAllv;
+  sz = exchange_sizes(spec, &m, 2, 1);
+  EXPECT_EQ(sz.send, 8u * (3 + 4));
+  EXPECT_EQ(sz.recv, 8u * (2 + 4));
+}
+
 // The device data path's arithmetic for one rank with every expert local (gate in fp32 on fp32
 // tokens; tokens, weights, hidden and outputs in `d`; fp32 accumulation), with the CPU twins.
 std::vector<float> layer_in_dtype(const MoeShape& s, DType d, std::uint64_t seed, int capacity,

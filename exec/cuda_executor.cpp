@@ -130,6 +130,7 @@ struct DevicePath::Impl {
   std::vector<DevLayer> layers;
   DeviceBlock gemm_block, copy_block;
   std::size_t gemm_a = 0, gemm_b = 0, gemm_c = 0;  // offsets in gemm_block
+  std::vector<MoeOpRef> refs;  // per op of the current plan, parsed before the clock starts
 
   Impl(const Scenario& s, const topology::Topology& t, NcclCommunicator& c, const MoeShape& sh,
        DType d, bool dp)
@@ -536,7 +537,7 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
 
 void DevicePath::Impl::issue(const Plan& plan, const Op& op, cudaStream_t st, int channel,
                              std::vector<std::int64_t>& collective_algo) {
-  const MoeOpRef ref = data_path ? parse_moe_label(op.label) : MoeOpRef{};
+  const MoeOpRef& ref = refs[op.id];
   if (ref.kind != MoeOpRef::kNone) {
     moe_op(plan, op, ref, st, channel, collective_algo);
     return;
@@ -595,6 +596,9 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
         t == CollectiveType::kReduceScatter)
       d.comm.prepare_group(plan.grouping(op.collective().grouping), op.stream);
   }
+  d.refs.assign(plan.ops().size(), MoeOpRef{});
+  if (d.data_path)
+    for (const Op& op : plan.ops()) d.refs[op.id] = parse_moe_label(op.label);
   if (d.data_path) d.setup_layers(layers, iteration);
   d.setup_scratch(plan);
   d.ensure_events(plan.ops().size());

@@ -14,6 +14,10 @@ namespace moesim::inference {
 namespace {
 
 constexpr double kEps = 1e-9;  // float slack in "fits in one GPU" and "at least one GPU"
+// (ours) An expert gets ceil(load - 0.1) replicas: a load of 1.05 GPUs stays on one GPU instead of
+// two half-idle ones. Without it a flat popularity (loads 1 +- noise) re-replicates different
+// experts every batch and moves their weights for nothing.
+constexpr double kReplicaSlack = 0.1;
 
 // GPUs under construction: each a set of experts; an expert's tokens split evenly over the
 // units holding it.
@@ -106,7 +110,8 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
   for (int e = 0; e < E; ++e) {
     const double x = load[static_cast<std::size_t>(e)];
     if (x >= 1 - kEps) {
-      reps[static_cast<std::size_t>(e)] = static_cast<int>(std::ceil(x - kEps));
+      reps[static_cast<std::size_t>(e)] =
+          std::max(1, static_cast<int>(std::ceil(x - kReplicaSlack - kEps)));
       dedicated += reps[static_cast<std::size_t>(e)];
     } else if (x > 0) {
       small.push_back(e);
@@ -257,6 +262,27 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
     at[static_cast<std::size_t>(best)] = std::move(s);
   }
   return Placement::from_gpu_experts(std::move(at), E);
+}
+
+double predicted_max_load(const Placement& placement, std::span<const double> popularity) {
+  const int W = placement.num_gpus();
+  double worst = 0;
+  for (int g = 0; g < W; ++g) {
+    double x = 0;
+    for (int e : placement.gpu_experts[static_cast<std::size_t>(g)])
+      x += popularity[static_cast<std::size_t>(e)] /
+           static_cast<double>(placement.replicas[static_cast<std::size_t>(e)].size());
+    worst = std::max(worst, x * W);
+  }
+  return worst;
+}
+
+const Placement& keep_unless_better(const Placement& current, const Placement& proposed,
+                                    std::span<const double> popularity, double tolerance) {
+  return predicted_max_load(current, popularity) <=
+                 predicted_max_load(proposed, popularity) * (1 + tolerance)
+             ? current
+             : proposed;
 }
 
 std::vector<int> top_k_experts(std::span<const double> popularity, int k) {

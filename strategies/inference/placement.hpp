@@ -4,7 +4,8 @@
 // popularity_placement (phase 1 from an estimate, phase 2 from the actual counts), on W GPUs
 // with at most `max_per_gpu` experts each, load_e = popularity_e * W (in GPUs' worth of tokens):
 //  1. every expert with load_e >= 1 gets r_e = ceil(load_e) dedicated GPUs (its replicas; every
-//     source GPU splits its tokens for e evenly over them);
+//     source GPU splits its tokens for e evenly over them); (ours) ceil(load_e - 0.1), so that a
+//     load just above a whole number of GPUs does not take one more, nearly idle, replica;
 //  2. experts with 0 < load_e < 1 are packed first-fit-decreasing (by load, ties by id) into
 //     bins of capacity 1 GPU and at most max_per_gpu experts; each bin is one GPU;
 //  3. (ours) if the replicas and bins need more than W GPUs, one GPU at a time is freed, by
@@ -45,6 +46,16 @@ Placement uniform_placement(int num_gpus, int num_experts);
 /// be null) is the placement the GPUs hold now.
 Placement popularity_placement(std::span<const double> popularity, int num_gpus, int max_per_gpu,
                                const Placement* previous);
+
+/// Largest GPU load of `placement` under `popularity` (sum 1), in GPUs' worth (W * the share of
+/// the tokens the busiest GPU gets; 1 = perfectly balanced): each expert's share split evenly
+/// over its replicas.
+double predicted_max_load(const Placement& placement, std::span<const double> popularity);
+
+/// (ours) Re-placing moves weights; keep `current` unless `proposed` lowers the predicted max
+/// load by more than `tolerance` (relative). Returns the placement to use.
+const Placement& keep_unless_better(const Placement& current, const Placement& proposed,
+                                    std::span<const double> popularity, double tolerance);
 
 /// The k most popular experts (popularity descending, ties by lower id), as an ascending set.
 std::vector<int> top_k_experts(std::span<const double> popularity, int k);

@@ -31,6 +31,8 @@ std::vector<double> normalised(const std::vector<double>& x) {
   return out;
 }
 
+constexpr double kKeepTolerance = 0.05;
+
 bool any_moved(const std::vector<std::shared_ptr<const ByteMatrix>>& ms) {
   for (const auto& m : ms)
     for (auto c : m->counts)
@@ -194,7 +196,10 @@ std::shared_ptr<const strategies::InferencePlan> InferenceSession::place(
         case InferenceRole::kLina: {
           const std::vector<double> est = profile_->estimate(
               batch_, static_cast<int>(l), std::span<const int>(grp.data(), grp.size()), S);
-          Placement phase1 = popularity_placement(est, W, cap, &cur);
+          // (ours) A placement stays unless the new one is predicted >= 5% less loaded: every
+          // change moves expert weights.
+          Placement phase1 =
+              keep_unless_better(cur, popularity_placement(est, W, cap, &cur), est, kKeepTolerance);
           out.prefetch.push_back(
               std::make_shared<const ByteMatrix>(weight_moves(cur, phase1, expert_bytes)));
           ++rec.estimated;
@@ -207,7 +212,8 @@ std::shared_ptr<const strategies::InferencePlan> InferenceSession::place(
           out.sync_counts = true;
           if (fires) {
             ++rec.phase2;
-            Placement phase2 = popularity_placement(actual, W, cap, &phase1);
+            Placement phase2 = keep_unless_better(
+                phase1, popularity_placement(actual, W, cap, &phase1), actual, kKeepTolerance);
             out.replan.push_back(
                 std::make_shared<const ByteMatrix>(weight_moves(phase1, phase2, expert_bytes)));
             cur = std::move(phase2);

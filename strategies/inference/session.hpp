@@ -8,6 +8,9 @@
 //    layers run); after the gate an all-reduce of the actual counts checks the estimate, and if
 //    the top-k popular experts differ (k = model.top_k) phase 2 re-places from the actual counts,
 //    blocking the dispatch while the weights move.
+//    (ours) Either phase keeps the placement it has when the new one is not predicted to lower
+//    the busiest GPU's load by more than 5%: a change moves weights, for nothing on flat
+//    popularity (where the top-k is noise and phase 2 would fire on almost every layer).
 // The placement of a layer persists to the next batch (weights stay where they are).
 #pragma once
 

@@ -245,6 +245,21 @@ TEST(Placement, ReplicasSplitTokensAndMovesCountExperts) {
   EXPECT_EQ(w.total().value(), 200);
 }
 
+TEST(Placement, KeepsThePlacementUnlessTheNewOneIsClearlyLessLoaded) {
+  const Placement current = uniform_placement(4, 4);
+  const Placement proposed = Placement::from_gpu_experts({{0}, {0}, {1, 3}, {2}}, 4);
+  // pop (0.5, 0.2, 0.2, 0.1): current max = 0.5 x 4 = 2.0; proposed: 1.0, 1.0, 1.2, 0.8 -> 1.2.
+  const std::vector<double> skewed = {0.5, 0.2, 0.2, 0.1};
+  EXPECT_DOUBLE_EQ(predicted_max_load(current, skewed), 2.0);
+  EXPECT_DOUBLE_EQ(predicted_max_load(proposed, skewed), 1.2);
+  EXPECT_EQ(&keep_unless_better(current, proposed, skewed, 0.05), &proposed);
+  // pop (0.3, 0.3, 0.2, 0.2): current 1.2, proposed 0.6, 0.6, 1.6, 0.8 -> 1.6: keep.
+  const std::vector<double> flat = {0.3, 0.3, 0.2, 0.2};
+  EXPECT_EQ(&keep_unless_better(current, proposed, flat, 0.05), &current);
+  // Within a 70% tolerance (2.0 <= 1.2 x 1.7) the current one stays.
+  EXPECT_EQ(&keep_unless_better(current, proposed, skewed, 0.7), &current);
+}
+
 TEST(Placement, Phase2FiresIffTheTopKSetsDiffer) {
   const std::vector<double> est = {0.4, 0.3, 0.2, 0.1};
   const std::vector<double> same_set = {0.3, 0.45, 0.15, 0.1};  // order within top-2 differs

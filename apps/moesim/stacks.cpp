@@ -32,7 +32,7 @@ std::vector<StrategySpec> select_strategies(const Scenario& sc,
 std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
                                      const topology::Topology& topo, const sim::EngineConfig& cfg,
                                      int iterations, const std::string& topology_name,
-                                     bool progress) {
+                                     bool progress, workload::SampleCache* cache) {
   std::vector<StackOutcome> out;
   strategies::Backend backend = [&](const Plan& plan) { return sim::run_plan(plan, topo, cfg); };
   for (const auto& spec : specs) {
@@ -41,7 +41,7 @@ std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<Strat
                    topology_name.c_str(), iterations);
     auto t0 = std::chrono::steady_clock::now();
     StackOutcome o;
-    o.run = strategies::run_stack(sc, spec, topo, backend, iterations);
+    o.run = strategies::run_stack(sc, spec, topo, backend, iterations, cache);
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     o.summary = summarize(o.run, topology_name, topo.num_gpus(), wall);
     out.push_back(std::move(o));

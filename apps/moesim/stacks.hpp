@@ -30,6 +30,6 @@ struct StackOutcome {
 std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
                                      const topology::Topology& topo, const sim::EngineConfig& cfg,
                                      int iterations, const std::string& topology_name,
-                                     bool progress);
+                                     bool progress, workload::SampleCache* cache = nullptr);
 
 }  // namespace moesim::app

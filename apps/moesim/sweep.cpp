@@ -25,6 +25,7 @@
 #include "apps/moesim/stacks.hpp"
 #include "core/scenario_loader.hpp"
 #include "core/yaml_reader.hpp"
+#include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -914,6 +915,11 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     std::fprintf(stderr, "moesim sweep: %zu of %zu points already in %s, skipped\n",
                  result.points_skipped, points.size(), opts.csv_path.c_str());
 
+  // Points that differ only in what the sampled counts do not depend on (model_dim, hidden_dim,
+  // capacity, the network, the stack) share the counts of one iteration and layer: sampling them
+  // once is exact (strategies/workload/workload.hpp, SampleCache) and is most of an analytical
+  // point's cost. Thread-safe; bounded by its byte budget.
+  workload::SampleCache sample_cache;
   auto worker = [&] {
     try {
       // Each worker owns its YAML trees, scenario, topology and stacks: nothing is shared
@@ -928,7 +934,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
         sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
         auto specs = select_strategies(sc, spec.strategies);
         std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
-        auto outcomes = run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false);
+        auto outcomes = run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false,
+                                   &sample_cache);
         std::vector<SweepRow> rows;
         for (auto& o : outcomes) {
           SweepRow r;

@@ -19,5 +19,11 @@ function(moesim_test name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   target_compile_definitions(${name} PRIVATE MOESIM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   moesim_target_warnings(${name})
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit;${ARG_LABELS}")
+  # gtest_discover_tests flattens PROPERTIES into one list, so "LABELS unit;cli" would lose "cli";
+  # one LABELS pair per label survives (ctest then lists every label of the test).
+  set(_props LABELS unit)
+  foreach(_label IN LISTS ARG_LABELS)
+    list(APPEND _props LABELS ${_label})
+  endforeach()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES ${_props})
 endfunction()

@@ -37,7 +37,7 @@ constexpr auto kF32 = kernels::DType::kF32;
 
 std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
-kernels::DType kernel_dtype(Dtype d) {
+[[maybe_unused]] kernels::DType kernel_dtype(Dtype d) {  // used by the NCCL device path
   switch (d) {
     case Dtype::kFp32:
     case Dtype::kTf32:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/calibration.hpp"
 #include "core/error.hpp"
 #include "topology/topology.hpp"
 
@@ -17,11 +18,23 @@ collectives::CostContext make_cost_context(const topology::Topology& topo,
   return ctx;
 }
 
+const CollectiveCalibration* measured_line(const collectives::CollectiveCall& call,
+                                           const collectives::Algorithm& algorithm,
+                                           const collectives::CostContext& ctx) {
+  if (!ctx.net.calibration) return nullptr;
+  return ctx.net.calibration->collective(algorithm.type(), algorithm.algo(),
+                                         static_cast<int>(call.group->size()));
+}
+
 AnalyticalCollective analytical_collective_time(const collectives::CollectiveCall& call,
                                                 const collectives::CostContext& ctx) {
   AnalyticalCollective out;
   out.algorithm = &collectives::select_algorithm(call, ctx);
-  out.time = out.algorithm->analytical_time(call, ctx);
+  if (const CollectiveCalibration* line = measured_line(call, *out.algorithm, ctx)) {
+    out.time = Seconds(line->fit.time(call.spec->bytes.value()));
+  } else {
+    out.time = out.algorithm->analytical_time(call, ctx);
+  }
   MOESIM_ASSERT(out.time.value() >= 0, "negative analytical collective time");
   return out;
 }

@@ -19,6 +19,7 @@
 #include <queue>
 #include <vector>
 
+#include "core/calibration.hpp"
 #include "sim/network_model.hpp"
 #include "strategies/collectives/collective.hpp"
 
@@ -29,7 +30,19 @@ collectives::CostContext make_cost_context(const topology::Topology& topo,
                                            const NetworkParams& params,
                                            BytesPerSecond local_copy_bandwidth);
 
-/// Time of one group's collective on the analytical path, and the algorithm it resolved to.
+/// The calibration file's measured line for this call (ctx.net.calibration's `collectives` entry
+/// with the resolved algorithm's type and algo over a group of the call's size), or nullptr.
+/// Groups of another size than the measured one get no line: they keep the closed form, whose
+/// bandwidths are the calibrated topology's (topology/calibrated.hpp) and whose per-message
+/// latency is the calibrated one, so they still scale with the measured per-tier rates.
+const CollectiveCalibration* measured_line(const collectives::CollectiveCall& call,
+                                           const collectives::Algorithm& algorithm,
+                                           const collectives::CostContext& ctx);
+
+/// Time of one group's collective on the analytical path, and the algorithm it resolved to:
+/// measured_line's alpha + beta x CollectiveSpec::bytes when there is one, else the algorithm's
+/// closed form. `auto` resolves on the closed forms (as the executor resolves it), so the
+/// algorithm priced by a measured line is the one that would run.
 struct AnalyticalCollective {
   const collectives::Algorithm* algorithm = nullptr;
   Seconds time{0};

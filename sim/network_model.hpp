@@ -16,6 +16,9 @@
 #include <string_view>
 #include <vector>
 
+namespace moesim {
+struct Calibration;
+}
 namespace moesim::topology {
 class Topology;
 }
@@ -43,6 +46,9 @@ struct BatchCompletion {
 struct NetworkParams {
   double message_latency_s = 0;   // fixed startup per message, added to the route's latency
   double message_overhead_s = 0;  // endpoint time per message; bounds the message rate
+  /// Measured per-collective lines (cluster.calibration's `collectives`), read only by the
+  /// analytical path (sim/analytical_model: analytical_collective_time); null = closed forms.
+  std::shared_ptr<const Calibration> calibration;
 };
 
 class NetworkModel {

@@ -104,7 +104,7 @@ void run_compare(const CompareArgs& a) {
   std::vector<std::vector<StackOutcome>> results;
   std::string engine_name;
   for (const auto& v : variants) {
-    auto topo = topology::build_topology(v.sc.cluster);
+    auto topo = simulation_topology(v.sc);
     sim::EngineConfig cfg = engine_config_from(v.sc, a.engine);
     engine_name = std::string(sim::network_kind_name(cfg.network));
     int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;

@@ -204,7 +204,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   // --predict: the simulator's view of the same plans (rank 0 only; the measured result alone
   // drives the strategies' decisions, so every rank still takes the same path).
   sim::EngineConfig engine_cfg;
-  if (a.predict) engine_cfg = engine_config_from(sc, a.engine);
+  // The plans run on the datasheet topology (`auto` resolves as it did before); the prediction
+  // simulates them on the calibrated one (per-tier link bandwidths, topology/calibrated.hpp).
+  std::unique_ptr<topology::Topology> sim_topo;
+  if (a.predict) {
+    engine_cfg = engine_config_from(sc, a.engine);
+    sim_topo = simulation_topology(sc);
+  }
   std::vector<std::vector<PredictStep>> predicted(specs.size());
   size_t current = 0;
   const bool host = comm->name() == "mpi";
@@ -212,7 +218,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const strategies::Backend backend = [&](const Plan& plan) {
     RunResult m = measured(plan);
     if (a.predict && root) {
-      const RunResult p = sim::run_plan(plan, *topo, engine_cfg);
+      const RunResult p = sim::run_plan(plan, *sim_topo, engine_cfg);
       PredictStep s;
       s.measured_s = m.makespan_s;
       s.predicted_s = p.makespan_s;

@@ -93,7 +93,7 @@ void run_collective(const CollectiveArgs& a) {
 
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario(path);
-  auto topo = topology::build_topology(sc.cluster);
+  auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine);
   const int gpus = topo->num_gpus();
 
@@ -172,7 +172,7 @@ void run_scenario(const CollectiveArgs& a) {
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
   if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
   int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
-  auto topo = topology::build_topology(sc.cluster);
+  auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine);
   auto specs = select_strategies(sc, a.strategies);
   std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;

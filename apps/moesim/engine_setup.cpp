@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
+#include "topology/calibrated.hpp"
 
 namespace moesim::app {
 
@@ -17,10 +18,20 @@ void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
   cfg.compute.calibration = cal->gemm;
   if (cal->interference) cfg.compute.interference = *cal->interference;
   // Network (every engine): the per-message latency the measured intra-node point-to-point
-  // alpha implies on top of the topology's own latency. Bandwidths stay the topology's: the
-  // flow and simgrid models share links by capacity, which a per-pair beta cannot replace.
-  cfg.net.message_latency_s = strategies::calibrated_message_latency(
-      cal.get(), sc.cluster, cfg.net.message_latency_s);
+  // alpha implies on top of the topology's own latency.
+  cfg.net.message_latency_s =
+      strategies::calibrated_message_latency(cal.get(), sc.cluster, cfg.net.message_latency_s);
+  // Per-tier betas reach every engine through the link capacities (simulation_topology); the
+  // measured per-collective lines replace the analytical engine's closed forms
+  // (sim::analytical_collective_time).
+  cfg.net.calibration = cal;
+}
+
+std::unique_ptr<topology::Topology> simulation_topology(const Scenario& sc) {
+  auto topo = topology::build_topology(sc.cluster);
+  const auto cal = strategies::scenario_calibration(sc);
+  if (!cal) return topo;
+  return topology::calibrated_topology(std::move(topo), *cal);
 }
 
 sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override) {

@@ -2,10 +2,12 @@
 // every command that simulates reads the same knobs the same way.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/scenario.hpp"
 #include "sim/engine.hpp"
+#include "topology/topology.hpp"
 
 namespace moesim::app {
 
@@ -15,7 +17,13 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
 
 /// Applies the scenario's calibration file (cluster.calibration), if any, to `cfg`: GEMM
 /// alpha/beta/efficiency table and interference into the compute model, the per-message latency
-/// implied by the measured intra-node alpha into the network params. engine_config_from calls it.
+/// implied by the measured intra-node alpha and the measured per-collective lines (used by the
+/// analytical engine) into the network params. engine_config_from calls it.
 void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc);
+
+/// The topology every command simulates on: build_topology(sc.cluster), with its link bandwidths
+/// scaled to the calibration's per-tier point-to-point betas when the scenario has a calibration
+/// (topology/calibrated.hpp). simulate, compare, sweep and exec --predict use it.
+std::unique_ptr<topology::Topology> simulation_topology(const Scenario& sc);
 
 }  // namespace moesim::app

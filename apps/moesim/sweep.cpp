@@ -930,7 +930,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
         if (k >= mine.size()) break;
         const SweepPoint& p = points[mine[k]];
         Scenario sc = point_scenario(spec, base_tree, p);
-        auto topo = topology::build_topology(sc.cluster);
+        auto topo = simulation_topology(sc);
         sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
         auto specs = select_strategies(sc, spec.strategies);
         std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;

@@ -92,7 +92,7 @@ double a2a_time(const Scenario& sc, const topology::Topology& topo, double bytes
   return r.collectives.at(0).duration_s();
 }
 
-TEST(CalibrationEffect, AnalyticalEngineAllToAllGainsTheCalibratedMessageLatency) {
+TEST(CalibrationEffect, AnalyticalEngineAllToAllGainsTheCalibratedLatencyThenTheMeasuredLine) {
   const fs::path d = temp_dir();
   write(d / "s.yaml", kScenario);
   write(d / "cal.yaml", "format: moesim-calibration/1\n");
@@ -106,8 +106,16 @@ TEST(CalibrationEffect, AnalyticalEngineAllToAllGainsTheCalibratedMessageLatency
   write(d2 / "s.yaml", kScenario);
   write(d2 / "cal.yaml", kCalibration);
   const Scenario sc = load_scenario((d2 / "s.yaml").string());
-  // Measured tier-0 alpha 11 us - the topology's 1 us = 10 us per message on top: 16 us.
-  EXPECT_NEAR(a2a_time(sc, *topo, 1e6), 16e-6, 1e-12);
+  // The measured (all_to_all, linear, 2 ranks) line replaces the closed form on the analytical
+  // engine (sim::analytical_collective_time): 40 us + 1 ns/B * 1 MB = 1,040 us.
+  EXPECT_NEAR(a2a_time(sc, *topo, 1e6), 1040e-6, 1e-12);
+  // Without the line, the closed form with the measured tier-0 alpha 11 us - the topology's
+  // 1 us = 10 us per message on top: 16 us.
+  write(d2 / "cal_no_line.yaml",
+        std::string(kCalibration).substr(0, std::string(kCalibration).find("collectives:")));
+  Scenario no_line = sc;
+  no_line.cluster.calibration_path = (d2 / "cal_no_line.yaml").string();
+  EXPECT_NEAR(a2a_time(no_line, *topo, 1e6), 16e-6, 1e-12);
   const sim::EngineConfig cfg = app::engine_config_from(sc, "");
   EXPECT_DOUBLE_EQ(cfg.net.message_latency_s, 10e-6);
   EXPECT_DOUBLE_EQ(cfg.compute.interference, 0.25);

@@ -48,7 +48,7 @@ struct NetworkParams {
   double message_overhead_s = 0;  // endpoint time per message; bounds the message rate
   /// Measured per-collective lines (cluster.calibration's `collectives`), read only by the
   /// analytical path (sim/analytical_model: analytical_collective_time); null = closed forms.
-  std::shared_ptr<const Calibration> calibration;
+  std::shared_ptr<const Calibration> calibration = nullptr;
 };
 
 class NetworkModel {

@@ -157,24 +157,8 @@ void register_calibrate(CLI::App& app) {
   cmd->add_flag("--quick", a->quick, "Small grid and sizes up to 64 KiB (CI)");
   cmd->add_option("--repeats", a->repeats, "Repeats per point (default 3 quick, 7 otherwise)");
   cmd->add_option("--backend", a->backend, "mpi (host path) or nccl");
-  cmd->callback([a] {
-    int code = 0;
-    {
-      exec::MpiSession session(nullptr, nullptr);
-      try {
-        code = run_calibrate(*a, session);
-      } catch (const InputError& e) {
-        if (session.rank() == 0) std::fprintf(stderr, "moesim: error: %s\n", e.what());
-        code = 2;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "moesim: error: rank %d: %s\n", session.rank(), e.what());
-        std::fflush(stderr);
-        exec::MpiSession::abort_all(1);
-      }
-    }  // MPI_Finalize
-    std::fflush(stdout);
-    if (code != 0) std::exit(code);
-  });
+  cmd->callback(
+      [a] { run_mpi_command([a](exec::MpiSession& s) { return run_calibrate(*a, s); }); });
 }
 
 }  // namespace moesim::app

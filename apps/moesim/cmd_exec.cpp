@@ -336,26 +336,28 @@ void register_exec(CLI::App& app) {
                 "per step");
   cmd->add_option("--engine", a->engine,
                   "Engine for --predict: analytical, flow or simgrid (default: the scenario's)");
-  cmd->callback([a] {
-    int code = 0;
-    {
-      exec::MpiSession session(nullptr, nullptr);
-      try {
-        code = run_exec(*a, session);
-      } catch (const InputError& e) {
-        // Input errors are found identically by every rank (same files, same flags): report once
-        // and leave through MPI_Finalize.
-        if (session.rank() == 0) std::fprintf(stderr, "moesim: error: %s\n", e.what());
-        code = 2;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "moesim: error: rank %d: %s\n", session.rank(), e.what());
-        std::fflush(stderr);
-        exec::MpiSession::abort_all(1);
-      }
-    }  // MPI_Finalize
-    std::fflush(stdout);
-    if (code != 0) std::exit(code);
-  });
+  cmd->callback([a] { run_mpi_command([a](exec::MpiSession& s) { return run_exec(*a, s); }); });
+}
+
+void run_mpi_command(const std::function<int(exec::MpiSession&)>& body) {
+  int code = 0;
+  {
+    exec::MpiSession session(nullptr, nullptr);
+    try {
+      code = body(session);
+    } catch (const InputError& e) {
+      // Input errors are found identically by every rank (same files, same flags): report once
+      // and leave through MPI_Finalize.
+      if (session.rank() == 0) std::fprintf(stderr, "moesim: error: %s\n", e.what());
+      code = 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moesim: error: rank %d: %s\n", session.rank(), e.what());
+      std::fflush(stderr);
+      exec::MpiSession::abort_all(1);
+    }
+  }  // MPI_Finalize
+  std::fflush(stdout);
+  if (code != 0) std::exit(code);
 }
 
 }  // namespace moesim::app

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 
 namespace moesim {
 struct Scenario;
+namespace exec {
+class MpiSession;
+}
 namespace topology {
 class Topology;
 }
@@ -26,6 +30,10 @@ void register_route_train(CLI::App& app);  // cmd_route_train.cpp (TA-MoE gate-t
 void register_exec(CLI::App& app);
 /// `moesim calibrate` (cmd_calibrate.cpp); only in builds with MPI.
 void register_calibrate(CLI::App& app);
+/// Runs an MPI subcommand's body inside one MpiSession (cmd_exec.cpp; builds with MPI): an
+/// InputError, found identically by every rank, is reported once by rank 0 and exits 2 through
+/// MPI_Finalize; any other failure names its rank and aborts the whole job with exit 1.
+void run_mpi_command(const std::function<int(exec::MpiSession&)>& body);
 void register_sweep(CLI::App& app);
 void register_list(CLI::App& app);
 

@@ -20,9 +20,6 @@
 #include "core/scenario_loader.hpp"
 #include "exec/calibrate.hpp"
 #include "exec/mpi_communicator.hpp"
-#ifdef MOESIM_HAVE_NCCL
-#include "exec/nccl_communicator.hpp"
-#endif
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -95,21 +92,8 @@ int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
           sc.num_gpus(), a.scenario));
   }
   if (a.repeats < 0) throw InputError("--repeats: expected an integer >= 1");
-  std::unique_ptr<exec::Communicator> comm;
+  std::unique_ptr<exec::Communicator> comm = make_communicator(a.backend, session);
   std::string device = "host-cpu";
-  if (a.backend == "mpi") {
-    comm = std::make_unique<exec::MpiCommunicator>();
-  } else if (a.backend == "nccl") {
-#ifdef MOESIM_HAVE_NCCL
-    comm = std::make_unique<exec::NcclCommunicator>(session);
-#else
-    throw InputError(
-        "--backend nccl: this build has no NCCL (needs MOESIM_WITH_CUDA and NCCL); use --backend "
-        "mpi (the host path)");
-#endif
-  } else {
-    throw InputError(fmt::format("--backend: found '{}', expected mpi or nccl", a.backend));
-  }
   auto topo = topology::build_topology(sc.cluster);
   exec::CalibrateOptions opt;
   opt.quick = a.quick;

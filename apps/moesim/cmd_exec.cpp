@@ -180,20 +180,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
         "rank(s); run `mpirun -np {} moesim exec {}`",
         path, sc.num_gpus(), sc.cluster.nodes, sc.cluster.gpus_per_node, session.size(),
         sc.num_gpus(), path));
-  std::unique_ptr<exec::Communicator> comm;
-  if (a.backend == "mpi") {
-    comm = std::make_unique<exec::MpiCommunicator>();
-  } else if (a.backend == "nccl") {
-#ifdef MOESIM_HAVE_NCCL
-    comm = std::make_unique<exec::NcclCommunicator>(session);
-#else
-    throw InputError(
-        "--backend nccl: this build has no NCCL (needs MOESIM_WITH_CUDA and NCCL); use --backend "
-        "mpi (the host path)");
-#endif
-  } else {
-    throw InputError(fmt::format("--backend: found '{}', expected mpi or nccl", a.backend));
-  }
+  std::unique_ptr<exec::Communicator> comm = make_communicator(a.backend, session);
   auto topo = topology::build_topology(sc.cluster);
   const std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
   auto specs = select_strategies(sc, a.strategies);
@@ -337,6 +324,21 @@ void register_exec(CLI::App& app) {
   cmd->add_option("--engine", a->engine,
                   "Engine for --predict: analytical, flow or simgrid (default: the scenario's)");
   cmd->callback([a] { run_mpi_command([a](exec::MpiSession& s) { return run_exec(*a, s); }); });
+}
+
+std::unique_ptr<exec::Communicator> make_communicator(const std::string& backend,
+                                                      [[maybe_unused]] exec::MpiSession& session) {
+  if (backend == "mpi") return std::make_unique<exec::MpiCommunicator>();
+  if (backend == "nccl") {
+#ifdef MOESIM_HAVE_NCCL
+    return std::make_unique<exec::NcclCommunicator>(session);
+#else
+    throw InputError(
+        "--backend nccl: this build has no NCCL (needs MOESIM_WITH_CUDA and NCCL); use --backend "
+        "mpi (the host path)");
+#endif
+  }
+  throw InputError(fmt::format("--backend: found '{}', expected mpi or nccl", backend));
 }
 
 void run_mpi_command(const std::function<int(exec::MpiSession&)>& body) {

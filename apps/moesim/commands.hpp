@@ -4,13 +4,15 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace moesim {
 struct Scenario;
 namespace exec {
+class Communicator;
 class MpiSession;
-}
+}  // namespace exec
 namespace topology {
 class Topology;
 }
@@ -34,6 +36,10 @@ void register_calibrate(CLI::App& app);
 /// InputError, found identically by every rank, is reported once by rank 0 and exits 2 through
 /// MPI_Finalize; any other failure names its rank and aborts the whole job with exit 1.
 void run_mpi_command(const std::function<int(exec::MpiSession&)>& body);
+/// The communicator `--backend` names: "mpi" (host path) or "nccl" (builds with NCCL); InputError
+/// otherwise (cmd_exec.cpp; builds with MPI).
+std::unique_ptr<exec::Communicator> make_communicator(const std::string& backend,
+                                                      exec::MpiSession& session);
 void register_sweep(CLI::App& app);
 void register_list(CLI::App& app);
 

@@ -100,41 +100,89 @@ ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& 
   return rr;
 }
 
+namespace {
+
+// The expert FFN part of the reference for a routing already decided: per expert, the kept
+// (token, choice) entries in blocks of kBlock tokens, so one row of W1 / W2 (H or M floats) is
+// reused by the whole block while it is in L1; products accumulate in double. `weights(e)` gives
+// expert e's (W1, W2), generated only while expert e is processed (one expert's weights live at
+// a time: E x M x H floats would not fit on a rank at real sizes).
+template <typename Weights>
+std::vector<float> reference_ffn(const MoeShape& s, const std::vector<float>& tokens,
+                                 const ReferenceRouting& rr, Weights&& weights) {
+  constexpr int kBlock = 16;
+  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
+  std::vector<std::vector<std::size_t>> entries(E);  // kept (t * k + c) per expert, token order
+  for (std::size_t entry = 0; entry < static_cast<std::size_t>(S) * k; ++entry)
+    if (rr.kept[entry]) entries[rr.expert[entry]].push_back(entry);
+  std::vector<float> y(static_cast<size_t>(S) * M, 0.0f);
+  std::vector<double> hidden(static_cast<size_t>(kBlock) * H), out(static_cast<size_t>(kBlock) * M);
+  for (int e = 0; e < E; ++e) {
+    if (entries[e].empty()) continue;
+    const auto [w1, w2] = weights(e);
+    const auto& list = entries[e];
+    for (std::size_t b0 = 0; b0 < list.size(); b0 += kBlock) {
+      const int nb = static_cast<int>(std::min<std::size_t>(kBlock, list.size() - b0));
+      std::fill(hidden.begin(), hidden.end(), 0.0);
+      for (int m = 0; m < M; ++m) {
+        const float* row = w1 + static_cast<size_t>(m) * H;
+        for (int i = 0; i < nb; ++i) {
+          const double xm = tokens[list[b0 + i] / k * M + m];
+          double* h = &hidden[static_cast<size_t>(i) * H];
+          for (int j = 0; j < H; ++j) h[j] += xm * row[j];
+        }
+      }
+      for (double& v : hidden) v = v > 0 ? v : 0;  // ReLU
+      std::fill(out.begin(), out.end(), 0.0);
+      for (int j = 0; j < H; ++j) {
+        const float* row = w2 + static_cast<size_t>(j) * M;
+        for (int i = 0; i < nb; ++i) {
+          const double hj = hidden[static_cast<size_t>(i) * H + j];
+          if (hj == 0) continue;
+          double* o = &out[static_cast<size_t>(i) * M];
+          for (int m = 0; m < M; ++m) o[m] += hj * row[m];
+        }
+      }
+      for (int i = 0; i < nb; ++i) {
+        const std::size_t entry = list[b0 + i];
+        float* yt = &y[entry / k * M];
+        for (int m = 0; m < M; ++m)
+          yt[m] += static_cast<float>(rr.prob[entry] * out[static_cast<size_t>(i) * M + m]);
+      }
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
 std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& tokens,
                                    const std::vector<float>& gate_w,
                                    const std::vector<std::vector<float>>& w1,
                                    const std::vector<std::vector<float>>& w2, int capacity,
                                    long long* dropped) {
-  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
-  MOESIM_ASSERT(static_cast<int>(w1.size()) == E && static_cast<int>(w2.size()) == E,
-                "reference needs every expert's weights");
+  MOESIM_ASSERT(
+      static_cast<int>(w1.size()) == s.experts && static_cast<int>(w2.size()) == s.experts,
+      "reference needs every expert's weights");
   const ReferenceRouting rr = reference_routing(s, tokens, gate_w, capacity);
   if (dropped) *dropped = rr.dropped;
-  const auto& choice = rr.expert;
-  const auto& prob = rr.prob;
-  const auto& kept = rr.kept;
-  // Per token: y = sum over kept choices of p * relu(x W1_e) W2_e.
-  std::vector<float> y(static_cast<size_t>(S) * M, 0.0f);
-  std::vector<double> hidden(H), out(M);
-  for (int t = 0; t < S; ++t)
-    for (int c = 0; c < k; ++c) {
-      if (!kept[static_cast<size_t>(t) * k + c]) continue;
-      const int e = choice[static_cast<size_t>(t) * k + c];
-      const float* x = &tokens[static_cast<size_t>(t) * M];
-      for (int h = 0; h < H; ++h) {
-        double acc = 0;
-        for (int m = 0; m < M; ++m)
-          acc += static_cast<double>(x[m]) * w1[e][static_cast<size_t>(m) * H + h];
-        hidden[h] = acc > 0 ? acc : 0;
-      }
-      for (int m = 0; m < M; ++m) {
-        double acc = 0;
-        for (int h = 0; h < H; ++h) acc += hidden[h] * w2[e][static_cast<size_t>(h) * M + m];
-        y[static_cast<size_t>(t) * M + m] +=
-            static_cast<float>(prob[static_cast<size_t>(t) * k + c] * acc);
-      }
-    }
-  return y;
+  return reference_ffn(s, tokens, rr, [&](int e) {
+    return std::pair<const float*, const float*>{w1[e].data(), w2[e].data()};
+  });
+}
+
+std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<float>& tokens,
+                                          std::uint64_t seed, int layer, int capacity,
+                                          long long* dropped) {
+  const ReferenceRouting rr =
+      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity);
+  if (dropped) *dropped = rr.dropped;
+  std::vector<float> w1, w2;
+  return reference_ffn(s, tokens, rr, [&](int e) {
+    w1 = make_w1(s, seed, layer, e);
+    w2 = make_w2(s, seed, layer, e);
+    return std::pair<const float*, const float*>{w1.data(), w2.data()};
+  });
 }
 
 double check_tolerance(kernels::DType dtype) {

@@ -1,7 +1,7 @@
 // Seeded data of the real MoE layer and its single-process reference (DESIGN §4.2 "data is
 // real"). Every rank generates its own tokens and the (shared) gate and expert weights from the
 // scenario's seed, so no data is broadcast; the reference recomputes a whole layer for any rank
-// from the same seeds with plain per-token loops (softmax, top-k, capacity rule, FFN, weighted
+// from the same seeds with plain loops (softmax, top-k, capacity rule, FFN, weighted
 // sum), independent of the kernels and of the distributed layout it checks.
 #pragma once
 
@@ -55,6 +55,13 @@ std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& 
                                    const std::vector<std::vector<float>>& w1,
                                    const std::vector<std::vector<float>>& w2, int capacity,
                                    long long* dropped);
+
+/// reference_layer with the layer's seeded gate and expert weights (make_*), each expert's weights
+/// generated only while its tokens are processed: what --check runs on every rank for its own
+/// tokens.
+std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<float>& tokens,
+                                          std::uint64_t seed, int layer, int capacity,
+                                          long long* dropped);
 
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10

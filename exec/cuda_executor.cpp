@@ -268,14 +268,7 @@ int checked_int(std::int64_t v, const char* what) {
 void DevicePath::Impl::setup_layers(const std::vector<MoeLayerPlan>& plans, int iteration) {
   const int S = shape.tokens, M = shape.model_dim, H = shape.hidden_dim, E = shape.experts,
             k = shape.top_k;
-  const int W = sc.parallelism.ep, dE = sc.model.local_experts();
-  const int me = comm.rank();
   const std::uint64_t seed = sc.workload.routing.seed;
-  int pos = -1;
-  for (const auto& g : strategies::make_groups(sc).ep.groups)
-    for (size_t i = 0; i < g.size(); ++i)
-      if (g[i] == me) pos = static_cast<int>(i);
-  MOESIM_ASSERT(pos >= 0, "rank outside every EP group");
   layers.assign(plans.size(), DevLayer{});
   if (arenas.size() < plans.size()) arenas.resize(plans.size());
   const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
@@ -284,6 +277,7 @@ void DevicePath::Impl::setup_layers(const std::vector<MoeLayerPlan>& plans, int 
     L.plan = plans[li];
     Arena& a = arenas[li];
     a.reset();
+    const int W = L.plan.ep, dE = L.plan.local_experts, pos = L.plan.ep_pos;
     const std::size_t C = static_cast<std::size_t>(L.plan.capacity);
     const std::size_t SM = static_cast<std::size_t>(S) * M, Sk = static_cast<std::size_t>(S) * k;
     L.gate_w = a.reserve(static_cast<std::size_t>(M) * E * f4);
@@ -322,7 +316,7 @@ void DevicePath::Impl::setup_layers(const std::vector<MoeLayerPlan>& plans, int 
       upload(L.w1[le], make_w1(shape, seed, L.plan.moe, pos * dE + le), dtype);
       upload(L.w2[le], make_w2(shape, seed, L.plan.moe, pos * dE + le), dtype);
     }
-    const auto x = make_tokens(shape, seed, iteration, L.plan.moe, me);
+    const auto x = make_tokens(shape, seed, iteration, L.plan.moe, comm.rank());
     upload(L.x32, x, DType::kF32);
     upload(L.xd, x, dtype);
   }
@@ -382,7 +376,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
   kcu::Context& cx = ctx(st);
   const int S = shape.tokens, M = shape.model_dim, H = shape.hidden_dim, E = shape.experts,
             k = shape.top_k;
-  const int W = sc.parallelism.ep, dE = sc.model.local_experts();
+  const int W = L.plan.ep, dE = L.plan.local_experts;
   const std::size_t C = static_cast<std::size_t>(L.plan.capacity);
   auto routing = [&] {
     kernels::Routing r;

@@ -84,7 +84,7 @@ int moe_layer_of_block(int block, int moe_every) {
   return (block + 1) / std::max(1, moe_every) - 1;
 }
 
-std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_experts) {
+std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int experts) {
   std::vector<MoeLayerPlan> layers;
   std::map<int, int> block_to_layer;
   for (const Op& op : plan.ops()) {
@@ -99,12 +99,22 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_ex
     if (ref.kind == MoeOpRef::kFc1) {
       const GemmShape& g = *op.compute().gemm;
       MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
-      L.caps.push_back(
-          static_cast<int>(g.m * g.batch / (static_cast<std::int64_t>(ep) * local_experts)));
+      L.caps.push_back(static_cast<int>(g.m * g.batch / experts));
     }
-    if (ref.kind == MoeOpRef::kDispatch) L.has_a2a = true;
+    if (ref.kind == MoeOpRef::kDispatch && !L.has_a2a) {
+      L.has_a2a = true;
+      const Grouping& grp = plan.grouping(op.collective().grouping);
+      for (const auto& members : grp.groups)
+        for (size_t i = 0; i < members.size(); ++i)
+          if (members[i] == rank) {
+            L.ep = static_cast<int>(members.size());
+            L.ep_pos = static_cast<int>(i);
+          }
+      MOESIM_ASSERT(L.ep >= 1 && experts % L.ep == 0, "EP group size must divide the experts");
+    }
   }
   for (MoeLayerPlan& L : layers) {
+    L.local_experts = experts / L.ep;
     L.offset.assign(L.caps.size(), 0);
     for (size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
     L.capacity = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
@@ -208,32 +218,25 @@ RunResult Executor::run(const Plan& plan) {
     throw InputError(
         fmt::format("plan of {} ranks run on {} ranks", plan.num_ranks(), comm_.size()));
   const auto& md = sc_.model;
-  const int W = sc_.parallelism.ep;
-  const int dE = md.local_experts();
   const auto wall0 = Clock::now();
 
   layers_.clear();
   if (data_path_) {
-    for (MoeLayerPlan& lp : plan_moe_layers(plan, W, dE)) {
+    for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
       layers_.push_back(std::make_unique<Layer>());
       static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
     }
   }
   if (data_path_ && !device_) {
-    // Position of this rank in its EP group: its experts are position * dE + le.
-    const auto groups = strategies::make_groups(sc_);
-    int pos = -1;
-    for (const auto& g : groups.ep.groups)
-      for (size_t i = 0; i < g.size(); ++i)
-        if (g[i] == me) pos = static_cast<int>(i);
-    MOESIM_ASSERT(pos >= 0, "rank outside every EP group");
+    // This rank's experts: EP position * dE + le.
     const std::uint64_t seed = sc_.workload.routing.seed;
     for (auto& lp : layers_) {
       Layer& L = *lp;
+      const int dE = L.local_experts;
       L.gate_w = make_gate_weights(shape_, seed, L.moe);
       for (int le = 0; le < dE; ++le) {
-        L.w1.push_back(make_w1(shape_, seed, L.moe, pos * dE + le));
-        L.w2.push_back(make_w2(shape_, seed, L.moe, pos * dE + le));
+        L.w1.push_back(make_w1(shape_, seed, L.moe, L.ep_pos * dE + le));
+        L.w2.push_back(make_w2(shape_, seed, L.moe, L.ep_pos * dE + le));
       }
       L.chunk_in.resize(L.caps.size());
       L.hidden.resize(L.caps.size());
@@ -336,7 +339,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   }
   const int S = shape_.tokens, M = shape_.model_dim, H = shape_.hidden_dim, E = shape_.experts,
             k = shape_.top_k;
-  const int W = sc_.parallelism.ep, dE = sc_.model.local_experts();
+  const int W = L ? L->ep : 1, dE = L ? L->local_experts : 0;
   kc::Context ctx;
   auto routing = [&]() {
     kernels::Routing r;

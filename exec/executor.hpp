@@ -62,6 +62,10 @@ struct MoeLayerPlan {
   std::vector<int> caps, offset;
   int capacity = 0;
   bool has_a2a = false;  // dispatch / combine all-to-alls (false: W = 1, experts local)
+  // The EP layout the plan was built with (from its dispatch all-to-all's grouping, not from the
+  // scenario: Lina's expert packing builds the plan on fewer, fuller EP ranks): W ranks per EP
+  // group, dE = E / W experts on each, this rank at position ep_pos (experts ep_pos * dE + le).
+  int ep = 1, local_experts = 0, ep_pos = 0;
 };
 
 /// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
@@ -74,9 +78,10 @@ struct MoeOpRef {
 MoeOpRef parse_moe_label(const std::string& label);
 /// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
 int moe_layer_of_block(int block, int moe_every);
-/// The MoE layers of `plan` (chunk capacities from the expert fc1 GEMMs: c_j = m * batch /
-/// (W * dE) in both the plain and the flexible layout when esp = rho = n = 1, docs/model.md).
-std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int ep, int local_experts);
+/// The MoE layers of `plan` as rank `rank` runs them (chunk capacities from the expert fc1 GEMMs:
+/// c_j = m * batch / (W * dE) = m * batch / E in both the plain and the flexible layout when
+/// esp = rho = n = 1, docs/model.md; the EP layout from the dispatch all-to-all's grouping).
+std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int experts);
 
 /// The GPU path's issue order: a topological order of the plan in which, among the ops whose deps
 /// are all issued, the highest Op::priority goes first, then the lowest id (Lina: the all-to-alls

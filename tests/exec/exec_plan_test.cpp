@@ -66,7 +66,7 @@ TEST(MoeLabels, ParseAndLayerOfBlock) {
 }
 
 TEST(MoeLabels, LayerPlanFromFc1Shapes) {
-  // W = 2, dE = 3: chunk capacity = m * batch / (W * dE).
+  // E = W * dE = 6: chunk capacity = m * batch / E.
   Plan plan(2);
   const StreamId s = plan.stream("compute");
   auto fc1 = [&](int chunk, std::int64_t m, std::int64_t batch) {
@@ -75,14 +75,16 @@ TEST(MoeLabels, LayerPlanFromFc1Shapes) {
     cs.gemm = GemmShape{m, 8, 4, batch};
     plan.add_compute(RankSet::all(2), s, cs, {}, "L0.fwd.expert.fc1.c" + std::to_string(chunk));
   };
-  fc1(1, 5, 6);  // 30 / 6 = 5
-  fc1(2, 3, 6);  // 3
-  const auto layers = plan_moe_layers(plan, 2, 3);
+  fc1(1, 5, 6);                                     // 30 / 6 = 5
+  fc1(2, 3, 6);                                     // 3
+  const auto layers = plan_moe_layers(plan, 1, 6);  // rank 1, E = 6 (no dispatch: W = 1)
   ASSERT_EQ(layers.size(), 1u);
   EXPECT_EQ(layers[0].caps, (std::vector<int>{5, 3}));
   EXPECT_EQ(layers[0].offset, (std::vector<int>{0, 5}));
   EXPECT_EQ(layers[0].capacity, 8);
   EXPECT_FALSE(layers[0].has_a2a);
+  EXPECT_EQ(layers[0].ep, 1);
+  EXPECT_EQ(layers[0].local_experts, 6);
 }
 
 TEST(ExchangeSizes, WholeElementsPerChunkSaaSlicesAndMatrixSums) {

@@ -54,6 +54,33 @@ std::vector<float> make_w2(const MoeShape& s, std::uint64_t seed, int layer, int
   return v;
 }
 
+namespace {
+int slice_width(const MoeShape& s, int part, int parts) {
+  MOESIM_ASSERT(parts >= 1 && part >= 0 && part < parts && s.hidden_dim % parts == 0,
+                "hidden dim must split evenly into the expert's slices");
+  return s.hidden_dim / parts;
+}
+}  // namespace
+
+std::vector<float> make_w1_slice(const MoeShape& s, std::uint64_t seed, int layer, int expert,
+                                 int part, int parts) {
+  const int h = slice_width(s, part, parts), H = s.hidden_dim, M = s.model_dim;
+  const std::vector<float> full = make_w1(s, seed, layer, expert);
+  std::vector<float> out(static_cast<size_t>(M) * h);
+  for (int m = 0; m < M; ++m)
+    std::copy_n(&full[static_cast<size_t>(m) * H + static_cast<size_t>(part) * h], h,
+                &out[static_cast<size_t>(m) * h]);
+  return out;
+}
+
+std::vector<float> make_w2_slice(const MoeShape& s, std::uint64_t seed, int layer, int expert,
+                                 int part, int parts) {
+  const int h = slice_width(s, part, parts), M = s.model_dim;
+  const std::vector<float> full = make_w2(s, seed, layer, expert);
+  const auto first = full.begin() + static_cast<std::ptrdiff_t>(part) * h * M;
+  return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(h) * M);
+}
+
 ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
                                    const std::vector<float>& gate_w, int capacity) {
   const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;

@@ -34,6 +34,16 @@ std::vector<float> make_gate_weights(const MoeShape& s, std::uint64_t seed, int 
 std::vector<float> make_w1(const MoeShape& s, std::uint64_t seed, int layer, int expert);  // M x H
 std::vector<float> make_w2(const MoeShape& s, std::uint64_t seed, int layer, int expert);  // H x M
 
+/// Hidden-dim slice `part` of `parts` of an expert's weights (ESP shards, Tutel's P2 / r > 1
+/// slices): columns [part * H / parts, (part + 1) * H / parts) of W1 (M x H/parts) and the same
+/// rows of W2 (H/parts x M), cut from make_w1 / make_w2 so that the slices' partial outputs
+/// relu(x W1_s) W2_s sum to the unsharded expert's output exactly (ReLU acts per hidden unit).
+/// H must be a multiple of `parts`.
+std::vector<float> make_w1_slice(const MoeShape& s, std::uint64_t seed, int layer, int expert,
+                                 int part, int parts);
+std::vector<float> make_w2_slice(const MoeShape& s, std::uint64_t seed, int layer, int expert,
+                                 int part, int parts);
+
 /// The reference gate of one rank's tokens: per (token, choice) entry t*k + c the chosen expert,
 /// its softmax probability and whether it kept a capacity slot (all first choices in token order
 /// before any second choice, ...; at most `capacity` per expert).

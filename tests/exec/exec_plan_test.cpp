@@ -87,6 +87,35 @@ TEST(MoeLabels, LayerPlanFromFc1Shapes) {
   EXPECT_EQ(layers[0].local_experts, 6);
 }
 
+TEST(MoeData, HiddenSlicesAreColumnAndRowBlocksWhosePartialOutputsSumToTheExpert) {
+  const MoeShape s{4, 3, 8, 2, 1};  // M = 3, H = 8
+  const auto w1 = make_w1(s, 5, 0, 1), w2 = make_w2(s, 5, 0, 1);
+  const std::vector<float> x = {0.5f, -1.0f, 0.25f};
+  auto ffn = [&](const std::vector<float>& a, const std::vector<float>& b, int h) {
+    std::vector<double> y(3, 0.0);
+    for (int j = 0; j < h; ++j) {
+      double acc = 0;
+      for (int m = 0; m < 3; ++m) acc += x[m] * a[m * h + j];
+      acc = std::max(acc, 0.0);
+      for (int m = 0; m < 3; ++m) y[m] += acc * b[j * 3 + m];
+    }
+    return y;
+  };
+  const auto full = ffn(w1, w2, 8);
+  std::vector<double> sum(3, 0.0);
+  for (int part = 0; part < 4; ++part) {
+    const auto a = make_w1_slice(s, 5, 0, 1, part, 4), b = make_w2_slice(s, 5, 0, 1, part, 4);
+    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(b.size(), 6u);
+    EXPECT_EQ(a[0], w1[part * 2]);          // W1 row 0, columns 2 part, 2 part + 1
+    EXPECT_EQ(a[3], w1[8 + part * 2 + 1]);  // row 1
+    EXPECT_EQ(b[5], w2[(part * 2 + 1) * 3 + 2]);
+    const auto y = ffn(a, b, 2);
+    for (int m = 0; m < 3; ++m) sum[m] += y[m];
+  }
+  for (int m = 0; m < 3; ++m) EXPECT_NEAR(sum[m], full[m], 1e-12);
+}
+
 TEST(ExchangeSizes, WholeElementsPerChunkSaaSlicesAndMatrixSums) {
   CollectiveSpec spec;
   spec.type = CollectiveType::kAllToAll;

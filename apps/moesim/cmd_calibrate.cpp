@@ -15,6 +15,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "core/calibration.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
@@ -28,6 +29,7 @@ namespace {
 
 struct CalibrateArgs {
   std::string scenario;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   std::string out;
   bool quick = false;
   std::string backend = "mpi";
@@ -83,7 +85,7 @@ int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
     sc.cluster.inter = InterNodeSpec{};
     sc.cluster.calibration_path.clear();
   } else {
-    sc = load_scenario(a.scenario);
+    sc = load_scenario_with(a.scenario, a.sets);
     if (session.size() != sc.num_gpus())
       throw InputError(fmt::format(
           "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "
@@ -137,6 +139,7 @@ void register_calibrate(CLI::App& app) {
   cmd->add_option("scenario", a->scenario,
                   "Scenario YAML giving the rank map and expert shapes (default: all ranks on "
                   "one node)");
+  add_set_option(cmd, &a->sets);
   cmd->add_option("--out", a->out, "Write the calibration YAML here (rank 0; default: stdout)");
   cmd->add_flag("--quick", a->quick, "Small grid and sizes up to 64 KiB (CI)");
   cmd->add_option("--repeats", a->repeats, "Repeats per point (default 3 quick, 7 otherwise)");

@@ -25,6 +25,7 @@
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
@@ -44,6 +45,7 @@ namespace {
 
 struct ExecArgs {
   std::string scenario;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   std::vector<std::string> strategies;
   int iterations = 0;
   long long seed = -1;
@@ -170,7 +172,7 @@ nlohmann::ordered_json predict_json(const std::string& strategy,
 int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  Scenario sc = load_scenario(path);
+  Scenario sc = load_scenario_with(path, a.sets);
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
   if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
   const int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
@@ -311,6 +313,7 @@ void register_exec(CLI::App& app) {
       "Run a scenario for real under mpirun (MPI host path or NCCL), same JSON as simulate");
   auto a = std::make_shared<ExecArgs>();
   cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  add_set_option(cmd, &a->sets);
   cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
   cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
   cmd->add_option("--seed", a->seed, "Routing and data seed (default: workload.routing.seed)");

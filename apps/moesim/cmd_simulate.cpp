@@ -15,6 +15,7 @@
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
@@ -31,6 +32,7 @@ namespace {
 
 struct CollectiveArgs {
   std::string scenario;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   std::vector<std::string> strategies;
   int iterations = 0;   // 0 = the scenario's workload.iterations
   long long seed = -1;  // -1 = the scenario's workload.routing.seed
@@ -92,7 +94,7 @@ void run_collective(const CollectiveArgs& a) {
   if (sizes.empty()) throw InputError("--size: missing, expected a size such as 128MiB");
 
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  Scenario sc = load_scenario(path);
+  Scenario sc = load_scenario_with(path, a.sets);
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine);
   const int gpus = topo->num_gpus();
@@ -168,7 +170,7 @@ std::string with_suffix(const std::string& path, const std::string& name) {
 
 void run_scenario(const CollectiveArgs& a) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  Scenario sc = load_scenario(path);
+  Scenario sc = load_scenario_with(path, a.sets);
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
   if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
   int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
@@ -223,6 +225,7 @@ void register_simulate(CLI::App& app) {
       app.add_subcommand("simulate", "Simulate a scenario, or one collective on its cluster");
   auto a = std::make_shared<CollectiveArgs>();
   cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  add_set_option(cmd, &a->sets);
   cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
   cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
   cmd->add_option("--seed", a->seed, "Routing seed (default: workload.routing.seed)");

@@ -9,6 +9,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "core/scenario_loader.hpp"
 #include "topology/topology.hpp"
 
@@ -115,6 +116,8 @@ void register_topo(CLI::App& app) {
   auto dot_path = std::make_shared<std::string>();
   auto ta_moe = std::make_shared<bool>(false);
   cmd->add_option("scenario", *scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
+  auto sets = std::make_shared<std::vector<std::string>>();
+  add_set_option(cmd, sets.get());
   cmd->add_option("--json", *json_path, "Write the summary as JSON to this file");
   cmd->add_option("--dot", *dot_path, "Write the graph in GraphViz DOT format to this file");
   cmd->add_flag("--ta-moe", *ta_moe,
@@ -122,7 +125,7 @@ void register_topo(CLI::App& app) {
                 "of even vs target dispatch");
   cmd->callback([=] {
     std::string path = scenario->empty() ? default_scenario_path() : *scenario;
-    Scenario sc = load_scenario(path);
+    Scenario sc = load_scenario_with(path, *sets);
     auto topo = topology::build_topology(sc.cluster);
     TopoSummary s = summarize(*topo);
     print_table(sc, *topo, s);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "apps/moesim/commands.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "core/scenario_loader.hpp"
 #include "topology/topology.hpp"
 
@@ -50,8 +51,10 @@ void register_validate(CLI::App& app) {
   auto* cmd = app.add_subcommand("validate", "Parse and check a scenario, print a summary");
   auto scenario = std::make_shared<std::string>();
   cmd->add_option("scenario", *scenario, "Scenario YAML")->required();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  add_set_option(cmd, sets.get());
   cmd->callback([=] {
-    Scenario sc = load_scenario(*scenario);
+    Scenario sc = load_scenario_with(*scenario, *sets);
     // Building the topology resolves the GPU and checks the cluster's wiring, so a scenario that
     // validates is one that every later command can run.
     auto topo = topology::build_topology(sc.cluster);

@@ -228,6 +228,58 @@ TEST(Cli, SimulateSeedChangesTheWorkload) {
   fs::remove_all(dir);
 }
 
+// --set edits the YAML tree before validation: the same result as editing the file by hand.
+TEST(Cli, SetOverridesAKeyExactlyLikeEditingTheFile) {
+  fs::path dir = temp_dir();
+  std::string text = read_file(fs::path(kSource) / "scenarios/quickstart.yaml");
+  const auto at = text.find("seq_len: 1024");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 13, "seq_len: 64");
+  const fs::path edited = dir / "quickstart.yaml";
+  { std::ofstream(edited) << text; }
+  const std::string common = "--strategy baseline --strategy tutel --iterations 2 --engine flow";
+  ASSERT_EQ(run(fmt::format("simulate '{}' {} --json '{}'", edited.string(), common,
+                            (dir / "file.json").string()))
+                .exit_code,
+            0);
+  ASSERT_EQ(run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --set model.seq_len=64 {} "
+                            "--json '{}'",
+                            kSource, common, (dir / "set.json").string()))
+                .exit_code,
+            0);
+  auto a = nlohmann::json::parse(read_file(dir / "file.json"));
+  auto b = nlohmann::json::parse(read_file(dir / "set.json"));
+  strip_wall(a);
+  strip_wall(b);
+  EXPECT_EQ(a, b);
+  auto v =
+      run(fmt::format("validate '{}/scenarios/quickstart.yaml' --set model.seq_len=64 --set "
+                      "model.batch_per_gpu=2",
+                      kSource));
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_NE(v.out.find("B=2 L=64 (S=128 tokens/GPU)"), std::string::npos) << v.out;
+  fs::remove_all(dir);
+}
+
+TEST(Cli, SetErrorsExitTwoAndNameTheOverride) {
+  const std::string q = fmt::format("validate '{}/scenarios/quickstart.yaml' ", kSource);
+  auto r = run(q + "--set model.seq_len=abc");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--set: model.seq_len: found 'abc', expected an integer >= 1 (from --set "
+                       "model.seq_len=abc)"),
+            std::string::npos)
+      << r.out;
+  r = run(q + "--set model.seq_len");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("expected KEY=VALUE"), std::string::npos) << r.out;
+  r = run(q + "--set model.nope=1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("unknown key 'nope'"), std::string::npos) << r.out;
+  r = run(q + "--set 'strategies[9].a2a=2dh'");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("has no item [9]"), std::string::npos) << r.out;
+}
+
 TEST(Cli, SimulateUnknownStrategyExitsTwo) {
   auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --strategy nope", kSource));
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
@@ -168,6 +169,33 @@ nlohmann::ordered_json predict_json(const std::string& strategy,
   return j;
 }
 
+// Fault injection for the fault tests (never set in normal runs): MOESIM_EXEC_FAULT=die:R[:S]
+// makes rank R exit abruptly (no MPI_Finalize) when its S-th step (plan run, default 1) starts;
+// hang:R[:S] makes it stop responding there (sleep) instead, as a stuck GPU or a deadlocked peer
+// would, so the others must time out (MOESIM_EXEC_TIMEOUT_S) and abort the job.
+struct FaultInjection {
+  enum Kind { kNone, kDie, kHang } kind = kNone;
+  int at_step = 0;
+};
+FaultInjection fault_from_env(int rank) {
+  FaultInjection f;
+  const char* v = std::getenv("MOESIM_EXEC_FAULT");
+  if (!v || !*v) return f;
+  char mode[8] = {};
+  int r = -1, st = 1;
+  const int n = std::sscanf(v, "%7[a-z]:%d:%d", mode, &r, &st);
+  const std::string m = mode;
+  if (n < 2 || (m != "die" && m != "hang") || r < 0 || st < 1)
+    throw InputError(fmt::format(
+        "MOESIM_EXEC_FAULT: found '{}', expected die:RANK[:STEP] or hang:RANK[:STEP] (STEP >= 1)",
+        v));
+  if (r == rank) {
+    f.kind = m == "die" ? FaultInjection::kDie : FaultInjection::kHang;
+    f.at_step = st;
+  }
+  return f;
+}
+
 // Returns the process exit code (0, or 1 on a --check mismatch). Throws InputError for bad input.
 int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
@@ -204,7 +232,20 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   size_t current = 0;
   const bool host = comm->name() == "mpi";
   const strategies::Backend measured = executor.backend();
+  const FaultInjection fault = fault_from_env(session.rank());
+  int step = 0;
   const strategies::Backend backend = [&](const Plan& plan) {
+    if (++step == fault.at_step) {
+      // A rank dying mid-job without MPI_Finalize (a crashed process, a lost node), or one that
+      // stops responding: what the other ranks do then (mpirun kills them, or they time out and
+      // abort) is what the fault tests check.
+      std::fprintf(stderr, "moesim: MOESIM_EXEC_FAULT: rank %d %s at step %d\n", session.rank(),
+                   fault.kind == FaultInjection::kDie ? "exits abruptly" : "stops responding",
+                   step);
+      std::fflush(stderr);
+      if (fault.kind == FaultInjection::kDie) std::_Exit(3);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
     RunResult m = measured(plan);
     if (a.predict && root) {
       const RunResult p = sim::run_plan(plan, *sim_topo, engine_cfg);

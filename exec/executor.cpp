@@ -223,6 +223,8 @@ strategies::Backend Executor::backend() {
   return [this](const Plan& plan) { return run(plan); };
 }
 
+bool Executor::has_data_path() const { return data_path_ || (sharded_ && sharded_->active()); }
+
 long long Executor::total_wrong() const {
   long long w = 0;
   for (const auto& c : checks_) w += c.wrong;

@@ -148,7 +148,9 @@ class Executor {
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
   long long total_wrong() const;
-  bool has_data_path() const { return data_path_ || sharded_ != nullptr; }
+  /// Whether the MoE forward runs on real data (sharded experts: in the last run, see
+  /// exec/sharded_path.hpp for the plans it leaves to scratch buffers).
+  bool has_data_path() const;
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
   /// True when ops run on the GPU (NCCL communicator); false on the host path.

@@ -468,6 +468,12 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
     case MoeOpRef::kDecode:
       kcu::decode(cx, dtype, routing(), M, a.at(L.expert_out), a.at(L.y));
       return;
+    case MoeOpRef::kParamGather:
+    case MoeOpRef::kPartialSum:
+      // Only sharded-expert plans have these, and the GPU path runs those with scratch buffers
+      // (data_path is false, so refs stay kNone): reaching here is a bug.
+      MOESIM_ASSERT(false, "sharded-expert op on the GPU data path");
+      return;
     case MoeOpRef::kNone:
       return;
   }

@@ -13,6 +13,7 @@
 #include "exec/cuda_executor.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/phase_runner.hpp"
+#include "exec/sharded_path.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/plan_builder.hpp"
@@ -69,6 +70,10 @@ MoeOpRef parse_moe_label(const std::string& label) {
     ref.kind = MoeOpRef::kEncode;
   else if (what == "decode")
     ref.kind = MoeOpRef::kDecode;
+  else if (what == "param_allgather")
+    ref.kind = MoeOpRef::kParamGather;
+  else if (what == "partial_sum")
+    ref.kind = MoeOpRef::kPartialSum;
   else if ((ref.chunk = chunk_of("dispatch.c")) >= 0)
     ref.kind = MoeOpRef::kDispatch;
   else if ((ref.chunk = chunk_of("expert.fc1.c")) >= 0)
@@ -186,18 +191,30 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
   data_path_ = sc.parallelism.esp == 1 && md.expert_shards() == 1;
-  if (options_.check && !data_path_)
+  const bool sharded = sc.parallelism.esp == 1 && md.expert_shards() > 1;
+  if (options_.check && !data_path_ && !sharded)
     throw InputError(
-        "--check: the host data path runs MoE layers with esp = 1 and unsharded experts "
-        "(experts_per_gpu >= 1); this scenario has neither");
+        "--check: the data path runs MoE layers with esp = 1 (unsharded or sharded experts); "
+        "this scenario has esp > 1");
+  if (options_.check && sharded && md.hidden_dim % md.expert_shards() != 0)
+    throw InputError(fmt::format(
+        "--check: sharded experts need the hidden dim (H = {}) divisible by the shard count "
+        "n = {}",
+        md.hidden_dim, md.expert_shards()));
   tolerance_ = options_.tolerance;
 #ifdef MOESIM_HAVE_NCCL
   if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm_)) {
+    if (options_.check && sharded)
+      throw InputError(
+          "--check: the GPU path does not run sharded experts (experts_per_gpu < 0: P1 / P2 / "
+          "rho) on real data yet; run --check on the host path (--backend mpi), or run without "
+          "--check (scratch buffers)");
     const kernels::DType dt = kernel_dtype(md.dtype);
     tolerance_ = std::max(tolerance_, check_tolerance(dt));
     device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_);
   }
 #endif
+  if (sharded && !device_) sharded_ = std::make_unique<ShardedPath>(sc_, topo_, comm_, shape_);
 }
 
 Executor::~Executor() = default;
@@ -205,6 +222,8 @@ Executor::~Executor() = default;
 strategies::Backend Executor::backend() {
   return [this](const Plan& plan) { return run(plan); };
 }
+
+bool Executor::has_data_path() const { return data_path_ || (sharded_ && sharded_->active()); }
 
 long long Executor::total_wrong() const {
   long long w = 0;
@@ -221,6 +240,14 @@ RunResult Executor::run(const Plan& plan) {
   const auto wall0 = Clock::now();
 
   layers_.clear();
+  checked_.clear();
+  if (sharded_) {
+    // Sharded experts: the plan's rho and chunks decide the layout (exec/sharded_path.hpp).
+    const std::string why = sharded_->begin(plan, iteration_);
+    if (!why.empty() && options_.check)
+      throw InputError("--check: the sharded-expert data path cannot run this plan: " + why);
+    for (const auto& lp : sharded_->layers()) checked_.emplace_back(lp.moe, lp.capacity);
+  }
   if (data_path_) {
     for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
       layers_.push_back(std::make_unique<Layer>());
@@ -275,7 +302,12 @@ RunResult Executor::run(const Plan& plan) {
       for (auto sl : lp->slot) d += sl < 0 ? 1 : 0;
       dropped_.push_back(d);
     }
+    if (sharded_) {
+      outputs_ = sharded_->outputs();
+      dropped_ = sharded_->dropped();
+    }
   }
+  for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
 
   // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
   const std::vector<double> all = session_.all_gather_doubles(mine);
@@ -330,6 +362,7 @@ RunResult Executor::run(const Plan& plan) {
 }
 
 void Executor::run_op(const Plan& plan, const Op& op) {
+  if (sharded_ && sharded_->run_op(plan, op, collective_algo_)) return;
   MoeOpRef ref = data_path_ ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
@@ -466,6 +499,8 @@ void Executor::run_op(const Plan& plan, const Op& op) {
       L->y.assign(static_cast<size_t>(S) * M, 0);
       kc::decode(ctx, kF32, routing(), M, L->expert_out.data(), L->y.data());
       return;
+    case MoeOpRef::kParamGather:  // sharded experts only (exec/sharded_path.cpp)
+    case MoeOpRef::kPartialSum:
     case MoeOpRef::kNone:
       break;
   }
@@ -539,18 +574,18 @@ void Executor::check_layers() {
   const std::uint64_t seed = sc_.workload.routing.seed;
   const int P = comm_.size();
   const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& L = *layers_[li];
-    const std::vector<float>& got = outputs_[li];
+  for (size_t li = 0; li < checked_.size(); ++li) {
+    const auto [moe, capacity] = checked_[li];
+    const std::vector<float>& got = outputs_.at(li);
     LayerCheck chk;
     chk.iteration = iteration_;
-    chk.layer = L.moe;
-    chk.dropped = session_.all_reduce_sum(dropped_[li]);
+    chk.layer = moe;
+    chk.dropped = session_.all_reduce_sum(dropped_.at(li));
     long long wrong = 0, drops = 0;
     double max_err = 0;
     const auto ref =
-        reference_layer_seeded(shape_, make_tokens(shape_, seed, iteration_, L.moe, comm_.rank()),
-                               seed, L.moe, L.capacity, &drops);
+        reference_layer_seeded(shape_, make_tokens(shape_, seed, iteration_, moe, comm_.rank()),
+                               seed, moe, capacity, &drops);
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;

@@ -24,8 +24,9 @@
 // times from CUDA event pairs read after the step's final synchronize; ops are issued in
 // priority_issue_order() (Lina). The timing gather and the RunResult are shared with the host path.
 //
-// The MoE data path needs esp = 1 and unsharded experts (no partial sums); other scenarios run
-// with scratch buffers only and `check` is refused (InputError).
+// The MoE data path needs esp = 1; sharded experts (experts_per_gpu < 0: P1 / P2 / rho) run on the
+// host path through exec/sharded_path.hpp. Other scenarios (esp > 1, and sharded experts on the
+// GPU path) run with scratch buffers only and `check` is refused (InputError).
 #pragma once
 
 #include <cstdint>
@@ -71,7 +72,20 @@ struct MoeLayerPlan {
 /// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
 /// "L{block}.fwd.{what}[.c{j}]" are part of the plan builder's contract).
 struct MoeOpRef {
-  enum Kind { kNone, kGate, kEncode, kDispatch, kFc1, kFc2, kCombine, kDecode } kind = kNone;
+  // kParamGather ("param_allgather") and kPartialSum ("partial_sum") appear only with sharded
+  // experts (exec/sharded_path.hpp).
+  enum Kind {
+    kNone,
+    kGate,
+    kEncode,
+    kDispatch,
+    kFc1,
+    kFc2,
+    kCombine,
+    kDecode,
+    kParamGather,
+    kPartialSum
+  } kind = kNone;
   int block = -1;
   int chunk = -1;  // 0-based
 };
@@ -102,6 +116,7 @@ ExchangeSizes exchange_sizes(const CollectiveSpec& spec, const ByteMatrix* matri
                              std::size_t group_size, int pos);
 
 class DevicePath;
+class ShardedPath;
 
 /// Result of checking one MoE layer of one iteration (identical on every rank).
 struct LayerCheck {
@@ -133,7 +148,9 @@ class Executor {
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
   long long total_wrong() const;
-  bool has_data_path() const { return data_path_; }
+  /// Whether the MoE forward runs on real data (sharded experts: in the last run, see
+  /// exec/sharded_path.hpp for the plans it leaves to scratch buffers).
+  bool has_data_path() const;
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
   /// True when ops run on the GPU (NCCL communicator); false on the host path.
@@ -159,6 +176,8 @@ class Executor {
   std::vector<LayerCheck> checks_;
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
   std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
+  std::unique_ptr<ShardedPath> sharded_;       // host data path of sharded experts, or null
+  std::vector<std::pair<int, int>> checked_;   // per MoE layer of the last run: (moe, capacity)
   double tolerance_ = 0;                       // of the check, for this path's dtype
 };
 

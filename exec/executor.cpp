@@ -12,6 +12,7 @@
 
 #include "exec/cuda_executor.hpp"
 #include "exec/mpi_communicator.hpp"
+#include "exec/parm_path.hpp"
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -185,16 +186,27 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
   const auto& md = sc.model;
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
-  data_path_ = sc.parallelism.esp == 1 && md.expert_shards() == 1;
+  // esp > 1 and Parm's fused schedules run through exec/parm_path.hpp (chosen per plan in run()).
+  data_path_ = md.expert_shards() == 1;
   if (options_.check && !data_path_)
     throw InputError(
-        "--check: the host data path runs MoE layers with esp = 1 and unsharded experts "
-        "(experts_per_gpu >= 1); this scenario has neither");
+        "--check: the host data path runs MoE layers with unsharded experts "
+        "(experts_per_gpu >= 1); this scenario shards them");
   tolerance_ = options_.tolerance;
 #ifdef MOESIM_HAVE_NCCL
   if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm_)) {
     const kernels::DType dt = kernel_dtype(md.dtype);
     tolerance_ = std::max(tolerance_, check_tolerance(dt));
+    // The GPU path mirrors the plain data path only: MP / ESP layers (exec/parm_path.hpp) run
+    // with scratch buffers there.
+    const bool mp_esp = sc.parallelism.esp > 1 || sc.parallelism.mp > 1;
+    if (options_.check && mp_esp)
+      throw InputError(fmt::format(
+          "--check on the GPU path (--backend nccl): MP / ESP MoE layers (esp = {}, mp = {}) run "
+          "on real data only on the host path (--backend mpi); cuda_executor.cpp does not mirror "
+          "exec/parm_path.cpp yet",
+          sc.parallelism.esp, sc.parallelism.mp));
+    if (mp_esp) data_path_ = false;
     device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_);
   }
 #endif
@@ -221,7 +233,10 @@ RunResult Executor::run(const Plan& plan) {
   const auto wall0 = Clock::now();
 
   layers_.clear();
-  if (data_path_) {
+  parm_.reset();
+  if (data_path_ && !device_ && needs_parm_path(sc_, plan))
+    parm_ = std::make_unique<ParmPath>(sc_, topo_, comm_, shape_, plan, iteration_);
+  if (data_path_ && !parm_) {
     for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
       layers_.push_back(std::make_unique<Layer>());
       static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
@@ -268,6 +283,10 @@ RunResult Executor::run(const Plan& plan) {
       const double end = std::chrono::duration<double>(Clock::now() - t0).count();
       mine.push_back(start);
       mine.push_back(end);
+    }
+    for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
+      outputs_.push_back(parm_->output(li));
+      dropped_.push_back(parm_->dropped(li));
     }
     for (auto& lp : layers_) {
       outputs_.push_back(lp->y);
@@ -330,7 +349,8 @@ RunResult Executor::run(const Plan& plan) {
 }
 
 void Executor::run_op(const Plan& plan, const Op& op) {
-  MoeOpRef ref = data_path_ ? parse_moe_label(op.label) : MoeOpRef{};
+  if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
+  MoeOpRef ref = data_path_ && !parm_ ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
     const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
@@ -364,7 +384,8 @@ void Executor::run_op(const Plan& plan, const Op& op) {
 
   switch (ref.kind) {
     case MoeOpRef::kGate: {
-      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe, comm_.rank());
+      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe,
+                         token_key_rank(sc_.parallelism, comm_.rank()));  // MP ranks share tokens
       L->logits.assign(static_cast<size_t>(S) * E, 0);
       L->expert.assign(static_cast<size_t>(S) * k, 0);
       L->slot.assign(static_cast<size_t>(S) * k, 0);
@@ -539,18 +560,22 @@ void Executor::check_layers() {
   const std::uint64_t seed = sc_.workload.routing.seed;
   const int P = comm_.size();
   const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& L = *layers_[li];
+  const std::size_t num_layers = parm_ ? parm_->num_layers() : layers_.size();
+  for (size_t li = 0; li < num_layers; ++li) {
+    const int moe = parm_ ? parm_->layer_number(static_cast<int>(li)) : layers_[li]->moe;
     const std::vector<float>& got = outputs_[li];
     LayerCheck chk;
     chk.iteration = iteration_;
-    chk.layer = L.moe;
+    chk.layer = moe;
     chk.dropped = session_.all_reduce_sum(dropped_[li]);
     long long wrong = 0, drops = 0;
     double max_err = 0;
     const auto ref =
-        reference_layer_seeded(shape_, make_tokens(shape_, seed, iteration_, L.moe, comm_.rank()),
-                               seed, L.moe, L.capacity, &drops);
+        parm_ ? parm_->reference(static_cast<int>(li), &drops)
+              : reference_layer_seeded(shape_,
+                                       make_tokens(shape_, seed, iteration_, moe,
+                                                   token_key_rank(sc_.parallelism, comm_.rank())),
+                                       seed, moe, layers_[li]->capacity, &drops);
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;

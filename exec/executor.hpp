@@ -24,8 +24,10 @@
 // times from CUDA event pairs read after the step's final synchronize; ops are issued in
 // priority_issue_order() (Lina). The timing gather and the RunResult are shared with the host path.
 //
-// The MoE data path needs esp = 1 and unsharded experts (no partial sums); other scenarios run
-// with scratch buffers only and `check` is refused (InputError).
+// The MoE data path needs unsharded experts; plans with esp > 1 or Parm's fused MP schedules run
+// their MoE layers through exec/parm_path.hpp (host path only: the GPU path runs them with
+// scratch buffers and refuses `check`). Other scenarios run with scratch buffers only and `check`
+// is refused (InputError).
 #pragma once
 
 #include <cstdint>
@@ -102,6 +104,7 @@ ExchangeSizes exchange_sizes(const CollectiveSpec& spec, const ByteMatrix* matri
                              std::size_t group_size, int pos);
 
 class DevicePath;
+class ParmPath;
 
 /// Result of checking one MoE layer of one iteration (identical on every rank).
 struct LayerCheck {
@@ -159,7 +162,8 @@ class Executor {
   std::vector<LayerCheck> checks_;
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
   std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
-  double tolerance_ = 0;                       // of the check, for this path's dtype
+  std::unique_ptr<ParmPath> parm_;  // this plan's MP / ESP MoE layers (exec/parm_path.hpp), or null
+  double tolerance_ = 0;            // of the check, for this path's dtype
 };
 
 }  // namespace moesim::exec

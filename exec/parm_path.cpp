@@ -431,6 +431,14 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
     collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
     algo = static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
   };
+  // A group collective's element count must be the plan's (bytes in the scenario's dtype).
+  auto expect_plan_elements = [&](std::size_t elements) {
+    const double plan_elems =
+        op.collective().bytes.value() / static_cast<double>(sc_.bytes_per_element());
+    MOESIM_ASSERT(std::fabs(plan_elems - static_cast<double>(elements)) < 0.5,
+                  fmt::format("'{}': the data path moves {} elements, the plan {}", op.label,
+                              elements, plan_elems));
+  };
   auto own_tokens = [&] {
     if (L.x_own.empty())
       L.x_own = make_tokens(shape_, seed, iteration_, L.moe,
@@ -443,6 +451,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
       own_tokens();
       group_collective_algo(L.esp_group);
       L.x_gate.assign(static_cast<std::size_t>(esp_) * S * row, 0.0f);
+      expect_plan_elements(L.x_gate.size());  // the plan counts the gathered St x M
       comm_.all_gather(reinterpret_cast<const std::byte*>(L.x_own.data()),
                        L.x_own.size() * sizeof(float),
                        reinterpret_cast<std::byte*>(L.x_gate.data()), L.esp_group);
@@ -534,10 +543,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
     case ParmOp::kEspAllReduce: {
       const int j = ref.chunk;
       group_collective_algo(L.esp_group);
-      const double plan_elems =
-          op.collective().bytes.value() / static_cast<double>(sc_.bytes_per_element());
-      MOESIM_ASSERT(std::fabs(plan_elems - static_cast<double>(L.chunk_out[j].size())) < 0.5,
-                    "ESP all-reduce size differs from the plan");
+      expect_plan_elements(L.chunk_out[j].size());
       comm_.all_reduce_sum(L.chunk_out[j].data(), L.chunk_out[j].size(), L.esp_group);
       return true;
     }
@@ -561,6 +567,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
     case ParmOp::kMpAllGather: {
       group_collective_algo(L.mp_group);
       L.y.assign(static_cast<std::size_t>(S) * row, 0.0f);
+      expect_plan_elements(L.y.size());  // the plan counts the gathered S x M
       comm_.all_gather(reinterpret_cast<const std::byte*>(L.y_gate.data()),
                        L.y_gate.size() * sizeof(float), reinterpret_cast<std::byte*>(L.y.data()),
                        L.mp_group);

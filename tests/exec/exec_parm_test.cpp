@@ -115,6 +115,34 @@ TEST(ExecParm, EverySchedulePassesTheCheckWithDrops) {
   }
 }
 
+// Other factorisations of the 8 ranks: esp = 1 (the baseline is the plain path with MP ranks
+// sharing tokens; S1 / S2 have no local dump or combine), mp = 1 (S2 degenerates to S1), ep = 1
+// (the baseline has no all-to-all), dp = 2 (two copies of every group).
+TEST(ExecParm, EveryScheduleOnOtherFactorisations) {
+  struct Shape {
+    int ep, esp, mp, dp;
+  };
+  for (const Shape f :
+       {Shape{4, 1, 2, 1}, Shape{4, 2, 1, 1}, Shape{1, 2, 2, 2}, Shape{2, 2, 1, 2}}) {
+    Scenario sc = parm8();
+    sc.parallelism.ep = f.ep;
+    sc.parallelism.esp = f.esp;
+    sc.parallelism.mp = f.mp;
+    sc.parallelism.dp = f.dp;
+    sc.model.experts = sc.model.experts_per_gpu * f.ep;
+    const std::string name = "ep " + std::to_string(f.ep) + " esp " + std::to_string(f.esp) +
+                             " mp " + std::to_string(f.mp) + " dp " + std::to_string(f.dp);
+    for (const Case& c : kCases) {
+      const Outcome o = run_once(sc, c.schedule, c.r);
+      ASSERT_EQ(o.checks.size(), 2u) << name << " " << c.name;
+      for (const LayerCheck& chk : o.checks) {
+        EXPECT_EQ(chk.wrong, 0) << name << " " << c.name;
+        EXPECT_EQ(chk.dropped, chk.expected_dropped) << name << " " << c.name;
+      }
+    }
+  }
+}
+
 // Capacity factor 2.0 (dC = 32 = S): no unit drops anything, so every schedule computes the plain
 // layer on the rank's own tokens and they agree with each other to fp32 rounding (the partial sums
 // are added in different orders).

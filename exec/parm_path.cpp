@@ -103,6 +103,10 @@ bool needs_parm_path(const Scenario& sc, const Plan& plan) {
   return false;
 }
 
+bool is_parm_data_op(const std::string& label) {
+  return parse_parm_label(label).kind != ParmOp::kNone;
+}
+
 const char* parm_schedule_name(ParmSchedule s) {
   switch (s) {
     case ParmSchedule::kBaseline:

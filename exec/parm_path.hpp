@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/plan.hpp"
@@ -52,6 +53,11 @@ int token_key_rank(const ParallelismSpec& p, int rank);
 /// Whether `plan`'s MoE layers run on the Parm data path: esp > 1 (the builder's ESP path) or a
 /// fused Parm schedule (dispatch over the "ep_esp" grouping). Other plans use the plain path.
 bool needs_parm_path(const Scenario& sc, const Plan& plan);
+
+/// Whether `label` names a forward MoE op the Parm data path runs on real data (the plain path's
+/// labels plus esp_allgather, esp_allreduce, combine_saa, parm.local_dump / local_combine / join,
+/// parm.mp_allgather): on the host path these ops' measured times are real work.
+bool is_parm_data_op(const std::string& label);
 
 enum class ParmSchedule { kBaseline, kS1, kS2 };
 const char* parm_schedule_name(ParmSchedule s);

@@ -234,9 +234,17 @@ RunResult Executor::run(const Plan& plan) {
 
   layers_.clear();
   parm_.reset();
-  if (data_path_ && !device_ && needs_parm_path(sc_, plan))
-    parm_ = std::make_unique<ParmPath>(sc_, topo_, comm_, shape_, plan, iteration_);
-  if (data_path_ && !parm_) {
+  const bool parm_plan = data_path_ && needs_parm_path(sc_, plan);
+  if (parm_plan && !device_) {
+    try {
+      parm_ = std::make_unique<ParmPath>(sc_, topo_, comm_, shape_, plan, iteration_);
+    } catch (const InputError&) {
+      // A layer that cannot run on real data exactly (e.g. mp does not divide a chunk's
+      // capacity): --check stops; without it the plan runs with scratch buffers, as before.
+      if (options_.check) throw;
+    }
+  }
+  if (data_path_ && !parm_plan) {
     for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
       layers_.push_back(std::make_unique<Layer>());
       static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
@@ -350,7 +358,7 @@ RunResult Executor::run(const Plan& plan) {
 
 void Executor::run_op(const Plan& plan, const Op& op) {
   if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
-  MoeOpRef ref = data_path_ && !parm_ ? parse_moe_label(op.label) : MoeOpRef{};
+  MoeOpRef ref = !layers_.empty() ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
     const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);

@@ -189,13 +189,17 @@ TEST(ExecParm, S2RunsSaaAndS1TheMpAllGather) {
 }
 
 // dC = ceil(1.0625 * 2 * 32 / 4) = 17 slots: S1 / S2 would split 8.5 slots to each MP rank, which
-// no real buffer can hold, so --check refuses instead of moving other byte counts than the plan;
-// the baseline does not split the capacity and still runs.
+// no real buffer can hold, so --check refuses instead of moving other byte counts than the plan
+// (without --check the plan runs on scratch buffers); the baseline does not split the capacity.
 TEST(ExecParm, UnevenMpSplitOfTheCapacityIsRefused) {
   Scenario sc = parm8();
   sc.model.capacity_factor = 1.0625;
   EXPECT_THROW(run_once(sc, ScheduleRole::kParmS1), InputError);
   EXPECT_THROW(run_once(sc, ScheduleRole::kParmS2), InputError);
+  // Without --check the plan still runs, with scratch buffers (no outputs).
+  const Outcome scratch = run_once(sc, ScheduleRole::kParmS1, 1, /*check=*/false);
+  EXPECT_TRUE(scratch.outputs.empty());
+  EXPECT_GT(scratch.result.makespan_s, 0.0);
   const Outcome base = run_once(sc, ScheduleRole::kParmBaseline);
   for (const LayerCheck& chk : base.checks) EXPECT_EQ(chk.wrong, 0);
 }

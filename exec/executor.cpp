@@ -12,6 +12,7 @@
 
 #include "exec/cuda_executor.hpp"
 #include "exec/mpi_communicator.hpp"
+#include "exec/parm_path.hpp"
 #include "exec/phase_runner.hpp"
 #include "exec/sharded_path.hpp"
 #include "kernels/moe_kernels.hpp"
@@ -190,12 +191,15 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
   const auto& md = sc.model;
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
-  data_path_ = sc.parallelism.esp == 1 && md.expert_shards() == 1;
+  // Unsharded experts: the plain data path, or exec/parm_path.hpp for plans with esp > 1 or
+  // Parm's fused MP schedules (chosen per plan in run()). Sharded experts (esp = 1): the
+  // sharded path (exec/sharded_path.hpp).
+  data_path_ = md.expert_shards() == 1;
   const bool sharded = sc.parallelism.esp == 1 && md.expert_shards() > 1;
   if (options_.check && !data_path_ && !sharded)
     throw InputError(
-        "--check: the data path runs MoE layers with esp = 1 (unsharded or sharded experts); "
-        "this scenario has esp > 1");
+        "--check: no data path runs experts that are both sharded (experts_per_gpu < 0) and "
+        "split over esp > 1 GPUs; run without --check (scratch buffers)");
   if (options_.check && sharded && md.hidden_dim % md.expert_shards() != 0)
     throw InputError(fmt::format(
         "--check: sharded experts need the hidden dim (H = {}) divisible by the shard count "
@@ -211,6 +215,16 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
           "--check (scratch buffers)");
     const kernels::DType dt = kernel_dtype(md.dtype);
     tolerance_ = std::max(tolerance_, check_tolerance(dt));
+    // The GPU path mirrors the plain data path only: MP / ESP layers (exec/parm_path.hpp) run
+    // with scratch buffers there.
+    const bool mp_esp = sc.parallelism.esp > 1 || sc.parallelism.mp > 1;
+    if (options_.check && mp_esp)
+      throw InputError(fmt::format(
+          "--check on the GPU path (--backend nccl): MP / ESP MoE layers (esp = {}, mp = {}) run "
+          "on real data only on the host path (--backend mpi); cuda_executor.cpp does not mirror "
+          "exec/parm_path.cpp yet",
+          sc.parallelism.esp, sc.parallelism.mp));
+    if (mp_esp) data_path_ = false;
     device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_);
   }
 #endif
@@ -223,7 +237,7 @@ strategies::Backend Executor::backend() {
   return [this](const Plan& plan) { return run(plan); };
 }
 
-bool Executor::has_data_path() const { return data_path_ || (sharded_ && sharded_->active()); }
+bool Executor::has_data_path() const { return real_data_; }
 
 long long Executor::total_wrong() const {
   long long w = 0;
@@ -248,7 +262,18 @@ RunResult Executor::run(const Plan& plan) {
       throw InputError("--check: the sharded-expert data path cannot run this plan: " + why);
     for (const auto& lp : sharded_->layers()) checked_.emplace_back(lp.moe, lp.capacity);
   }
-  if (data_path_) {
+  parm_.reset();
+  const bool parm_plan = data_path_ && needs_parm_path(sc_, plan);
+  if (parm_plan && !device_) {
+    try {
+      parm_ = std::make_unique<ParmPath>(sc_, topo_, comm_, shape_, plan, iteration_);
+    } catch (const InputError&) {
+      // A layer that cannot run on real data exactly (e.g. mp does not divide a chunk's
+      // capacity): --check stops; without it the plan runs with scratch buffers, as before.
+      if (options_.check) throw;
+    }
+  }
+  if (data_path_ && !parm_plan) {
     for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
       layers_.push_back(std::make_unique<Layer>());
       static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
@@ -296,6 +321,10 @@ RunResult Executor::run(const Plan& plan) {
       mine.push_back(start);
       mine.push_back(end);
     }
+    for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
+      outputs_.push_back(parm_->output(li));
+      dropped_.push_back(parm_->dropped(li));
+    }
     for (auto& lp : layers_) {
       outputs_.push_back(lp->y);
       long long d = 0;
@@ -308,6 +337,7 @@ RunResult Executor::run(const Plan& plan) {
     }
   }
   for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
+  real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 
   // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
   const std::vector<double> all = session_.all_gather_doubles(mine);
@@ -363,7 +393,8 @@ RunResult Executor::run(const Plan& plan) {
 
 void Executor::run_op(const Plan& plan, const Op& op) {
   if (sharded_ && sharded_->run_op(plan, op, collective_algo_)) return;
-  MoeOpRef ref = data_path_ ? parse_moe_label(op.label) : MoeOpRef{};
+  if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
+  MoeOpRef ref = !layers_.empty() ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
     const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
@@ -397,7 +428,8 @@ void Executor::run_op(const Plan& plan, const Op& op) {
 
   switch (ref.kind) {
     case MoeOpRef::kGate: {
-      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe, comm_.rank());
+      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe,
+                         token_key_rank(sc_.parallelism, comm_.rank()));  // MP ranks share tokens
       L->logits.assign(static_cast<size_t>(S) * E, 0);
       L->expert.assign(static_cast<size_t>(S) * k, 0);
       L->slot.assign(static_cast<size_t>(S) * k, 0);
@@ -574,8 +606,10 @@ void Executor::check_layers() {
   const std::uint64_t seed = sc_.workload.routing.seed;
   const int P = comm_.size();
   const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
-  for (size_t li = 0; li < checked_.size(); ++li) {
-    const auto [moe, capacity] = checked_[li];
+  // Layers: the Parm path's, else (moe, capacity) of the plain or sharded path's (checked_).
+  const std::size_t num_layers = parm_ ? parm_->num_layers() : checked_.size();
+  for (size_t li = 0; li < num_layers; ++li) {
+    const int moe = parm_ ? parm_->layer_number(static_cast<int>(li)) : checked_[li].first;
     const std::vector<float>& got = outputs_.at(li);
     LayerCheck chk;
     chk.iteration = iteration_;
@@ -584,8 +618,11 @@ void Executor::check_layers() {
     long long wrong = 0, drops = 0;
     double max_err = 0;
     const auto ref =
-        reference_layer_seeded(shape_, make_tokens(shape_, seed, iteration_, moe, comm_.rank()),
-                               seed, moe, capacity, &drops);
+        parm_ ? parm_->reference(static_cast<int>(li), &drops)
+              : reference_layer_seeded(shape_,
+                                       make_tokens(shape_, seed, iteration_, moe,
+                                                   token_key_rank(sc_.parallelism, comm_.rank())),
+                                       seed, moe, checked_[li].second, &drops);
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;

@@ -24,9 +24,10 @@
 // times from CUDA event pairs read after the step's final synchronize; ops are issued in
 // priority_issue_order() (Lina). The timing gather and the RunResult are shared with the host path.
 //
-// The MoE data path needs esp = 1; sharded experts (experts_per_gpu < 0: P1 / P2 / rho) run on the
-// host path through exec/sharded_path.hpp. Other scenarios (esp > 1, and sharded experts on the
-// GPU path) run with scratch buffers only and `check` is refused (InputError).
+// The plain MoE data path runs unsharded experts with esp = 1. Sharded experts (experts_per_gpu
+// < 0: P1 / P2 / rho) run on the host path through exec/sharded_path.hpp; plans with esp > 1 or
+// Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp. On the GPU path both
+// run with scratch buffers and `check` is refused (InputError); so are plans no data path covers.
 #pragma once
 
 #include <cstdint>
@@ -117,6 +118,7 @@ ExchangeSizes exchange_sizes(const CollectiveSpec& spec, const ByteMatrix* matri
 
 class DevicePath;
 class ShardedPath;
+class ParmPath;
 
 /// Result of checking one MoE layer of one iteration (identical on every rank).
 struct LayerCheck {
@@ -148,8 +150,8 @@ class Executor {
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
   long long total_wrong() const;
-  /// Whether the MoE forward runs on real data (sharded experts: in the last run, see
-  /// exec/sharded_path.hpp for the plans it leaves to scratch buffers).
+  /// Whether the last run's MoE forward ran on real data (plain, sharded or Parm path; plans no
+  /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
   bool has_data_path() const;
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
@@ -177,8 +179,10 @@ class Executor {
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
   std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
   std::unique_ptr<ShardedPath> sharded_;       // host data path of sharded experts, or null
-  std::vector<std::pair<int, int>> checked_;   // per MoE layer of the last run: (moe, capacity)
-  double tolerance_ = 0;                       // of the check, for this path's dtype
+  std::unique_ptr<ParmPath> parm_;  // this plan's MP / ESP MoE layers (exec/parm_path.hpp), or null
+  std::vector<std::pair<int, int>> checked_;  // per MoE layer of the last run: (moe, capacity)
+  bool real_data_ = false;                    // the last run's MoE forward ran on real data
+  double tolerance_ = 0;                      // of the check, for this path's dtype
 };
 
 }  // namespace moesim::exec

@@ -212,6 +212,34 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
   });
 }
 
+std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vector<float>& tokens,
+                                               std::uint64_t seed, int layer, int capacity,
+                                               int first, int count, long long* dropped) {
+  MOESIM_ASSERT(first >= 0 && count >= 0 && first + count <= s.tokens, "rows outside the unit");
+  const ReferenceRouting all =
+      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity);
+  const int k = s.top_k, M = s.model_dim;
+  // The rows' routing entries and tokens as a unit of their own (the decisions are already made).
+  ReferenceRouting rr;
+  const auto e0 = static_cast<std::ptrdiff_t>(first) * k,
+             e1 = e0 + static_cast<std::ptrdiff_t>(count) * k;
+  rr.expert.assign(all.expert.begin() + e0, all.expert.begin() + e1);
+  rr.prob.assign(all.prob.begin() + e0, all.prob.begin() + e1);
+  rr.kept.assign(all.kept.begin() + e0, all.kept.begin() + e1);
+  for (char kept : rr.kept) rr.dropped += kept ? 0 : 1;
+  if (dropped) *dropped = rr.dropped;
+  const std::vector<float> rows(tokens.begin() + static_cast<std::ptrdiff_t>(first) * M,
+                                tokens.begin() + static_cast<std::ptrdiff_t>(first + count) * M);
+  MoeShape part = s;
+  part.tokens = count;
+  std::vector<float> w1, w2;
+  return reference_ffn(part, rows, rr, [&](int e) {
+    w1 = make_w1(s, seed, layer, e);
+    w2 = make_w2(s, seed, layer, e);
+    return std::pair<const float*, const float*>{w1.data(), w2.data()};
+  });
+}
+
 double check_tolerance(kernels::DType dtype) {
   switch (dtype) {
     case kernels::DType::kF32:

@@ -73,6 +73,14 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
                                           std::uint64_t seed, int layer, int capacity,
                                           long long* dropped);
 
+/// reference_layer_seeded for rows [first, first + count) of a routing unit: the gate and the
+/// capacity rule see all s.tokens rows of `tokens` (a schedule that gates several ranks' tokens
+/// together, or a slice of them, applies the capacity to that unit), the expert FFN runs only for
+/// the rows asked for. Returns count x M; `dropped` receives the drops among those rows.
+std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vector<float>& tokens,
+                                               std::uint64_t seed, int layer, int capacity,
+                                               int first, int count, long long* dropped);
+
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10
 /// units of its rounding 2^-11); bf16: 2e-2 (about 5 units of 2^-8). Tokens, weights, hidden

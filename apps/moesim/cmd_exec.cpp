@@ -33,6 +33,7 @@
 #include "core/scenario_loader.hpp"
 #include "exec/executor.hpp"
 #include "exec/mpi_communicator.hpp"
+#include "exec/parm_path.hpp"
 #ifdef MOESIM_HAVE_NCCL
 #include "exec/nccl_communicator.hpp"
 #endif
@@ -108,7 +109,8 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     for (int p = 0; p < n; ++p) sum += r.op_end(op.id, p) - r.op_start(op.id, p);
     int c = op_class(op);
     if (host && op.kind == OpKind::kCompute &&
-        !(data_path && exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone))
+        !(data_path && (exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone ||
+                        exec::is_parm_data_op(op.label))))
       c = kNotRun;
     t[c] += sum / n;
   }

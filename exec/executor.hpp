@@ -66,6 +66,8 @@ struct MoeLayerPlan {
   // scenario: Lina's expert packing builds the plan on fewer, fuller EP ranks): W ranks per EP
   // group, dE = E / W experts on each, this rank at position ep_pos (experts ep_pos * dE + le).
   int ep = 1, local_experts = 0, ep_pos = 0;
+  int block = -1;       // the plan's block of this layer (labels L{block}.fwd.*)
+  bool routed = false;  // dispatch is a routed all_to_allv (exec/routed_path.hpp)
 };
 
 /// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels

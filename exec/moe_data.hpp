@@ -73,6 +73,14 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
                                           std::uint64_t seed, int layer, int capacity,
                                           long long* dropped);
 
+/// reference_layer_seeded for a routing decided elsewhere (plan-routed layers,
+/// exec/routed_path.hpp): entry t * k + c goes to expert[entry] (-1: dropped) with the gate's
+/// softmax probability of that expert (the gate GEMM and softmax in double, as above).
+std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
+                                                 const std::vector<float>& tokens,
+                                                 std::uint64_t seed, int layer,
+                                                 const std::vector<int>& expert);
+
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10
 /// units of its rounding 2^-11); bf16: 2e-2 (about 5 units of 2^-8). Tokens, weights, hidden

@@ -47,6 +47,7 @@ struct RoutedPiece {
   int expert = 0;
   int dst = 0;
   std::uint32_t count = 0;
+  bool operator==(const RoutedPiece&) const = default;
 };
 /// Source position `src`'s list cut into pieces, in list order (ExpertRouting's rule).
 std::vector<RoutedPiece> routed_pieces(const ExpertRouting& r, int src);
@@ -69,6 +70,7 @@ struct RoutedRun {
   int src = 0;
   int expert = 0;
   int rows = 0;
+  bool operator==(const RoutedRun&) const = default;
 };
 /// What position `dst` receives, per chunk, in receive order (by source, then list order).
 std::vector<std::vector<RoutedRun>> routed_receives(const ExpertRouting& r, int dst, int chunks);

@@ -25,7 +25,10 @@
 // priority_issue_order() (Lina). The timing gather and the RunResult are shared with the host path.
 //
 // The MoE data path needs esp = 1 and unsharded experts (no partial sums); other scenarios run
-// with scratch buffers only and `check` is refused (InputError).
+// with scratch buffers only and `check` is refused (InputError). Layers whose dispatch is a
+// routed all_to_allv (Decision::variable_dispatch) run the plan-routed data path of
+// exec/routed_path.hpp on the host path (run_op and check_layers hand them over); the GPU path
+// runs them on scratch buffers and refuses `check`.
 #pragma once
 
 #include <cstdint>

@@ -110,6 +110,26 @@ struct ByteMatrix {
   Bytes total() const;
 };
 
+/// Which experts the tokens of a routed MoE dispatch all_to_allv are for (Decision::
+/// variable_dispatch; one EP group). The matrix only says how many tokens each pair moves; the
+/// real backend (exec/routed_path.hpp) must also run every token through the right expert, so the
+/// plan builder attaches this; the simulator does not read it.
+///  counts[a * experts + e]: tokens group position a routes to expert e (after drops).
+///  Destinations, per source a, experts in ascending order: spread = false: e's tokens split over
+///  the positions holding e (replicas[e], ascending; or {e / experts_per_gpu} when replicas is
+///  empty), c / r each and the c % r left over one more each starting at replica a mod r
+///  (inference::token_matrix); spread = true (the "ideal" inference placement, every GPU
+///  computes every expert): the row's tokens in expert order dealt as consecutive runs to
+///  positions (a + y) mod W, y = 0..W-1, row / W each (+1 for y < row % W).
+struct ExpertRouting {
+  int size = 0;     // W
+  int experts = 0;  // E
+  std::vector<std::uint32_t> counts;
+  int experts_per_gpu = 1;
+  std::vector<std::vector<int>> replicas;
+  bool spread = false;
+};
+
 struct CollectiveSpec {
   CollectiveType type = CollectiveType::kAllToAll;
   CollectiveAlgo algo = CollectiveAlgo::kAuto;
@@ -121,6 +141,9 @@ struct CollectiveSpec {
   /// all_to_allv: one matrix for every group, or per_group[g] for group g.
   std::shared_ptr<const ByteMatrix> matrix;
   std::vector<std::shared_ptr<const ByteMatrix>> per_group;
+  /// all_to_allv of a routed MoE dispatch / combine: the expert split behind the matrix, one for
+  /// every group or one per group (ExpertRouting); empty for other collectives.
+  std::vector<std::shared_ptr<const ExpertRouting>> expert_routing;
   /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).
   int peer_offset = 1;
   /// saa (Parm's simultaneous all-to-all + all-gather): the inner all-gather group size m;

@@ -120,6 +120,10 @@ struct DevicePath::Impl {
   MoeShape shape;
   DType dtype;
   bool data_path;
+  // This step runs the MoE forward on real data: data_path and no plan-routed layer (all_to_allv
+  // dispatch, exec/routed_path.hpp: host path only so far; such steps run on scratch buffers and
+  // the executor refuses --check for them).
+  bool step_data_path = false;
   std::size_t es;  // bytes per element of dtype
 
   std::map<std::string, cudaStream_t> streams;  // per plan stream name, plus "comm2"
@@ -330,7 +334,7 @@ void DevicePath::Impl::setup_scratch(const Plan& plan) {
     if (op.kind == OpKind::kCopy)
       copy = std::max(copy, static_cast<std::size_t>(std::ceil(op.copy().bytes.value())));
     if (op.kind != OpKind::kCompute || !op.compute().gemm) continue;
-    if (data_path && parse_moe_label(op.label).kind != MoeOpRef::kNone) continue;
+    if (step_data_path && parse_moe_label(op.label).kind != MoeOpRef::kNone) continue;
     const GemmShape& g = *op.compute().gemm;
     a = std::max(a, static_cast<std::size_t>(g.m * g.k * g.batch) * es);
     b = std::max(b, static_cast<std::size_t>(g.k * g.n * g.batch) * es);
@@ -498,8 +502,15 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
     case CollectiveType::kSendRecv:
     case CollectiveType::kAllToAllv: {
       const ExchangeSizes sz = exchange_sizes(spec, call.matrix(), W, pos);
-      const std::size_t send_bytes = sz.send, recv_bytes = sz.recv;
-      if (spec.type != CollectiveType::kAllToAllv) s.bytes = Bytes(static_cast<double>(sz.send));
+      const std::size_t send_bytes = sz.send;
+      std::size_t recv_bytes = sz.recv;
+      if (spec.type != CollectiveType::kAllToAllv)
+        s.bytes = Bytes(static_cast<double>(sz.send));
+      else  // a 2DH all_to_allv stages forwarded blocks in the receive buffer (phase_runner.hpp)
+        recv_bytes = std::max(
+            recv_bytes,
+            phase_buffer_extent(collectives::select_algorithm(call, cctx).lower(call, topo),
+                                comm.rank(), collectives::Buffer::kRecv));
       // Contents are whatever the pool hands out: collectives move bytes, values do not matter.
       StreamBuffer send(send_bytes, st), recv(recv_bytes, st);
       run_lowered(plan, op, s, st, channel, send.get(), send_bytes, recv.get(), recv_bytes,
@@ -597,9 +608,14 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
       d.comm.prepare_group(plan.grouping(op.collective().grouping), op.stream);
   }
   d.refs.assign(plan.ops().size(), MoeOpRef{});
-  if (d.data_path)
+  d.step_data_path = d.data_path && std::none_of(layers.begin(), layers.end(),
+                                                 [](const MoeLayerPlan& l) { return l.routed; });
+  if (d.step_data_path)
     for (const Op& op : plan.ops()) d.refs[op.id] = parse_moe_label(op.label);
-  if (d.data_path) d.setup_layers(layers, iteration);
+  if (d.step_data_path)
+    d.setup_layers(layers, iteration);
+  else
+    d.layers.clear();  // no outputs this step
   d.setup_scratch(plan);
   d.ensure_events(plan.ops().size());
   CUDA_OK(cudaDeviceSynchronize());  // uploads and allocations done before the clock starts

@@ -14,6 +14,7 @@
 #include "exec/mpi_communicator.hpp"
 #include "exec/parm_path.hpp"
 #include "exec/phase_runner.hpp"
+#include "exec/routed_path.hpp"
 #include "exec/sharded_path.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -100,6 +101,7 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
       block_to_layer[ref.block] = static_cast<int>(layers.size());
       layers.emplace_back();
       layers.back().moe = static_cast<int>(layers.size()) - 1;
+      layers.back().block = ref.block;
     }
     MoeLayerPlan& L = layers[block_to_layer[ref.block]];
     if (ref.kind == MoeOpRef::kFc1) {
@@ -109,6 +111,7 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
     }
     if (ref.kind == MoeOpRef::kDispatch && !L.has_a2a) {
       L.has_a2a = true;
+      L.routed = op.collective().type == CollectiveType::kAllToAllv;
       const Grouping& grp = plan.grouping(op.collective().grouping);
       for (const auto& members : grp.groups)
         for (size_t i = 0; i < members.size(); ++i)
@@ -183,6 +186,7 @@ struct Executor::Layer : MoeLayerPlan {
   std::vector<std::int32_t> expert, slot, slot_entry, expert_count;
   std::vector<float> dispatched, expert_out, y;
   std::vector<std::vector<float>> chunk_in, hidden, chunk_out;  // per chunk, (W, dE, c, ·)
+  std::unique_ptr<RoutedLayer> rpath;  // plan-routed layer (exec/routed_path.hpp), or null
 };
 
 Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
@@ -284,6 +288,10 @@ RunResult Executor::run(const Plan& plan) {
     const std::uint64_t seed = sc_.workload.routing.seed;
     for (auto& lp : layers_) {
       Layer& L = *lp;
+      if (L.routed) {  // the routing decision comes from the plan's all_to_allv matrices
+        L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_, seed);
+        continue;
+      }
       const int dE = L.local_experts;
       L.gate_w = make_gate_weights(shape_, seed, L.moe);
       for (int le = 0; le < dE; ++le) {
@@ -304,6 +312,14 @@ RunResult Executor::run(const Plan& plan) {
 #ifdef MOESIM_HAVE_NCCL
     std::vector<MoeLayerPlan> lps;
     for (const auto& lp : layers_) lps.push_back(*lp);
+    for (const auto& lp : layers_)
+      if (lp->routed && options_.check)
+        throw InputError(fmt::format(
+            "--check: MoE layer {} is plan-routed (all_to_allv dispatch: routing strategies, "
+            "dropless capacity, inference placement); the GPU path does not run those layers "
+            "on real data yet (exec/routed_path.hpp is host-only) and runs them on scratch "
+            "buffers. Check them with --backend mpi",
+            lp->moe));
     DeviceStep step = device_->run(plan, lps, iteration_, collective_algo_,
                                    [this] { session_.barrier("start of the step"); });
     mine = std::move(step.times);
@@ -326,6 +342,11 @@ RunResult Executor::run(const Plan& plan) {
       dropped_.push_back(parm_->dropped(li));
     }
     for (auto& lp : layers_) {
+      if (lp->rpath) {
+        outputs_.push_back(lp->rpath->y);
+        dropped_.push_back(lp->rpath->dropped());
+        continue;
+      }
       outputs_.push_back(lp->y);
       long long d = 0;
       for (auto sl : lp->slot) d += sl < 0 ? 1 : 0;
@@ -403,6 +424,13 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   }
   const int S = shape_.tokens, M = shape_.model_dim, H = shape_.hidden_dim, E = shape_.experts,
             k = shape_.top_k;
+  if (L && L->rpath) {
+    const std::int64_t algo =
+        run_routed_op(comm_, topo_, plan, op, ref, *L->rpath, shape_, sc_.workload.routing.seed,
+                      iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
+    if (algo >= 0) collective_algo_[op.id] = algo;
+    return;
+  }
   const int W = L ? L->ep : 1, dE = L ? L->local_experts : 0;
   kc::Context ctx;
   auto routing = [&]() {
@@ -567,9 +595,12 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
         const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
         const SaaLayout saa{static_cast<int>(W), std::max(1, s.sub_group),
                             static_cast<double>(send_bytes)};
-        std::vector<std::byte> send(send_bytes, std::byte{1}), recv(recv_bytes);
-        run_phases(comm_, algo.lower(call, topo_), send.data(), send.size(), recv.data(),
-                   recv.size(), op.id % 32000, is_saa ? &saa : nullptr);
+        const auto phases = algo.lower(call, topo_);
+        // A 2DH all_to_allv stages forwarded blocks in the receive buffer (phase_runner.hpp).
+        std::vector<std::byte> send(send_bytes, std::byte{1}),
+            recv(std::max(recv_bytes, phase_buffer_extent(phases, me, collectives::Buffer::kRecv)));
+        run_phases(comm_, phases, send.data(), send.size(), recv.data(), recv.size(), op.id % 32000,
+                   is_saa ? &saa : nullptr);
         break;
       }
       case CollectiveType::kAllReduce: {
@@ -617,12 +648,17 @@ void Executor::check_layers() {
     chk.dropped = session_.all_reduce_sum(dropped_.at(li));
     long long wrong = 0, drops = 0;
     double max_err = 0;
+    // Plain and plan-routed layers are layers_[li] (checked_ lists them in order); the sharded
+    // path keeps its own layers and the Parm path its own reference.
+    const Layer* L = !parm_ && li < layers_.size() ? layers_[li].get() : nullptr;
+    const std::vector<float> tokens =
+        make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));
     const auto ref =
         parm_ ? parm_->reference(static_cast<int>(li), &drops)
-              : reference_layer_seeded(shape_,
-                                       make_tokens(shape_, seed, iteration_, moe,
-                                                   token_key_rank(sc_.parallelism, comm_.rank())),
-                                       seed, moe, checked_[li].second, &drops);
+        : L && L->rpath
+            ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing, L->rpath->pos,
+                                     &drops)
+            : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second, &drops);
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;

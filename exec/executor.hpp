@@ -26,8 +26,11 @@
 //
 // The plain MoE data path runs unsharded experts with esp = 1. Sharded experts (experts_per_gpu
 // < 0: P1 / P2 / rho) run on the host path through exec/sharded_path.hpp; plans with esp > 1 or
-// Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp. On the GPU path both
-// run with scratch buffers and `check` is refused (InputError); so are plans no data path covers.
+// Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp; layers whose
+// dispatch is a routed all_to_allv (Decision::variable_dispatch: routing strategies, dropless,
+// inference placement) run the plan-routed data path of exec/routed_path.hpp (run_op and
+// check_layers hand them over). On the GPU path all three run with scratch buffers and `check` is
+// refused (InputError); so are plans no data path covers.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +71,8 @@ struct MoeLayerPlan {
   // scenario: Lina's expert packing builds the plan on fewer, fuller EP ranks): W ranks per EP
   // group, dE = E / W experts on each, this rank at position ep_pos (experts ep_pos * dE + le).
   int ep = 1, local_experts = 0, ep_pos = 0;
+  int block = -1;       // the plan's block of this layer (labels L{block}.fwd.*)
+  bool routed = false;  // dispatch is a routed all_to_allv (exec/routed_path.hpp)
 };
 
 /// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels

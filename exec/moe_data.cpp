@@ -29,6 +29,11 @@ void fill_uniform(std::vector<float>& out, std::uint64_t seed, std::uint64_t a, 
   }
 }
 
+int token_key_rank(const ParallelismSpec& p, int rank) {
+  const int mp = std::max(1, p.mp);
+  return rank - rank % mp;
+}
+
 std::vector<float> make_tokens(const MoeShape& s, std::uint64_t seed, int iteration, int layer,
                                int rank) {
   std::vector<float> v(static_cast<size_t>(s.tokens) * s.model_dim);
@@ -234,6 +239,47 @@ std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vec
   part.tokens = count;
   std::vector<float> w1, w2;
   return reference_ffn(part, rows, rr, [&](int e) {
+    w1 = make_w1(s, seed, layer, e);
+    w2 = make_w2(s, seed, layer, e);
+    return std::pair<const float*, const float*>{w1.data(), w2.data()};
+  });
+}
+
+std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
+                                                 const std::vector<float>& tokens,
+                                                 std::uint64_t seed, int layer,
+                                                 const std::vector<int>& expert) {
+  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
+  MOESIM_ASSERT(expert.size() == static_cast<size_t>(S) * k, "routed reference: entries");
+  const std::vector<float> gate_w = make_gate_weights(s, seed, layer);
+  ReferenceRouting rr;
+  rr.expert.assign(expert.size(), 0);
+  rr.prob.assign(expert.size(), 0.0f);
+  rr.kept.assign(expert.size(), 0);
+  std::vector<double> logit(E);
+  for (int t = 0; t < S; ++t) {
+    double mx = -1e300;
+    for (int e = 0; e < E; ++e) {
+      double acc = 0;
+      for (int m = 0; m < M; ++m)
+        acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
+               gate_w[static_cast<size_t>(m) * E + e];
+      logit[e] = acc;
+      mx = std::max(mx, acc);
+    }
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - mx);
+    for (int c = 0; c < k; ++c) {
+      const size_t entry = static_cast<size_t>(t) * k + c;
+      if (expert[entry] < 0) continue;
+      MOESIM_ASSERT(expert[entry] < E, "routed reference: expert out of range");
+      rr.expert[entry] = expert[entry];
+      rr.kept[entry] = 1;
+      rr.prob[entry] = static_cast<float>(std::exp(logit[expert[entry]] - mx) / sum);
+    }
+  }
+  std::vector<float> w1, w2;
+  return reference_ffn(s, tokens, rr, [&](int e) {
     w1 = make_w1(s, seed, layer, e);
     w2 = make_w2(s, seed, layer, e);
     return std::pair<const float*, const float*>{w1.data(), w2.data()};

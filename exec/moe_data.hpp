@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/scenario.hpp"
 #include "kernels/moe_kernels.hpp"
 
 namespace moesim::exec {
@@ -25,6 +26,11 @@ struct MoeShape {
 /// stream does not depend on how many elements are drawn.
 void fill_uniform(std::vector<float>& out, std::uint64_t seed, std::uint64_t a, std::uint64_t b,
                   std::uint64_t c, float scale);
+
+/// The rank whose key generates `rank`'s tokens: the first rank of its MP group (Megatron MP
+/// ranks hold the same activations; ranks are MP-innermost, strategies::make_groups). `rank`
+/// itself when mp = 1. Every data path and the check key tokens by it.
+int token_key_rank(const ParallelismSpec& p, int rank);
 
 /// Layer inputs and weights. Weight streams are keyed by (layer, expert) so every replica of an
 /// expert (DP) holds the same parameters; token streams by (iteration, layer, global rank).
@@ -80,6 +86,14 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
 std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vector<float>& tokens,
                                                std::uint64_t seed, int layer, int capacity,
                                                int first, int count, long long* dropped);
+
+/// reference_layer_seeded for a routing decided elsewhere (plan-routed layers,
+/// exec/routed_path.hpp): entry t * k + c goes to expert[entry] (-1: dropped) with the gate's
+/// softmax probability of that expert (the gate GEMM and softmax in double, as above).
+std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
+                                                 const std::vector<float>& tokens,
+                                                 std::uint64_t seed, int layer,
+                                                 const std::vector<int>& expert);
 
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10

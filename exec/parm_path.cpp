@@ -87,11 +87,6 @@ int div_exact(std::int64_t a, std::int64_t b, const char* what) {
 
 }  // namespace
 
-int token_key_rank(const ParallelismSpec& p, int rank) {
-  const int mp = std::max(1, p.mp);
-  return rank - rank % mp;
-}
-
 bool needs_parm_path(const Scenario& sc, const Plan& plan) {
   if (sc.parallelism.esp > 1) return true;
   for (const Op& op : plan.ops()) {

@@ -46,10 +46,6 @@ class Topology;
 
 namespace moesim::exec {
 
-/// The rank whose key generates `rank`'s tokens: the first rank of its MP group (MP ranks hold
-/// the same activations). `rank` itself when mp = 1.
-int token_key_rank(const ParallelismSpec& p, int rank);
-
 /// Whether `plan`'s MoE layers run on the Parm data path: esp > 1 (the builder's ESP path) or a
 /// fused Parm schedule (dispatch over the "ep_esp" grouping). Other plans use the plain path.
 bool needs_parm_path(const Scenario& sc, const Plan& plan);

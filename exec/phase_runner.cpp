@@ -44,12 +44,14 @@ struct Buffers {
   }
 };
 
-// Scratch bytes this rank's phases touch (the lowering documents its sizing; measuring it here
+}  // namespace
+
+// Bytes of `which` this rank's phases touch (the lowering documents its sizing; measuring it here
 // keeps exec independent of each algorithm's formula).
-std::size_t scratch_extent(const std::vector<Phase>& phases, int me) {
+std::size_t phase_buffer_extent(const std::vector<Phase>& phases, int me, Buffer which) {
   std::size_t ext = 0;
   auto touch = [&](Buffer b, double off, double bytes) {
-    if (b == Buffer::kScratch) ext = std::max(ext, whole(off) + whole(bytes));
+    if (b == which) ext = std::max(ext, whole(off) + whole(bytes));
   };
   for (const Phase& ph : phases) {
     if (ph.kind == Phase::Kind::kTransfers) {
@@ -73,6 +75,10 @@ std::size_t scratch_extent(const std::vector<Phase>& phases, int me) {
   return ext;
 }
 
+namespace {
+std::size_t scratch_extent(const std::vector<Phase>& phases, int me) {
+  return phase_buffer_extent(phases, me, Buffer::kScratch);
+}
 }  // namespace
 
 std::byte* HostPhaseIo::scratch(std::size_t bytes) {

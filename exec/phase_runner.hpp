@@ -69,6 +69,12 @@ struct SaaLayout {
   double bytes = 0;    // S, what each rank sends in the all-to-all
 };
 
+/// Bytes of buffer `which` that rank `me`'s part of `phases` reaches (largest offset + size).
+/// A 2DH all_to_allv stages the intra-node phase's blocks in the receive buffer: a rank that
+/// forwards more than it finally receives needs a receive buffer larger than its column sum.
+std::size_t phase_buffer_extent(const std::vector<collectives::Phase>& phases, int me,
+                                collectives::Buffer which);
+
 /// Runs `phases` on rank `me` with its kSend / kRecv buffers through `io`; kScratch is taken
 /// from io.scratch() to the extent the phases use. Offsets are rounded to whole bytes; every
 /// access is checked against the buffer sizes (InternalError if a lowering reaches outside them).

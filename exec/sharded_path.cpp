@@ -285,7 +285,8 @@ struct ShardedPath::Impl {
         param_gather(plan, op, L, collective_algo);
         return true;
       case MoeOpRef::kGate: {
-        L.x = make_tokens(shape, sc.workload.routing.seed, iteration, L.moe, comm.rank());
+        L.x = make_tokens(shape, sc.workload.routing.seed, iteration, L.moe,
+                          token_key_rank(sc.parallelism, comm.rank()));
         L.logits.assign(static_cast<size_t>(S) * E, 0);
         L.expert.assign(static_cast<size_t>(S) * k, 0);
         L.slot.assign(static_cast<size_t>(S) * k, 0);

@@ -301,6 +301,7 @@ class Builder {
   // the padded W * cap * dE the GEMM shape assumes.
   struct RoutedChunk {
     std::vector<std::shared_ptr<const ByteMatrix>> to_experts, to_tokens;  // per EP group
+    std::vector<std::shared_ptr<const ExpertRouting>> routing;  // per EP group (every chunk's)
     std::shared_ptr<const std::vector<float>> rank_scale;
   };
   const std::vector<RoutedChunk>& routed(int moe) {
@@ -320,6 +321,23 @@ class Builder {
       const ByteMatrix full = dec_.inference
                                   ? *dec_.inference->layers.at(moe).tokens.at(gi)
                                   : workload::dispatch_matrix(layer, grp, placement, unit);
+      // The expert split behind `full`, for the real backend's data path (ExpertRouting).
+      std::shared_ptr<const ExpertRouting> split;
+      if (dec_.inference) {
+        const auto& rt = dec_.inference->layers.at(moe).routing;
+        if (gi < rt.size()) split = rt[gi];
+      } else if (placement.shards == 1) {
+        auto er = std::make_shared<ExpertRouting>();
+        er->size = static_cast<int>(grp.size());
+        er->experts = static_cast<int>(E_);
+        er->experts_per_gpu = placement.experts_per_gpu;
+        er->counts.resize(grp.size() * static_cast<std::size_t>(E_));
+        for (std::size_t a = 0; a < grp.size(); ++a)
+          for (int e = 0; e < er->experts; ++e)
+            er->counts[a * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)] =
+                layer.at(grp[a], e);
+        split = std::move(er);
+      }
       for (std::uint32_t j = 0; j < r; ++j) {
         ByteMatrix m = full;
         for (auto& c : m.counts) c = c / r + (j < c % r ? 1u : 0u);
@@ -334,6 +352,7 @@ class Builder {
             std::swap(t.counts[a * w + c], t.counts[c * w + a]);
         chunks[j].to_experts.push_back(std::make_shared<const ByteMatrix>(std::move(m)));
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
+        if (split) chunks[j].routing.push_back(split);
       }
     }
     for (std::uint32_t j = 0; j < r; ++j)
@@ -358,6 +377,7 @@ class Builder {
       spec.matrix = mats[0];
     else
       spec.per_group = mats;
+    if (rc.routing.size() == mats.size()) spec.expert_routing = rc.routing;
     return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
   }
   // Expert weights moved between the GPUs of every EP group (inference placement): an

@@ -226,6 +226,13 @@ std::shared_ptr<const strategies::InferencePlan> InferenceSession::place(
           break;
         }
       }
+      auto split = std::make_shared<ExpertRouting>();
+      split->size = W;
+      split->experts = E;
+      split->spread = role_ == InferenceRole::kIdeal;
+      if (!split->spread) split->replicas = cur.replicas;
+      split->counts = std::move(counts);
+      out.routing.push_back(std::move(split));
       const std::vector<double> recv = received_tokens(tokens);
       const double mean = std::accumulate(recv.begin(), recv.end(), 0.0) / W;
       rec.load_imbalance_sum += mean > 0 ? *std::max_element(recv.begin(), recv.end()) / mean : 1;

@@ -15,6 +15,9 @@ struct InferenceLayerPlan {
   /// Tokens group position a sends to position b in the dispatch (unit: M * bytes per element);
   /// the combine is the transpose. Expert compute of a GPU scales with its column sum.
   std::vector<std::shared_ptr<const ByteMatrix>> tokens;
+  /// The expert split behind `tokens` (per group; core/plan.hpp ExpertRouting), which the plan
+  /// attaches to its dispatch for the real backend's data path.
+  std::vector<std::shared_ptr<const ExpertRouting>> routing;
   /// Phase 1: expert weights fetched for this layer's placement (unit: one expert's weights),
   /// started once the previous MoE layer's gate ran, on the param stream, so it overlaps the
   /// layers in between; the expert FFN waits for it. Empty: nothing moves.

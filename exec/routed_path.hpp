@@ -1,0 +1,117 @@
+// The "plan-routed" MoE data path (DESIGN §4.2) for layers whose dispatch is a routed
+// all_to_allv (Decision::variable_dispatch: routing strategies, dropless capacity, inference
+// placement). The plan builder moves the WORKLOAD MODEL's per-pair token counts, so the host data
+// path takes the routing DECISION from the plan (the bytes moved are exactly the plan's matrix,
+// and measured times stay comparable with the simulation of the same plan, which `exec
+// --predict` relies on) and computes everything else for real: the gate GEMM + softmax give each
+// chosen expert its probability, tokens are packed, moved by the plan's all_to_allv (shared
+// lowering, per chunk), the experts' FFNs run on what arrived with the right expert's weights,
+// outputs are moved back by the plan's combine all_to_allv and summed per token.
+//
+// The rule that turns the plan's counts into (token, choice) -> expert / destination
+// (assign_routed) is one function used by the executor and by the check's reference
+// (reference_layer_routed), from the plan's ExpertRouting (core/plan.hpp) for this rank's row:
+//  1. source a's entries in expert order: expert 0's counts[a][0] entries, then expert 1's, ...
+//     (expert e's entries cut into pieces per destination as ExpertRouting describes);
+//  2. entry i of that list is token i % S, choice i / S. An expert's run is at most S long
+//     (checked), so a token's choices are on distinct experts; list entries past the row's total
+//     do not exist: those (token, choice) entries are dropped (the plan's matrix holds only the
+//     kept tokens, so the check's drop count is S * k - row total on both sides);
+//  3. the entries of a (source, destination) pair, in list order, are cut into the plan's chunks
+//     as the plan builder cuts the pair's count: chunk j takes n / r (+1 for j < n % r)
+//     consecutive entries;
+//  4. send buffers are packed by destination, receive buffers by source (all_to_allv's layout);
+//     the combine moves the expert outputs back in the transposed layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "exec/communicator.hpp"
+#include "exec/moe_data.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+
+namespace moesim::exec {
+
+struct MoeOpRef;
+
+/// `count` consecutive entries of a source's expert-ordered list: tokens for expert `expert`
+/// that go to group position `dst`.
+struct RoutedPiece {
+  int expert = 0;
+  int dst = 0;
+  std::uint32_t count = 0;
+  bool operator==(const RoutedPiece&) const = default;
+};
+/// Source position `src`'s list cut into pieces, in list order (ExpertRouting's rule).
+std::vector<RoutedPiece> routed_pieces(const ExpertRouting& r, int src);
+
+/// Chunk j's share of a pair's n tokens: n / chunks, +1 for j < n % chunks (the plan builder's).
+std::uint32_t chunk_share(std::uint32_t n, int chunks, int j);
+
+/// What source position `src` (S tokens, top-k) sends.
+struct RoutedAssignment {
+  std::vector<int> expert;                          // per entry t * k + c; -1: dropped
+  std::vector<std::vector<std::vector<int>>> send;  // [chunk][dst]: entries in send order
+  long long dropped = 0;
+};
+/// The rule above. Throws InputError when a (source, expert) count exceeds the S tokens or a
+/// row exceeds S * k entries (no routing of real tokens can produce them).
+RoutedAssignment assign_routed(const ExpertRouting& r, int src, int tokens, int top_k, int chunks);
+
+/// A run of received rows: `rows` consecutive rows from `src` for expert `expert`.
+struct RoutedRun {
+  int src = 0;
+  int expert = 0;
+  int rows = 0;
+  bool operator==(const RoutedRun&) const = default;
+};
+/// What position `dst` receives, per chunk, in receive order (by source, then list order).
+std::vector<std::vector<RoutedRun>> routed_receives(const ExpertRouting& r, int dst, int chunks);
+
+/// Reference output (S x M) of the rank at group position `src` for a plan-routed layer: the
+/// assignment of assign_routed, the seeded gate's softmax probabilities and experts
+/// (reference_layer_seeded_routed). `dropped`: the entries the plan left without a token.
+std::vector<float> reference_layer_routed(const MoeShape& s, const std::vector<float>& tokens,
+                                          std::uint64_t seed, int layer, const ExpertRouting& r,
+                                          int src, long long* dropped);
+
+/// One plan-routed MoE layer on this rank (host path).
+struct RoutedLayer {
+  int block = -1, moe = 0;
+  std::shared_ptr<const ExpertRouting> routing;
+  int pos = 0, group_size = 0, chunks = 0;
+  RoutedAssignment sent;
+  std::vector<std::vector<RoutedRun>> received;           // per chunk
+  std::vector<int> experts;                               // experts this rank computes (ascending)
+  std::vector<std::vector<float>> w1, w2;                 // their weights, in `experts` order
+  std::vector<float> x, prob, y;                          // tokens (S x M), softmax (S x E), output
+  std::vector<std::vector<float>> in, hidden, out, back;  // per chunk
+  long long dropped() const { return sent.dropped; }
+};
+
+/// True when `plan` routes MoE layer `block`'s dispatch as an all_to_allv.
+bool is_routed_layer(const Plan& plan, int block);
+
+/// The routed layer of `block` on `rank`: the ExpertRouting of its dispatch, this rank's
+/// assignment and receives, checked against every chunk's matrix (InternalError on a
+/// disagreement), and the weights of the experts it receives. Throws InputError when the plan
+/// has no ExpertRouting for the dispatch (the data path cannot know which expert a token is for).
+std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, int moe, int rank,
+                                                  const MoeShape& s, std::uint64_t seed);
+
+/// Runs one forward MoE op (gate, encode, dispatch, fc1, fc2, combine, decode) of a routed layer
+/// on the host. Collectives go through the shared lowering with the plan's matrix (in fp32 rows:
+/// the unit is rescaled to M * 4 bytes); returns the algorithm they ran, or -1. The gate's tokens
+/// are those of `token_rank` (token_key_rank: MP ranks share tokens).
+std::int64_t run_routed_op(Communicator& comm, const topology::Topology& topo, const Plan& plan,
+                           const Op& op, const MoeOpRef& ref, RoutedLayer& L, const MoeShape& s,
+                           std::uint64_t seed, int iteration, int token_rank);
+
+}  // namespace moesim::exec

@@ -38,6 +38,11 @@ struct Decision {
   /// tokens each GPU sends to each GPU (replacing the placement-by-id dispatch; needs
   /// variable_dispatch) and the expert weights moved. Null: experts stay where the ids put them.
   std::shared_ptr<const InferencePlan> inference;
+  /// Attach to every routed dispatch the expert split behind its matrix (CollectiveSpec::
+  /// expert_routing), which the real backend's data path needs to know which expert each token
+  /// is for; a P x E count matrix per MoE layer (128 MiB at 4,096 GPUs x 8,192 experts), so the
+  /// simulator, which never reads it, leaves it off. Set by run_stack(for_execution = true).
+  bool expert_routing = false;
 
   /// "r=2 a2a=2dh layout=flexible parallel=1" — stable, for tables and JSON.
   std::string describe() const;

@@ -323,7 +323,9 @@ class Builder {
                                   : workload::dispatch_matrix(layer, grp, placement, unit);
       // The expert split behind `full`, for the real backend's data path (ExpertRouting).
       std::shared_ptr<const ExpertRouting> split;
-      if (dec_.inference) {
+      if (!dec_.expert_routing) {
+        // simulation: nothing reads it (Decision::expert_routing)
+      } else if (dec_.inference) {
         const auto& rt = dec_.inference->layers.at(moe).routing;
         if (gi < rt.size()) split = rt[gi];
       } else if (placement.shards == 1) {

@@ -61,7 +61,8 @@ IterationRecord make_record(int index, double f, const Decision& d,
 }  // namespace
 
 StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
-                   const Backend& backend, int iterations, workload::SampleCache* cache) {
+                   const Backend& backend, int iterations, workload::SampleCache* cache,
+                   bool for_execution) {
   if (iterations < 0) throw InputError("iterations must be >= 0");
   MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
   workload::WorkloadGenerator generator(sc);
@@ -101,6 +102,7 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
 
     const StrategyContext ctx{sc, spec, topo, cost, i, f, capacity, &run.iterations};
     Decision decision;
+    decision.expert_routing = for_execution;
     stack->decide(ctx, decision);
     workload::IterationWorkload work =
         session ? session->workload(i, f, decision.pipeline_degree)

@@ -53,7 +53,10 @@ struct StackRun {
 /// the scenario's seed, so every stack of one scenario sees the same token routing. `cache`
 /// (optional) shares the sampled counts with other runs of the same workload shape (stacks of
 /// one point, sweep points that differ in M or H, ...); the results do not depend on it.
+/// `for_execution`: the plans are run by the real backend (`moesim exec`), so routed dispatches
+/// carry their expert split (Decision::expert_routing); simulated results do not depend on it.
 StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
-                   const Backend& backend, int iterations, workload::SampleCache* cache = nullptr);
+                   const Backend& backend, int iterations, workload::SampleCache* cache = nullptr,
+                   bool for_execution = false);
 
 }  // namespace moesim::strategies

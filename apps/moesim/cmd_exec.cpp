@@ -269,7 +269,8 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   for (const auto& spec : specs) {
     const auto t0 = std::chrono::steady_clock::now();
     current = runs.size();
-    runs.push_back(strategies::run_stack(sc, spec, *topo, backend, iterations));
+    runs.push_back(strategies::run_stack(sc, spec, *topo, backend, iterations, nullptr,
+                                         /*for_execution=*/true));
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rows.push_back(summarize(runs.back(), topo_name, sc.num_gpus(), wall));

@@ -176,7 +176,8 @@ void expect_plans_routable(const std::string& file, int min_routed_layers) {
       summarize_run(plan, r);
       return r;
     };
-    strategies::run_stack(sc, spec, *topo, backend, sc.workload.iterations);
+    strategies::run_stack(sc, spec, *topo, backend, sc.workload.iterations, nullptr,
+                          /*for_execution=*/true);
   }
   EXPECT_GE(routed, min_routed_layers);
 }

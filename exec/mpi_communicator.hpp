@@ -36,6 +36,8 @@ class MpiSession {
   int size() const { return size_; }
   /// Rank among the processes of this host (MPI_COMM_TYPE_SHARED): picks the GPU.
   int local_rank() const { return local_rank_; }
+  /// Number of processes on this host.
+  int local_size() const { return local_size_; }
 
   /// Barrier over the world, bounded by the timeout.
   void barrier(const std::string& what) const;
@@ -51,7 +53,7 @@ class MpiSession {
 
  private:
   bool owns_ = false;
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
 /// The host communicator: point-to-point phases as MPI_Isend/MPI_Irecv on MPI_COMM_WORLD,

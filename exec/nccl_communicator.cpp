@@ -118,10 +118,26 @@ struct NcclCommunicator::Impl {
 NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_unique<Impl>()) {
   rank_ = session.rank();
   size_ = session.size();
+  // One GPU per rank. Every rank learns whether some host is short of devices (an all-reduce), so
+  // all ranks throw the same InputError and rank 0 reports it once (exit 2) instead of the short
+  // host's ranks failing alone and the others timing out in the NCCL bootstrap.
   int devices = 0;
-  CUDA_CHECK(cudaGetDeviceCount(&devices));
-  if (devices == 0) throw ExecError("--backend nccl: no CUDA device on this host");
-  impl_->device = session.local_rank() % devices;
+  const cudaError_t count_err = cudaGetDeviceCount(&devices);
+  if (count_err != cudaSuccess) devices = 0;
+  const long long short_ranks = session.all_reduce_sum(devices < session.local_size() ? 1 : 0);
+  if (short_ranks > 0) {
+    const int fewest = static_cast<int>(-session.all_reduce_max(-static_cast<double>(devices)));
+    const int most_ranks = static_cast<int>(session.all_reduce_max(session.local_size()));
+    throw InputError(fmt::format(
+        "--backend nccl needs one CUDA device per rank: {} rank(s) run on a host with fewer CUDA "
+        "devices than ranks (fewest devices on a host: {}, most ranks on a host: {}{}); start at "
+        "most as many ranks per node as it has GPUs, or use --backend mpi (the host path)",
+        short_ranks, fewest, most_ranks,
+        count_err != cudaSuccess && session.rank() == 0
+            ? fmt::format("; rank 0: cudaGetDeviceCount: {}", cudaGetErrorString(count_err))
+            : ""));
+  }
+  impl_->device = session.local_rank();
   CUDA_CHECK(cudaSetDevice(impl_->device));
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));

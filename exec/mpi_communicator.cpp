@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 namespace moesim::exec {
@@ -147,6 +150,44 @@ std::vector<float> MpiSession::gather_floats(const std::vector<float>& mine) con
                          MPI_FLOAT, 0, MPI_COMM_WORLD, &req[0]));
   wait_all(req, "output gather");
   return all;
+}
+
+struct BlockingCallWatchdog::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+BlockingCallWatchdog::BlockingCallWatchdog(std::string what, int rank, double timeout_s,
+                                           std::function<void(const std::string&)> on_timeout)
+    : state_(std::make_shared<State>()) {
+  if (!on_timeout)
+    on_timeout = [](const std::string& message) {
+      std::fprintf(stderr, "moesim: error: %s\n", message.c_str());
+      std::fflush(stderr);
+      MpiSession::abort_all(1);
+    };
+  thread_ = std::thread([state = state_, what = std::move(what), rank, timeout_s,
+                         on_timeout = std::move(on_timeout)] {
+    std::unique_lock lock(state->mutex);
+    if (state->cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                           [&] { return state->done; }))
+      return;
+    lock.unlock();
+    on_timeout(fmt::format(
+        "rank {}: timed out after {:.0f} s in {} (a peer rank died, never started or cannot be "
+        "reached; raise MOESIM_EXEC_TIMEOUT_S if the run is just slow)",
+        rank, timeout_s, what));
+  });
+}
+
+BlockingCallWatchdog::~BlockingCallWatchdog() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->done = true;
+  }
+  state_->cv.notify_all();
+  thread_.join();
 }
 
 void MpiSession::abort_all(int code) {

@@ -9,8 +9,11 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "exec/communicator.hpp"
@@ -23,6 +26,25 @@ void mpi_check(int rc, const char* what, const char* file, int line);
 
 /// Waits for all requests, polling; ExecError after exec_timeout_s() naming `what`.
 void wait_all(std::vector<MPI_Request>& requests, const std::string& what);
+
+/// Bounds a blocking call that cannot be polled (NCCL's ncclCommInitRank / ncclCommSplit wait for
+/// every peer inside the library): if the guard is still alive after `timeout_s`, `on_timeout`
+/// runs on a watchdog thread, by default printing "rank R: timed out after N s in WHAT" and
+/// MPI_Abort-ing the job (exit 1), since the blocked thread cannot be interrupted. The destructor
+/// (the call returned) disarms it.
+class BlockingCallWatchdog {
+ public:
+  BlockingCallWatchdog(std::string what, int rank, double timeout_s = exec_timeout_s(),
+                       std::function<void(const std::string& message)> on_timeout = {});
+  ~BlockingCallWatchdog();
+  BlockingCallWatchdog(const BlockingCallWatchdog&) = delete;
+  BlockingCallWatchdog& operator=(const BlockingCallWatchdog&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
 
 class MpiSession {
  public:

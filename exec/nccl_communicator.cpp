@@ -145,7 +145,11 @@ NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_
   MPI_CHECK(MPI_Ibcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD, &req[0]));
   wait_all(req, "NCCL unique id broadcast");
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
-  NCCL_CHECK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
+  {
+    // NCCL's bootstrap waits inside the library for every rank: bounded by a watchdog.
+    BlockingCallWatchdog guard("the NCCL bootstrap (ncclCommInitRank)", rank_);
+    NCCL_CHECK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -277,7 +281,10 @@ int NcclCommunicator::device() const { return impl_->device; }
 void NcclCommunicator::prepare_channels(int channels) {
   while (static_cast<int>(impl_->channels.size()) < channels) {
     ncclComm_t c = nullptr;
-    NCCL_CHECK(ncclCommSplit(impl_->comm, 0, rank_, &c, nullptr));
+    {
+      BlockingCallWatchdog guard("ncclCommSplit (a per-stream communicator)", rank_);
+      NCCL_CHECK(ncclCommSplit(impl_->comm, 0, rank_, &c, nullptr));
+    }
     impl_->channels.push_back(c);
   }
 }
@@ -293,7 +300,10 @@ void NcclCommunicator::prepare_group(const Grouping& g, int channel) {
     position = static_cast<int>(it - g.groups[gi].begin());
   }
   ncclComm_t c = nullptr;
-  NCCL_CHECK(ncclCommSplit(impl_->comm, color, position, &c, nullptr));
+  {
+    BlockingCallWatchdog guard("ncclCommSplit (a group communicator)", rank_);
+    NCCL_CHECK(ncclCommSplit(impl_->comm, color, position, &c, nullptr));
+  }
   impl_->groups.emplace(std::move(key), c);
 }
 

@@ -2,11 +2,16 @@
 // runs every test; collectives inside a test are matched across ranks. Expectations are exact
 // where the answer is known (byte patterns of an all-to-all, drop counts from the capacity rule)
 // and bitwise where two executions must agree (linear vs 2DH, pipeline degrees 1, 2, 4).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "core/scenario_loader.hpp"
 #include "exec/executor.hpp"
@@ -104,6 +109,33 @@ TEST(ExecMpi, WaitTimesOutInsteadOfHanging) {
   }
   unsetenv("MOESIM_EXEC_TIMEOUT_S");
   g_session->barrier("after the timeout test");
+}
+
+// The watchdog of calls that cannot be polled (NCCL bootstrap): it reports a call still blocked
+// after its timeout, naming it, and stays silent for a call that returned (its destructor
+// disarms it). Margins are wide (10 ms vs 2 s of blocking, 60 s vs an immediate return).
+TEST(ExecMpi, BlockingCallWatchdogFiresOnlyOnABlockedCall) {
+  std::string fired;
+  std::mutex m;
+  std::condition_variable cv;
+  {
+    BlockingCallWatchdog guard("a call that blocks", g_session->rank(), 0.01,
+                               [&](const std::string& message) {
+                                 std::lock_guard lock(m);
+                                 fired = message;
+                                 cv.notify_all();
+                               });
+    std::unique_lock lock(m);
+    cv.wait_for(lock, std::chrono::seconds(2), [&] { return !fired.empty(); });
+  }
+  EXPECT_NE(fired.find("timed out after 0 s in a call that blocks"), std::string::npos) << fired;
+  EXPECT_EQ(fired.rfind(fmt::format("rank {}:", g_session->rank()), 0), 0u) << fired;
+  bool quiet_fired = false;
+  {
+    BlockingCallWatchdog guard("a call that returns", g_session->rank(), 60.0,
+                               [&](const std::string&) { quiet_fired = true; });
+  }
+  EXPECT_FALSE(quiet_fired);
 }
 
 // SAA (Parm) with m = 2, A = 2 on the four ranks, through the host PhaseIo: rank (a, t) =

@@ -86,9 +86,31 @@ std::vector<float> make_w2_slice(const MoeShape& s, std::uint64_t seed, int laye
   return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(h) * M);
 }
 
+namespace {
+// Token t's gate in double: logits (x_t . Wg), and softmax probability p_e = exp(l_e - max) /
+// sum, returned as (max, sum) so prob(e) = exp(logit[e] - max) / sum.
+std::pair<double, double> reference_gate_row(const MoeShape& s, const std::vector<float>& tokens,
+                                             const std::vector<float>& gate_w, int t,
+                                             std::vector<double>& logit) {
+  const int M = s.model_dim, E = s.experts;
+  double mx = -1e300;
+  for (int e = 0; e < E; ++e) {
+    double acc = 0;
+    for (int m = 0; m < M; ++m)
+      acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
+             gate_w[static_cast<size_t>(m) * E + e];
+    logit[e] = acc;
+    mx = std::max(mx, acc);
+  }
+  double sum = 0;
+  for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - mx);
+  return {mx, sum};
+}
+}  // namespace
+
 ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
                                    const std::vector<float>& gate_w, int capacity) {
-  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
+  const int S = s.tokens, E = s.experts, k = s.top_k;
   ReferenceRouting rr;
   rr.expert.resize(static_cast<size_t>(S) * k);
   rr.prob.resize(static_cast<size_t>(S) * k);
@@ -97,17 +119,7 @@ ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& 
   std::vector<double> logit(E);
   std::vector<int> order(E);
   for (int t = 0; t < S; ++t) {
-    double mx = -1e300;
-    for (int e = 0; e < E; ++e) {
-      double acc = 0;
-      for (int m = 0; m < M; ++m)
-        acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
-               gate_w[static_cast<size_t>(m) * E + e];
-      logit[e] = acc;
-      mx = std::max(mx, acc);
-    }
-    double sum = 0;
-    for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - mx);
+    const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, logit);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
     for (int c = 0; c < k; ++c) {
@@ -249,7 +261,7 @@ std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
                                                  const std::vector<float>& tokens,
                                                  std::uint64_t seed, int layer,
                                                  const std::vector<int>& expert) {
-  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
+  const int S = s.tokens, E = s.experts, k = s.top_k;
   MOESIM_ASSERT(expert.size() == static_cast<size_t>(S) * k, "routed reference: entries");
   const std::vector<float> gate_w = make_gate_weights(s, seed, layer);
   ReferenceRouting rr;
@@ -258,17 +270,7 @@ std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
   rr.kept.assign(expert.size(), 0);
   std::vector<double> logit(E);
   for (int t = 0; t < S; ++t) {
-    double mx = -1e300;
-    for (int e = 0; e < E; ++e) {
-      double acc = 0;
-      for (int m = 0; m < M; ++m)
-        acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
-               gate_w[static_cast<size_t>(m) * E + e];
-      logit[e] = acc;
-      mx = std::max(mx, acc);
-    }
-    double sum = 0;
-    for (int e = 0; e < E; ++e) sum += std::exp(logit[e] - mx);
+    const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, logit);
     for (int c = 0; c < k; ++c) {
       const size_t entry = static_cast<size_t>(t) * k + c;
       if (expert[entry] < 0) continue;

@@ -20,12 +20,11 @@
 #include "kernels/moe_kernels.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/workload/workload.hpp"
+#include "tests/exec/mpi_test_main.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
 namespace {
-
-MpiSession* g_session = nullptr;
 
 Scenario gpu1() {
   return load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-gpu-1.yaml");
@@ -136,10 +135,3 @@ TEST_F(ExecGpu, EventTimesAreOrderedPerStream) {
 
 }  // namespace
 }  // namespace moesim::exec
-
-int main(int argc, char** argv) {
-  moesim::exec::MpiSession session(&argc, &argv);
-  moesim::exec::g_session = &session;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -20,12 +20,11 @@
 #include "exec/phase_runner.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/workload/workload.hpp"
+#include "tests/exec/mpi_test_main.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
 namespace {
-
-MpiSession* g_session = nullptr;
 
 Scenario host4() {
   return load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-host-4.yaml");
@@ -284,19 +283,3 @@ TEST(ExecMpi, RunResultIsCompleteAndIdenticalOnEveryRank) {
 
 }  // namespace
 }  // namespace moesim::exec
-
-int main(int argc, char** argv) {
-  moesim::exec::MpiSession session(&argc, &argv);
-  moesim::exec::g_session = &session;
-  ::testing::InitGoogleTest(&argc, argv);
-  // Progress from rank 0 only; failures still print on the rank where they happen.
-  if (session.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // Any rank failing fails the job.
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
-}

@@ -20,12 +20,11 @@
 #include "exec/sharded_path.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/workload/workload.hpp"
+#include "tests/exec/mpi_test_main.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
 namespace {
-
-MpiSession* g_session = nullptr;
 
 Scenario sharded4() {
   return load_scenario(std::string(MOESIM_SOURCE_DIR) + "/tests/data/exec/sharded-4.yaml");
@@ -189,17 +188,3 @@ TEST(ExecSharded, ChunksThatDoNotSplitOverTheGatherGroupRefuseCheck) {
 
 }  // namespace
 }  // namespace moesim::exec
-
-int main(int argc, char** argv) {
-  moesim::exec::MpiSession session(&argc, &argv);
-  moesim::exec::g_session = &session;
-  ::testing::InitGoogleTest(&argc, argv);
-  if (session.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
-}

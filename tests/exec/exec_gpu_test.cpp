@@ -37,28 +37,12 @@ class ExecGpu : public ::testing::Test {
   }
 };
 
-struct Outcome {
-  RunResult result;
-  std::vector<std::vector<float>> outputs;
-  std::vector<LayerCheck> checks;
-  Plan plan;
-};
+using Outcome = ExecOutcome;
 
 Outcome run_once(const Scenario& sc, Communicator& comm, int r, bool check) {
-  auto topo = topology::build_topology(sc.cluster);
-  ExecOptions opt;
-  opt.check = check;
-  Executor ex(sc, *topo, *g_session, comm, opt);
-  workload::WorkloadGenerator gen(sc);
   strategies::Decision d;
   d.pipeline_degree = r;
-  auto built = strategies::build_step_plan(sc, *topo, gen.next(0, r), d);
-  Outcome o;
-  o.result = ex.run(built.plan);
-  o.outputs = ex.last_outputs();
-  o.checks = ex.checks();
-  o.plan = built.plan;
-  return o;
+  return run_step(sc, comm, d, check);
 }
 
 TEST_F(ExecGpu, Fp16CheckPassesAtEveryPipelineDegree) {

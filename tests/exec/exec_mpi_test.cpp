@@ -169,30 +169,14 @@ TEST(ExecMpi, SaaDeliversTheAllToAllAllGatheredOverTheSubGroup) {
   EXPECT_EQ(recv, expected);
 }
 
-struct Outcome {
-  RunResult result;
-  std::vector<std::vector<float>> outputs;
-  std::vector<long long> dropped;
-  std::vector<LayerCheck> checks;
-};
+using Outcome = ExecOutcome;
 
 Outcome run_once(const Scenario& sc, int r, CollectiveAlgo a2a, bool check = true) {
-  auto topo = topology::build_topology(sc.cluster);
   MpiCommunicator comm;
-  ExecOptions opt;
-  opt.check = check;
-  Executor ex(sc, *topo, *g_session, comm, opt);
-  workload::WorkloadGenerator gen(sc);
   strategies::Decision d;
   d.pipeline_degree = r;
   d.a2a = a2a;
-  auto built = strategies::build_step_plan(sc, *topo, gen.next(0, r), d);
-  Outcome o;
-  o.result = ex.run(built.plan);
-  o.outputs = ex.last_outputs();
-  o.dropped = ex.last_dropped();
-  o.checks = ex.checks();
-  return o;
+  return run_step(sc, comm, d, check);
 }
 
 TEST(ExecMpi, OutputsMatchTheReferenceAndAgreeAcrossAlgorithmsAndPipelineDegrees) {

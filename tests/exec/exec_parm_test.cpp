@@ -26,30 +26,14 @@ Scenario parm8() {
   return load_scenario(std::string(MOESIM_SOURCE_DIR) + "/tests/data/exec/parm-host-8.yaml");
 }
 
-struct Outcome {
-  RunResult result;
-  std::vector<std::vector<float>> outputs;
-  std::vector<long long> dropped;
-  std::vector<LayerCheck> checks;
-};
+using Outcome = ExecOutcome;
 
 Outcome run_once(const Scenario& sc, ScheduleRole schedule, int r = 1, bool check = true) {
-  auto topo = topology::build_topology(sc.cluster);
   MpiCommunicator comm;
-  ExecOptions opt;
-  opt.check = check;
-  Executor ex(sc, *topo, *g_session, comm, opt);
-  workload::WorkloadGenerator gen(sc);
   strategies::Decision d;
   d.pipeline_degree = r;
   d.schedule = schedule;
-  auto built = strategies::build_step_plan(sc, *topo, gen.next(0, r), d);
-  Outcome o;
-  o.result = ex.run(built.plan);
-  o.outputs = ex.last_outputs();
-  o.dropped = ex.last_dropped();
-  o.checks = ex.checks();
-  return o;
+  return run_step(sc, comm, d, check);
 }
 
 // This rank's MP peer (mp = 2: ranks 2i and 2i + 1 hold the same tokens).

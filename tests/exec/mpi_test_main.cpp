@@ -3,8 +3,32 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <utility>
+
+#include "strategies/plan_builder.hpp"
+#include "strategies/workload/workload.hpp"
+#include "topology/topology.hpp"
+
 namespace moesim::exec {
 MpiSession* g_session = nullptr;
+
+ExecOutcome run_step(const Scenario& sc, Communicator& comm, const strategies::Decision& decision,
+                     bool check) {
+  auto topo = topology::build_topology(sc.cluster);
+  ExecOptions opt;
+  opt.check = check;
+  Executor ex(sc, *topo, *g_session, comm, opt);
+  workload::WorkloadGenerator gen(sc);
+  auto built =
+      strategies::build_step_plan(sc, *topo, gen.next(0, decision.pipeline_degree), decision);
+  ExecOutcome o;
+  o.result = ex.run(built.plan);
+  o.outputs = ex.last_outputs();
+  o.dropped = ex.last_dropped();
+  o.checks = ex.checks();
+  o.plan = std::move(built.plan);
+  return o;
+}
 }  // namespace moesim::exec
 
 int main(int argc, char** argv) {

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "core/scenario_loader.hpp"
 #include "core/yaml_reader.hpp"
@@ -226,16 +228,25 @@ Calibration load_calibration(const std::string& path,
 
 std::shared_ptr<const Calibration> load_calibration_cached(
     const std::string& path, const std::optional<SourceLocation>& referenced_from) {
+  // Keyed by path AND the file's modification time and size, so a file rewritten in place (a new
+  // `moesim calibrate --out` between two runs of a long-lived process, a sweep over calibrations)
+  // is read again. A file that cannot be stat'ed is not cached: load_calibration reports it.
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  const auto size = ec ? 0 : std::filesystem::file_size(path, ec);
+  if (ec) return std::make_shared<const Calibration>(load_calibration(path, referenced_from));
+  using Key = std::tuple<std::string, std::filesystem::file_time_type, std::uintmax_t>;
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const Calibration>> cache;
+  static std::map<Key, std::shared_ptr<const Calibration>> cache;
+  const Key key{path, mtime, size};
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(path);
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
   auto cal = std::make_shared<const Calibration>(load_calibration(path, referenced_from));
   std::lock_guard<std::mutex> lock(mu);
-  return cache.emplace(path, std::move(cal)).first->second;
+  return cache.emplace(key, std::move(cal)).first->second;
 }
 
 std::string calibration_yaml(const Calibration& cal) {

@@ -96,7 +96,8 @@ Calibration parse_calibration(const std::string& text, const std::string& file);
 /// (the scenario's `cluster.calibration` key) when given, else at the file.
 Calibration load_calibration(const std::string& path,
                              const std::optional<SourceLocation>& referenced_from = {});
-/// The same file, parsed once per path and process (sweeps and strategies ask again and again).
+/// The same file, parsed once per (path, modification time, size) and process (sweeps and
+/// strategies ask again and again; a file rewritten in place is read again).
 std::shared_ptr<const Calibration> load_calibration_cached(
     const std::string& path, const std::optional<SourceLocation>& referenced_from = {});
 

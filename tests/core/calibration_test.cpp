@@ -3,9 +3,12 @@
 // and the calibrated GEMM time against a hand computation.
 #include "core/calibration.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +185,28 @@ TEST(CalibrationLoader, WriteThenLoadGivesTheSameValues) {
   Calibration e = d;
   e.comments = c.comments;
   EXPECT_EQ(calibration_yaml(e), text);
+}
+
+// The cache keys on the file's modification time and size: a file rewritten in place is read
+// again, an unchanged one is not (the same object comes back).
+TEST(CalibrationLoader, CacheRereadsAFileRewrittenInPlace) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::temp_directory_path() / fmt::format("moesim-cal-{}.yaml", ::getpid());
+  Calibration c = parse_calibration(kGood, "cal.yaml");
+  c.interference = 0.25;
+  { std::ofstream(p) << calibration_yaml(c); }
+  const auto first = load_calibration_cached(p.string());
+  EXPECT_EQ(load_calibration_cached(p.string()).get(), first.get());
+  EXPECT_EQ(*first->interference, 0.25);
+  c.interference = 0.5;
+  { std::ofstream(p) << calibration_yaml(c); }
+  // Same size, possibly the same clock tick: move the time on explicitly.
+  fs::last_write_time(p, fs::last_write_time(p) + std::chrono::seconds(2));
+  const auto second = load_calibration_cached(p.string());
+  EXPECT_NE(second.get(), first.get());
+  EXPECT_EQ(*second->interference, 0.5);
+  EXPECT_EQ(*first->interference, 0.25);  // holders of the old one keep it
+  fs::remove(p);
 }
 
 TEST(CalibrationLoader, BundledExampleLoads) {

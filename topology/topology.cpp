@@ -1,5 +1,6 @@
 #include "topology/topology.hpp"
 
+#include <atomic>
 #include <boost/graph/push_relabel_max_flow.hpp>
 #include <cmath>
 #include <ostream>
@@ -58,6 +59,11 @@ PairCost Topology::pair_cost(int src, int dst) const {
                 "pair_cost: GPU rank out of range");
   if (src == dst) return PairCost{Seconds(0), BytesPerSecond(gpu().hbm_bandwidth), 0, 0};
   return compute_pair_cost(src, dst);
+}
+
+std::uint64_t Topology::next_instance_id() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 PairCost Topology::compute_pair_cost(int src, int dst) const {

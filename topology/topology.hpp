@@ -65,6 +65,10 @@ class Topology {
 
   const ClusterSpec& spec() const { return spec_; }
   const GpuSpec& gpu() const { return spec_.gpu; }
+  /// Unique per Topology object built in this process (a counter, never reused): caches of
+  /// derived quantities key on it, since a topology never changes after construction and an
+  /// address can be reused by the next topology once this one is freed.
+  std::uint64_t instance_id() const { return instance_id_; }
   int num_gpus() const { return spec_.num_gpus(); }
   int num_nodes() const { return spec_.nodes; }
   int gpus_per_node() const { return spec_.gpus_per_node; }
@@ -100,13 +104,15 @@ class Topology {
   }
 
  protected:
-  explicit Topology(ClusterSpec spec) : spec_(std::move(spec)) {}
+  explicit Topology(ClusterSpec spec) : spec_(std::move(spec)), instance_id_(next_instance_id()) {}
   /// pair_cost() and tier_table() dispatch here. The defaults walk route(); builders with
   /// per-node templates override them with cached path summaries (same answers, faster).
   virtual PairCost compute_pair_cost(int src, int dst) const;
   virtual std::vector<TierRow> compute_tier_table() const;
+  static std::uint64_t next_instance_id();
 
   ClusterSpec spec_;
+  std::uint64_t instance_id_ = 0;
   std::vector<Vertex> vertices_;
   std::vector<Link> links_;
   std::vector<VertexId> gpu_vertex_;

@@ -219,43 +219,11 @@ std::vector<int> representative_positions(int group_size) {
 }
 
 namespace {
-// Identifies a topology's contents cheaply: sizes plus up to 64 evenly spaced links (bandwidth,
-// latency, tier) and the NIC shares. A sweep that frees a topology and builds the next one (say
-// with another NIC bandwidth) at the same address must not hit the old summaries; changing
-// bandwidths or latencies changes the sampled links.
-std::uint64_t topo_fingerprint(const topology::Topology& topo) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](std::uint64_t x) {
-    h ^= x;
-    h *= 1099511628211ull;
-  };
-  auto bits = [](double v) {
-    std::uint64_t b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-  };
-  const auto& links = topo.links();
-  mix(topo.vertices().size());
-  mix(links.size());
-  mix(static_cast<std::uint64_t>(topo.num_gpus()));
-  mix(static_cast<std::uint64_t>(topo.gpus_per_node()));
-  constexpr size_t kSamples = 64;
-  const size_t step = std::max<size_t>(1, links.size() / kSamples);
-  for (size_t i = 0; i < links.size(); i += step) {
-    mix(bits(links[i].bandwidth.value()));
-    mix(bits(links[i].latency.value()));
-    mix(static_cast<std::uint64_t>(links[i].tier));
-  }
-  if (topo.num_gpus() > 0) {
-    mix(bits(topo.nic_share_bandwidth(0).value()));
-    mix(bits(topo.nic_share_bandwidth(topo.num_gpus() - 1).value()));
-  }
-  return h;
-}
-
+// Entries are keyed by Topology::instance_id(), unique per topology object in the process: a
+// sweep that frees a topology and builds the next one (another NIC bandwidth, a calibrated
+// copy) at the same address never hits the old summaries.
 struct CacheEntry {
-  const topology::Topology* topo = nullptr;
-  std::uint64_t fingerprint = 0;
+  std::uint64_t topo_id = 0;
   int tag = 0, extra = 0;
   std::vector<int> group;
   std::shared_ptr<const void> value;
@@ -287,7 +255,7 @@ std::uint64_t cache_hash(const topology::Topology& topo, int tag, int extra,
     h ^= x;
     h *= 1099511628211ull;
   };
-  mix(reinterpret_cast<std::uintptr_t>(&topo));
+  mix(topo.instance_id());
   mix(static_cast<std::uint64_t>(tag));
   mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(extra)));
   mix(n);
@@ -302,8 +270,8 @@ std::uint64_t cache_hash(const topology::Topology& topo, int tag, int extra,
 bool matches(const CacheEntry& e, const topology::Topology& topo, int tag, int extra,
              const std::vector<int>& group) {
   // Cheap fields first; the group comparison only runs for a likely hit.
-  return e.tag == tag && e.extra == extra && e.topo == &topo && e.group.size() == group.size() &&
-         e.fingerprint == topo_fingerprint(topo) && e.group == group;
+  return e.tag == tag && e.extra == extra && e.topo_id == topo.instance_id() &&
+         e.group.size() == group.size() && e.group == group;
 }
 }  // namespace
 
@@ -344,7 +312,7 @@ std::shared_ptr<const void> cache_find(const topology::Topology& topo, int tag, 
 void cache_insert(const topology::Topology& topo, int tag, int extra, const std::vector<int>& group,
                   std::shared_ptr<const void> value) {
   const std::uint64_t h = cache_hash(topo, tag, extra, group);
-  CacheEntry entry{&topo, topo_fingerprint(topo), tag, extra, group, std::move(value)};
+  CacheEntry entry{topo.instance_id(), tag, extra, group, std::move(value)};
   memo_put(entry);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);

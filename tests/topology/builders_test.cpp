@@ -23,6 +23,21 @@ const TierRow* find_tier(const std::vector<TierRow>& rows, int tier) {
   return nullptr;
 }
 
+// Caches of derived quantities key on instance_id(): every topology object gets its own, even
+// one built from the same spec at an address a freed one had.
+TEST(Topology, EveryObjectHasItsOwnInstanceId) {
+  const auto spec = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
+  std::uint64_t previous = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t = build_topology(spec);
+    EXPECT_NE(t->instance_id(), 0u);
+    EXPECT_NE(t->instance_id(), previous);
+    previous = t->instance_id();
+  }
+  auto a = build_topology(spec), b = build_topology(spec);
+  EXPECT_NE(a->instance_id(), b->instance_id());
+}
+
 TEST(NvswitchSwitch, TwoNodesOfTwoGpus) {
   auto t = build_topology(make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch));
   // Per node: 2 GPUs, 1 NVSwitch, 2 NICs; plus one fabric switch.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -229,6 +230,15 @@ class Builder {
       if (!why.empty())
         throw InputError(where, "schedule",
                          fmt::format("strategy role schedule {}: {}", name_of(dec_.schedule), why));
+      // S1 splits the S tokens of a GPU over its mp ranks before the gate: whole tokens only.
+      // Padding to ceil(S / mp) rows would gate padding rows that then compete for capacity
+      // slots, so S1 is refused instead (parm_auto picks S2 here, parm_choose).
+      if (dec_.schedule == ScheduleRole::kParmS1 && mp_ > 1 && S_ % mp_ != 0)
+        throw InputError(sc_.location_of("model.batch_per_gpu"), "model.batch_per_gpu",
+                         fmt::format("strategy role schedule parm_s1 splits the {} tokens per GPU "
+                                     "(model.batch_per_gpu {} x model.seq_len {}) over mp = {} "
+                                     "ranks: expected mp to divide them (or parm_s2 / parm_auto)",
+                                     S_, B_, L_, mp_));
     }
     if (dec_.a2a == CollectiveAlgo::k2dh && W_ > 1) {
       const auto* algo =
@@ -809,6 +819,23 @@ class Builder {
 };
 
 }  // namespace
+
+int capacity_multiple(const Scenario& sc, const Decision& decision) {
+  if (decision.expert_pack > 1) {  // the builder builds the packed scenario (Lina expert packing)
+    Decision unpacked = decision;
+    unpacked.expert_pack = 1;
+    return capacity_multiple(schedules::packed_scenario(sc, decision.expert_pack), unpacked);
+  }
+  std::int64_t multiple = std::max(decision.pipeline_degree, 1);
+  const int n = sc.model.expert_shards();
+  const int rho = decision.parallel_degree;
+  // A rho that does not divide n is the builder's InputError (check_decision); leave dC alone.
+  if (n > 1 && rho >= 1 && n % rho == 0) multiple *= n / rho;
+  if (schedules::is_fused_parm(decision.schedule) && sc.parallelism.mp > 1)
+    multiple *= sc.parallelism.mp;
+  MOESIM_ASSERT(multiple <= std::numeric_limits<int>::max(), "capacity multiple overflows int");
+  return static_cast<int>(multiple);
+}
 
 BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
                           const workload::IterationWorkload& work, const Decision& decision) {

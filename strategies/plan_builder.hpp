@@ -56,6 +56,18 @@ struct Groups {
 };
 Groups make_groups(const Scenario& sc);
 
+/// What dC (the per-GPU expert capacity in slots) is rounded up to a multiple of for this decision
+/// (docs/model.md, "Capacity"), so that no op of the plan moves a fraction of a token. dC is split
+/// into r = pipeline_degree equal chunks c = dC / r, and then
+///  - sharded experts (n = expert shards > 1, token repeat factor rho): each of the n / rho GPUs of
+///    a hidden-slice group gets rho * c / n slots per (source, expert), so n / rho must divide c;
+///  - Parm S1 / S2 / auto with mp > 1: each MP rank takes c / mp slots, so mp must divide c.
+/// Hence r * (n / rho) * mp (the factors that apply); r alone for every other plan, which is what
+/// dC was always rounded to, so those plans do not change. lcm(r, n / rho) would not do: r = 2,
+/// n / rho = 2, dC = 2 gives 1-slot chunks over 2 GPUs. Real systems (Tutel, Parm) pad the same
+/// way: the padded slots are empty capacity, never tokens.
+int capacity_multiple(const Scenario& sc, const Decision& decision);
+
 /// Builds the step. Throws InputError when the decision cannot apply (pipeline degree larger
 /// than the capacity, 2DH on groups that are not node-aligned, a parallel degree that does not
 /// divide the shard count) naming the strategy role at fault.

@@ -81,10 +81,10 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
   run.iterations.reserve(static_cast<size_t>(iterations));
   for (int i = 0; i < iterations; ++i) {
     const double f = generator.capacity_factor(i);
-    // dC before rounding to the pipeline degree: closed form for f > 0; dropless factors need
+    // dC before rounding to the capacity multiple: closed form for f > 0; dropless factors need
     // the sampled counts (the first MoE layer's), so the iteration is sampled once here, with
-    // capacity multiple 1, and round_capacity re-rounds dC to the pipeline degree after the
-    // decision: the same counts next(i, degree) would draw (only a capped f < 0 that dropped
+    // capacity multiple 1, and round_capacity re-rounds dC to capacity_multiple after the
+    // decision: the same counts next(i, multiple) would draw (only a capped f < 0 that dropped
     // choices has to sample again, as a larger dC keeps more of them).
     std::int64_t capacity = 0;
     std::optional<workload::IterationWorkload> sampled;
@@ -104,11 +104,13 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
     Decision decision;
     decision.expert_routing = for_execution;
     stack->decide(ctx, decision);
-    workload::IterationWorkload work =
-        session ? session->workload(i, f, decision.pipeline_degree)
-        : sampled && generator.round_capacity(*sampled, decision.pipeline_degree)
-            ? std::move(*sampled)
-            : generator.next(i, decision.pipeline_degree);
+    // dC rounded up so that every chunk's per-peer share is whole (capacity_multiple): the
+    // pipeline degree, times n / rho for sharded experts and mp for Parm's fused schedules.
+    const int multiple = capacity_multiple(sc, decision);
+    workload::IterationWorkload work = session ? session->workload(i, f, multiple)
+                                       : sampled && generator.round_capacity(*sampled, multiple)
+                                           ? std::move(*sampled)
+                                           : generator.next(i, multiple);
     stack->route(ctx, decision, work);
     InferenceRecord placed;
     if (session) {

@@ -118,6 +118,9 @@ ParmChoice parm_choose(const Scenario& sc, const topology::Topology& topo, std::
     c.t_s2_s += gate + (hbm > 0 ? mem_bytes / hbm : 0.0);
   }
   c.choice = c.t_s1_s <= c.t_s2_s ? ScheduleRole::kParmS1 : ScheduleRole::kParmS2;
+  // S1 splits the S tokens per GPU over the mp ranks before the gate; when mp does not divide S
+  // that is a fraction of a token (the plan builder refuses an explicit parm_s1), so auto takes S2.
+  if (p.mp > 1 && sc.tokens_per_gpu() % p.mp != 0) c.choice = ScheduleRole::kParmS2;
   return c;
 }
 
@@ -197,7 +200,7 @@ class Emit {
 
 // Per-chunk sizes: sm = dC_j / mp slots per (source, expert) after the MP split.
 struct ChunkDims {
-  double sm = 0;         // slots after the MP split (fractional when mp does not divide dC_j)
+  double sm = 0;         // slots after the MP split (whole: run_stack pads dC, capacity_multiple)
   double a2a_bytes = 0;  // y_j / mp = esp * E * sm * M * b
   GemmShape fc1, fc2;
   double flops_each = 0;

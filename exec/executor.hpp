@@ -10,7 +10,13 @@
 //  - the forward MoE layer on real seeded data with the CPU kernels (kernels/moe_kernels.hpp):
 //    gate (+top-k, capacity), encode, per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 ->
 //    combine, decode. Dispatch and combine move the real expert buffers;
-//  - every other op (attention, dense FFN, backward, gradient buckets) with scratch buffers of the
+//  - the backward MoE layer of the plain data path on real data (exec/backward_path.hpp): seeded
+//    dY, decode / combine / fc2 / fc1 / dispatch / encode / gate backward, and the DP all-reduce
+//    of the real expert gradients ("L{b}.grad.expert_allreduce[.m{i}]"); --check compares dX,
+//    dWgate, dW1 and dW2 with reference_backward. The GPU path and the routed, sharded and Parm
+//    layers keep running their backward on scratch buffers (no gradient is checked there);
+//  - every other op (attention, dense FFN, other backward, gradient buckets) with scratch buffers
+//  of the
 //    plan's sizes: collectives move real bytes, compute ops outside the MoE forward are timed
 //    as empty ops on the host path (their cost is what the simulator's compute model is for; the
 //    GPU path runs them as cuBLAS GEMMs).
@@ -40,6 +46,7 @@
 
 #include "core/run_result.hpp"
 #include "core/scenario.hpp"
+#include "exec/backward_path.hpp"
 #include "exec/communicator.hpp"
 #include "exec/moe_data.hpp"
 #include "strategies/runner.hpp"
@@ -154,6 +161,10 @@ class Executor {
   const std::vector<long long>& last_dropped() const { return dropped_; }
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
+  /// Every gradient check so far (options.check; plain layers whose backward ran on real data,
+  /// exec/backward_path.hpp): empty on the GPU path and for routed / sharded / Parm layers.
+  const std::vector<GradCheck>& grad_checks() const { return grad_checks_; }
+  /// Elements outside tolerance over every layer check and gradient check so far.
   long long total_wrong() const;
   /// Whether the last run's MoE forward ran on real data (plain, sharded or Parm path; plans no
   /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
@@ -167,6 +178,7 @@ class Executor {
   struct Layer;
   void run_op(const Plan& plan, const Op& op);
   void run_collective(const Plan& plan, const Op& op);
+  bool run_backward_hook(const Plan& plan, const Op& op);
   void check_layers();
 
   const Scenario& sc_;
@@ -181,6 +193,7 @@ class Executor {
   std::vector<std::vector<float>> outputs_;
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;
+  std::vector<GradCheck> grad_checks_;
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
   std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
   std::unique_ptr<ShardedPath> sharded_;       // host data path of sharded experts, or null

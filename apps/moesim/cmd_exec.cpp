@@ -278,10 +278,19 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   apply_speedups(rows, baseline_index(specs));
 
   const auto& checks = executor.checks();
-  long long wrong = executor.total_wrong(), compared = 0, drop_mismatch = 0;
+  long long wrong = 0, compared = 0, drop_mismatch = 0;
   for (const auto& c : checks) {
     compared += c.compared;
+    wrong += c.wrong;
     if (c.dropped != c.expected_dropped) ++drop_mismatch;
+  }
+  // Gradients of the plain layers whose backward ran on real data (exec/backward_path.hpp).
+  long long grad_compared = 0, grad_wrong = 0;
+  double grad_max_err = 0;
+  for (const auto& c : executor.grad_checks()) {
+    grad_compared += c.compared;
+    grad_wrong += c.wrong;
+    grad_max_err = std::max(grad_max_err, c.max_abs_error);
   }
   if (root) {
     print_table(rows);
@@ -292,6 +301,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
           "# check: {} MoE layer run(s), {} output values compared, #wrong {}, "
           "max abs error {:.3g}, drop-count mismatches {}\n",
           checks.size(), compared, wrong, max_err, drop_mismatch);
+      fmt::print(
+          "# check: backward of {} MoE layer run(s), {} gradients compared (dX, dWgate, dW1, "
+          "dW2), #wrong {}, max abs error {:.3g}{}\n",
+          executor.grad_checks().size(), grad_compared, grad_wrong, grad_max_err,
+          grad_compared == 0 ? " (no backward on real data: inference, the GPU path, or routed / "
+                               "sharded / Parm layers, whose backward runs on scratch buffers)"
+                             : "");
     }
     if (a.predict) {
       fmt::print("\n# predict: engine {}, calibration {}\n",
@@ -334,16 +350,19 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
         c["compared"] = compared;
         c["wrong"] = wrong;
         c["drop_count_mismatches"] = drop_mismatch;
+        c["gradients_compared"] = grad_compared;
+        c["gradients_wrong"] = grad_wrong;
         j["check"] = c;
       }
       write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
     }
   }
-  if (a.check && (wrong > 0 || drop_mismatch > 0)) {
+  if (a.check && (wrong > 0 || drop_mismatch > 0 || grad_wrong > 0)) {
     if (root)
       std::fprintf(stderr,
-                   "moesim: error: --check failed: #wrong %lld, drop-count mismatches %lld\n",
-                   wrong, drop_mismatch);
+                   "moesim: error: --check failed: #wrong %lld, drop-count mismatches %lld, "
+                   "gradients #wrong %lld\n",
+                   wrong, drop_mismatch, grad_wrong);
     return 1;
   }
   return 0;

@@ -364,6 +364,17 @@ RunResult Executor::run(const Plan& plan) {
     }
   }
   for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
+  gradients_.clear();
+  for (const auto& lp : layers_) {
+    gradients_.emplace_back();
+    if (!lp->bwd || !lp->bwd->gated) continue;
+    const BackwardLayer& b = *lp->bwd;
+    auto& g = gradients_.back();
+    g.insert(g.end(), b.dx.begin(), b.dx.end());
+    g.insert(g.end(), b.dgate_w.begin(), b.dgate_w.end());
+    for (const auto& w : b.dw1) g.insert(g.end(), w.begin(), w.end());
+    for (const auto& w : b.dw2) g.insert(g.end(), w.begin(), w.end());
+  }
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 
   // Every rank gets every rank's times, so every strategy stack sees the same RunResult.

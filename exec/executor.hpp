@@ -157,6 +157,10 @@ class Executor {
 
   /// This rank's output (S x M fp32) of every MoE layer of the last run; empty without data path.
   const std::vector<std::vector<float>>& last_outputs() const { return outputs_; }
+  /// This rank's gradients of every plain MoE layer whose backward ran on real data in the last
+  /// run (exec/backward_path.hpp), each [dX (S x M) | dWgate (M x E) | dW1 of its local experts
+  /// | dW2 of them] (dW after the plan's DP all-reduce); empty entries for the other layers.
+  const std::vector<std::vector<float>>& last_gradients() const { return gradients_; }
   /// Choices dropped by the capacity rule on this rank, per MoE layer of the last run.
   const std::vector<long long>& last_dropped() const { return dropped_; }
   /// Every layer check so far (options.check).
@@ -191,6 +195,7 @@ class Executor {
   int iteration_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<float>> outputs_;
+  std::vector<std::vector<float>> gradients_;
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;
   std::vector<GradCheck> grad_checks_;

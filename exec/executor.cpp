@@ -365,9 +365,11 @@ RunResult Executor::run(const Plan& plan) {
   }
   for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
   gradients_.clear();
+  real_backward_ = false;
   for (const auto& lp : layers_) {
     gradients_.emplace_back();
     if (!lp->bwd || !lp->bwd->gated) continue;
+    real_backward_ = true;
     const BackwardLayer& b = *lp->bwd;
     auto& g = gradients_.back();
     g.insert(g.end(), b.dx.begin(), b.dx.end());

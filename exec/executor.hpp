@@ -173,6 +173,9 @@ class Executor {
   /// Whether the last run's MoE forward ran on real data (plain, sharded or Parm path; plans no
   /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
   bool has_data_path() const;
+  /// Whether the last run's MoE backward ran on real data (plain layers on the host path,
+  /// exec/backward_path.hpp): the plan's ops that parse_moe_bwd_label names ran for real.
+  bool has_backward_path() const { return real_backward_; }
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
   /// True when ops run on the GPU (NCCL communicator); false on the host path.
@@ -205,6 +208,7 @@ class Executor {
   std::unique_ptr<ParmPath> parm_;  // this plan's MP / ESP MoE layers (exec/parm_path.hpp), or null
   std::vector<std::pair<int, int>> checked_;  // per MoE layer of the last run: (moe, capacity)
   bool real_data_ = false;                    // the last run's MoE forward ran on real data
+  bool real_backward_ = false;                // ... and its plain layers' backward too
   double tolerance_ = 0;                      // of the check, for this path's dtype
 };
 

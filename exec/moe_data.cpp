@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -323,6 +324,9 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
   std::vector<double> pre(static_cast<size_t>(kBlock) * H), out(static_cast<size_t>(kBlock) * M),
       dout(static_cast<size_t>(kBlock) * M), dh(static_cast<size_t>(kBlock) * H);
   std::vector<double> dw1, dw2;
+  std::vector<float> xblock(static_cast<size_t>(kBlock) * M),
+      pre32(static_cast<size_t>(kBlock) * H);
+  kernels::cpu::Context ctx;
   for (int e = 0; e < E; ++e) {
     dw1.assign(static_cast<size_t>(M) * H, 0.0);
     dw2.assign(static_cast<size_t>(H) * M, 0.0);
@@ -342,6 +346,16 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
             for (int j = 0; j < H; ++j) h[j] += xm * row[j];
           }
         }
+        // The ReLU's derivative jumps at 0, so a pre-activation within rounding of 0 may be
+        // active in double and not in fp32 (at M = 1,024, H = 2,048 about ten per rank flip, each
+        // changing a whole column of dW1 by O(0.01)). Which side of the kink counts is a choice
+        // (both are subgradients); the reference takes the fp32 kernel's: the same GEMM on the
+        // same fp32 inputs accumulates every element in the same order (kernels::cpu::gemm), so
+        // the mask is exactly the executor's. Every value stays in double.
+        for (int i = 0; i < nb; ++i) std::copy_n(xrow(i), M, &xblock[static_cast<size_t>(i) * M]);
+        kernels::cpu::gemm(ctx, kernels::DType::kF32, nb, H, M, xblock.data(), w1, pre32.data());
+        for (size_t i = 0; i < static_cast<size_t>(nb) * H; ++i)
+          pre[i] = pre32[i] > 0 ? std::max(pre[i], std::numeric_limits<double>::min()) : 0.0;
         std::fill(out.begin(), out.end(), 0.0);
         for (int j = 0; j < H; ++j) {
           const float* row = w2 + static_cast<size_t>(j) * M;

@@ -104,7 +104,9 @@ std::vector<float> make_grad_output(const MoeShape& s, std::uint64_t seed, int i
 /// Reference gradients of one rank's layer for output gradient dY (double accumulation, the
 /// routing of reference_routing: the discrete choices and drops are held fixed). dx (S x M) and
 /// dgate_w (M x E) of this rank's tokens; dw1[e] (M x H) and dw2[e] (H x M) this rank's tokens'
-/// contribution to every expert's gradient (zeros for experts none of them reached).
+/// contribution to every expert's gradient (zeros for experts none of them reached). The ReLU's
+/// derivative at a pre-activation within rounding of 0 is a choice: the reference takes the fp32
+/// CPU GEMM's sign (what the executor computes); every value is accumulated in double.
 struct ReferenceGrads {
   std::vector<double> dx, dgate_w;
   std::vector<std::vector<double>> dw1, dw2;

@@ -97,10 +97,11 @@ int op_class(const Op& op) {
 
 // Per class: the sum over ops of the op's mean duration over its ranks (busy time of that class
 // on an average rank, concurrent ops counted twice).
-// `host`: on the host path only the MoE forward's compute ops run for real (with the data path);
-// every other compute op is an empty op there and goes to kNotRun.
+// `host`: on the host path only the MoE forward's compute ops run for real (with the data path),
+// and the plain layers' backward ones (`backward`: exec/backward_path.hpp); every other compute op
+// is an empty op there and goes to kNotRun.
 std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r, bool host,
-                                            bool data_path) {
+                                            bool data_path, bool backward) {
   std::array<double, kNumClasses> t{};
   for (const Op& op : plan.ops()) {
     const int n = op.ranks.size();
@@ -110,7 +111,8 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     int c = op_class(op);
     if (host && op.kind == OpKind::kCompute &&
         !(data_path && (exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone ||
-                        exec::is_parm_data_op(op.label))))
+                        exec::is_parm_data_op(op.label))) &&
+        !(backward && exec::parse_moe_bwd_label(op.label).kind != exec::MoeBwdRef::kNone))
       c = kNotRun;
     t[c] += sum / n;
   }
@@ -254,8 +256,10 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
       PredictStep s;
       s.measured_s = m.makespan_s;
       s.predicted_s = p.makespan_s;
-      s.measured = class_times(plan, m, host, executor.has_data_path());
-      s.predicted = class_times(plan, p, host, executor.has_data_path());
+      s.measured =
+          class_times(plan, m, host, executor.has_data_path(), executor.has_backward_path());
+      s.predicted =
+          class_times(plan, p, host, executor.has_data_path(), executor.has_backward_path());
       predicted[current].push_back(s);
     }
     return m;
@@ -316,8 +320,9 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                                                      : sc.cluster.calibration_path);
       if (host)
         fmt::print(
-            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode) and "
-            "the collectives run for real; the other compute ops are empty ops there, shown apart "
+            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode), "
+            "the plain MoE layers' backward compute and the collectives run for real; the other "
+            "compute ops are empty ops there, shown apart "
             "as 'not run (host)' (their prediction is what a GPU would take; the step rows "
             "include it)\n");
       for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i], host);

@@ -217,6 +217,7 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
               transpose(std::vector<float>(h, h + static_cast<size_t>(c) * H), c, H);
           kc::gemm(ctx, kF32, H, M, c, ht.data(), d, bl.dw2[le].data(), 1.0f, 1.0f);
         }
+      std::vector<float>().swap(bl.chunk_dout[j]);  // done with it: keep the peak memory down
       return -1;
     }
     case MoeBwdRef::kFc1: {
@@ -236,7 +237,11 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
               transpose(std::vector<float>(x, x + static_cast<size_t>(c) * M), c, M);
           kc::gemm(ctx, kF32, M, H, c, xt.data(), g, bl.dw1[le].data(), 1.0f, 1.0f);  // dW1
         }
-      if (!lp.has_a2a) unpack_chunk(din.data(), lp, j, E, M, bl.grad_dispatched);  // W = 1
+      std::vector<float>().swap(bl.chunk_dhidden[j]);
+      if (!lp.has_a2a) {  // W = 1: the experts are local
+        unpack_chunk(din.data(), lp, j, E, M, bl.grad_dispatched);
+        std::vector<float>().swap(din);
+      }
       ++bl.fc1_done;
       return -1;
     }
@@ -244,9 +249,12 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
       // The dispatch's backward: each expert's dIn back to the token owners (the forward
       // combine's direction), received as (E, c, M) = source position s's dE experts.
       const int j = ref.chunk;
+      MOESIM_ASSERT(bl.chunk_din[j].size() == static_cast<size_t>(W) * dE * lp.caps[j] * M,
+                    "backward dispatch before the fc1 backward");
       std::vector<float> back;
       const std::int64_t algo = exchange(comm, topo, plan, op, bl.chunk_din[j], back);
       unpack_chunk(back.data(), lp, j, E, M, bl.grad_dispatched);
+      std::vector<float>().swap(bl.chunk_din[j]);
       return algo;
     }
     case MoeBwdRef::kEncode:

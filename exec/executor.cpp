@@ -187,6 +187,11 @@ struct Executor::Layer : MoeLayerPlan {
   std::vector<float> dispatched, expert_out, y;
   std::vector<std::vector<float>> chunk_in, hidden, chunk_out;  // per chunk, (W, dE, c, ·)
   std::unique_ptr<RoutedLayer> rpath;  // plan-routed layer (exec/routed_path.hpp), or null
+  std::unique_ptr<BackwardLayer> bwd;  // backward on real data (exec/backward_path.hpp), or null
+  ForwardView view() const {
+    return ForwardView{this,        &x,          &gate_w, &logits, &weight,   &expert, &slot,
+                       &slot_entry, &expert_out, &w1,     &w2,     &chunk_in, &hidden};
+  }
 };
 
 Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
@@ -246,6 +251,7 @@ bool Executor::has_data_path() const { return real_data_; }
 long long Executor::total_wrong() const {
   long long w = 0;
   for (const auto& c : checks_) w += c.wrong;
+  for (const auto& c : grad_checks_) w += c.wrong;
   return w;
 }
 
@@ -358,6 +364,19 @@ RunResult Executor::run(const Plan& plan) {
     }
   }
   for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
+  gradients_.clear();
+  real_backward_ = false;
+  for (const auto& lp : layers_) {
+    gradients_.emplace_back();
+    if (!lp->bwd || !lp->bwd->gated) continue;
+    real_backward_ = true;
+    const BackwardLayer& b = *lp->bwd;
+    auto& g = gradients_.back();
+    g.insert(g.end(), b.dx.begin(), b.dx.end());
+    g.insert(g.end(), b.dgate_w.begin(), b.dgate_w.end());
+    for (const auto& w : b.dw1) g.insert(g.end(), w.begin(), w.end());
+    for (const auto& w : b.dw2) g.insert(g.end(), w.begin(), w.end());
+  }
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 
   // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
@@ -415,6 +434,7 @@ RunResult Executor::run(const Plan& plan) {
 void Executor::run_op(const Plan& plan, const Op& op) {
   if (sharded_ && sharded_->run_op(plan, op, collective_algo_)) return;
   if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
+  if (!layers_.empty() && run_backward_hook(plan, op)) return;
   MoeOpRef ref = !layers_.empty() ? parse_moe_label(op.label) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
@@ -568,6 +588,27 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   // Other compute and copy ops: empty on the host path (see executor.hpp).
 }
 
+// The plain layers' backward ops and expert-gradient all-reduces on real data
+// (exec/backward_path.hpp); false for every other op (routed layers keep scratch buffers).
+bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
+  const MoeBwdRef ref = parse_moe_bwd_label(op.label);
+  if (ref.kind == MoeBwdRef::kNone) return false;
+  const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
+  if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;
+  Layer& L = *layers_[moe];
+  if (L.rpath || L.block != ref.block || L.w1.empty()) return false;
+  const ForwardView fwd = L.view();
+  if (!L.bwd) {
+    L.bwd = std::make_unique<BackwardLayer>();
+    begin_backward_layer(plan, L, comm_.rank(), shape_, fwd, *L.bwd);
+  }
+  const std::int64_t algo =
+      run_backward_op(comm_, topo_, plan, op, ref, fwd, *L.bwd, shape_, sc_.workload.routing.seed,
+                      iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
+  if (algo >= 0) collective_algo_[op.id] = algo;
+  return true;
+}
+
 // A collective outside the MoE data path: scratch buffers of the plan's sizes, real bytes moved.
 void Executor::run_collective(const Plan& plan, const Op& op) {
   const CollectiveSpec& spec = op.collective();
@@ -669,6 +710,12 @@ void Executor::check_layers() {
     chk.expected_dropped = session_.all_reduce_sum(drops);
     chk.max_abs_error = session_.all_reduce_max(max_err);
     checks_.push_back(chk);
+    // The layer's gradients, when its backward ran on real data (the same on every rank: all
+    // ranks run every op of a plain MoE layer).
+    if (L && L->bwd && L->bwd->decoded)
+      grad_checks_.push_back(
+          check_backward_layer(comm_, session_, *L, *L->bwd, shape_, seed, iteration_,
+                               token_key_rank(sc_.parallelism, comm_.rank()), tolerance_));
   }
 }
 

@@ -10,7 +10,13 @@
 //  - the forward MoE layer on real seeded data with the CPU kernels (kernels/moe_kernels.hpp):
 //    gate (+top-k, capacity), encode, per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 ->
 //    combine, decode. Dispatch and combine move the real expert buffers;
-//  - every other op (attention, dense FFN, backward, gradient buckets) with scratch buffers of the
+//  - the backward MoE layer of the plain data path on real data (exec/backward_path.hpp): seeded
+//    dY, decode / combine / fc2 / fc1 / dispatch / encode / gate backward, and the DP all-reduce
+//    of the real expert gradients ("L{b}.grad.expert_allreduce[.m{i}]"); --check compares dX,
+//    dWgate, dW1 and dW2 with reference_backward. The GPU path and the routed, sharded and Parm
+//    layers keep running their backward on scratch buffers (no gradient is checked there);
+//  - every other op (attention, dense FFN, other backward, gradient buckets) with scratch buffers
+//  of the
 //    plan's sizes: collectives move real bytes, compute ops outside the MoE forward are timed
 //    as empty ops on the host path (their cost is what the simulator's compute model is for; the
 //    GPU path runs them as cuBLAS GEMMs).
@@ -40,6 +46,7 @@
 
 #include "core/run_result.hpp"
 #include "core/scenario.hpp"
+#include "exec/backward_path.hpp"
 #include "exec/communicator.hpp"
 #include "exec/moe_data.hpp"
 #include "strategies/runner.hpp"
@@ -150,14 +157,25 @@ class Executor {
 
   /// This rank's output (S x M fp32) of every MoE layer of the last run; empty without data path.
   const std::vector<std::vector<float>>& last_outputs() const { return outputs_; }
+  /// This rank's gradients of every plain MoE layer whose backward ran on real data in the last
+  /// run (exec/backward_path.hpp), each [dX (S x M) | dWgate (M x E) | dW1 of its local experts
+  /// | dW2 of them] (dW after the plan's DP all-reduce); empty entries for the other layers.
+  const std::vector<std::vector<float>>& last_gradients() const { return gradients_; }
   /// Choices dropped by the capacity rule on this rank, per MoE layer of the last run.
   const std::vector<long long>& last_dropped() const { return dropped_; }
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
+  /// Every gradient check so far (options.check; plain layers whose backward ran on real data,
+  /// exec/backward_path.hpp): empty on the GPU path and for routed / sharded / Parm layers.
+  const std::vector<GradCheck>& grad_checks() const { return grad_checks_; }
+  /// Elements outside tolerance over every layer check and gradient check so far.
   long long total_wrong() const;
   /// Whether the last run's MoE forward ran on real data (plain, sharded or Parm path; plans no
   /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
   bool has_data_path() const;
+  /// Whether the last run's MoE backward ran on real data (plain layers on the host path,
+  /// exec/backward_path.hpp): the plan's ops that parse_moe_bwd_label names ran for real.
+  bool has_backward_path() const { return real_backward_; }
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
   /// True when ops run on the GPU (NCCL communicator); false on the host path.
@@ -167,6 +185,7 @@ class Executor {
   struct Layer;
   void run_op(const Plan& plan, const Op& op);
   void run_collective(const Plan& plan, const Op& op);
+  bool run_backward_hook(const Plan& plan, const Op& op);
   void check_layers();
 
   const Scenario& sc_;
@@ -179,14 +198,17 @@ class Executor {
   int iteration_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<float>> outputs_;
+  std::vector<std::vector<float>> gradients_;
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;
+  std::vector<GradCheck> grad_checks_;
   std::vector<std::int64_t> collective_algo_;  // per op of the current plan: resolved algo
   std::unique_ptr<DevicePath> device_;         // the GPU path, or null (host path)
   std::unique_ptr<ShardedPath> sharded_;       // host data path of sharded experts, or null
   std::unique_ptr<ParmPath> parm_;  // this plan's MP / ESP MoE layers (exec/parm_path.hpp), or null
   std::vector<std::pair<int, int>> checked_;  // per MoE layer of the last run: (moe, capacity)
   bool real_data_ = false;                    // the last run's MoE forward ran on real data
+  bool real_backward_ = false;                // ... and its plain layers' backward too
   double tolerance_ = 0;                      // of the check, for this path's dtype
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -286,6 +287,206 @@ std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
     w2 = make_w2(s, seed, layer, e);
     return std::pair<const float*, const float*>{w1.data(), w2.data()};
   });
+}
+
+std::vector<float> make_grad_output(const MoeShape& s, std::uint64_t seed, int iteration, int layer,
+                                    int rank) {
+  std::vector<float> v(static_cast<size_t>(s.tokens) * s.model_dim);
+  fill_uniform(v, seed, 5, (static_cast<std::uint64_t>(iteration) << 20) | layer, rank, 1.0f);
+  return v;
+}
+
+namespace {
+
+// The backward of reference_ffn + the gate for a routing already decided (rr), in double. Per
+// expert, its kept entries in blocks of kBlock tokens (one row of W1 / W2 / dW1 / dW2 reused by
+// the whole block, as in reference_ffn). Per entry (t, c) of expert e with probability p:
+//   pre = x_t W1, h = relu(pre), out = h W2            (recomputed, not taken from the executor)
+//   dWeight = <dY_t, out>, dOut = p dY_t
+//   dh = (dOut W2^T) * [pre > 0],  dW2 += h^T dOut,  dW1 += x_t^T dh,  dx_t += dh W1^T
+// then the gate: g (E) = dWeight at the kept choices' experts, dLogits = p (g - <p, g>) (softmax
+// backward over all E), dWgate += x_t^T dLogits, dx_t += dLogits Wg^T. Drops are constants
+// (their choice contributes nothing, so neither its expert nor its probability gets a gradient).
+template <typename Weights, typename OnExpert>
+ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<float>& tokens,
+                                       const std::vector<float>& gate_w,
+                                       const std::vector<float>& dy, const ReferenceRouting& rr,
+                                       Weights&& weights, OnExpert&& on_expert) {
+  constexpr int kBlock = 16;
+  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
+  MOESIM_ASSERT(dy.size() == static_cast<size_t>(S) * M, "reference_backward: dY size");
+  ReferenceGrads g;
+  g.dropped = rr.dropped;
+  g.dx.assign(static_cast<size_t>(S) * M, 0.0);
+  g.dgate_w.assign(static_cast<size_t>(M) * E, 0.0);
+  std::vector<double> gw(static_cast<size_t>(S) * k, 0.0);  // dWeight per entry
+  std::vector<std::vector<std::size_t>> entries(E);
+  for (std::size_t entry = 0; entry < static_cast<std::size_t>(S) * k; ++entry)
+    if (rr.kept[entry]) entries[rr.expert[entry]].push_back(entry);
+  std::vector<double> pre(static_cast<size_t>(kBlock) * H), out(static_cast<size_t>(kBlock) * M),
+      dout(static_cast<size_t>(kBlock) * M), dh(static_cast<size_t>(kBlock) * H);
+  std::vector<double> dw1, dw2;
+  std::vector<float> xblock(static_cast<size_t>(kBlock) * M),
+      pre32(static_cast<size_t>(kBlock) * H);
+  kernels::cpu::Context ctx;
+  for (int e = 0; e < E; ++e) {
+    dw1.assign(static_cast<size_t>(M) * H, 0.0);
+    dw2.assign(static_cast<size_t>(H) * M, 0.0);
+    const auto& list = entries[e];
+    if (!list.empty()) {
+      const auto [w1, w2] = weights(e);
+      for (std::size_t b0 = 0; b0 < list.size(); b0 += kBlock) {
+        const int nb = static_cast<int>(std::min<std::size_t>(kBlock, list.size() - b0));
+        auto xrow = [&](int i) { return &tokens[list[b0 + i] / k * M]; };
+        auto dyrow = [&](int i) { return &dy[list[b0 + i] / k * M]; };
+        std::fill(pre.begin(), pre.end(), 0.0);
+        for (int m = 0; m < M; ++m) {
+          const float* row = w1 + static_cast<size_t>(m) * H;
+          for (int i = 0; i < nb; ++i) {
+            const double xm = xrow(i)[m];
+            double* h = &pre[static_cast<size_t>(i) * H];
+            for (int j = 0; j < H; ++j) h[j] += xm * row[j];
+          }
+        }
+        // The ReLU's derivative jumps at 0, so a pre-activation within rounding of 0 may be
+        // active in double and not in fp32 (at M = 1,024, H = 2,048 about ten per rank flip, each
+        // changing a whole column of dW1 by O(0.01)). Which side of the kink counts is a choice
+        // (both are subgradients); the reference takes the fp32 kernel's: the same GEMM on the
+        // same fp32 inputs accumulates every element in the same order (kernels::cpu::gemm), so
+        // the mask is exactly the executor's. Every value stays in double.
+        for (int i = 0; i < nb; ++i) std::copy_n(xrow(i), M, &xblock[static_cast<size_t>(i) * M]);
+        kernels::cpu::gemm(ctx, kernels::DType::kF32, nb, H, M, xblock.data(), w1, pre32.data());
+        for (size_t i = 0; i < static_cast<size_t>(nb) * H; ++i)
+          pre[i] = pre32[i] > 0 ? std::max(pre[i], std::numeric_limits<double>::min()) : 0.0;
+        std::fill(out.begin(), out.end(), 0.0);
+        for (int j = 0; j < H; ++j) {
+          const float* row = w2 + static_cast<size_t>(j) * M;
+          for (int i = 0; i < nb; ++i) {
+            const double hj = std::max(0.0, pre[static_cast<size_t>(i) * H + j]);
+            if (hj == 0) continue;
+            double* o = &out[static_cast<size_t>(i) * M];
+            for (int m = 0; m < M; ++m) o[m] += hj * row[m];
+          }
+        }
+        for (int i = 0; i < nb; ++i) {
+          const std::size_t entry = list[b0 + i];
+          const float* d = dyrow(i);
+          double dot = 0;
+          for (int m = 0; m < M; ++m) {
+            dot += static_cast<double>(d[m]) * out[static_cast<size_t>(i) * M + m];
+            dout[static_cast<size_t>(i) * M + m] = static_cast<double>(rr.prob[entry]) * d[m];
+          }
+          gw[entry] = dot;
+        }
+        // dh = dOut W2^T masked by the ReLU; dW2 += h^T dOut (row j of W2 / dW2 per pass).
+        for (int j = 0; j < H; ++j) {
+          const float* row = w2 + static_cast<size_t>(j) * M;
+          double* grow = &dw2[static_cast<size_t>(j) * M];
+          for (int i = 0; i < nb; ++i) {
+            const double p = pre[static_cast<size_t>(i) * H + j];
+            const double* o = &dout[static_cast<size_t>(i) * M];
+            double acc = 0;
+            for (int m = 0; m < M; ++m) acc += o[m] * row[m];
+            dh[static_cast<size_t>(i) * H + j] = p > 0 ? acc : 0.0;
+            if (p > 0)
+              for (int m = 0; m < M; ++m) grow[m] += p * o[m];
+          }
+        }
+        // dW1 += x^T dh; dx += dh W1^T (row m of W1 / dW1 per pass).
+        for (int m = 0; m < M; ++m) {
+          const float* row = w1 + static_cast<size_t>(m) * H;
+          double* grow = &dw1[static_cast<size_t>(m) * H];
+          for (int i = 0; i < nb; ++i) {
+            const double xm = xrow(i)[m];
+            const double* d = &dh[static_cast<size_t>(i) * H];
+            double acc = 0;
+            for (int j = 0; j < H; ++j) {
+              grow[j] += xm * d[j];
+              acc += d[j] * row[j];
+            }
+            g.dx[list[b0 + i] / k * M + m] += acc;
+          }
+        }
+      }
+    }
+    on_expert(e, dw1, dw2);
+  }
+  // Gate backward: softmax over all E experts, probabilities recomputed in double.
+  std::vector<double> logit(E), p(E), gsum(E);
+  for (int t = 0; t < S; ++t) {
+    double mx = -1e300;
+    for (int e = 0; e < E; ++e) {
+      double acc = 0;
+      for (int m = 0; m < M; ++m)
+        acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
+               gate_w[static_cast<size_t>(m) * E + e];
+      logit[e] = acc;
+      mx = std::max(mx, acc);
+    }
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(logit[e] - mx));
+    for (int e = 0; e < E; ++e) p[e] /= sum;
+    std::fill(gsum.begin(), gsum.end(), 0.0);
+    for (int c = 0; c < k; ++c) {
+      const size_t entry = static_cast<size_t>(t) * k + c;
+      if (rr.kept[entry]) gsum[rr.expert[entry]] += gw[entry];
+    }
+    double pg = 0;
+    for (int e = 0; e < E; ++e) pg += p[e] * gsum[e];
+    for (int e = 0; e < E; ++e) {
+      const double dl = p[e] * (gsum[e] - pg);
+      if (dl == 0) continue;
+      for (int m = 0; m < M; ++m) {
+        g.dgate_w[static_cast<size_t>(m) * E + e] += tokens[static_cast<size_t>(t) * M + m] * dl;
+        g.dx[static_cast<size_t>(t) * M + m] += dl * gate_w[static_cast<size_t>(m) * E + e];
+      }
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+ReferenceGrads reference_backward(const MoeShape& s, const std::vector<float>& tokens,
+                                  const std::vector<float>& gate_w,
+                                  const std::vector<std::vector<float>>& w1,
+                                  const std::vector<std::vector<float>>& w2,
+                                  const std::vector<float>& dy, int capacity) {
+  MOESIM_ASSERT(
+      static_cast<int>(w1.size()) == s.experts && static_cast<int>(w2.size()) == s.experts,
+      "reference needs every expert's weights");
+  const ReferenceRouting rr = reference_routing(s, tokens, gate_w, capacity);
+  std::vector<std::vector<double>> dw1(s.experts), dw2(s.experts);
+  ReferenceGrads g = reference_backward_impl(
+      s, tokens, gate_w, dy, rr,
+      [&](int e) {
+        return std::pair<const float*, const float*>{w1[e].data(), w2[e].data()};
+      },
+      [&](int e, const std::vector<double>& a, const std::vector<double>& b) {
+        dw1[e] = a;
+        dw2[e] = b;
+      });
+  g.dw1 = std::move(dw1);
+  g.dw2 = std::move(dw2);
+  return g;
+}
+
+ReferenceGrads reference_backward_seeded(
+    const MoeShape& s, const std::vector<float>& tokens, std::uint64_t seed, int layer,
+    int capacity, const std::vector<float>& dy,
+    const std::function<void(int, const std::vector<double>&, const std::vector<double>&)>&
+        on_expert) {
+  const std::vector<float> gate_w = make_gate_weights(s, seed, layer);
+  const ReferenceRouting rr = reference_routing(s, tokens, gate_w, capacity);
+  std::vector<float> w1, w2;
+  return reference_backward_impl(
+      s, tokens, gate_w, dy, rr,
+      [&](int e) {
+        w1 = make_w1(s, seed, layer, e);
+        w2 = make_w2(s, seed, layer, e);
+        return std::pair<const float*, const float*>{w1.data(), w2.data()};
+      },
+      on_expert);
 }
 
 double check_tolerance(kernels::DType dtype) {

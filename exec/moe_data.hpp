@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/scenario.hpp"
@@ -94,6 +95,36 @@ std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
                                                  const std::vector<float>& tokens,
                                                  std::uint64_t seed, int layer,
                                                  const std::vector<int>& expert);
+
+/// The seeded output gradient dY (S x M) of one rank's layer (stream 5, keyed like the tokens):
+/// the backward data path starts from it, so no loss function is needed.
+std::vector<float> make_grad_output(const MoeShape& s, std::uint64_t seed, int iteration, int layer,
+                                    int rank);
+
+/// Reference gradients of one rank's layer for output gradient dY (double accumulation, the
+/// routing of reference_routing: the discrete choices and drops are held fixed). dx (S x M) and
+/// dgate_w (M x E) of this rank's tokens; dw1[e] (M x H) and dw2[e] (H x M) this rank's tokens'
+/// contribution to every expert's gradient (zeros for experts none of them reached). The ReLU's
+/// derivative at a pre-activation within rounding of 0 is a choice: the reference takes the fp32
+/// CPU GEMM's sign (what the executor computes); every value is accumulated in double.
+struct ReferenceGrads {
+  std::vector<double> dx, dgate_w;
+  std::vector<std::vector<double>> dw1, dw2;
+  long long dropped = 0;
+};
+ReferenceGrads reference_backward(const MoeShape& s, const std::vector<float>& tokens,
+                                  const std::vector<float>& gate_w,
+                                  const std::vector<std::vector<float>>& w1,
+                                  const std::vector<std::vector<float>>& w2,
+                                  const std::vector<float>& dy, int capacity);
+/// reference_backward with the layer's seeded weights, one expert at a time (E x M x H doubles
+/// would not fit at real sizes): on_expert(e, dw1, dw2) is called for EVERY expert e = 0..E-1 in
+/// order (so a caller may run a collective per expert); returns dx and dgate_w (dw1 / dw2 empty).
+ReferenceGrads reference_backward_seeded(
+    const MoeShape& s, const std::vector<float>& tokens, std::uint64_t seed, int layer,
+    int capacity, const std::vector<float>& dy,
+    const std::function<void(int, const std::vector<double>&, const std::vector<double>&)>&
+        on_expert);
 
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10

@@ -97,10 +97,11 @@ int op_class(const Op& op) {
 
 // Per class: the sum over ops of the op's mean duration over its ranks (busy time of that class
 // on an average rank, concurrent ops counted twice).
-// `host`: on the host path only the MoE forward's compute ops run for real (with the data path);
-// every other compute op is an empty op there and goes to kNotRun.
+// `host`: on the host path only the MoE forward's compute ops run for real (with the data path),
+// and the plain layers' backward ones (`backward`: exec/backward_path.hpp); every other compute op
+// is an empty op there and goes to kNotRun.
 std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r, bool host,
-                                            bool data_path) {
+                                            bool data_path, bool backward) {
   std::array<double, kNumClasses> t{};
   for (const Op& op : plan.ops()) {
     const int n = op.ranks.size();
@@ -110,7 +111,8 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     int c = op_class(op);
     if (host && op.kind == OpKind::kCompute &&
         !(data_path && (exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone ||
-                        exec::is_parm_data_op(op.label))))
+                        exec::is_parm_data_op(op.label))) &&
+        !(backward && exec::parse_moe_bwd_label(op.label).kind != exec::MoeBwdRef::kNone))
       c = kNotRun;
     t[c] += sum / n;
   }
@@ -254,8 +256,10 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
       PredictStep s;
       s.measured_s = m.makespan_s;
       s.predicted_s = p.makespan_s;
-      s.measured = class_times(plan, m, host, executor.has_data_path());
-      s.predicted = class_times(plan, p, host, executor.has_data_path());
+      s.measured =
+          class_times(plan, m, host, executor.has_data_path(), executor.has_backward_path());
+      s.predicted =
+          class_times(plan, p, host, executor.has_data_path(), executor.has_backward_path());
       predicted[current].push_back(s);
     }
     return m;
@@ -278,10 +282,19 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   apply_speedups(rows, baseline_index(specs));
 
   const auto& checks = executor.checks();
-  long long wrong = executor.total_wrong(), compared = 0, drop_mismatch = 0;
+  long long wrong = 0, compared = 0, drop_mismatch = 0;
   for (const auto& c : checks) {
     compared += c.compared;
+    wrong += c.wrong;
     if (c.dropped != c.expected_dropped) ++drop_mismatch;
+  }
+  // Gradients of the plain layers whose backward ran on real data (exec/backward_path.hpp).
+  long long grad_compared = 0, grad_wrong = 0;
+  double grad_max_err = 0;
+  for (const auto& c : executor.grad_checks()) {
+    grad_compared += c.compared;
+    grad_wrong += c.wrong;
+    grad_max_err = std::max(grad_max_err, c.max_abs_error);
   }
   if (root) {
     print_table(rows);
@@ -292,6 +305,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
           "# check: {} MoE layer run(s), {} output values compared, #wrong {}, "
           "max abs error {:.3g}, drop-count mismatches {}\n",
           checks.size(), compared, wrong, max_err, drop_mismatch);
+      fmt::print(
+          "# check: backward of {} MoE layer run(s), {} gradients compared (dX, dWgate, dW1, "
+          "dW2), #wrong {}, max abs error {:.3g}{}\n",
+          executor.grad_checks().size(), grad_compared, grad_wrong, grad_max_err,
+          grad_compared == 0 ? " (no backward on real data: inference, the GPU path, or routed / "
+                               "sharded / Parm layers, whose backward runs on scratch buffers)"
+                             : "");
     }
     if (a.predict) {
       fmt::print("\n# predict: engine {}, calibration {}\n",
@@ -300,8 +320,9 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                                                      : sc.cluster.calibration_path);
       if (host)
         fmt::print(
-            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode) and "
-            "the collectives run for real; the other compute ops are empty ops there, shown apart "
+            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode), "
+            "the plain MoE layers' backward compute and the collectives run for real; the other "
+            "compute ops are empty ops there, shown apart "
             "as 'not run (host)' (their prediction is what a GPU would take; the step rows "
             "include it)\n");
       for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i], host);
@@ -334,16 +355,19 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
         c["compared"] = compared;
         c["wrong"] = wrong;
         c["drop_count_mismatches"] = drop_mismatch;
+        c["gradients_compared"] = grad_compared;
+        c["gradients_wrong"] = grad_wrong;
         j["check"] = c;
       }
       write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
     }
   }
-  if (a.check && (wrong > 0 || drop_mismatch > 0)) {
+  if (a.check && (wrong > 0 || drop_mismatch > 0 || grad_wrong > 0)) {
     if (root)
       std::fprintf(stderr,
-                   "moesim: error: --check failed: #wrong %lld, drop-count mismatches %lld\n",
-                   wrong, drop_mismatch);
+                   "moesim: error: --check failed: #wrong %lld, drop-count mismatches %lld, "
+                   "gradients #wrong %lld\n",
+                   wrong, drop_mismatch, grad_wrong);
     return 1;
   }
   return 0;

@@ -26,6 +26,8 @@ ExecOutcome run_step(const Scenario& sc, Communicator& comm, const strategies::D
   o.outputs = ex.last_outputs();
   o.dropped = ex.last_dropped();
   o.checks = ex.checks();
+  o.grads = ex.last_gradients();
+  o.grad_checks = ex.grad_checks();
   o.plan = std::move(built.plan);
   return o;
 }

@@ -23,6 +23,8 @@ struct ExecOutcome {
   std::vector<std::vector<float>> outputs;  // Executor::last_outputs
   std::vector<long long> dropped;           // Executor::last_dropped
   std::vector<LayerCheck> checks;           // Executor::checks (options.check)
+  std::vector<std::vector<float>> grads;    // Executor::last_gradients (backward path)
+  std::vector<GradCheck> grad_checks;       // Executor::grad_checks (options.check)
   Plan plan;
 };
 

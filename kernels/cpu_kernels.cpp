@@ -134,6 +134,28 @@ Context::Context(int num_threads) : num_threads_(std::max(1, num_threads)) {}
 void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
           float alpha, float beta) {
   if (m < 0 || n < 0 || k < 0) throw InputError("kernels::gemm: negative dimension");
+  if (dtype == DType::kF32) {
+    // fp32: no conversion copies; C is written in place unless it overlaps an input.
+    const auto* af = static_cast<const float*>(a);
+    const auto* bf = static_cast<const float*>(b);
+    auto* cf = static_cast<float*>(c);
+    const std::size_t mn = std::size_t(m) * n;
+    auto overlaps = [&](const float* p, std::size_t len) {
+      return len > 0 && mn > 0 && p < cf + mn && cf < p + len;
+    };
+    const bool alias = overlaps(af, std::size_t(m) * k) || overlaps(bf, std::size_t(k) * n);
+    if (alpha == 1.0f && beta == 0.0f && !alias) {
+      gemm_f32(ctx.num_threads(), m, n, k, af, bf, cf);
+      return;
+    }
+    std::vector<float> prod(mn);
+    gemm_f32(ctx.num_threads(), m, n, k, af, bf, prod.data());
+    if (beta == 0.0f)
+      for (std::size_t i = 0; i < mn; ++i) cf[i] = alpha * prod[i];
+    else
+      for (std::size_t i = 0; i < mn; ++i) cf[i] = alpha * prod[i] + beta * cf[i];
+    return;
+  }
   const std::vector<float> af = to_f32(dtype, a, std::size_t(m) * k);
   const std::vector<float> bf = to_f32(dtype, b, std::size_t(k) * n);
   std::vector<float> cf(std::size_t(m) * n);

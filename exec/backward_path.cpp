@@ -115,28 +115,37 @@ MoeBwdRef parse_moe_bwd_label(const std::string& label) {
     ref.block = block;
     return ref;
   }
-  consumed = 0;
-  if (std::sscanf(label.c_str(), "L%d.bwd.%n", &block, &consumed) < 1 || consumed == 0) return ref;
-  const std::string what = label.substr(static_cast<size_t>(consumed));
-  auto chunk_of = [&](const std::string& prefix) {
-    if (what.rfind(prefix, 0) != 0) return -1;
-    return std::atoi(what.c_str() + prefix.size()) - 1;
-  };
-  ref.block = block;
-  if (what == "gate")
-    ref.kind = MoeBwdRef::kGate;
-  else if (what == "encode")
-    ref.kind = MoeBwdRef::kEncode;
-  else if (what == "decode")
-    ref.kind = MoeBwdRef::kDecode;
-  else if ((ref.chunk = chunk_of("dispatch.c")) >= 0)
-    ref.kind = MoeBwdRef::kDispatch;
-  else if ((ref.chunk = chunk_of("expert.fc1.c")) >= 0)
-    ref.kind = MoeBwdRef::kFc1;
-  else if ((ref.chunk = chunk_of("expert.fc2.c")) >= 0)
-    ref.kind = MoeBwdRef::kFc2;
-  else if ((ref.chunk = chunk_of("combine.c")) >= 0)
-    ref.kind = MoeBwdRef::kCombine;
+  const MoeOpRef op = parse_moe_bwd_op_label(label);  // the forward's grammar, "bwd" pass
+  ref.block = op.block;
+  ref.chunk = op.chunk;
+  switch (op.kind) {
+    case MoeOpRef::kGate:
+      ref.kind = MoeBwdRef::kGate;
+      break;
+    case MoeOpRef::kEncode:
+      ref.kind = MoeBwdRef::kEncode;
+      break;
+    case MoeOpRef::kDecode:
+      ref.kind = MoeBwdRef::kDecode;
+      break;
+    case MoeOpRef::kDispatch:
+      ref.kind = MoeBwdRef::kDispatch;
+      break;
+    case MoeOpRef::kFc1:
+      ref.kind = MoeBwdRef::kFc1;
+      break;
+    case MoeOpRef::kFc2:
+      ref.kind = MoeBwdRef::kFc2;
+      break;
+    case MoeOpRef::kCombine:
+      ref.kind = MoeBwdRef::kCombine;
+      break;
+    case MoeOpRef::kParamGather:  // not backward ops of the plain data path
+    case MoeOpRef::kPartialSum:
+    case MoeOpRef::kNone:
+      ref = MoeBwdRef{};
+      break;
+  }
   return ref;
 }
 

@@ -56,10 +56,12 @@ std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m;
 
 }  // namespace
 
-MoeOpRef parse_moe_label(const std::string& label) {
+namespace {
+// "L{block}.{pass}.{what}[.c{j}]" with pass "fwd" or "bwd" (docs/model.md).
+MoeOpRef parse_moe_label_of_pass(const std::string& label, const char* pass_format) {
   MoeOpRef ref;
   int block = -1, consumed = 0;
-  if (std::sscanf(label.c_str(), "L%d.fwd.%n", &block, &consumed) < 1 || consumed == 0) return ref;
+  if (std::sscanf(label.c_str(), pass_format, &block, &consumed) < 1 || consumed == 0) return ref;
   const std::string what = label.substr(static_cast<size_t>(consumed));
   auto chunk_of = [&](const std::string& prefix) {
     if (what.rfind(prefix, 0) != 0) return -1;
@@ -85,6 +87,15 @@ MoeOpRef parse_moe_label(const std::string& label) {
   else if ((ref.chunk = chunk_of("combine.c")) >= 0)
     ref.kind = MoeOpRef::kCombine;
   return ref;
+}
+}  // namespace
+
+MoeOpRef parse_moe_label(const std::string& label) {
+  return parse_moe_label_of_pass(label, "L%d.fwd.%n");
+}
+
+MoeOpRef parse_moe_bwd_op_label(const std::string& label) {
+  return parse_moe_label_of_pass(label, "L%d.bwd.%n");
 }
 
 int moe_layer_of_block(int block, int moe_every) {

@@ -103,6 +103,8 @@ struct MoeOpRef {
   int chunk = -1;  // 0-based
 };
 MoeOpRef parse_moe_label(const std::string& label);
+/// The same grammar for the backward ops, "L{block}.bwd.{what}[.c{j}]" (backward_path.hpp).
+MoeOpRef parse_moe_bwd_op_label(const std::string& label);
 /// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
 int moe_layer_of_block(int block, int moe_every);
 /// The MoE layers of `plan` as rank `rank` runs them (chunk capacities from the expert fc1 GEMMs:

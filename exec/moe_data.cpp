@@ -414,18 +414,8 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
   // Gate backward: softmax over all E experts, probabilities recomputed in double.
   std::vector<double> logit(E), p(E), gsum(E);
   for (int t = 0; t < S; ++t) {
-    double mx = -1e300;
-    for (int e = 0; e < E; ++e) {
-      double acc = 0;
-      for (int m = 0; m < M; ++m)
-        acc += static_cast<double>(tokens[static_cast<size_t>(t) * M + m]) *
-               gate_w[static_cast<size_t>(m) * E + e];
-      logit[e] = acc;
-      mx = std::max(mx, acc);
-    }
-    double sum = 0;
-    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(logit[e] - mx));
-    for (int e = 0; e < E; ++e) p[e] /= sum;
+    const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, logit);
+    for (int e = 0; e < E; ++e) p[e] = std::exp(logit[e] - mx) / sum;
     std::fill(gsum.begin(), gsum.end(), 0.0);
     for (int c = 0; c < k; ++c) {
       const size_t entry = static_cast<size_t>(t) * k + c;

@@ -59,6 +59,10 @@ struct FlowModel::Segment {
   BatchId id = -1;
   std::int64_t unfinished = 0;  // flow entries not done (pending or moving)
   std::int64_t num_moving = 0;  // flow entries moving
+  // Latest exact finish time of its finished flows: with a coarse event_tolerance a flow is
+  // finished (its bandwidth released) up to that tolerance early, but the batch completes at the
+  // time its last byte arrives under the rates in force, not at the event that released it.
+  double last_finish = 0;
   // Bytes per copy still to move at time t0 (W before the flow starts): a moving flow's remaining
   // bytes at time t are remaining - rate * (t - t0), brought up to date only when its rate changes.
   std::vector<double> remaining;
@@ -101,6 +105,7 @@ struct FlowModel::Segment {
   std::vector<double> ck_remaining, ck_t0, ck_rate;
   std::vector<std::uint8_t> ck_state;
   std::int64_t ck_unfinished = 0, ck_num_moving = 0;
+  double ck_last_finish = 0;
   std::size_t ck_next_group = 0;
 
   std::size_t size() const { return remaining.size(); }
@@ -330,6 +335,7 @@ void FlowModel::ensure_csr(Segment& g) {
 
 double FlowModel::next_event_time() const {
   double t = next_finish_;
+  for (const auto& c : deferred_) t = std::min(t, c.time_s);
   for (const auto& g : segments_) {
     if (g->next_group < g->groups.size()) t = std::min(t, g->groups[g->next_group].time_s);
   }
@@ -377,6 +383,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
       auto finish_one = [&](const Segment::Finish& f) {
         if (!g.finish_valid(f)) return;
         const std::uint32_t i = f.flow;
+        g.last_finish = std::max(g.last_finish, f.time_s);
         add_moving(g, i, -1.0);
         keep_below = std::min(keep_below, g.rate[i]);
         g.remaining[i] = 0;
@@ -427,8 +434,20 @@ std::vector<BatchId> FlowModel::process_event(double t) {
     if (!started_.empty()) keep_below = std::min(keep_below, start_bound());
     for (std::size_t s = 0; s < segments_.size(); ++s) {
       const Segment& g = *segments_[s];
-      if (unfinished_before[s] > 0 && g.unfinished == 0) completed.push_back(g.id);
+      if (unfinished_before[s] > 0 && g.unfinished == 0) {
+        // Released early (coarse tolerance): the batch completes when its last flow would have.
+        if (g.last_finish > t * (1 + kLevelTol)) {
+          deferred_.push_back({g.id, g.last_finish});
+        } else {
+          completed.push_back(g.id);
+        }
+      }
     }
+    std::erase_if(deferred_, [&](const BatchCompletion& c) {
+      if (c.time_s > t) return false;
+      completed.push_back(c.id);
+      return true;
+    });
   }
   if (changed) solve(keep_below);
   return completed;
@@ -716,6 +735,7 @@ void FlowModel::take_checkpoint() {
   ++stats_.checkpoints;
   has_ck_ = true;
   ck_t_ = sim_t_;
+  ck_deferred_ = deferred_;
   ck_moving_cnt_ = moving_cnt_;
   for (std::uint32_t l = 0; l < cap_.size(); ++l) flush_link(l);
   ck_link_bytes_ = link_bytes_;
@@ -727,6 +747,7 @@ void FlowModel::take_checkpoint() {
     g.ck_state = g.state;
     g.ck_unfinished = g.unfinished;
     g.ck_num_moving = g.num_moving;
+    g.ck_last_finish = g.last_finish;
     g.ck_next_group = g.next_group;
   }
 }
@@ -737,6 +758,7 @@ void FlowModel::restore_checkpoint() {
     ScopedTimer timer(stats_.checkpoint_s);
     ++stats_.restores;
     sim_t_ = ck_t_;
+    deferred_ = ck_deferred_;
     moving_cnt_ = ck_moving_cnt_;
     link_bytes_ = ck_link_bytes_;
     std::fill(since_.begin(), since_.end(), ck_t_);
@@ -748,6 +770,7 @@ void FlowModel::restore_checkpoint() {
       g.state = g.ck_state;
       g.unfinished = g.ck_unfinished;
       g.num_moving = g.ck_num_moving;
+      g.last_finish = g.ck_last_finish;
       g.next_group = g.ck_next_group;
     }
   }

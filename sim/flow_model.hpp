@@ -159,6 +159,9 @@ class FlowModel final : public NetworkModel {
   double spec_time_ = kNever;
   std::vector<BatchId> spec_done_;
   std::vector<BatchCompletion> ready_;  // completions known but not yet returned
+  // Batches whose flows are all finished (released early by a coarse event_tolerance) and that
+  // complete later, when their last flow's bytes would have arrived: an event of their own.
+  std::vector<BatchCompletion> deferred_, ck_deferred_;
 
   bool has_ck_ = false;
   double ck_t_ = 0;

@@ -80,10 +80,12 @@ struct FlowModelStats {
 struct FlowModelOptions {
   /// Flows finishing (or starting to move) within this relative amount of the current simulated
   /// time are handled at that time, in one recomputation. The default, 1e-9, is the normative
-  /// model. Larger values (1e-3 .. 1e-2) cut the number of events when routes are unbalanced
-  /// (hash-based ECMP makes nearly every flow finish at its own time), at an error of about that
-  /// relative amount per event; see bench/flow_bench --tolerance. At 4,096 GPUs with hash ECMP a
-  /// 2DH all-to-all takes seconds at 1e-2 (minutes at 1e-3); a linear one is still too slow.
+  /// model. Larger values (1e-3 .. 1e-2) cut the number of events when every flow finishes at its
+  /// own time (skewed sizes, hash-based ECMP collisions). A flow finished early releases its
+  /// bandwidth early (others gain), but its batch completes when the flow's last byte arrives
+  /// under the rates in force (a deferred completion event), so batch times are not cut short;
+  /// tested bound: every batch within `event_tolerance` (relative) of the exact model on skewed
+  /// all-to-allv traffic (tests/sim/flow_model_test.cpp, EventToleranceErrorIsBounded...).
   /// Scenario key: engine.flow.event_tolerance.
   double event_tolerance = 1e-9;
 };

@@ -23,7 +23,8 @@ class ScheduleModule final : public Strategy {
       if (role_ == ScheduleRole::kLina) {
         const LinaChoice c =
             lina_choose(ctx.scenario, ctx.topo, ctx.capacity, ctx.spec.lina.micro_op,
-                        decision.layout, ctx.spec.lina.pack_experts, decision.pipeline_degree);
+                        decision.layout, ctx.spec.lina.pack_experts ? ctx.spec.lina.max_pack : 1,
+                        decision.pipeline_degree);
         decision.pipeline_degree = c.pipeline_degree;
         decision.expert_pack = c.expert_pack;
       }

@@ -512,10 +512,10 @@ const std::vector<std::string>& result_columns() {
                                                 "exposed_comm_s",
                                                 "speedup_vs_baseline",
                                                 "decisions",
-                                                "wall_s",
                                                 "memory_bytes",
                                                 "gpu_memory_bytes",
-                                                "fits_memory"};
+                                                "fits_memory",
+                                                "wall_s"};  // wall-clock last: tests strip it
   return cols;
 }
 
@@ -527,13 +527,13 @@ std::string csv_line(const SweepRow& r) {
   }
   const RunSummary& m = r.summary;
   s += fmt::format(
-      ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.6f},{:.0f},{:.0f},{}"
-      "\n",
+      ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.0f},{:.0f},{},"
+      "{:.6f}\n",
       csv_field(r.scenario), csv_field(m.strategy), csv_field(m.topology), m.gpus, m.step_mean_s,
       m.step_p50_s, m.step_p95_s, m.moe_layer_mean_s, m.a2a_mean_s, m.allreduce_mean_s,
       m.compute_mean_s, m.exposed_comm_mean_s,
-      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.wall_s,
-      m.memory_bytes, m.gpu_memory_bytes, m.fits_memory() ? 1 : 0);
+      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions),
+      m.memory_bytes, m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.wall_s);
   return s;
 }
 
@@ -558,10 +558,11 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
     m.speedup = f[i].empty() ? 0 : std::stod(f[i]);
     ++i;
     m.decisions = f[i++];
-    m.wall_s = std::stod(f[i++]);
     m.memory_bytes = std::stod(f[i++]);
     m.gpu_memory_bytes = std::stod(f[i++]);
-    return r;  // fits_memory is derived from the two
+    ++i;  // fits_memory: derived from the two
+    m.wall_s = std::stod(f[i++]);
+    return r;
   } catch (const std::exception&) {
     return std::nullopt;
   }

@@ -59,8 +59,9 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   // (esp rho) rounded up.
   const double s_esp = S * esp;
   const double rows = E * static_cast<double>(capacity) * esp * rho;
-  const double h_slice = static_cast<double>((m.hidden_dim + static_cast<std::int64_t>(esp * rho) - 1) /
-                                             static_cast<std::int64_t>(esp * rho));
+  const double h_slice =
+      static_cast<double>((m.hidden_dim + static_cast<std::int64_t>(esp * rho) - 1) /
+                          static_cast<std::int64_t>(esp * rho));
   const double moe_ffn = s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice;
   if (training) {
     est.activations_bytes =

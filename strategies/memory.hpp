@@ -48,8 +48,7 @@ int optimizer_bytes_per_param(Dtype dtype);
 /// The estimate for `sc` under `decision` (expert_pack, parallel_degree) when every MoE layer
 /// has dC = `capacity` slots per (GPU, expert) (a layer's own dC when they differ: pass the
 /// largest, an upper bound). Pure; formulas in docs/model.md, "Memory".
-MemoryEstimate estimate_memory(const Scenario& sc, const Decision& decision,
-                               std::int64_t capacity);
+MemoryEstimate estimate_memory(const Scenario& sc, const Decision& decision, std::int64_t capacity);
 
 /// dC without sampling a workload, for `moesim validate`: ceil(k f S / E) rounded up to
 /// `multiple`, at the largest capacity factor the workload reaches (model.capacity_factor, the

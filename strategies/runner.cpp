@@ -71,8 +71,8 @@ Decision first_decision(const Scenario& sc, const StrategySpec& spec,
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const std::vector<IterationRecord> history;
   workload::WorkloadGenerator generator(sc);
-  const StrategyContext ctx{sc, spec, topo, cost, 0, generator.capacity_factor(0), capacity,
-                            &history};
+  const StrategyContext ctx{sc,       spec,    topo, cost, 0, generator.capacity_factor(0),
+                            capacity, &history};
   Decision decision;
   stack->decide(ctx, decision);
   return decision;

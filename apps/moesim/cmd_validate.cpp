@@ -33,10 +33,9 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;
   for (const auto& spec : sc.strategies) {
-    const auto d =
-        strategies::first_decision(sc, spec, topo, strategies::nominal_capacity(sc));
-    const auto est =
-        strategies::estimate_memory(sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)));
+    const auto d = strategies::first_decision(sc, spec, topo, strategies::nominal_capacity(sc));
+    const auto est = strategies::estimate_memory(
+        sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)));
     fmt::print("  memory/GPU   {:<16} {}{}\n", spec.name, describe_memory(est, gpu_bytes),
                d.expert_pack > 1 ? fmt::format(" [pack={}]", d.expert_pack) : "");
     RunSummary r;

@@ -180,10 +180,10 @@ nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double g
 
 std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memory_bytes) {
   auto gib = [](double b) { return fmt::format("{:.2f} GiB", b / (1024.0 * 1024.0 * 1024.0)); };
-  std::string s = fmt::format(
-      "{} = weights {} + gradients {} + optimizer {} + activations {} + buffers {}",
-      gib(m.total_bytes()), gib(m.weights_bytes), gib(m.gradients_bytes), gib(m.optimizer_bytes),
-      gib(m.activations_bytes), gib(m.buffers_bytes));
+  std::string s =
+      fmt::format("{} = weights {} + gradients {} + optimizer {} + activations {} + buffers {}",
+                  gib(m.total_bytes()), gib(m.weights_bytes), gib(m.gradients_bytes),
+                  gib(m.optimizer_bytes), gib(m.activations_bytes), gib(m.buffers_bytes));
   if (gpu_memory_bytes > 0)
     s += fmt::format(" ({:.0f}% of {})", 100 * m.total_bytes() / gpu_memory_bytes,
                      gib(gpu_memory_bytes));

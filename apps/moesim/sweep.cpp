@@ -532,8 +532,8 @@ std::string csv_line(const SweepRow& r) {
       csv_field(r.scenario), csv_field(m.strategy), csv_field(m.topology), m.gpus, m.step_mean_s,
       m.step_p50_s, m.step_p95_s, m.moe_layer_mean_s, m.a2a_mean_s, m.allreduce_mean_s,
       m.compute_mean_s, m.exposed_comm_mean_s,
-      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions),
-      m.memory_bytes, m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.wall_s);
+      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.memory_bytes,
+      m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.wall_s);
   return s;
 }
 
@@ -624,12 +624,9 @@ std::string rows_message(int rank, const std::vector<SweepRow>& rows) {
     rj["strategy"] = m.strategy;
     rj["topology"] = m.topology;
     rj["gpus"] = m.gpus;
-    rj["times"] = {m.step_mean_s,    m.step_p50_s,
-                   m.step_p95_s,     m.moe_layer_mean_s,
-                   m.a2a_mean_s,     m.allreduce_mean_s,
-                   m.compute_mean_s, m.exposed_comm_mean_s,
-                   m.speedup,        m.wall_s,
-                   m.memory_bytes,   m.gpu_memory_bytes};
+    rj["times"] = {m.step_mean_s, m.step_p50_s,       m.step_p95_s,     m.moe_layer_mean_s,
+                   m.a2a_mean_s,  m.allreduce_mean_s, m.compute_mean_s, m.exposed_comm_mean_s,
+                   m.speedup,     m.wall_s,           m.memory_bytes,   m.gpu_memory_bytes};
     rj["decisions"] = m.decisions;
     rj["run"] = r.run;
     arr.push_back(std::move(rj));
@@ -650,10 +647,9 @@ std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
     m.gpus = rj.at("gpus").get<int>();
     const auto& t = rj.at("times");
     std::size_t i = 0;
-    for (double* d :
-         {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s, &m.a2a_mean_s,
-          &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s, &m.speedup, &m.wall_s,
-          &m.memory_bytes, &m.gpu_memory_bytes}) {
+    for (double* d : {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s,
+                      &m.a2a_mean_s, &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s,
+                      &m.speedup, &m.wall_s, &m.memory_bytes, &m.gpu_memory_bytes}) {
       const auto& v = t.at(i++);
       *d = v.is_number() ? v.get<double>() : 0.0;  // JSON has no NaN: dump() wrote null
     }

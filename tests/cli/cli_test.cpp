@@ -259,8 +259,8 @@ TEST(Cli, SimulateReportsMemoryAndWarnsWhenItDoesNotFit) {
             std::string::npos)
       << v.out;
   EXPECT_NE(v.out.find("[pack=2]"), std::string::npos) << v.out;
-  auto vo = run(fmt::format("validate '{}/scenarios/lina-a100-4x4.yaml' --set model.batch_per_gpu=128",
-                            kSource));
+  auto vo = run(fmt::format(
+      "validate '{}/scenarios/lina-a100-4x4.yaml' --set model.batch_per_gpu=128", kSource));
   ASSERT_EQ(vo.exit_code, 0) << vo.out;
   EXPECT_NE(vo.out.find("does not fit in memory"), std::string::npos) << vo.out;
   fs::remove_all(dir);

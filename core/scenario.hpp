@@ -174,6 +174,10 @@ struct TutelOnlineParams {
 struct LinaParams {
   Bytes micro_op{30e6};      // allreduce micro-op size (> 0)
   bool pack_experts = true;  // double experts per GPU while the FFN is shorter than the a2a
+  // Most experts packed on one GPU (a power of two >= 1; 1 = no packing). Lina packs at most 2
+  // (4 for Transformer-XL, §7.2): each doubling doubles the expert weights, gradients and
+  // optimizer state a GPU holds, so packing stops well before the EP group collapses.
+  int max_pack = 2;
 };
 /// inference: lina (STRATEGIES §7).
 struct LinaInferenceParams {

@@ -878,12 +878,20 @@ StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::str
     }
   }
   if (m.has("lina")) {
-    MapReader p = m.get_map("lina", {"micro_op", "pack_experts"});
+    MapReader p = m.get_map("lina", {"micro_op", "pack_experts", "max_pack"});
     if (auto v = p.get_quantity("micro_op", UnitKind::kBytes)) {
       if (*v <= 0) p.fail("micro_op", "found a zero size, expected a positive size such as 30MB");
       s.lina.micro_op = Bytes(*v);
     }
     if (auto v = p.get_bool("pack_experts")) s.lina.pack_experts = *v;
+    if (auto v = p.get_int("max_pack", 1, 1 << 20)) {
+      // Packing doubles the experts per GPU, so only powers of two are reachable.
+      if ((*v & (*v - 1)) != 0)
+        p.fail("max_pack", fmt::format("found {}, expected a power of two (1, 2, 4, ...): packing "
+                                       "doubles the experts per GPU",
+                                       *v));
+      s.lina.max_pack = to_int32(*v);
+    }
   }
   if (m.has("lina_inference")) {
     MapReader p = m.get_map("lina_inference", {"path_length", "profile_batches"});

@@ -33,7 +33,7 @@ double durations_s(const RunResult& r, const std::vector<OpId>& ops) {
   return sum;
 }
 
-IterationRecord make_record(int index, double f, const Decision& d,
+IterationRecord make_record(const Scenario& sc, int index, double f, const Decision& d,
                             const workload::IterationWorkload& work, const BuiltPlan& built,
                             const RunResult& result) {
   IterationRecord rec;
@@ -54,11 +54,29 @@ IterationRecord make_record(int index, double f, const Decision& d,
   rec.allreduce_s = result.breakdown.allreduce_s;
   rec.compute_s = result.breakdown.compute_s;
   rec.exposed_comm_s = result.breakdown.exposed_comm_s;
-  for (const auto& l : work.layers) rec.dropped_tokens += l.dropped;
+  std::int64_t capacity = 0;
+  for (const auto& l : work.layers) {
+    rec.dropped_tokens += l.dropped;
+    capacity = std::max(capacity, l.capacity);
+  }
+  rec.memory = estimate_memory(sc, d, capacity);
   return rec;
 }
 
 }  // namespace
+
+Decision first_decision(const Scenario& sc, const StrategySpec& spec,
+                        const topology::Topology& topo, std::int64_t capacity) {
+  const CostModel cost(sc, topo);
+  std::unique_ptr<StrategyStack> stack = make_stack(spec);
+  const std::vector<IterationRecord> history;
+  workload::WorkloadGenerator generator(sc);
+  const StrategyContext ctx{sc,       spec,    topo, cost, 0, generator.capacity_factor(0),
+                            capacity, &history};
+  Decision decision;
+  stack->decide(ctx, decision);
+  return decision;
+}
 
 StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
                    const Backend& backend, int iterations, workload::SampleCache* cache,
@@ -78,6 +96,7 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
 
   StackRun run;
   run.strategy = spec.name;
+  run.gpu_memory_bytes = topo.gpu().memory.value();
   run.iterations.reserve(static_cast<size_t>(iterations));
   for (int i = 0; i < iterations; ++i) {
     const double f = generator.capacity_factor(i);
@@ -119,7 +138,7 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
     }
     BuiltPlan built = build_step_plan(sc, topo, work, decision);
     RunResult result = backend(built.plan);
-    IterationRecord rec = make_record(i, f, decision, work, built, result);
+    IterationRecord rec = make_record(sc, i, f, decision, work, built, result);
     if (session) {
       rec.inference = placed;
       rec.decision.inference.reset();  // P x P matrices per layer: not kept per iteration

@@ -12,6 +12,7 @@
 #include "core/run_result.hpp"
 #include "core/scenario.hpp"
 #include "strategies/decision.hpp"
+#include "strategies/memory.hpp"
 #include "strategies/plan_builder.hpp"
 
 namespace moesim::topology {
@@ -38,6 +39,8 @@ struct IterationRecord {
   double compute_s = 0;
   double exposed_comm_s = 0;
   std::int64_t dropped_tokens = 0;
+  /// Per-GPU memory of this iteration's layout and decision at its largest MoE layer's dC.
+  MemoryEstimate memory;
   /// Inference expert placement of this batch (STRATEGIES §7), when the scenario uses it.
   std::optional<InferenceRecord> inference;
 };
@@ -47,7 +50,14 @@ struct StackRun {
   std::vector<IterationRecord> iterations;
   RunResult last_result;  // of the last iteration (for traces and breakdowns)
   BuiltPlan last_plan;
+  double gpu_memory_bytes = 0;  // the cluster's GPU memory (catalog or inline), for the estimate
 };
+
+/// The decision `spec`'s stack takes at iteration 0 (no history) when dC = `capacity`, without
+/// sampling a workload or building a plan: what `moesim validate` estimates memory for (Lina's
+/// expert packing, the parallel degree). Throws InputError where the stack cannot apply.
+Decision first_decision(const Scenario& sc, const StrategySpec& spec,
+                        const topology::Topology& topo, std::int64_t capacity);
 
 /// Runs `iterations` iterations of the stack described by `spec`. The workload is sampled from
 /// the scenario's seed, so every stack of one scenario sees the same token routing. `cache`

@@ -109,6 +109,9 @@ void run_compare(const CompareArgs& a) {
     engine_name = std::string(sim::network_kind_name(cfg.network));
     int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;
     results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, true));
+    std::vector<RunSummary> rows;
+    for (const auto& o : results.back()) rows.push_back(o.summary);
+    warn_memory(rows, fmt::format("{} on {}", topo->gpu().name, v.topology_name));
   }
 
   fmt::print("# {}: step time (ms) and speedup vs baseline, engine {}\n", base.name, engine_name);

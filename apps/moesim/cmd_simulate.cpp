@@ -185,6 +185,7 @@ void run_scenario(const CollectiveArgs& a) {
   std::vector<RunSummary> rows;
   for (const auto& o : outcomes) rows.push_back(o.summary);
   print_table(rows);
+  warn_memory(rows, topo->gpu().name);
 
   if (!a.json_path.empty()) {
     nlohmann::ordered_json j;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -183,6 +184,14 @@ void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
   fmt::print("# {}: {} point(s) x strategies, engine {}, {:.1f} s ({} run{}, {} resumed)\n",
              spec.name, res.points_total, res.engine, res.wall_s, res.points_run, ranks_note,
              res.points_skipped);
+  // PipeMoE dropped the configurations that did not fit its GPUs; say how many would not here.
+  const auto over = std::count_if(res.rows.begin(), res.rows.end(),
+                                  [](const SweepRow& r) { return !r.summary.fits_memory(); });
+  if (over > 0)
+    std::fprintf(stderr,
+                 "moesim: warning: %zu of %zu rows do not fit in GPU memory (memory_bytes > "
+                 "gpu_memory_bytes; column fits_memory = 0)\n",
+                 static_cast<std::size_t>(over), res.rows.size());
   std::string head = fmt::format("{:>6}", "point");
   for (const auto& ax : spec.axes) head += fmt::format(" {:>18}", ax.key);
   fmt::print("{} {:<16} {:>10} {:>8}\n", head, "strategy", "step(ms)", "speedup");

@@ -4,12 +4,49 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/overrides.hpp"
+#include "apps/moesim/report.hpp"
 #include "core/scenario_loader.hpp"
+#include "strategies/memory.hpp"
+#include "strategies/plan_builder.hpp"
+#include "strategies/runner.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
 
 namespace {
+
+// Per-GPU memory (docs/model.md, "Memory"): the layout alone, then each strategy's first
+// decision (Lina packing, parallel degree), at the largest dC the workload reaches. A warning on
+// stderr for each that does not fit; validation still succeeds (the file is valid).
+void print_memory(const Scenario& sc, const topology::Topology& topo) {
+  const double gpu_bytes = topo.gpu().memory.value();
+  const std::string mode = sc.model.mode == Mode::kTraining
+                               ? fmt::format("training, Adam: {} + {} + {} bytes per parameter",
+                                             sc.bytes_per_element(), sc.bytes_per_element(),
+                                             strategies::optimizer_bytes_per_param(sc.model.dtype))
+                               : std::string("inference: weights and one block in flight");
+  const strategies::Decision layout;
+  const auto layout_est = strategies::estimate_memory(
+      sc, layout, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, layout)));
+  fmt::print("  memory/GPU   {}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters\n", mode,
+             layout_est.capacity, layout_est.dense_params, layout_est.expert_params);
+  fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
+  std::vector<RunSummary> rows;
+  for (const auto& spec : sc.strategies) {
+    const auto d = strategies::first_decision(sc, spec, topo, strategies::nominal_capacity(sc));
+    const auto est = strategies::estimate_memory(
+        sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)));
+    fmt::print("  memory/GPU   {:<16} {}{}\n", spec.name, describe_memory(est, gpu_bytes),
+               d.expert_pack > 1 ? fmt::format(" [pack={}]", d.expert_pack) : "");
+    RunSummary r;
+    r.strategy = spec.name;
+    r.memory = est;
+    r.memory_bytes = est.total_bytes();
+    r.gpu_memory_bytes = gpu_bytes;
+    rows.push_back(std::move(r));
+  }
+  warn_memory(rows, topo.gpu().name);
+}
 
 void print_summary(const Scenario& sc, const topology::Topology& topo) {
   const auto& m = sc.model;
@@ -43,6 +80,7 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  engine       {}\n", name_of(sc.engine.network));
   for (const auto& s : sc.strategies)
     fmt::print("  strategy     {:<16} {}\n", s.name, describe_roles(s));
+  print_memory(sc, topo);
 }
 
 }  // namespace

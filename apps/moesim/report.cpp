@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace moesim::app {
 
@@ -54,6 +55,10 @@ RunSummary summarize(const strategies::StackRun& run, const std::string& topolog
   s.exposed_comm_mean_s = mean_of(run.iterations, &strategies::IterationRecord::exposed_comm_s);
   if (!run.iterations.empty()) s.decisions = run.iterations.back().decision.describe();
   s.wall_s = wall_s;
+  s.gpu_memory_bytes = run.gpu_memory_bytes;
+  for (const auto& r : run.iterations)
+    if (r.memory.total_bytes() > s.memory.total_bytes()) s.memory = r.memory;
+  s.memory_bytes = s.memory.total_bytes();
   strategies::InferenceRecord inf;
   for (const auto& r : run.iterations) {
     if (!r.inference) continue;
@@ -157,6 +162,45 @@ nlohmann::ordered_json decision_json(const Scenario& sc, const strategies::Decis
   return j;
 }
 
+nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double gpu_memory_bytes) {
+  nlohmann::ordered_json j;
+  j["memory_bytes"] = m.total_bytes();
+  j["weights_bytes"] = m.weights_bytes;
+  j["gradients_bytes"] = m.gradients_bytes;
+  j["optimizer_bytes"] = m.optimizer_bytes;
+  j["activations_bytes"] = m.activations_bytes;
+  j["buffers_bytes"] = m.buffers_bytes;
+  j["dense_params"] = m.dense_params;
+  j["expert_params"] = m.expert_params;
+  j["capacity"] = m.capacity;
+  j["gpu_memory_bytes"] = gpu_memory_bytes;
+  j["fits"] = gpu_memory_bytes <= 0 || m.total_bytes() <= gpu_memory_bytes;
+  return j;
+}
+
+std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memory_bytes) {
+  auto gib = [](double b) { return fmt::format("{:.2f} GiB", b / (1024.0 * 1024.0 * 1024.0)); };
+  std::string s =
+      fmt::format("{} = weights {} + gradients {} + optimizer {} + activations {} + buffers {}",
+                  gib(m.total_bytes()), gib(m.weights_bytes), gib(m.gradients_bytes),
+                  gib(m.optimizer_bytes), gib(m.activations_bytes), gib(m.buffers_bytes));
+  if (gpu_memory_bytes > 0)
+    s += fmt::format(" ({:.0f}% of {})", 100 * m.total_bytes() / gpu_memory_bytes,
+                     gib(gpu_memory_bytes));
+  return s;
+}
+
+void warn_memory(const std::vector<RunSummary>& rows, const std::string& gpu_name) {
+  for (const auto& r : rows) {
+    if (r.fits_memory()) continue;
+    std::fprintf(stderr,
+                 "moesim: warning: strategy '%s' does not fit in memory: estimated %s per GPU, "
+                 "more than the %s's memory (docs/model.md, \"Memory\")\n",
+                 r.strategy.c_str(), describe_memory(r.memory, r.gpu_memory_bytes).c_str(),
+                 gpu_name.c_str());
+  }
+}
+
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,
                                 const RunSummary& s) {
   nlohmann::ordered_json j;
@@ -184,6 +228,8 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
                     {"allreduce_s", s.allreduce_mean_s},
                     {"exposed_comm_s", s.exposed_comm_mean_s}};
   if (!run.iterations.empty()) j["decisions"] = decision_json(sc, run.iterations.back().decision);
+  j["memory_bytes"] = s.memory_bytes;
+  j["memory"] = memory_json(s.memory, s.gpu_memory_bytes);
   if (s.speedup > 0)
     j["speedup_vs_baseline"] = s.speedup;
   else
@@ -206,7 +252,7 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
 void write_csv_header(std::ostream& os) {
   os << "scenario,topology,strategy,iteration,capacity_factor,step_time_s,moe_layer_time_s,a2a_s,"
         "allreduce_s,compute_s,exposed_comm_s,dropped_tokens,pipeline_degree,a2a,parallel,layout,"
-        "schedule\n";
+        "schedule,memory_bytes\n";
 }
 
 void write_csv_rows(std::ostream& os, const Scenario& sc, const strategies::StackRun& run,
@@ -218,7 +264,8 @@ void write_csv_rows(std::ostream& os, const Scenario& sc, const strategies::Stac
         topology, run.strategy, r.index, r.capacity_factor, r.step_time_s, r.moe_layer_time_s,
         r.a2a_s, r.allreduce_s, r.compute_s, r.exposed_comm_s, r.dropped_tokens, d.pipeline_degree,
         collective_algo_name(d.a2a), parallel_name(sc, d.parallel_degree),
-        d.layout == LayoutRole::kFlexible ? "flexible" : "plain", name_of(d.schedule));
+        d.layout == LayoutRole::kFlexible ? "flexible" : "plain", name_of(d.schedule),
+        r.memory.total_bytes());
   }
 }
 

@@ -33,6 +33,13 @@ struct RunSummary {
   // 0.5 * sum_e |estimated_e - actual_e| of the popularity estimate, and the share re-planned by
   // phase 2.
   double topk_accuracy = -1, popularity_error = -1, phase2_rate = -1;
+  // Per-GPU memory estimate (strategies/memory.hpp) of the iteration that needs the most, and the
+  // GPU's memory; memory_bytes() > gpu_memory_bytes means the configuration does not fit.
+  // (A sweep resumed from its CSV restores memory_bytes and gpu_memory_bytes, not the parts.)
+  strategies::MemoryEstimate memory;
+  double memory_bytes = 0;  // memory.total_bytes()
+  double gpu_memory_bytes = 0;
+  bool fits_memory() const { return gpu_memory_bytes <= 0 || memory_bytes <= gpu_memory_bytes; }
 };
 
 /// Mean, median and 95th percentile (nearest rank) of the step times, and means of the rest.
@@ -51,6 +58,15 @@ void print_table(const std::vector<RunSummary>& rows);
 /// One entry of the "runs" array of DESIGN §5.
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,
                                 const RunSummary& s);
+
+/// The "memory" object of a run: memory_bytes, each part, gpu_memory_bytes and fits.
+nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double gpu_memory_bytes);
+
+/// "weights 1.2 GiB, gradients ..., total 9.8 GiB of 40.0 GiB" (one line, for the CLI).
+std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memory_bytes);
+
+/// A warning on stderr for every row whose estimate exceeds the GPU's memory.
+void warn_memory(const std::vector<RunSummary>& rows, const std::string& gpu_name);
 
 /// CSV header and one row per (strategy, iteration).
 void write_csv_header(std::ostream& os);

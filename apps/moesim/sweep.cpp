@@ -512,7 +512,10 @@ const std::vector<std::string>& result_columns() {
                                                 "exposed_comm_s",
                                                 "speedup_vs_baseline",
                                                 "decisions",
-                                                "wall_s"};
+                                                "memory_bytes",
+                                                "gpu_memory_bytes",
+                                                "fits_memory",
+                                                "wall_s"};  // wall-clock last: tests strip it
   return cols;
 }
 
@@ -524,11 +527,13 @@ std::string csv_line(const SweepRow& r) {
   }
   const RunSummary& m = r.summary;
   s += fmt::format(
-      ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.6f}\n",
+      ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.0f},{:.0f},{},"
+      "{:.6f}\n",
       csv_field(r.scenario), csv_field(m.strategy), csv_field(m.topology), m.gpus, m.step_mean_s,
       m.step_p50_s, m.step_p95_s, m.moe_layer_mean_s, m.a2a_mean_s, m.allreduce_mean_s,
       m.compute_mean_s, m.exposed_comm_mean_s,
-      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.wall_s);
+      m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.memory_bytes,
+      m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.wall_s);
   return s;
 }
 
@@ -553,6 +558,9 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
     m.speedup = f[i].empty() ? 0 : std::stod(f[i]);
     ++i;
     m.decisions = f[i++];
+    m.memory_bytes = std::stod(f[i++]);
+    m.gpu_memory_bytes = std::stod(f[i++]);
+    ++i;  // fits_memory: derived from the two
     m.wall_s = std::stod(f[i++]);
     return r;
   } catch (const std::exception&) {
@@ -616,11 +624,9 @@ std::string rows_message(int rank, const std::vector<SweepRow>& rows) {
     rj["strategy"] = m.strategy;
     rj["topology"] = m.topology;
     rj["gpus"] = m.gpus;
-    rj["times"] = {m.step_mean_s,    m.step_p50_s,
-                   m.step_p95_s,     m.moe_layer_mean_s,
-                   m.a2a_mean_s,     m.allreduce_mean_s,
-                   m.compute_mean_s, m.exposed_comm_mean_s,
-                   m.speedup,        m.wall_s};
+    rj["times"] = {m.step_mean_s, m.step_p50_s,       m.step_p95_s,     m.moe_layer_mean_s,
+                   m.a2a_mean_s,  m.allreduce_mean_s, m.compute_mean_s, m.exposed_comm_mean_s,
+                   m.speedup,     m.wall_s,           m.memory_bytes,   m.gpu_memory_bytes};
     rj["decisions"] = m.decisions;
     rj["run"] = r.run;
     arr.push_back(std::move(rj));
@@ -641,9 +647,9 @@ std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
     m.gpus = rj.at("gpus").get<int>();
     const auto& t = rj.at("times");
     std::size_t i = 0;
-    for (double* d :
-         {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s, &m.a2a_mean_s,
-          &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s, &m.speedup, &m.wall_s}) {
+    for (double* d : {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s,
+                      &m.a2a_mean_s, &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s,
+                      &m.speedup, &m.wall_s, &m.memory_bytes, &m.gpu_memory_bytes}) {
       const auto& v = t.at(i++);
       *d = v.is_number() ? v.get<double>() : 0.0;  // JSON has no NaN: dump() wrote null
     }
@@ -1086,6 +1092,10 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
                            {"exposed_comm_s", s.exposed_comm_mean_s}};
         rj["decisions"] = s.decisions;
         rj["speedup_vs_baseline"] = s.speedup > 0 ? nlohmann::ordered_json(s.speedup) : nullptr;
+        rj["memory_bytes"] = s.memory_bytes;
+        rj["memory"] = {{"memory_bytes", s.memory_bytes},
+                        {"gpu_memory_bytes", s.gpu_memory_bytes},
+                        {"fits", s.fits_memory()}};
         rj["resumed"] = true;
         runs.push_back(std::move(rj));
       }

@@ -68,7 +68,8 @@ Scenario packed_scenario(const Scenario& sc, int pack) {
 }
 
 LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::int64_t capacity,
-                       Bytes micro_op, LayoutRole layout, bool pack_experts, int pipeline_degree) {
+                       Bytes micro_op, LayoutRole layout, int max_pack, int pipeline_degree) {
+  MOESIM_ASSERT(max_pack >= 1, "Lina max_pack must be >= 1");
   LinaChoice c;
   const double a2a_bytes = static_cast<double>(sc.num_experts()) * static_cast<double>(capacity) *
                            sc.model.model_dim * sc.parallelism.esp * sc.bytes_per_element();
@@ -87,10 +88,11 @@ LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::
   };
   c.expert_pack = 1;
   measure(1);
-  const bool can_pack = pack_experts && sc.model.experts_per_gpu >= 1 && sc.parallelism.esp == 1;
-  // (ours) keep at least 2 EP ranks: packing every expert on every GPU would turn the layer into
-  // plain data parallelism with all experts replicated, which memory rules out in practice.
-  while (can_pack && c.ffn_micro_s < c.a2a_micro_s &&
+  const bool can_pack = sc.model.experts_per_gpu >= 1 && sc.parallelism.esp == 1;
+  // Lina packs at most max_pack experts per GPU (2 in the paper, 4 for Transformer-XL): every
+  // doubling doubles the expert weights, gradients and optimizer state a GPU holds. And (ours) at
+  // least 2 EP ranks stay: packing every expert on every GPU would be plain data parallelism.
+  while (can_pack && c.ffn_micro_s < c.a2a_micro_s && 2 * c.expert_pack <= max_pack &&
          sc.parallelism.ep % (2 * c.expert_pack) == 0 &&
          sc.parallelism.ep / (2 * c.expert_pack) >= 2) {
     c.expert_pack *= 2;

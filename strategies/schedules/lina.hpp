@@ -46,10 +46,10 @@ Scenario packed_scenario(const Scenario& sc, int pack);
 /// Lina's plan knobs for one iteration (Lina §4.2):
 ///  - all-to-all micro-ops: pipeline degree r = ceil(dispatch bytes / micro_op), at most dC, when
 ///    the pipeline role left r = 1;
-///  - expert packing (pack_experts): starting at p = 1, double p while the FFN micro-op (both
-///    expert GEMMs of one chunk, CostModel roofline) is shorter than the all-to-all micro-op
-///    (closed-form linear all-to-all of one chunk on the packed EP group), 2p divides ep and
-///    ep / 2p >= 2 (ours: an all-to-all remains).
+///  - expert packing: starting at p = 1, double p while the FFN micro-op (both expert GEMMs of
+///    one chunk, CostModel roofline) is shorter than the all-to-all micro-op (closed-form linear
+///    all-to-all of one chunk on the packed EP group), 2p <= max_pack (Lina: 2), 2p divides ep
+///    and ep / 2p >= 2 (ours: an all-to-all remains). max_pack = 1: no packing.
 struct LinaChoice {
   int pipeline_degree = 1;
   int expert_pack = 1;
@@ -57,7 +57,7 @@ struct LinaChoice {
   double a2a_micro_s = 0;
 };
 LinaChoice lina_choose(const Scenario& sc, const topology::Topology& topo, std::int64_t capacity,
-                       Bytes micro_op, LayoutRole layout, bool pack_experts, int pipeline_degree);
+                       Bytes micro_op, LayoutRole layout, int max_pack, int pipeline_degree);
 
 /// Pipelining efficiency (Lina §4.2): the share of the time an all-to-all is active on rank 0
 /// during which its compute stream is busy too, over the MoE layers' all-to-alls.

@@ -216,6 +216,56 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
   fs::remove_all(dir);
 }
 
+// The per-GPU memory estimate (docs/model.md, "Memory") in the JSON, and a warning on stderr when
+// it exceeds the GPU's memory. lina-a100-4x4 baseline, by hand (S = 8192, M = 1024, H = 4096,
+// E = 8, dC = 2 S / 8 = 2048, 12 blocks of which 6 MoE, fp16): parameters 12 x 4 M^2 + 6 x 8 M^2
+// + 6 M E = 100,712,448 dense + 6 x 2 M H = 50,331,648 expert, x 16 bytes (2 + 2 + 12) =
+// 2,416,705,536; activations (12 x 7 + 6 x 9 + 6 x 21) S M + 6 S E = 2,214,985,728 elements x 2 =
+// 4,429,971,456 (R = E dC = 2 S rows: 2 R M = 4 S M, 2 R H = 16 S M); buffers 2 R M x 2 =
+// 67,108,864. Total 6,913,785,856 bytes, of 40 GiB.
+TEST(Cli, SimulateReportsMemoryAndWarnsWhenItDoesNotFit) {
+  fs::path dir = temp_dir();
+  const std::string base = fmt::format(
+      "simulate '{}/scenarios/lina-a100-4x4.yaml' --strategy baseline --engine analytical --json ",
+      kSource);
+  auto fits = run(base + "'" + (dir / "a.json").string() + "'");
+  ASSERT_EQ(fits.exit_code, 0) << fits.out;
+  EXPECT_EQ(fits.out.find("warning"), std::string::npos) << fits.out;
+  auto a = nlohmann::json::parse(read_file(dir / "a.json"));
+  const auto& run0 = a["runs"][0];
+  EXPECT_DOUBLE_EQ(run0["memory_bytes"].get<double>(), 6913785856.0);
+  const auto& m = run0["memory"];
+  EXPECT_DOUBLE_EQ(m["weights_bytes"].get<double>(), 302088192.0);
+  EXPECT_DOUBLE_EQ(m["gradients_bytes"].get<double>(), 302088192.0);
+  EXPECT_DOUBLE_EQ(m["optimizer_bytes"].get<double>(), 1812529152.0);
+  EXPECT_DOUBLE_EQ(m["activations_bytes"].get<double>(), 4429971456.0);
+  EXPECT_DOUBLE_EQ(m["buffers_bytes"].get<double>(), 67108864.0);
+  EXPECT_DOUBLE_EQ(m["gpu_memory_bytes"].get<double>(), 40.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(m["fits"], true);
+  // 16x the batch (128): activations and buffers 16x, 74.4 GB in all > 42.9 GB (40 GiB): the
+  // run completes, with a warning on stderr.
+  auto over = run(base + "'" + (dir / "b.json").string() + "' --set model.batch_per_gpu=128");
+  ASSERT_EQ(over.exit_code, 0) << over.out;
+  EXPECT_NE(over.out.find("moesim: warning: strategy 'baseline' does not fit in memory"),
+            std::string::npos)
+      << over.out;
+  auto b = nlohmann::json::parse(read_file(dir / "b.json"));
+  EXPECT_EQ(b["runs"][0]["memory"]["fits"], false);
+  EXPECT_GT(b["runs"][0]["memory_bytes"].get<double>(), 40.0 * 1024 * 1024 * 1024);
+  // validate prints the estimate and the same warning.
+  auto v = run(fmt::format("validate '{}/scenarios/lina-a100-4x4.yaml'", kSource));
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_NE(v.out.find("memory/GPU   baseline         6.44 GiB = weights 0.28 GiB"),
+            std::string::npos)
+      << v.out;
+  EXPECT_NE(v.out.find("[pack=2]"), std::string::npos) << v.out;
+  auto vo = run(fmt::format(
+      "validate '{}/scenarios/lina-a100-4x4.yaml' --set model.batch_per_gpu=128", kSource));
+  ASSERT_EQ(vo.exit_code, 0) << vo.out;
+  EXPECT_NE(vo.out.find("does not fit in memory"), std::string::npos) << vo.out;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, SimulateSeedChangesTheWorkload) {
   fs::path dir = temp_dir();
   std::string base = fmt::format(

@@ -233,7 +233,8 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   EXPECT_EQ(lines[0],
             "point,model.capacity_factor,model.top_k,scenario,strategy,topology,gpus,step_time_s,"
             "step_time_p50_s,step_time_p95_s,moe_layer_time_s,a2a_s,allreduce_s,compute_s,"
-            "exposed_comm_s,speedup_vs_baseline,decisions,wall_s");
+            "exposed_comm_s,speedup_vs_baseline,decisions,memory_bytes,gpu_memory_bytes,"
+            "fits_memory,wall_s");
   // Sorted by point, strategies in the subset's order; axis values verbatim.
   std::vector<std::string> want_prefix = {
       "0,1.0,1,quickstart,baseline,", "0,1.0,1,quickstart,tutel,",
@@ -245,6 +246,10 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   for (const auto& row : r.rows) {
     EXPECT_EQ(row.summary.gpus, 16);
     EXPECT_GT(row.summary.step_mean_s, 0);
+    // The memory estimate and the quickstart GPU's 80 GiB; a small layer fits.
+    EXPECT_GT(row.summary.memory_bytes, 0);
+    EXPECT_DOUBLE_EQ(row.summary.gpu_memory_bytes, 80.0 * 1024 * 1024 * 1024);
+    EXPECT_TRUE(row.summary.fits_memory());
     if (row.summary.strategy == "baseline") {
       EXPECT_DOUBLE_EQ(row.summary.speedup, 1.0);
     }
@@ -256,6 +261,12 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   EXPECT_EQ(j["points"][3]["parameters"]["model.top_k"], "2");
   EXPECT_EQ(j["points"][3]["runs"].size(), 2u);
   EXPECT_EQ(j["points"][3]["runs"][1]["strategy"], "tutel");
+  EXPECT_TRUE(j["points"][3]["runs"][1].contains("memory_bytes"));
+  // The CSV's memory column is the row's estimate, rounded to whole bytes.
+  EXPECT_NE(lines[1].find(fmt::format(",{:.0f},{:.0f},1,", r.rows[0].summary.memory_bytes,
+                                      r.rows[0].summary.gpu_memory_bytes)),
+            std::string::npos)
+      << lines[1];
 }
 
 TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {

@@ -195,7 +195,7 @@ strategies:
   - {name: hir, routing: faster_moe_hir, faster_moe_hir: {max_offnode_share: 0.25}}
   - {name: p2, parallel: p2, pipeline: 4, a2a: 2dh, layout: flexible}
   - {name: router, parallel: tutel_router, pipeline: pipemoe}
-  - {name: lina, schedule: lina, lina: {micro_op: 16MiB, pack_experts: false}}
+  - {name: lina, schedule: lina, lina: {micro_op: 16MiB, pack_experts: false, max_pack: 4}}
   - {name: s1, schedule: parm_s1}
   - {name: between, schedule: between_a2a}
 )");
@@ -261,6 +261,8 @@ strategies:
   EXPECT_EQ(s.strategies[4].schedule, ScheduleRole::kLina);
   EXPECT_DOUBLE_EQ(s.strategies[4].lina.micro_op.value(), 16.0 * 1024 * 1024);
   EXPECT_FALSE(s.strategies[4].lina.pack_experts);
+  EXPECT_EQ(s.strategies[4].lina.max_pack, 4);
+  EXPECT_EQ(s.strategies[6].lina.max_pack, 2);  // default: Lina packs at most 2 experts per GPU
   EXPECT_EQ(s.strategies[5].schedule, ScheduleRole::kParmS1);
   EXPECT_EQ(s.strategies[6].schedule, ScheduleRole::kBetweenA2a);
 }
@@ -733,6 +735,15 @@ TEST(ScenarioValidation, StrategyRules) {
                                  "{name: baseline, schedule: lina, "
                                  "lina: {pack_experts: maybe}}")),
               HasSubstr("strategies[0].lina.pack_experts: found 'maybe', expected true or false"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, schedule: lina, lina: {max_pack: 3}}")),
+              HasSubstr("strategies[0].lina.max_pack: found 3, expected a power of two"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, schedule: lina, lina: {max_pack: 0}}")),
+              HasSubstr("strategies[0].lina.max_pack:"));
+  EXPECT_THAT(error_of(tiny_with("{name: baseline}",
+                                 "{name: baseline, schedule: lina, lina: {max_pack: 2.5}}")),
+              HasSubstr("strategies[0].lina.max_pack:"));
 }
 
 }  // namespace

@@ -205,15 +205,14 @@ TEST(LinaSchedule, AllToAllMicroOpsAndExpertPacking) {
   const auto topo = topology::build_topology(sc.cluster);
   // Dispatch bytes E dC M b = 8 x 1024 x 2048 x 2 = 32 MiB -> 9 micro-ops of <= 4 MB.
   const std::int64_t cap = 1024;
-  const auto c1 = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, false, 1);
+  const auto c1 = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 1, 1);
   EXPECT_EQ(c1.pipeline_degree, 9);
   EXPECT_EQ(c1.expert_pack, 1);
   EXPECT_GT(c1.a2a_micro_s, c1.ffn_micro_s);  // the premise for packing on this cluster
-  const auto c2 = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, true, 1);
-  EXPECT_GT(c2.expert_pack, 1);
-  // Stops at the first pack where the FFN micro-op is no longer shorter (or ep runs out).
-  EXPECT_TRUE(c2.ffn_micro_s >= c2.a2a_micro_s || c2.expert_pack == 4);  // ep 8 / 4 = 2 ranks left
-  EXPECT_LE(c2.expert_pack, 4);
+  // The scenario's default cap, lina.max_pack = 2 (Lina §7.2).
+  EXPECT_EQ(sc.strategies[2].lina.max_pack, 2);
+  const auto c2 = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 2, 1);
+  EXPECT_EQ(c2.expert_pack, 2);
   const auto packed = schedules::packed_scenario(sc, 2);
   EXPECT_EQ(packed.parallelism.ep, 4);
   EXPECT_EQ(packed.parallelism.dp, 4);
@@ -228,6 +227,45 @@ TEST(LinaSchedule, AllToAllMicroOpsAndExpertPacking) {
   std::printf("pipelining efficiency: no packing %.3f, packing x%d %.3f; step %.3f vs %.3f ms\n",
               plain.efficiency, pack.decision.expert_pack, pack.efficiency, plain.step_s * 1e3,
               pack.step_s * 1e3);
+}
+
+TEST(LinaSchedule, ExpertPackingStopsAtMaxPack) {
+  // Lina's V1 layout (16 experts, one per GPU, ep 16 x dp 1) on 16 single-GPU nodes, so every
+  // packed EP group still crosses the 100 Gb/s NICs (on 4-GPU nodes ep 4 is one node and its
+  // NVSwitch all-to-all ends the packing at 4). E = 16, dC = k f S / E = 2 x 4096 / 16 = 512 slots,
+  // dispatch bytes E dC M b = 16 x 512 x 2048 x 2 = 32 MiB -> 9 micro-ops of <= 4 MB.
+  Scenario sc = lina_scenario("4MB", "flow", "true");
+  sc.cluster.nodes = 16;
+  sc.cluster.gpus_per_node = 1;
+  sc.parallelism.ep = 16;
+  sc.parallelism.dp = 1;
+  sc.model.experts = 16;
+  sc.model.hidden_dim = 1024;  // a small FFN: shorter than the all-to-all micro-op up to p = 8
+  const auto topo = topology::build_topology(sc.cluster);
+  const std::int64_t cap = 512;
+  // No cap (16 exceeds every reachable pack): packing goes to 8, where ep / 8 = 2 EP ranks
+  // remain (the floor), the FFN micro-op still shorter than the all-to-all one at p = 4.
+  const auto uncapped =
+      schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 16, 1);
+  EXPECT_EQ(uncapped.pipeline_degree, 9);
+  EXPECT_EQ(uncapped.expert_pack, 8);
+  const auto at4 = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 4, 1);
+  EXPECT_EQ(at4.expert_pack, 4);
+  EXPECT_LT(at4.ffn_micro_s, at4.a2a_micro_s) << "the premise: only the ep floor stops at 8";
+  // Lina's cap (the default): 2 experts per GPU.
+  const auto capped = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 2, 1);
+  EXPECT_EQ(capped.expert_pack, 2);
+  EXPECT_LT(capped.ffn_micro_s, capped.a2a_micro_s);  // the cap, not the FFN, stopped it
+  // max_pack 1 disables packing (as pack_experts: false does).
+  const auto off = schedules::lina_choose(sc, *topo, cap, Bytes(4e6), LayoutRole::kPlain, 1, 1);
+  EXPECT_EQ(off.expert_pack, 1);
+  EXPECT_EQ(off.pipeline_degree, 9);
+  // Through the strategy module: the scenario's default max_pack (2) reaches the decision.
+  const auto run = run_schedule(sc, 2);
+  EXPECT_EQ(run.decision.expert_pack, 2);
+  EXPECT_EQ(run.decision.describe(), "r=9 a2a=linear layout=plain parallel=1 schedule=lina pack=2");
+  sc.strategies[2].lina.max_pack = 1;
+  EXPECT_EQ(run_schedule(sc, 2).decision.expert_pack, 1);
 }
 
 }  // namespace

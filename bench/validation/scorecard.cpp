@@ -7,8 +7,12 @@
 //
 // Usage: scorecard [--cases V1,V3] [--fast] [--json FILE] [--jobs N] [--dir DIR]
 //                  [--require-direction QUANTITY[,QUANTITY...]]
+//                  [--expect-wrong-direction QUANTITY[,QUANTITY...]]
 // --require-direction: exit status 0 iff every named quantity (case.quantity or quantity) has the
 // published direction (in band or direction only), 3 otherwise: the CTest direction checks.
+// --expect-wrong-direction: the known gaps: exit status 0 iff every named quantity still has the
+// wrong direction, 4 once one is right (then the test should move to --require-direction). Not
+// CTest's WILL_FAIL: that would also pass on a crash or a bad argument (exit 1 or 2).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -48,6 +52,7 @@ struct Options {
   int jobs = 2;
   std::string dir = MOESIM_VALIDATION_DIR;
   std::vector<std::string> require_direction;
+  std::vector<std::string> expect_wrong;
 };
 
 // One row of published.csv.
@@ -503,10 +508,14 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--require-direction") {
       for (const auto& q : split(value(), ','))
         if (!q.empty()) o.require_direction.push_back(q);
+    } else if (a == "--expect-wrong-direction") {
+      for (const auto& q : split(value(), ','))
+        if (!q.empty()) o.expect_wrong.push_back(q);
     } else if (a == "-h" || a == "--help") {
       fmt::print(
           "usage: scorecard [--cases V1,V3] [--fast] [--json FILE] [--jobs N] [--dir DIR]\n"
-          "                 [--require-direction [CASE.]QUANTITY,...]\n");
+          "                 [--require-direction [CASE.]QUANTITY,...]\n"
+          "                 [--expect-wrong-direction [CASE.]QUANTITY,...]\n");
       std::exit(0);
     } else {
       throw InputError(fmt::format("unknown argument '{}'", a));
@@ -599,26 +608,38 @@ int main(int argc, char** argv) try {
     if (!f) throw RuntimeError(fmt::format("--json: cannot write {}", o.json_path));
   }
 
+  // Direction checks (CTest): `want_right` for --require-direction, !want_right for
+  // --expect-wrong-direction (a direction that is wrong today, kept visible as a passing test that
+  // fails, telling to flip it, once a model change gets the direction right).
   int status = 0;
-  for (const auto& q : o.require_direction) {
-    bool found = false;
-    for (const auto& r : rows) {
-      if (q != r.pub.quantity && q != r.pub.case_id + "." + r.pub.quantity) continue;
-      found = true;
-      // A case that cannot be expressed is checked on the closest expressible layout's figure:
-      // the direction the paper reports should hold there too (e.g. S1 and S2 beat the baseline).
-      bool ok = r.verdict == "in band" || r.verdict == "direction only";
-      if (r.sim && r.sim->not_expressible) {
-        Measured m = *r.sim;
-        m.not_expressible = false;
-        const std::string v = judge(r.pub, m);
-        ok = v == "in band" || v == "direction only";
+  auto check = [&](const std::vector<std::string>& names, bool want_right, const char* flag) {
+    for (const auto& q : names) {
+      bool found = false;
+      for (const auto& r : rows) {
+        if (q != r.pub.quantity && q != r.pub.case_id + "." + r.pub.quantity) continue;
+        found = true;
+        // A case that cannot be expressed is checked on the closest expressible layout's figure:
+        // the direction the paper reports should hold there too (e.g. S1 and S2 beat the
+        // baseline).
+        bool ok = r.verdict == "in band" || r.verdict == "direction only";
+        if (r.sim && r.sim->not_expressible) {
+          Measured m = *r.sim;
+          m.not_expressible = false;
+          const std::string v = judge(r.pub, m);
+          ok = v == "in band" || v == "direction only";
+        }
+        fmt::print("direction {}.{}: {}{}\n", r.pub.case_id, r.pub.quantity, ok ? "right" : "WRONG",
+                   ok == want_right ? ""
+                   : want_right     ? " (expected right)"
+                                    : " (expected wrong: the model now gets it right; move it from "
+                                      "--expect-wrong-direction to --require-direction)");
+        if (ok != want_right) status = want_right ? 3 : 4;
       }
-      fmt::print("direction {}.{}: {}\n", r.pub.case_id, r.pub.quantity, ok ? "right" : "WRONG");
-      if (!ok) status = 3;
+      if (!found) throw InputError(fmt::format("{}: no quantity '{}' was run", flag, q));
     }
-    if (!found) throw InputError(fmt::format("--require-direction: no quantity '{}' was run", q));
-  }
+  };
+  check(o.require_direction, true, "--require-direction");
+  check(o.expect_wrong, false, "--expect-wrong-direction");
   return status;
 } catch (const InputError& e) {
   fmt::print(stderr, "scorecard: error: {}\n", e.what());

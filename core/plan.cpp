@@ -258,4 +258,21 @@ void Plan::validate() const {
   }
 }
 
+Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size) {
+  Plan plan(gpus);
+  StreamId comm = plan.stream("comm");
+  Grouping world{"world", {{}}};
+  for (int r = 0; r < gpus; ++r) world.groups[0].push_back(r);
+  GroupingId g = plan.add_grouping(std::move(world));
+  CollectiveSpec spec;
+  spec.type = type;
+  spec.algo = algo;
+  spec.grouping = g;
+  spec.bytes = size;
+  plan.add_collective(
+      comm, spec, {},
+      std::string(collective_type_name(type)) + "." + std::string(collective_algo_name(algo)));
+  return plan;
+}
+
 }  // namespace moesim

@@ -207,4 +207,8 @@ class Plan {
   std::vector<Op> ops_;
 };
 
+/// A plan of one collective over all `gpus` ranks (one "world" group in rank order) on a "comm"
+/// stream: what `moesim simulate --collective` and the validation scorecard time.
+Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size);
+
 }  // namespace moesim

@@ -55,23 +55,6 @@ struct CollectiveRow {
   double wall_s;
 };
 
-// The world grouping: one group of all GPUs in rank order.
-Plan single_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size) {
-  Plan plan(gpus);
-  StreamId comm = plan.stream("comm");
-  Grouping world{"world", {{}}};
-  for (int r = 0; r < gpus; ++r) world.groups[0].push_back(r);
-  GroupingId g = plan.add_grouping(std::move(world));
-  CollectiveSpec spec;
-  spec.type = type;
-  spec.algo = algo;
-  spec.grouping = g;
-  spec.bytes = size;
-  plan.add_collective(comm, spec, {},
-                      fmt::format("{}.{}", collective_type_name(type), collective_algo_name(algo)));
-  return plan;
-}
-
 void run_collective(const CollectiveArgs& a) {
   auto type = parse_collective_type(a.collective);
   if (!type || *type == CollectiveType::kAllToAllv)
@@ -107,7 +90,7 @@ void run_collective(const CollectiveArgs& a) {
   RunResult last;
   Plan last_plan;
   for (Bytes size : sizes) {
-    Plan plan = single_collective_plan(gpus, *type, *algo, size);
+    Plan plan = world_collective_plan(gpus, *type, *algo, size);
     auto t0 = std::chrono::steady_clock::now();
     RunResult res = sim::run_plan(plan, *topo, cfg);
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

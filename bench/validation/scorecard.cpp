@@ -182,18 +182,8 @@ double last_step(const strategies::StackRun& r) { return r.iterations.back().ste
 // One all-to-all over all GPUs of the scenario's cluster (as `moesim simulate --collective`).
 double a2a_time(const Scenario& sc, const topology::Topology& topo, CollectiveAlgo algo,
                 double bytes) {
-  const int gpus = topo.num_gpus();
-  Plan plan(gpus);
-  StreamId comm = plan.stream("comm");
-  Grouping world{"world", {{}}};
-  for (int r = 0; r < gpus; ++r) world.groups[0].push_back(r);
-  GroupingId g = plan.add_grouping(std::move(world));
-  CollectiveSpec spec;
-  spec.type = CollectiveType::kAllToAll;
-  spec.algo = algo;
-  spec.grouping = g;
-  spec.bytes = Bytes(bytes);
-  plan.add_collective(comm, spec, {}, "a2a");
+  const Plan plan =
+      world_collective_plan(topo.num_gpus(), CollectiveType::kAllToAll, algo, Bytes(bytes));
   const sim::EngineConfig cfg = app::engine_config_from(sc, "");
   return sim::run_plan(plan, topo, cfg).collectives.at(0).duration_s();
 }

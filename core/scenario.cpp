@@ -40,6 +40,12 @@ const std::vector<NamedValue<NetworkModelKind>>& network_model_names() {
   return t;
 }
 
+const std::vector<NamedValue<FlowSharingKind>>& flow_sharing_names() {
+  static const std::vector<NamedValue<FlowSharingKind>> t = {
+      {FlowSharingKind::kPerCollective, "per_collective"}, {FlowSharingKind::kPerFlow, "per_flow"}};
+  return t;
+}
+
 const std::vector<NamedValue<RoutingRole>>& routing_role_names() {
   static const std::vector<NamedValue<RoutingRole>> t = {
       {RoutingRole::kEven, "even"},
@@ -103,6 +109,7 @@ std::string_view name_of(Mode v) { return lookup(mode_names(), v); }
 std::string_view name_of(RoutingDistribution v) { return lookup(routing_distribution_names(), v); }
 std::string_view name_of(CapacityKind v) { return lookup(capacity_kind_names(), v); }
 std::string_view name_of(NetworkModelKind v) { return lookup(network_model_names(), v); }
+std::string_view name_of(FlowSharingKind v) { return lookup(flow_sharing_names(), v); }
 std::string_view name_of(RoutingRole v) { return lookup(routing_role_names(), v); }
 std::string_view name_of(ParallelRole v) {
   return v == ParallelRole::kDegree ? "degree" : lookup(parallel_role_names(), v);

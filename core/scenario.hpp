@@ -125,6 +125,10 @@ struct WorkloadSpec {
 
 enum class NetworkModelKind { kAnalytical, kFlow, kSimgrid };
 
+// engine.flow.sharing: how concurrent collectives share a link in the flow engine
+// (sim::FlowSharing).
+enum class FlowSharingKind { kPerCollective, kPerFlow };
+
 struct EngineSpec {
   NetworkModelKind network = NetworkModelKind::kFlow;
   Seconds message_latency{0};      // extra startup latency per message
@@ -135,6 +139,10 @@ struct EngineSpec {
   // of each other are handled together, in one recomputation (bounded error of about this much
   // per event). 1e-9 is the normative model; 1e-3 makes hash-ECMP fat trees tractable.
   double flow_event_tolerance = 1e-9;
+  // engine.flow.sharing: per_collective (each collective phase one party on its most crowded
+  // link, as NCCL's per-collective channels behave; VALIDATION V1) or per_flow (plain max-min,
+  // SimGrid's model).
+  FlowSharingKind flow_sharing = FlowSharingKind::kPerCollective;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -251,6 +259,7 @@ const std::vector<NamedValue<Mode>>& mode_names();
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
 const std::vector<NamedValue<NetworkModelKind>>& network_model_names();
+const std::vector<NamedValue<FlowSharingKind>>& flow_sharing_names();
 const std::vector<NamedValue<RoutingRole>>& routing_role_names();
 // parallel and pipeline also accept an integer r >= 1 (ParallelRole::kDegree /
 // PipelineRole::kDegree); their tables hold the named values only.
@@ -265,6 +274,7 @@ std::string_view name_of(Mode v);
 std::string_view name_of(RoutingDistribution v);
 std::string_view name_of(CapacityKind v);
 std::string_view name_of(NetworkModelKind v);
+std::string_view name_of(FlowSharingKind v);
 std::string_view name_of(RoutingRole v);
 std::string_view name_of(ParallelRole v);  // kDegree -> "degree"
 std::string_view name_of(PipelineRole v);  // kDegree -> "degree"

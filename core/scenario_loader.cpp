@@ -751,13 +751,14 @@ EngineSpec parse_engine(const MapReader& root) {
     e.interference = *v;
   }
   if (m.has("flow")) {
-    MapReader f = m.get_map("flow", {"event_tolerance"});
+    MapReader f = m.get_map("flow", {"event_tolerance", "sharing"});
     if (auto v = f.get_number("event_tolerance")) {
       if (!(*v > 0 && *v < 0.1))
         f.fail("event_tolerance",
                fmt::format("found {}, expected a relative time in (0, 0.1) such as 1e-3", *v));
       e.flow_event_tolerance = *v;
     }
+    if (auto v = get_enum(f, "sharing", flow_sharing_names())) e.flow_sharing = *v;
   }
   return e;
 }

@@ -41,12 +41,14 @@ std::optional<NetworkKind> parse_network_kind(std::string_view s) {
 
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,
                                                  const NetworkParams& params,
-                                                 double flow_event_tolerance) {
+                                                 double flow_event_tolerance,
+                                                 FlowSharing flow_sharing) {
   switch (kind) {
     case NetworkKind::kAnalytical:
       return std::make_unique<AnalyticalModel>(topo, params);
     case NetworkKind::kFlow:
-      return std::make_unique<FlowModel>(topo, params, FlowModelOptions{flow_event_tolerance});
+      return std::make_unique<FlowModel>(topo, params,
+                                         FlowModelOptions{flow_event_tolerance, flow_sharing});
     case NetworkKind::kSimgrid:
 #ifdef MOESIM_HAVE_SIMGRID
       return std::make_unique<SimgridModel>(topo, params);
@@ -729,7 +731,8 @@ RunResult run_plan(const Plan& plan, const topology::Topology& topo, const Engin
     plan.validate();
     return Engine(plan, topo, config, nullptr).run();
   }
-  auto net = make_network_model(config.network, topo, config.net, config.flow_event_tolerance);
+  auto net = make_network_model(config.network, topo, config.net, config.flow_event_tolerance,
+                                config.flow_sharing);
   return run_plan(plan, topo, config, *net);
 }
 

@@ -50,6 +50,7 @@
 #include "core/plan.hpp"
 #include "core/run_result.hpp"
 #include "sim/compute_model.hpp"
+#include "sim/flow_model.hpp"
 #include "sim/network_model.hpp"
 
 namespace moesim::topology {
@@ -73,6 +74,8 @@ struct EngineConfig {
   bool merge_ready_groups = true;
   /// FlowModelOptions::event_tolerance of the flow model (scenario engine.flow.event_tolerance).
   double flow_event_tolerance = 1e-9;
+  /// FlowModelOptions::sharing (scenario engine.flow.sharing; the library default is per-flow).
+  FlowSharing flow_sharing = FlowSharing::kPerFlow;
 };
 
 /// Creates the network model for `kind`: AnalyticalModel (batch-level, contention-free),
@@ -80,7 +83,8 @@ struct EngineConfig {
 /// flow_event_tolerance: FlowModelOptions::event_tolerance (ignored by the other models).
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,
                                                  const NetworkParams& params,
-                                                 double flow_event_tolerance = 1e-9);
+                                                 double flow_event_tolerance = 1e-9,
+                                                 FlowSharing flow_sharing = FlowSharing::kPerFlow);
 
 /// Runs plan on topo. network == analytical uses closed-form collective times; flow and simgrid
 /// lower collectives into batches for the model make_network_model creates. Validates the plan

@@ -24,6 +24,9 @@ constexpr double kLevelTol = 1e-9;
 // kept and the re-solved flows.
 constexpr double kKeepMargin = 1 - 1e-6;
 
+// Weighted flow counts below this are empty (rounding residue of adding and removing weights).
+constexpr double kWeightEps = 1e-12;
+
 // Per-flow states. Whether a moving flow already has its rate in the current solve is told by its
 // solve stamp (Segment::stamp == FlowModel::stamp_), so no reset pass is needed between solves.
 constexpr std::uint8_t kPending = 0;
@@ -70,6 +73,10 @@ struct FlowModel::Segment {
   std::vector<double> rate;  // bytes/s per copy, valid while moving (kNever: not solved yet)
   std::vector<std::uint32_t> stamp;  // == FlowModel::stamp_: to be (re)solved in the current solve
   std::vector<std::uint32_t> mult;   // identical copies represented by this entry
+  // Max-min weight per copy (FlowModelOptions::sharing): a flow's rate is weight x the level of
+  // its bottleneck. 1 under per-flow sharing.
+  std::vector<double> weight;
+  double norm_rate(std::uint32_t i) const { return rate[i] / weight[i]; }
   std::vector<std::uint8_t> state;
   std::vector<std::uint32_t> route_begin;  // size n+1, into routes
   std::vector<topology::LinkId> routes;
@@ -139,6 +146,7 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   act_pos_.assign(num_links, 0);
   w_rem_.assign(num_links, 0.0);
   w_cnt_.assign(num_links, 0.0);
+  w_num_.assign(num_links, 0.0);
 }
 
 FlowModel::~FlowModel() = default;
@@ -150,7 +158,7 @@ std::int64_t FlowModel::num_flow_entries() const {
 }
 
 void FlowModel::add_moving(const Segment& g, std::uint32_t i, double sign) {
-  const double m = sign * g.mult[i];
+  const double m = sign * g.mult[i] * g.weight[i];
   for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
     moving_cnt_[g.routes[k]] += m;
   }
@@ -316,6 +324,28 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   g.link_begin.assign(num_links + 1, 0);
   for (topology::LinkId l : g.routes) ++g.link_begin[l + 1];
   std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
+  g.weight.assign(n, 1.0);
+  if (options_.sharing == FlowSharing::kPerCollective) {
+    // Each batch (one phase of one collective) shares a link as one party, as NCCL runs each
+    // collective on channels of its own: a flow's weight is 1 / the copies of its batch on the
+    // most crowded link of its route, so on that link the batch's flows weigh 1 together. A batch
+    // alone is rated as under per-flow sharing wherever its flows' crowded links carry equal
+    // counts (any symmetric collective).
+    std::vector<double>& cnt = new_cnt_;  // zero outside start_bound()
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        cnt[g.routes[k]] += g.mult[i];
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      double most = 1;
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        most = std::max(most, cnt[g.routes[k]]);
+      }
+      g.weight[i] = 1.0 / most;
+    }
+    for (topology::LinkId l : g.routes) cnt[l] = 0;
+  }
   segments_.push_back(std::move(seg));
   return id;
 }
@@ -385,7 +415,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
         const std::uint32_t i = f.flow;
         g.last_finish = std::max(g.last_finish, f.time_s);
         add_moving(g, i, -1.0);
-        keep_below = std::min(keep_below, g.rate[i]);
+        keep_below = std::min(keep_below, g.norm_rate(i));
         g.remaining[i] = 0;
         g.t0[i] = t;
         g.state[i] = kDone;
@@ -464,7 +494,7 @@ double FlowModel::start_bound() {
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
       const topology::LinkId l = g.routes[k];
       if (new_cnt_[l] == 0) touched_.push_back(l);
-      new_cnt_[l] += g.mult[i];
+      new_cnt_[l] += g.mult[i] * g.weight[i];
     }
   }
   double bound = kNever;
@@ -472,7 +502,7 @@ double FlowModel::start_bound() {
     const double c = cap_[l], n = moving_cnt_[l], m = new_cnt_[l];
     const double load = std::max(0.0, load_[l]);
     double y;
-    if (n > 0.5 && c * n <= load * (n + m)) {
+    if (n > kWeightEps && c * n <= load * (n + m)) {
       y = c / (n + m);
     } else {
       y = std::max(0.0, c - load) / m;
@@ -507,6 +537,7 @@ void FlowModel::solve(double keep_below) {
       solve_links_.push_back(l);
       w_rem_[l] = cap_[l];
       w_cnt_[l] = 0;
+      w_num_[l] = 0;
       in_links_[l] = 1;
     }
   }
@@ -524,7 +555,7 @@ void FlowModel::solve(double keep_below) {
     if (partial) {
       split = static_cast<std::size_t>(
           std::lower_bound(g.order.begin(), g.order.end(), keep_thr,
-                           [&](std::uint32_t i, double x) { return g.rate[i] < x; }) -
+                           [&](std::uint32_t i, double x) { return g.norm_rate(i) < x; }) -
           g.order.begin());
       for (std::size_t k = split; k < g.order.size(); ++k) {
         if (is_moving(g.state[g.order[k]])) g.resolve.push_back(g.order[k]);
@@ -563,9 +594,11 @@ void FlowModel::solve(double keep_below) {
           flush_link(l);
           w_rem_[l] = cap_[l] - load_[l];
           w_cnt_[l] = 0;
+          w_num_[l] = 0;
         }
         w_rem_[l] += used;
-        w_cnt_[l] += m;
+        w_cnt_[l] += m * g.weight[i];
+        w_num_[l] += m;
       }
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
     }
@@ -578,7 +611,7 @@ void FlowModel::solve(double keep_below) {
   act_links_.clear();
   act_share_.clear();
   for (std::uint32_t l : solve_links_) {
-    if (w_cnt_[l] > 0.5) {
+    if (w_num_[l] > 0.5) {
       act_pos_[l] = static_cast<std::uint32_t>(act_links_.size());
       act_links_.push_back(l);
       act_share_.push_back(share_of(l));
@@ -587,14 +620,16 @@ void FlowModel::solve(double keep_below) {
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
     g.stamp[i] = stamp - 1;
-    g.rate[i] = share;
+    g.rate[i] = share * g.weight[i];
     g.assigned.push_back(i);
     const double m = g.mult[i];
-    const double used = share * m;
+    const double used = g.rate[i] * m;
+    const double wm = g.weight[i] * m;
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
       const topology::LinkId l = g.routes[k];
       w_rem_[l] -= used;
-      w_cnt_[l] -= m;
+      w_cnt_[l] -= wm;
+      w_num_[l] -= m;
       if (!dirty_[l]) {
         dirty_[l] = 1;
         dirty_links_.push_back(l);
@@ -675,12 +710,12 @@ void FlowModel::solve(double keep_below) {
     }
     for (std::uint32_t l : bottleneck_) {
       saturated_[l] = 0;
-      MOESIM_ASSERT(w_cnt_[l] < 0.5, "bottleneck link kept unassigned flows");
+      MOESIM_ASSERT(w_num_[l] < 0.5, "bottleneck link kept unassigned flows");
     }
     for (std::uint32_t l : dirty_links_) {
       dirty_[l] = 0;
       const std::uint32_t a = act_pos_[l];
-      if (w_cnt_[l] > 0.5) {
+      if (w_num_[l] > 0.5) {
         act_share_[a] = share_of(l);
         continue;
       }

@@ -76,6 +76,16 @@ struct FlowModelStats {
   double checkpoint_s = 0;       // taking and restoring checkpoints
 };
 
+/// How concurrent transfers share a link (engine.flow.sharing).
+/// - kPerFlow: plain max-min, every flow one party (SimGrid's per-flow model, the reference).
+/// - kPerCollective: weighted max-min in which each batch (one phase of one collective) is one
+///   party on the link where its flows are most crowded: a flow's weight is 1 / the number of its
+///   batch's flows on the most crowded link of its route. NCCL runs every collective on channels
+///   and queue pairs of its own, and a concurrent all-reduce slows an all-to-all by ~1.83x on
+///   Lina's testbed (VALIDATION V1), not the ~1.08x per-flow sharing gives when the all-to-all's
+///   many flows crowd out the ring's one flow per NIC.
+enum class FlowSharing { kPerFlow, kPerCollective };
+
 /// Knobs of the flow model beyond the shared NetworkParams.
 struct FlowModelOptions {
   /// Flows finishing (or starting to move) within this relative amount of the current simulated
@@ -88,6 +98,7 @@ struct FlowModelOptions {
   /// all-to-allv traffic (tests/sim/flow_model_test.cpp, EventToleranceErrorIsBounded...).
   /// Scenario key: engine.flow.event_tolerance.
   double event_tolerance = 1e-9;
+  FlowSharing sharing = FlowSharing::kPerFlow;
 };
 
 class FlowModel final : public NetworkModel {
@@ -150,7 +161,7 @@ class FlowModel final : public NetworkModel {
   double committed_ = 0;     // the engine's clock (last start_batch / advance_to time)
   double sim_t_ = 0;         // time of the internal state; ahead of committed_ during lookahead
   std::uint32_t stamp_ = 0;  // current solve; a flow with this stamp has its rate in it
-  std::vector<double> moving_cnt_;  // per link: moving flow copies crossing it
+  std::vector<double> moving_cnt_;  // per link: weight of the moving flow copies crossing it
   std::vector<double> load_;        // per link: allocated bytes/s
   std::vector<double> link_bytes_;  // per link: bytes carried up to since_
   std::vector<double> since_;       // per link: time link_bytes_ is exact at (load_ constant since)
@@ -170,7 +181,8 @@ class FlowModel final : public NetworkModel {
   std::vector<double> ck_moving_cnt_, ck_link_bytes_;
 
   // Water-filling scratch, kept to avoid reallocating per solve.
-  std::vector<double> w_rem_, w_cnt_;
+  // Per link during a solve: residual capacity, weighted and plain counts of unrated copies.
+  std::vector<double> w_rem_, w_cnt_, w_num_;
   std::vector<std::uint32_t> bottleneck_, dirty_links_;
   std::vector<std::uint8_t> dirty_;  // per link: in dirty_links_
   // Active links of the current solve with their fair shares, and each link's position there.

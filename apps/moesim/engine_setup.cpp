@@ -57,6 +57,9 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
   cfg.flow_event_tolerance = sc.engine.flow_event_tolerance;
+  cfg.flow_sharing = sc.engine.flow_sharing == FlowSharingKind::kPerFlow
+                         ? sim::FlowSharing::kPerFlow
+                         : sim::FlowSharing::kPerCollective;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = sc.engine.interference;
   cfg.precision = sc.model.dtype;

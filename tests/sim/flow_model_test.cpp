@@ -743,6 +743,58 @@ TEST(FlowModel, ScenarioKeysForRoutingAndEventTolerance) {
   }
   EXPECT_THAT(error_of(scenario_yaml(fat, "engine: {flow: {tolerance: 1e-3}}\n")),
               ::testing::HasSubstr("tolerance"));
+  // engine.flow.sharing: per_collective by default, per_flow on request, nothing else.
+  EXPECT_EQ(s.engine.flow_sharing, FlowSharingKind::kPerCollective);
+  s = parse_scenario_string(scenario_yaml(fat, "engine: {flow: {sharing: per_flow}}\n"), "t.yaml");
+  EXPECT_EQ(s.engine.flow_sharing, FlowSharingKind::kPerFlow);
+  const std::string bad_sharing =
+      error_of(scenario_yaml(fat, "engine: {flow: {sharing: per_channel}}\n"));
+  EXPECT_THAT(bad_sharing, ::testing::HasSubstr("engine.flow.sharing"));
+  EXPECT_THAT(bad_sharing, ::testing::HasSubstr("per_collective"));
+}
+
+// engine.flow.sharing, by hand: one 1 GB/s link, collective A = three 1 GB flows, collective B =
+// one 1 GB flow, all started at 0. Per flow, the four flows get 0.25 GB/s each and all finish at
+// 4 s. Per collective, A's copies weigh 1/3 each and B's flow 1, so A and B get 0.5 GB/s each: B
+// finishes at 2 s; A's flows have 2/3 GB left each and then share the whole link: 2 s more, 4 s.
+TEST(FlowModel, PerCollectiveSharingSplitsALinkBetweenCollectives) {
+  PairTopology topo(1 * kGB, 0);
+  const std::vector<Transfer> a = {{0, 1, 1e9}, {0, 1, 1e9}, {0, 1, 1e9}};
+  const std::vector<Transfer> b = {{0, 1, 1e9}};
+  FlowModel per_flow(topo);
+  const BatchId pa = per_flow.start_batch(0, a);
+  const BatchId pb = per_flow.start_batch(0, b);
+  auto done = drain(per_flow);
+  expect_time(done.at(pa), 4.0);
+  expect_time(done.at(pb), 4.0);
+
+  FlowModel per_coll(topo, {}, FlowModelOptions{.sharing = FlowSharing::kPerCollective});
+  const BatchId ca = per_coll.start_batch(0, a);
+  const BatchId cb = per_coll.start_batch(0, b);
+  done = drain(per_coll);
+  expect_time(done.at(cb), 2.0);
+  expect_time(done.at(ca), 4.0);
+  // Bytes are conserved whatever the sharing: 4 GB crossed the one link.
+  double bytes = 0;
+  for (double x : per_coll.link_bytes()) bytes += x;
+  EXPECT_NEAR(bytes, 4e9, 1e-6 * 4e9);
+}
+
+// A collective alone, symmetric (every flow's most crowded link carries the same count), is rated
+// the same under both sharing rules; so is a skewed one, on the same links, within rounding.
+TEST(FlowModel, PerCollectiveSharingLeavesALoneSymmetricCollectiveUnchanged) {
+  const auto topo = topology::build_topology(small_fat_tree(EcmpMode::kDmodk));
+  const int p = topo->num_gpus();
+  std::vector<Transfer> a2a;
+  for (int s = 0; s < p; ++s) {
+    for (int d = 0; d < p; ++d) a2a.push_back({s, d, 3e6});
+  }
+  FlowModel per_flow(*topo);
+  FlowModel per_coll(*topo, {}, FlowModelOptions{.sharing = FlowSharing::kPerCollective});
+  const BatchId x = per_flow.start_batch(0, a2a);
+  const BatchId y = per_coll.start_batch(0, a2a);
+  const double tx = drain(per_flow).at(x), ty = drain(per_coll).at(y);
+  EXPECT_NEAR(ty, tx, 1e-12 * tx);
 }
 
 // The bound documented for engine.flow.event_tolerance (scenarios/README.md): on skewed

@@ -48,6 +48,23 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// The least of the active links' shares: a level's hot loop. Four independent accumulators in
+// locals (not the solve's `share`, which a lambda captures by reference and so lives in memory)
+// let the compiler keep them in registers and overlap the compares.
+double min_share(const std::vector<double>& v) {
+  double m0 = std::numeric_limits<double>::infinity(), m1 = m0, m2 = m0, m3 = m0;
+  const std::size_t n = v.size(), n4 = n & ~std::size_t{3};
+  const double* p = v.data();
+  for (std::size_t i = 0; i < n4; i += 4) {
+    m0 = p[i] < m0 ? p[i] : m0;
+    m1 = p[i + 1] < m1 ? p[i + 1] : m1;
+    m2 = p[i + 2] < m2 ? p[i + 2] : m2;
+    m3 = p[i + 3] < m3 ? p[i + 3] : m3;
+  }
+  for (std::size_t i = n4; i < n; ++i) m0 = p[i] < m0 ? p[i] : m0;
+  return std::min(std::min(m0, m1), std::min(m2, m3));
+}
+
 bool transfer_less(const Transfer& a, const Transfer& b) {
   return std::tie(a.src, a.dst, a.bytes) < std::tie(b.src, b.dst, b.bytes);
 }
@@ -651,8 +668,7 @@ void FlowModel::solve(double keep_below) {
   bool first_level = true;
   while (!act_links_.empty()) {
     ++stats_.levels;
-    share = kNever;
-    for (double x : act_share_) share = std::min(share, x);
+    share = min_share(act_share_);
     if (first_level && partial && !(share >= keep_thr)) {
       // The kept rates do not leave room for the rest as they should (rounding drift in load_):
       // recompute from scratch, which is always exact. Nothing was assigned yet.

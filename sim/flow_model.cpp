@@ -343,25 +343,19 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
   g.weight.assign(n, 1.0);
   if (options_.sharing == FlowSharing::kPerCollective) {
-    // Each batch (one phase of one collective) shares a link as one party, as NCCL runs each
-    // collective on channels of its own: a flow's weight is 1 / the copies of its batch on the
-    // most crowded link of its route, so on that link the batch's flows weigh 1 together. A batch
-    // alone is rated as under per-flow sharing wherever its flows' crowded links carry equal
-    // counts (any symmetric collective).
+    // Each batch (one phase of one collective) shares links as one party, as NCCL runs each
+    // collective on channels of its own: all its flows weigh 1 / the copies of the batch on its
+    // most crowded link, so there the batch weighs 1 in all. One weight for the whole batch keeps
+    // per-flow fairness inside it: a batch alone is rated exactly as under per-flow sharing.
     std::vector<double>& cnt = new_cnt_;  // zero outside start_bound()
+    double most = 1;
     for (std::size_t i = 0; i < n; ++i) {
       for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-        cnt[g.routes[k]] += g.mult[i];
+        most = std::max(most, cnt[g.routes[k]] += g.mult[i]);
       }
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      double most = 1;
-      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-        most = std::max(most, cnt[g.routes[k]]);
-      }
-      g.weight[i] = 1.0 / most;
     }
     for (topology::LinkId l : g.routes) cnt[l] = 0;
+    std::fill(g.weight.begin(), g.weight.end(), 1.0 / most);
   }
   segments_.push_back(std::move(seg));
   return id;

@@ -79,11 +79,11 @@ struct FlowModelStats {
 /// How concurrent transfers share a link (engine.flow.sharing).
 /// - kPerFlow: plain max-min, every flow one party (SimGrid's per-flow model, the reference).
 /// - kPerCollective: weighted max-min in which each batch (one phase of one collective) is one
-///   party on the link where its flows are most crowded: a flow's weight is 1 / the number of its
-///   batch's flows on the most crowded link of its route. NCCL runs every collective on channels
-///   and queue pairs of its own, and a concurrent all-reduce slows an all-to-all by ~1.83x on
-///   Lina's testbed (VALIDATION V1), not the ~1.08x per-flow sharing gives when the all-to-all's
-///   many flows crowd out the ring's one flow per NIC.
+///   party on its most crowded link: all its flows weigh 1 / the number of its flows on that link.
+///   Inside a batch sharing stays per flow (a batch alone is rated exactly as kPerFlow). NCCL
+///   runs every collective on channels and queue pairs of its own, and a concurrent all-reduce
+///   slows an all-to-all by ~1.83x on Lina's testbed (VALIDATION V1), not the ~1.08x per-flow
+///   sharing gives when the all-to-all's many flows crowd out the ring's one flow per NIC.
 enum class FlowSharing { kPerFlow, kPerCollective };
 
 /// Knobs of the flow model beyond the shared NetworkParams.

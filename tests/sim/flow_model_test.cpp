@@ -780,14 +780,16 @@ TEST(FlowModel, PerCollectiveSharingSplitsALinkBetweenCollectives) {
   EXPECT_NEAR(bytes, 4e9, 1e-6 * 4e9);
 }
 
-// A collective alone, symmetric (every flow's most crowded link carries the same count), is rated
-// the same under both sharing rules; so is a skewed one, on the same links, within rounding.
-TEST(FlowModel, PerCollectiveSharingLeavesALoneSymmetricCollectiveUnchanged) {
-  const auto topo = topology::build_topology(small_fat_tree(EcmpMode::kDmodk));
+// A collective alone is rated as under per-flow sharing (one weight for all its flows), skewed or
+// not: a Zipf-loaded all-to-allv with every pair a different size.
+TEST(FlowModel, PerCollectiveSharingLeavesALoneCollectiveUnchanged) {
+  const auto topo = topology::build_topology(small_fat_tree(EcmpMode::kHash));
   const int p = topo->num_gpus();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> noise(0.5, 1.5);
   std::vector<Transfer> a2a;
   for (int s = 0; s < p; ++s) {
-    for (int d = 0; d < p; ++d) a2a.push_back({s, d, 3e6});
+    for (int d = 0; d < p; ++d) a2a.push_back({s, d, 4e6 / (1 + d % 8) * noise(rng)});
   }
   FlowModel per_flow(*topo);
   FlowModel per_coll(*topo, {}, FlowModelOptions{.sharing = FlowSharing::kPerCollective});

@@ -46,6 +46,14 @@ const std::vector<NamedValue<FlowSharingKind>>& flow_sharing_names() {
   return t;
 }
 
+const std::vector<NamedValue<SimgridModeKind>>& simgrid_mode_names() {
+  static const std::vector<NamedValue<SimgridModeKind>> t = {
+      {SimgridModeKind::kAuto, "auto"},
+      {SimgridModeKind::kPerFlow, "per_flow"},
+      {SimgridModeKind::kPtask, "ptask"}};
+  return t;
+}
+
 const std::vector<NamedValue<RoutingRole>>& routing_role_names() {
   static const std::vector<NamedValue<RoutingRole>> t = {
       {RoutingRole::kEven, "even"},
@@ -110,6 +118,7 @@ std::string_view name_of(RoutingDistribution v) { return lookup(routing_distribu
 std::string_view name_of(CapacityKind v) { return lookup(capacity_kind_names(), v); }
 std::string_view name_of(NetworkModelKind v) { return lookup(network_model_names(), v); }
 std::string_view name_of(FlowSharingKind v) { return lookup(flow_sharing_names(), v); }
+std::string_view name_of(SimgridModeKind v) { return lookup(simgrid_mode_names(), v); }
 std::string_view name_of(RoutingRole v) { return lookup(routing_role_names(), v); }
 std::string_view name_of(ParallelRole v) {
   return v == ParallelRole::kDegree ? "degree" : lookup(parallel_role_names(), v);

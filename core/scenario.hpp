@@ -129,6 +129,9 @@ enum class NetworkModelKind { kAnalytical, kFlow, kSimgrid };
 // (sim::FlowSharing).
 enum class FlowSharingKind { kPerCollective, kPerFlow };
 
+// engine.simgrid.mode (sim::SimgridMode): auto = per_flow up to 64 GPUs, ptask above.
+enum class SimgridModeKind { kAuto, kPerFlow, kPtask };
+
 struct EngineSpec {
   NetworkModelKind network = NetworkModelKind::kFlow;
   Seconds message_latency{0};      // extra startup latency per message
@@ -143,6 +146,9 @@ struct EngineSpec {
   // link, as NCCL's per-collective channels behave; VALIDATION V1) or per_flow (plain max-min,
   // SimGrid's model).
   FlowSharingKind flow_sharing = FlowSharingKind::kPerCollective;
+  // engine.simgrid.mode: per_flow (one SimGrid comm per flow: the faithful reference), ptask (one
+  // parallel task per node pair: fast, one rate per task) or auto (per_flow up to 64 GPUs).
+  SimgridModeKind simgrid_mode = SimgridModeKind::kAuto;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -260,6 +266,7 @@ const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names()
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
 const std::vector<NamedValue<NetworkModelKind>>& network_model_names();
 const std::vector<NamedValue<FlowSharingKind>>& flow_sharing_names();
+const std::vector<NamedValue<SimgridModeKind>>& simgrid_mode_names();
 const std::vector<NamedValue<RoutingRole>>& routing_role_names();
 // parallel and pipeline also accept an integer r >= 1 (ParallelRole::kDegree /
 // PipelineRole::kDegree); their tables hold the named values only.
@@ -275,6 +282,7 @@ std::string_view name_of(RoutingDistribution v);
 std::string_view name_of(CapacityKind v);
 std::string_view name_of(NetworkModelKind v);
 std::string_view name_of(FlowSharingKind v);
+std::string_view name_of(SimgridModeKind v);
 std::string_view name_of(RoutingRole v);
 std::string_view name_of(ParallelRole v);  // kDegree -> "degree"
 std::string_view name_of(PipelineRole v);  // kDegree -> "degree"

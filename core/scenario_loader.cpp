@@ -738,7 +738,7 @@ EngineSpec parse_engine(const MapReader& root) {
   EngineSpec e;
   if (!root.has("engine")) return e;
   MapReader m = root.get_map("engine", {"network", "message_latency", "message_overhead",
-                                        "launch_overhead", "interference", "flow"});
+                                        "launch_overhead", "interference", "flow", "simgrid"});
   if (auto v = get_enum(m, "network", network_model_names())) e.network = *v;
   if (auto v = m.get_quantity("message_latency", UnitKind::kSeconds))
     e.message_latency = Seconds(*v);
@@ -759,6 +759,10 @@ EngineSpec parse_engine(const MapReader& root) {
       e.flow_event_tolerance = *v;
     }
     if (auto v = get_enum(f, "sharing", flow_sharing_names())) e.flow_sharing = *v;
+  }
+  if (m.has("simgrid")) {
+    MapReader g = m.get_map("simgrid", {"mode"});
+    if (auto v = get_enum(g, "mode", simgrid_mode_names())) e.simgrid_mode = *v;
   }
   return e;
 }

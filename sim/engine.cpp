@@ -42,7 +42,8 @@ std::optional<NetworkKind> parse_network_kind(std::string_view s) {
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,
                                                  const NetworkParams& params,
                                                  double flow_event_tolerance,
-                                                 FlowSharing flow_sharing) {
+                                                 FlowSharing flow_sharing,
+                                                 SimgridMode simgrid_mode) {
   switch (kind) {
     case NetworkKind::kAnalytical:
       return std::make_unique<AnalyticalModel>(topo, params);
@@ -51,8 +52,9 @@ std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topolog
                                          FlowModelOptions{flow_event_tolerance, flow_sharing});
     case NetworkKind::kSimgrid:
 #ifdef MOESIM_HAVE_SIMGRID
-      return std::make_unique<SimgridModel>(topo, params);
+      return std::make_unique<SimgridModel>(topo, params, SimgridOptions{simgrid_mode});
 #else
+      (void)simgrid_mode;
       throw InputError(
           "engine: network 'simgrid' is not available (moesim was built without "
           "SimGrid); use 'flow' or 'analytical'");
@@ -732,7 +734,7 @@ RunResult run_plan(const Plan& plan, const topology::Topology& topo, const Engin
     return Engine(plan, topo, config, nullptr).run();
   }
   auto net = make_network_model(config.network, topo, config.net, config.flow_event_tolerance,
-                                config.flow_sharing);
+                                config.flow_sharing, config.simgrid_mode);
   return run_plan(plan, topo, config, *net);
 }
 

@@ -52,6 +52,7 @@
 #include "sim/compute_model.hpp"
 #include "sim/flow_model.hpp"
 #include "sim/network_model.hpp"
+#include "sim/simgrid_model.hpp"
 
 namespace moesim::topology {
 class Topology;
@@ -76,6 +77,8 @@ struct EngineConfig {
   double flow_event_tolerance = 1e-9;
   /// FlowModelOptions::sharing (scenario engine.flow.sharing; the library default is per-flow).
   FlowSharing flow_sharing = FlowSharing::kPerFlow;
+  /// SimgridOptions::mode (scenario engine.simgrid.mode).
+  SimgridMode simgrid_mode = SimgridMode::kAuto;
 };
 
 /// Creates the network model for `kind`: AnalyticalModel (batch-level, contention-free),
@@ -84,7 +87,8 @@ struct EngineConfig {
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,
                                                  const NetworkParams& params,
                                                  double flow_event_tolerance = 1e-9,
-                                                 FlowSharing flow_sharing = FlowSharing::kPerFlow);
+                                                 FlowSharing flow_sharing = FlowSharing::kPerFlow,
+                                                 SimgridMode simgrid_mode = SimgridMode::kAuto);
 
 /// Runs plan on topo. network == analytical uses closed-form collective times; flow and simgrid
 /// lower collectives into batches for the model make_network_model creates. Validates the plan

@@ -72,6 +72,16 @@ std::string_view simgrid_mode_name(SimgridMode m);  // "per_flow" | "ptask" | "a
 /// Parses "per_flow" | "ptask" | "auto"; throws InputError naming the accepted values.
 SimgridMode parse_simgrid_mode(std::string_view text);
 
+/// The mode kAuto resolves to on a topology of `gpus` GPUs (what SimgridModel::mode() reports),
+/// available without SimGrid so that the CLI can say which mode a run uses.
+inline SimgridMode resolve_simgrid_mode(SimgridMode m, int gpus, int auto_per_flow_max_gpus = 64) {
+  if (m != SimgridMode::kAuto) return m;
+  return gpus <= auto_per_flow_max_gpus ? SimgridMode::kPerFlow : SimgridMode::kPtask;
+}
+inline std::string_view resolved_simgrid_mode_name(SimgridMode m) {
+  return m == SimgridMode::kPerFlow ? "per_flow" : m == SimgridMode::kPtask ? "ptask" : "auto";
+}
+
 struct SimgridOptions {
   SimgridMode mode = SimgridMode::kAuto;
   /// kAuto picks per_flow up to this many GPUs (a full all-to-all is then <= 64^2 = 4k flows,

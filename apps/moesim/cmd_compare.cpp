@@ -28,6 +28,7 @@ struct CompareArgs {
   std::vector<std::string> topologies;
   std::vector<std::string> strategies;
   std::string engine;
+  std::string simgrid_mode;  // --simgrid-mode
   int iterations = 0;
   std::string json_path, csv_path;
   std::string plot_path, report_path;  // --plot F.svg|F.png, --report F.html
@@ -105,7 +106,8 @@ void run_compare(const CompareArgs& a) {
   std::string engine_name;
   for (const auto& v : variants) {
     auto topo = simulation_topology(v.sc);
-    sim::EngineConfig cfg = engine_config_from(v.sc, a.engine);
+    sim::EngineConfig cfg = engine_config_from(v.sc, a.engine, a.simgrid_mode);
+    announce_simgrid_mode(cfg, topo->num_gpus());
     engine_name = std::string(sim::network_kind_name(cfg.network));
     int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;
     results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, true));
@@ -189,6 +191,8 @@ void register_compare(CLI::App& app) {
                   "Topology YAML whose cluster replaces the scenario's (repeatable)");
   cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
+  cmd->add_option("--simgrid-mode", a->simgrid_mode,
+                  "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
   cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--csv", a->csv_path, "Write one row per topology, strategy and iteration");

@@ -33,6 +33,7 @@ namespace {
 struct CollectiveArgs {
   std::string scenario;
   std::vector<std::string> sets;  // --set KEY=VALUE
+  std::string simgrid_mode;       // --simgrid-mode
   std::vector<std::string> strategies;
   int iterations = 0;   // 0 = the scenario's workload.iterations
   long long seed = -1;  // -1 = the scenario's workload.routing.seed
@@ -79,8 +80,9 @@ void run_collective(const CollectiveArgs& a) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
   auto topo = simulation_topology(sc);
-  sim::EngineConfig cfg = engine_config_from(sc, a.engine);
+  sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   const int gpus = topo->num_gpus();
+  announce_simgrid_mode(cfg, gpus);
 
   fmt::print("# {} on {} ({} GPUs), engine {}\n", a.collective, sc.name, gpus,
              sim::network_kind_name(cfg.network));
@@ -116,6 +118,7 @@ void run_collective(const CollectiveArgs& a) {
       c["size_bytes"] = r.size_bytes;
       c["gpus"] = gpus;
       c["engine"] = std::string(sim::network_kind_name(cfg.network));
+      if (auto m = simgrid_mode_used(cfg, gpus); !m.empty()) c["simgrid_mode"] = m;
       c["time_s"] = r.time_s;
       c["algbw_GBps"] = r.algbw_Bps / 1e9;
       c["busbw_GBps"] = r.busbw_Bps / 1e9;
@@ -158,9 +161,10 @@ void run_scenario(const CollectiveArgs& a) {
   if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
   int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
   auto topo = simulation_topology(sc);
-  sim::EngineConfig cfg = engine_config_from(sc, a.engine);
+  sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   auto specs = select_strategies(sc, a.strategies);
   std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
+  announce_simgrid_mode(cfg, topo->num_gpus());
 
   fmt::print("# {}: {} GPUs, engine {}, {} iteration(s), seed {}\n", sc.name, topo->num_gpus(),
              sim::network_kind_name(cfg.network), iterations, sc.workload.routing.seed);
@@ -175,6 +179,7 @@ void run_scenario(const CollectiveArgs& a) {
     j["moesim_version"] = MOESIM_VERSION;
     j["scenario"] = sc.name;
     j["engine"] = std::string(sim::network_kind_name(cfg.network));
+    if (auto m = simgrid_mode_used(cfg, topo->num_gpus()); !m.empty()) j["simgrid_mode"] = m;
     j["seed"] = sc.workload.routing.seed;
     auto& runs = j["runs"] = nlohmann::ordered_json::array();
     double wall = 0;
@@ -220,6 +225,8 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--size", a->sizes, "Collective size per rank, e.g. 128MiB (repeatable)");
   cmd->add_option("--algo", a->algo, "linear, 2dh, ring, tree, hierarchical or auto");
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
+  cmd->add_option("--simgrid-mode", a->simgrid_mode,
+                  "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--trace", a->trace_path, "Write a Chrome trace (chrome://tracing, Perfetto)");
   cmd->callback([a] {

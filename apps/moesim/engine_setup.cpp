@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <optional>
+
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
 #include "topology/calibrated.hpp"
@@ -34,8 +37,10 @@ std::unique_ptr<topology::Topology> simulation_topology(const Scenario& sc) {
   return topology::calibrated_topology(std::move(topo), *cal);
 }
 
-sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override) {
+sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override,
+                                     const std::string& simgrid_mode_override) {
   sim::EngineConfig cfg;
+  SimgridModeKind sc_simgrid_mode = sc.engine.simgrid_mode;
   switch (sc.engine.network) {
     case NetworkModelKind::kAnalytical:
       cfg.network = sim::NetworkKind::kAnalytical;
@@ -56,15 +61,47 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
   }
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  if (!simgrid_mode_override.empty()) {
+    std::optional<SimgridModeKind> m;
+    for (const auto& row : simgrid_mode_names()) {
+      if (row.name == simgrid_mode_override) m = row.value;
+    }
+    if (!m)
+      throw InputError(
+          fmt::format("--simgrid-mode: found '{}', expected one of auto, per_flow, ptask",
+                      simgrid_mode_override));
+    sc_simgrid_mode = *m;
+  }
   cfg.flow_event_tolerance = sc.engine.flow_event_tolerance;
   cfg.flow_sharing = sc.engine.flow_sharing == FlowSharingKind::kPerFlow
                          ? sim::FlowSharing::kPerFlow
                          : sim::FlowSharing::kPerCollective;
+  cfg.simgrid_mode = sc_simgrid_mode == SimgridModeKind::kPerFlow ? sim::SimgridMode::kPerFlow
+                     : sc_simgrid_mode == SimgridModeKind::kPtask ? sim::SimgridMode::kPtask
+                                                                  : sim::SimgridMode::kAuto;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = sc.engine.interference;
   cfg.precision = sc.model.dtype;
   apply_calibration(cfg, sc);
   return cfg;
+}
+
+std::string simgrid_mode_used(const sim::EngineConfig& cfg, int gpus) {
+  if (cfg.network != sim::NetworkKind::kSimgrid) return "";
+  return std::string(
+      sim::resolved_simgrid_mode_name(sim::resolve_simgrid_mode(cfg.simgrid_mode, gpus)));
+}
+
+void announce_simgrid_mode(const sim::EngineConfig& cfg, int gpus) {
+  const std::string used = simgrid_mode_used(cfg, gpus);
+  if (used.empty()) return;
+  std::fprintf(stderr, "moesim: simgrid mode %s%s (engine.simgrid.mode, --simgrid-mode)\n",
+               used.c_str(),
+               cfg.simgrid_mode == sim::SimgridMode::kAuto
+                   ? (gpus <= 64 ? ", auto: <= 64 GPUs"
+                                 : ", auto: > 64 GPUs; per_flow is the "
+                                   "faithful reference")
+                   : "");
 }
 
 }  // namespace moesim::app

@@ -11,9 +11,17 @@
 
 namespace moesim::app {
 
-/// `engine_override` is the --engine flag ("" = the scenario's engine.network); an unknown name
-/// is an InputError listing the valid ones.
-sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override);
+/// `engine_override` is the --engine flag ("" = the scenario's engine.network), and
+/// `simgrid_mode_override` the --simgrid-mode flag ("" = the scenario's engine.simgrid.mode); an
+/// unknown name is an InputError listing the valid ones.
+sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override,
+                                     const std::string& simgrid_mode_override = "");
+
+/// The SimGrid mode a run on `gpus` GPUs uses ("per_flow" or "ptask", auto resolved), or "" when
+/// the engine is not simgrid. Commands print it (announce_simgrid_mode) and write it to JSON, as
+/// `auto` switches to ptask above 64 GPUs.
+std::string simgrid_mode_used(const sim::EngineConfig& cfg, int gpus);
+void announce_simgrid_mode(const sim::EngineConfig& cfg, int gpus);
 
 /// Applies the scenario's calibration file (cluster.calibration), if any, to `cfg`: GEMM
 /// alpha/beta/efficiency table and interference into the compute model, the per-message latency

@@ -1,6 +1,7 @@
 // Runs the moesim binary and checks what a user sees: exit codes (0 / 1 / 2), error messages with
 // file:line and key, and JSON outputs against expected files.
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -223,6 +224,43 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
 // 2,416,705,536; activations (12 x 7 + 6 x 9 + 6 x 21) S M + 6 S E = 2,214,985,728 elements x 2 =
 // 4,429,971,456 (R = E dC = 2 S rows: 2 R M = 4 S M, 2 R H = 16 S M); buffers 2 R M x 2 =
 // 67,108,864. Total 6,913,785,856 bytes, of 40 GiB.
+// engine.simgrid.mode and --simgrid-mode: the run says which mode it used (stderr and JSON), the
+// flag overrides the YAML, auto resolves to per_flow on 16 GPUs, bad values exit 2.
+TEST(Cli, SimgridModeIsChosenAndReported) {
+#ifndef MOESIM_HAVE_SIMGRID
+  GTEST_SKIP() << "built without SimGrid";
+#else
+  const fs::path dir = temp_dir();
+  const std::string base = fmt::format(
+      "simulate '{}/scenarios/quickstart.yaml' --engine simgrid --collective all_to_all --size "
+      "1MiB ",
+      kSource);
+  auto mode_of = [&](const std::string& extra, std::string* out) {
+    const fs::path f = dir / "c.json";
+    fs::remove(f);
+    auto r = run(base + extra + " --json '" + f.string() + "'");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    if (out) *out = r.out;
+    return nlohmann::json::parse(read_file(f))["collective"]["simgrid_mode"].get<std::string>();
+  };
+  std::string out;
+  EXPECT_EQ(mode_of("", &out), "per_flow");
+  EXPECT_THAT(out, ::testing::HasSubstr("simgrid mode per_flow, auto: <= 64 GPUs"));
+  EXPECT_EQ(mode_of("--simgrid-mode ptask", nullptr), "ptask");
+  EXPECT_EQ(mode_of("--set engine.simgrid.mode=ptask", nullptr), "ptask");
+  EXPECT_EQ(mode_of("--set engine.simgrid.mode=ptask --simgrid-mode per_flow", nullptr),
+            "per_flow");
+  auto bad = run(base + "--simgrid-mode fast");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("--simgrid-mode: found 'fast', expected one of auto, "
+                                            "per_flow, ptask"));
+  bad = run(base + "--set engine.simgrid.mode=fast");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("engine.simgrid.mode"));
+  fs::remove_all(dir);
+#endif
+}
+
 TEST(Cli, SimulateReportsMemoryAndWarnsWhenItDoesNotFit) {
   fs::path dir = temp_dir();
   const std::string base = fmt::format(

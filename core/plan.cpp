@@ -258,7 +258,8 @@ void Plan::validate() const {
   }
 }
 
-Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size) {
+Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size,
+                           std::shared_ptr<const ByteMatrix> matrix) {
   Plan plan(gpus);
   StreamId comm = plan.stream("comm");
   Grouping world{"world", {{}}};
@@ -269,6 +270,7 @@ Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, B
   spec.algo = algo;
   spec.grouping = g;
   spec.bytes = size;
+  spec.matrix = std::move(matrix);
   plan.add_collective(
       comm, spec, {},
       std::string(collective_type_name(type)) + "." + std::string(collective_algo_name(algo)));

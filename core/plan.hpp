@@ -209,6 +209,8 @@ class Plan {
 
 /// A plan of one collective over all `gpus` ranks (one "world" group in rank order) on a "comm"
 /// stream: what `moesim simulate --collective` and the validation scorecard time.
-Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size);
+/// all_to_allv takes its per-pair bytes from `matrix` (W = gpus; `size` is then only reported).
+Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size,
+                           std::shared_ptr<const ByteMatrix> matrix = nullptr);
 
 }  // namespace moesim

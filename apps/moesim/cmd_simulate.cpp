@@ -8,7 +8,9 @@
 // defines them, plus the simulator's own wall time and peak memory.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,7 @@
 #include "sim/engine.hpp"
 #include "sim/trace.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -34,6 +37,7 @@ struct CollectiveArgs {
   std::string scenario;
   std::vector<std::string> sets;  // --set KEY=VALUE
   std::string simgrid_mode;       // --simgrid-mode
+  std::string skew;               // --skew (all_to_allv)
   std::vector<std::string> strategies;
   int iterations = 0;   // 0 = the scenario's workload.iterations
   long long seed = -1;  // -1 = the scenario's workload.routing.seed
@@ -56,13 +60,88 @@ struct CollectiveRow {
   double wall_s;
 };
 
+// --skew: uniform | zipf:S | dirichlet:A replaces the scenario's routing distribution.
+void apply_skew_flag(RoutingWorkloadSpec& r, const std::string& spec) {
+  auto fail = [&] {
+    throw InputError(fmt::format(
+        "--skew: found '{}', expected uniform, zipf:S (S >= 0, e.g. zipf:1.0) or dirichlet:A "
+        "(A > 0)",
+        spec));
+  };
+  auto number_after = [&](std::size_t colon) {
+    const std::string text = spec.substr(colon + 1);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      fail();
+    }
+    if (used != text.size() || !std::isfinite(v)) fail();
+    return v;
+  };
+  if (spec == "uniform") {
+    r.distribution = RoutingDistribution::kUniform;
+    r.skew = 0;
+  } else if (spec.rfind("zipf:", 0) == 0) {
+    const double s = number_after(4);
+    if (s < 0) fail();
+    r.distribution = RoutingDistribution::kZipf;
+    r.skew = s;
+  } else if (spec.rfind("dirichlet:", 0) == 0) {
+    const double alpha = number_after(9);
+    if (!(alpha > 0)) fail();
+    r.distribution = RoutingDistribution::kDirichlet;
+    r.dirichlet_alpha = alpha;
+  } else {
+    fail();
+  }
+}
+
+std::string describe_routing(const RoutingWorkloadSpec& r) {
+  switch (r.distribution) {
+    case RoutingDistribution::kZipf:
+      return fmt::format("zipf:{}", r.skew);
+    case RoutingDistribution::kDirichlet:
+      return fmt::format("dirichlet:{}", r.dirichlet_alpha);
+    default:
+      return std::string(name_of(r.distribution));
+  }
+}
+
+// Tokens GPU a sends to GPU b in one dropless dispatch of MoE layer 0, iteration 0 of the
+// scenario's workload (experts placed as the scenario's model places them): the per-pair traffic
+// MoE routing makes, before any strategy reshapes it.
+ByteMatrix routed_token_matrix(const Scenario& sc, int gpus) {
+  Scenario s = sc;
+  s.model.capacity_factor = 0;  // dropless: drops would flatten the skew being measured
+  workload::WorkloadGenerator gen(s);
+  gen.set_keep_demanded(false);
+  const workload::LayerDispatch layer = gen.sample_layer(0, 0, 0.0);
+  if (layer.num_gpus != gpus)
+    throw InputError(fmt::format(
+        "--collective all_to_allv: the routing model covers {} GPUs, the cluster has {}; set "
+        "parallelism.ep to the GPU count",
+        layer.num_gpus, gpus));
+  std::vector<int> ranks(gpus);
+  for (int r = 0; r < gpus; ++r) ranks[r] = r;
+  ByteMatrix m =
+      workload::dispatch_matrix(layer, ranks, workload::ExpertPlacement::of(s.model), Bytes(1));
+  if (!(m.total().value() > 0))
+    throw InputError("--collective all_to_allv: the routing model sends no tokens");
+  return m;
+}
+
 void run_collective(const CollectiveArgs& a) {
   auto type = parse_collective_type(a.collective);
-  if (!type || *type == CollectiveType::kAllToAllv)
+  if (!type)
     throw InputError(
-        fmt::format("--collective: found '{}', expected one of all_to_all, "
+        fmt::format("--collective: found '{}', expected one of all_to_all, all_to_allv, "
                     "all_reduce, all_gather, reduce_scatter, send_recv",
                     a.collective));
+  const bool variable = *type == CollectiveType::kAllToAllv;
+  if (!a.skew.empty() && !variable)
+    throw InputError("--skew: only meaningful with --collective all_to_allv");
   auto algo = parse_collective_algo(a.algo);
   if (!algo)
     throw InputError(
@@ -83,16 +162,39 @@ void run_collective(const CollectiveArgs& a) {
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   const int gpus = topo->num_gpus();
   announce_simgrid_mode(cfg, gpus);
+  // all_to_allv: one dispatch of the scenario's routing model (or --skew), in tokens, scaled to
+  // the requested mean bytes per GPU below.
+  std::shared_ptr<ByteMatrix> tokens;
+  std::string skew_label;
+  double recv_max_over_mean = 1;
+  if (variable) {
+    if (!a.skew.empty()) apply_skew_flag(sc.workload.routing, a.skew);
+    skew_label = describe_routing(sc.workload.routing);
+    tokens = std::make_shared<ByteMatrix>(routed_token_matrix(sc, gpus));
+    double most = 0;
+    for (int d = 0; d < gpus; ++d) most = std::max(most, tokens->col_sum(d).value());
+    recv_max_over_mean = most * gpus / tokens->total().value();
+  }
 
-  fmt::print("# {} on {} ({} GPUs), engine {}\n", a.collective, sc.name, gpus,
-             sim::network_kind_name(cfg.network));
+  fmt::print("# {} on {} ({} GPUs), engine {}{}\n", a.collective, sc.name, gpus,
+             sim::network_kind_name(cfg.network),
+             variable ? fmt::format(", routing {}, received bytes max/mean {:.2f}", skew_label,
+                                    recv_max_over_mean)
+                      : "");
   fmt::print("{:>12} {:>8} {:>12} {:>10} {:>10} {:>9}\n", "size", "algo", "time(us)", "algbw(GB/s)",
              "busbw(GB/s)", "wall(s)");
   std::vector<CollectiveRow> rows;
   RunResult last;
   Plan last_plan;
   for (Bytes size : sizes) {
-    Plan plan = world_collective_plan(gpus, *type, *algo, size);
+    std::shared_ptr<const ByteMatrix> matrix;
+    if (variable) {
+      // Mean bytes sent per GPU (diagonal included, as all_to_all's size) = size.
+      auto m = std::make_shared<ByteMatrix>(*tokens);
+      m->unit = Bytes(size.value() * gpus / tokens->total().value());
+      matrix = std::move(m);
+    }
+    Plan plan = world_collective_plan(gpus, *type, *algo, size, matrix);
     auto t0 = std::chrono::steady_clock::now();
     RunResult res = sim::run_plan(plan, *topo, cfg);
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -123,6 +225,10 @@ void run_collective(const CollectiveArgs& a) {
       c["algbw_GBps"] = r.algbw_Bps / 1e9;
       c["busbw_GBps"] = r.busbw_Bps / 1e9;
       c["wall_s"] = r.wall_s;
+      if (variable) {
+        c["routing"] = skew_label;
+        c["recv_max_over_mean"] = recv_max_over_mean;
+      }
       return c;
     };
     nlohmann::ordered_json j;
@@ -220,10 +326,14 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Routing seed (default: workload.routing.seed)");
   cmd->add_option("--csv", a->csv_path, "Write one row per strategy and iteration as CSV");
   cmd->add_option("--collective", a->collective,
-                  "Simulate one collective over all GPUs: all_to_all, all_reduce, all_gather, "
-                  "reduce_scatter, send_recv");
+                  "Simulate one collective over all GPUs: all_to_all, all_to_allv (one MoE "
+                  "dispatch of the routing model), all_reduce, all_gather, reduce_scatter, "
+                  "send_recv");
   cmd->add_option("--size", a->sizes, "Collective size per rank, e.g. 128MiB (repeatable)");
   cmd->add_option("--algo", a->algo, "linear, 2dh, ring, tree, hierarchical or auto");
+  cmd->add_option("--skew", a->skew,
+                  "With --collective all_to_allv: uniform, zipf:S or dirichlet:A (default: the "
+                  "scenario's workload.routing); --size is then the mean bytes each GPU sends");
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
   cmd->add_option("--simgrid-mode", a->simgrid_mode,
                   "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");

@@ -224,6 +224,55 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
 // 2,416,705,536; activations (12 x 7 + 6 x 9 + 6 x 21) S M + 6 S E = 2,214,985,728 elements x 2 =
 // 4,429,971,456 (R = E dC = 2 S rows: 2 R M = 4 S M, 2 R H = 16 S M); buffers 2 R M x 2 =
 // 67,108,864. Total 6,913,785,856 bytes, of 40 GiB.
+// --collective all_to_allv: one dispatch of the routing model, --size the mean bytes each GPU
+// sends. Uniform routing costs about what all_to_all of the same size does (sampling noise: the
+// most loaded receiver gets a few % more); Zipf skew concentrates the bytes on the popular
+// experts' GPUs, so the time grows with the skew, as the received max/mean does.
+TEST(Cli, SkewedAllToAllvFollowsTheRoutingModel) {
+  const fs::path dir = temp_dir();
+  auto run_json = [&](const std::string& args) {
+    const fs::path f = dir / "v.json";
+    fs::remove(f);
+    auto r =
+        run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --size 16MiB --algo linear "
+                        "{} --json '{}'",
+                        kSource, args, f.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(read_file(f))["collective"];
+  };
+  const auto a2a = run_json("--collective all_to_all");
+  const auto uni = run_json("--collective all_to_allv --skew uniform");
+  const auto z1 = run_json("--collective all_to_allv --skew zipf:1.0");
+  const auto z2 = run_json("--collective all_to_allv --skew zipf:2");
+  EXPECT_EQ(uni["type"], "all_to_allv");
+  EXPECT_EQ(uni["routing"], "uniform");
+  EXPECT_EQ(z1["routing"], "zipf:1");
+  EXPECT_NEAR(uni["time_s"].get<double>(), a2a["time_s"].get<double>(),
+              0.1 * a2a["time_s"].get<double>());
+  EXPECT_GE(uni["time_s"].get<double>(), a2a["time_s"].get<double>() * 0.999);
+  EXPECT_LT(uni["recv_max_over_mean"].get<double>(), 1.1);
+  EXPECT_GT(z1["recv_max_over_mean"].get<double>(), 2.0);
+  EXPECT_GT(z2["recv_max_over_mean"].get<double>(), z1["recv_max_over_mean"].get<double>());
+  EXPECT_GT(z1["time_s"].get<double>(), 2 * uni["time_s"].get<double>());
+  EXPECT_GT(z2["time_s"].get<double>(), z1["time_s"].get<double>());
+  // algbw is the mean bytes per GPU over the time, as for all_to_all.
+  EXPECT_NEAR(z1["algbw_GBps"].get<double>(), 16.0 * 1024 * 1024 / z1["time_s"].get<double>() / 1e9,
+              1e-9);
+
+  const std::string base =
+      fmt::format("simulate '{}/scenarios/quickstart.yaml' --size 16MiB ", kSource);
+  auto bad = run(base + "--collective all_to_allv --skew zipf:-1");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("--skew: found 'zipf:-1', expected uniform, zipf:S"));
+  bad = run(base + "--collective all_to_allv --skew pareto");
+  EXPECT_EQ(bad.exit_code, 2);
+  bad = run(base + "--collective all_reduce --skew zipf:1");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out,
+              ::testing::HasSubstr("--skew: only meaningful with --collective all_to_allv"));
+  fs::remove_all(dir);
+}
+
 // engine.simgrid.mode and --simgrid-mode: the run says which mode it used (stderr and JSON), the
 // flag overrides the YAML, auto resolves to per_flow on 16 GPUs, bad values exit 2.
 TEST(Cli, SimgridModeIsChosenAndReported) {

@@ -1,6 +1,8 @@
 #include "core/scenario_loader.hpp"
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 
 #include <algorithm>
 #include <charconv>
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -942,10 +945,121 @@ const std::vector<std::string_view>& top_level_keys() {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Alias bombs: a YAML alias (*a) re-uses the node anchored &a, so a 2 KB document of nested
+// aliases expands exponentially, and every reader here walks the expanded tree. The bound is
+// checked on the parser's events before any node is built, in time linear in the text: each
+// anchor's expanded size is known when its node ends, so an alias costs one lookup.
+
+namespace {
+
+class ExpansionCheck final : public YAML::EventHandler {
+ public:
+  explicit ExpansionCheck(const std::string& file) : file_(file) {}
+
+  void OnDocumentStart(const YAML::Mark& /*mark*/) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { leaf(mark, anchor, 1, ""); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    const auto it = size_.find(anchor);
+    leaf(mark, 0, it == size_.end() ? 1 : it->second, "*");
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string& /*tag*/, YAML::anchor_t anchor,
+                const std::string& value) override {
+    leaf(mark, anchor, 1, value);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string& /*tag*/, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value /*style*/) override {
+    open(mark, anchor, false);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string& /*tag*/, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value /*style*/) override {
+    open(mark, anchor, true);
+  }
+  void OnMapEnd() override { close(); }
+
+ private:
+  struct Frame {
+    YAML::anchor_t anchor = 0;
+    std::int64_t size = 1;  // expanded nodes, itself included
+    bool map = false;
+    std::int64_t items = 0;  // children so far (keys and values for a map)
+    std::string key;         // map: the key of the value being read
+  };
+
+  // A child of the innermost collection (or the root) that expands to n nodes.
+  void child(std::int64_t n, const std::string& scalar) {
+    if (stack_.empty()) return;
+    Frame& f = stack_.back();
+    if (f.map && f.items % 2 == 0) f.key = scalar.empty() ? "?" : scalar;
+    ++f.items;
+    f.size += n;
+  }
+  void leaf(const YAML::Mark& mark, YAML::anchor_t anchor, std::int64_t n,
+            const std::string& scalar) {
+    if (anchor != 0) size_[anchor] = n;
+    grow(mark, n);
+    child(n, scalar);
+  }
+  void open(const YAML::Mark& mark, YAML::anchor_t anchor, bool map) {
+    grow(mark, 1);
+    if (static_cast<int>(stack_.size()) >= kMaxYamlDepth) {
+      fail(mark, fmt::format("found collections nested deeper than {} levels, expected at most {}",
+                             kMaxYamlDepth, kMaxYamlDepth));
+    }
+    stack_.push_back({anchor, 1, map, 0, ""});
+  }
+  void close() {
+    const Frame f = stack_.back();
+    stack_.pop_back();
+    if (f.anchor != 0) size_[f.anchor] = f.size;
+    child(f.size, "");
+  }
+  void grow(const YAML::Mark& mark, std::int64_t n) {
+    total_ += n;
+    if (total_ > kMaxYamlNodes) {
+      fail(mark, fmt::format("the document expands to more than {} nodes through aliases (*name "
+                             "re-using the node anchored &name), expected at most {}: remove the "
+                             "nested aliases",
+                             kMaxYamlNodes, kMaxYamlNodes));
+    }
+  }
+  [[noreturn]] void fail(const YAML::Mark& mark, const std::string& what) const {
+    std::string path;
+    for (const Frame& f : stack_) {
+      if (f.map) {
+        if (!f.key.empty()) path += (path.empty() ? "" : ".") + f.key;
+      } else {
+        path += fmt::format("[{}]", f.items);
+      }
+    }
+    throw InputError(SourceLocation{file_, mark.line >= 0 ? mark.line + 1 : 0,
+                                    mark.column >= 0 ? mark.column + 1 : 0},
+                     path, what);
+  }
+
+  const std::string& file_;
+  std::vector<Frame> stack_;
+  std::map<YAML::anchor_t, std::int64_t> size_;
+  std::int64_t total_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // Public API
+
+void check_yaml_expansion(std::string_view yaml, const std::string& pseudo_file) {
+  std::stringstream in{std::string(yaml)};
+  YAML::Parser parser(in);
+  ExpansionCheck check(pseudo_file);
+  while (parser.HandleNextDocument(check)) {
+  }
+}
 
 YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_file) {
   try {
+    check_yaml_expansion(yaml, pseudo_file);
     return YAML::Load(std::string(yaml));
   } catch (const YAML::ParserException& e) {
     SourceLocation loc{pseudo_file, e.mark.line >= 0 ? e.mark.line + 1 : 0,

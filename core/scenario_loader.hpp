@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,13 @@ ClusterSpec load_cluster_file(const std::string& path);
 YAML::Node load_yaml_file(const std::string& path);
 
 /// Parses YAML text, turning syntax errors into InputError at `pseudo_file`:line:col.
+/// Refuses (InputError naming file:line:col and the key) a YAML text that expands, through
+/// anchors and aliases, to more than kMaxYamlNodes nodes or nests deeper than kMaxYamlDepth
+/// collections (alias bombs), before any node is built. parse_yaml_string calls it.
+inline constexpr std::int64_t kMaxYamlNodes = 1'000'000;
+inline constexpr int kMaxYamlDepth = 64;
+void check_yaml_expansion(std::string_view yaml, const std::string& pseudo_file);
+
 YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_file);
 
 }  // namespace moesim

@@ -27,6 +27,7 @@ Scenario load_scenario_with(const std::string& path, const std::vector<std::stri
       throw InputError(where, s, "expected KEY=VALUE, e.g. --set model.seq_len=16");
     const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
     YAML::Node value;
+    check_yaml_expansion(text, "--set " + key);  // an alias bomb in a value, too
     try {
       value = YAML::Load(text);  // "16" and "fp32" stay scalars; "[1, 2]" / "{...}" structures
     } catch (const YAML::Exception& e) {

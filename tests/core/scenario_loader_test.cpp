@@ -746,5 +746,39 @@ TEST(ScenarioValidation, StrategyRules) {
               HasSubstr("strategies[0].lina.max_pack:"));
 }
 
+// Alias bombs (nested *aliases expanding exponentially) and absurd nesting are refused before any
+// node is built, naming the file, line, column and key; legitimate aliases still load.
+TEST(ScenarioLoader, AliasBombAndDeepNestingAreRefused) {
+  std::string bomb = "x0: &x0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int k = 1; k < 10; ++k) {  // 9^10 = 3.5e9 nodes once expanded, from ~500 bytes
+    bomb += "x" + std::to_string(k) + ": &x" + std::to_string(k) + " [";
+    for (int j = 0; j < 9; ++j) bomb += (j ? ", *x" : "*x") + std::to_string(k - 1);
+    bomb += "]\n";
+  }
+  try {
+    parse_yaml_string(bomb, "bomb.yaml");
+    ADD_FAILURE() << "the alias bomb was accepted";
+  } catch (const InputError& e) {
+    // x6 = 9^7 = 4.8 M nodes is where the running total first passes 1 M, at line 7.
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("bomb.yaml:7:"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("x6"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("expands to more than 1000000 nodes"));
+  }
+  const std::string deep = "a: " + std::string(100, '[') + "1" + std::string(100, ']') + "\n";
+  try {
+    parse_yaml_string(deep, "deep.yaml");
+    ADD_FAILURE() << "100 nested lists were accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("deep.yaml:1:"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("nested deeper than 64 levels"));
+  }
+  // 64 levels and a few aliases are fine: the bound is on expansion, not on using aliases.
+  const std::string ok = "a: " + std::string(63, '[') + "1" + std::string(63, ']') +
+                         "\nb: &b {x: 1, y: [1, 2]}\nc: [*b, *b, *b]\n";
+  const YAML::Node n = parse_yaml_string(ok, "ok.yaml");
+  EXPECT_EQ(n["c"].size(), 3u);
+  EXPECT_EQ(n["c"][2]["y"][1].as<int>(), 2);
+}
+
 }  // namespace
 }  // namespace moesim

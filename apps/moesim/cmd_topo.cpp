@@ -3,6 +3,7 @@
 // TA-MoE read.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "core/scenario_loader.hpp"
+#include "topology/fabric_cuts.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -22,6 +24,14 @@ struct TopoSummary {
   std::size_t cables = 0;
   BytesPerSecond bisection{0};
   std::vector<topology::TierRow> tiers;
+  // Fabric cuts (topology/fabric_cuts.hpp) as users read them: per tier, the parts the fabric
+  // splits into and the least uplink bandwidth per GPU of a part, against the NIC share.
+  struct Cut {
+    int tier = 0, parts = 0, min_gpus = 0, max_gpus = 0;
+    double min_out_per_gpu = 0;  // bytes/s: min over parts of min(egress, ingress) / GPUs
+    double nic_per_gpu = 0;      // bytes/s: the least NIC share of a GPU
+  };
+  std::vector<Cut> cuts;
 };
 
 TopoSummary summarize(const topology::Topology& topo) {
@@ -30,6 +40,25 @@ TopoSummary summarize(const topology::Topology& topo) {
   s.cables = topo.links().size() / 2;
   s.bisection = topo.bisection_bandwidth();
   s.tiers = topo.tier_table();
+  double nic = 0;
+  for (int g = 0; g < topo.num_gpus(); ++g) {
+    const double share = topo.nic_share_bandwidth(g).value();
+    if (share > 0) nic = nic == 0 ? share : std::min(nic, share);
+  }
+  for (const topology::CutTier& t : topology::compute_fabric_cuts(topo).tiers) {
+    TopoSummary::Cut c;
+    c.tier = t.tier;
+    c.parts = t.classes;
+    c.nic_per_gpu = nic;
+    c.min_gpus = *std::min_element(t.gpus.begin(), t.gpus.end());
+    c.max_gpus = *std::max_element(t.gpus.begin(), t.gpus.end());
+    c.min_out_per_gpu = -1;
+    for (int k = 0; k < t.classes; ++k) {
+      const double per_gpu = std::min(t.egress[k], t.ingress[k]) / t.gpus[k];
+      if (c.min_out_per_gpu < 0 || per_gpu < c.min_out_per_gpu) c.min_out_per_gpu = per_gpu;
+    }
+    s.cuts.push_back(c);
+  }
   return s;
 }
 
@@ -60,6 +89,15 @@ nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& top
                      {"max_alpha_s", t.max_alpha.value()},
                      {"min_bandwidth_Bps", t.min_bandwidth.value()},
                      {"max_bandwidth_Bps", t.max_bandwidth.value()}});
+  }
+  auto& cuts = j["cuts"] = nlohmann::ordered_json::array();
+  for (const auto& c : s.cuts) {
+    cuts.push_back({{"tier", c.tier},
+                    {"parts", c.parts},
+                    {"min_gpus_per_part", c.min_gpus},
+                    {"max_gpus_per_part", c.max_gpus},
+                    {"min_out_per_gpu_Bps", c.min_out_per_gpu},
+                    {"nic_per_gpu_Bps", c.nic_per_gpu}});
   }
   return j;
 }
@@ -103,6 +141,21 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
                                                 : fmt::format("{}-{}", t.min_hops, t.max_hops);
     fmt::print("{:>4}  {:>12}  {:>5}  {:>18}  {:>22}\n", t.tier, t.pairs, hops,
                range_str(t.min_alpha, t.max_alpha), range_str(t.min_bandwidth, t.max_bandwidth));
+  }
+  if (s.cuts.empty()) return;
+  // Oversubscription as the analytical engine charges it: traffic leaving a part shares its
+  // uplinks; "x:1" is a GPU's NIC share over its part's uplink bandwidth per GPU.
+  fmt::print("\n{:>4}  {:>8}  {:>11}  {:>16}  {:>14}\n", "cut", "parts", "GPUs/part",
+             "uplink per GPU", "vs NIC share");
+  for (const auto& c : s.cuts) {
+    const std::string gpus = c.min_gpus == c.max_gpus
+                                 ? fmt::format("{}", c.min_gpus)
+                                 : fmt::format("{}-{}", c.min_gpus, c.max_gpus);
+    const std::string ratio = c.nic_per_gpu > 0 && c.min_out_per_gpu > 0
+                                  ? fmt::format("{:.2f}:1", c.nic_per_gpu / c.min_out_per_gpu)
+                                  : std::string("-");
+    fmt::print("{:>4}  {:>8}  {:>11}  {:>16}  {:>14}\n", c.tier, c.parts, gpus,
+               to_string(BytesPerSecond(c.min_out_per_gpu)), ratio);
   }
 }
 

@@ -111,6 +111,9 @@ class LinearAllToAllv final : public Algorithm {
             net, ctx.net.message_latency_s + sd.messages * ctx.net.message_overhead_s + worst);
       }
     }
+    // An oversubscribed fabric: the bytes leaving a leaf (pod, group) share its uplinks.
+    const double cut = matrix_cut_s(mat, g, topo);
+    if (cut > 0) net = std::max(net, ctx.net.message_latency_s + alpha[1] + cut);
     const double bw = copy_bandwidth(ctx);
     const double local = bw > 0 ? 2 * max_self / bw : 0.0;
     return Seconds(std::max(net, local));

@@ -133,6 +133,9 @@ double phase_time_s(const PhaseShape& shape, double size, const CostContext& ctx
     net = std::max(net, ctx.net.message_latency_s + l.messages * ctx.net.message_overhead_s +
                             l.alpha_s + size * l.s_per_byte);
   }
+  if (shape.cut_per_byte > 0) {
+    net = std::max(net, ctx.net.message_latency_s + shape.cut_alpha_s + size * shape.cut_per_byte);
+  }
   return shape.repeat * std::max(net, local);
 }
 
@@ -171,11 +174,17 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
   const size_t p = static_cast<size_t>(topo.num_gpus());
   std::vector<Side> send(p), recv(p);
   std::vector<int> touched;
+  const auto cuts = fabric_cuts(topo);
+  topology::CutMeter meter(*cuts);
   for (const sim::Transfer& t : phase.transfers) {
     MOESIM_ASSERT(t.src != t.dst, "collective transfer from a rank to itself");
     const topology::PairCost pc = topo.pair_cost(t.src, t.dst);
     MOESIM_ASSERT(pc.bandwidth.value() > 0, "pair without bandwidth");
     const int cls = topo.node_of(t.src) == topo.node_of(t.dst) ? 0 : 1;
+    if (cls == 1) {
+      meter.add(t.src, t.dst, t.bytes * scale);
+      shape.cut_alpha_s = std::max(shape.cut_alpha_s, pc.alpha.value());
+    }
     const double s = t.bytes * scale / pc.bandwidth.value();
     if (send[t.src].messages == 0 && recv[t.src].messages == 0) touched.push_back(t.src);
     if (send[t.dst].messages == 0 && recv[t.dst].messages == 0) touched.push_back(t.dst);
@@ -187,7 +196,57 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
     recv[r].emit(shape.lines);
   }
   prune_lines(shape.lines);
+  shape.cut_per_byte = meter.seconds();
   return shape;
+}
+
+std::shared_ptr<const topology::FabricCuts> fabric_cuts(const topology::Topology& topo) {
+  static const std::vector<int> kNoGroup;
+  return cached<topology::FabricCuts>(topo, kTagFabricCuts, 0, kNoGroup,
+                                      [&] { return topology::compute_fabric_cuts(topo); });
+}
+
+namespace {
+struct UniformCut {
+  double s_per_byte = 0;
+};
+}  // namespace
+
+double uniform_exchange_cut_s_per_byte(const CollectiveCall& call, const topology::Topology& topo) {
+  return cached<UniformCut>(topo, kTagUniformCut, 0, *call.group,
+                            [&] {
+                              const auto cuts = fabric_cuts(topo);
+                              const std::vector<int>& g = *call.group;
+                              const double w = static_cast<double>(g.size());
+                              UniformCut out;
+                              std::vector<int> members;
+                              for (const topology::CutTier& t : cuts->tiers) {
+                                members.assign(static_cast<size_t>(t.classes), 0);
+                                for (int gpu : g) ++members[t.gpu_class[gpu]];
+                                for (int c = 0; c < t.classes; ++c) {
+                                  const double crossing =
+                                      members[c] * (w - members[c]);  // chunks out (and in)
+                                  const double cap = std::min(t.egress[c], t.ingress[c]);
+                                  if (crossing > 0 && cap > 0)
+                                    out.s_per_byte = std::max(out.s_per_byte, crossing / cap);
+                                }
+                              }
+                              return out;
+                            })
+      ->s_per_byte;
+}
+
+double matrix_cut_s(const ByteMatrix& mat, const std::vector<int>& group,
+                    const topology::Topology& topo) {
+  const auto cuts = fabric_cuts(topo);
+  if (cuts->tiers.empty()) return 0;
+  topology::CutMeter meter(*cuts);
+  for (int s = 0; s < mat.size; ++s) {
+    for_each_in_row(mat, s, [&](int d, double bytes) {
+      if (d != s) meter.add(group[s], group[d], bytes);
+    });
+  }
+  return meter.seconds();
 }
 
 void ClassStats::add(const topology::PairCost& pc) {

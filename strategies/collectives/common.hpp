@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "topology/fabric_cuts.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::collectives::detail {
@@ -67,7 +68,12 @@ struct CostLine {
 struct PhaseShape {
   Phase::Kind kind = Phase::Kind::kTransfers;
   std::vector<CostLine> lines;  // kTransfers
-  double local_per_byte = 0;    // HBM bytes per byte of S (self copies, copies, reductions)
+  // The fabric cut bound (topology/fabric_cuts.hpp) as one more line: message_latency +
+  // cut_alpha_s + S * cut_per_byte, where cut_alpha_s is the largest alpha of a transfer that
+  // crosses a cut. It binds only on oversubscribed fabrics.
+  double cut_per_byte = 0;
+  double cut_alpha_s = 0;
+  double local_per_byte = 0;  // HBM bytes per byte of S (self copies, copies, reductions)
   int repeat = 1;
 };
 
@@ -84,6 +90,18 @@ double shape_time_s(const CostShape& shape, double size, const CostContext& ctx)
 /// Cost lines of an explicit phase over all its transfers (pair_cost per transfer); byte counts
 /// are multiplied by `scale` (1/S of the lowering, so the lines are per byte of S).
 PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, double scale);
+
+// ---- Fabric cuts ---------------------------------------------------------------------------
+/// The topology's fabric cuts, computed once per topology.
+std::shared_ptr<const topology::FabricCuts> fabric_cuts(const topology::Topology& topo);
+/// Cut bound of a uniform exchange over the group (every member sends one chunk to every other
+/// member: the all-to-all, whatever its algorithm, moves these bytes across the cuts), in
+/// seconds per byte of chunk: max over tiers and classes of n_c (W - n_c) / capacity, n_c the
+/// members inside class c. Cached per group.
+double uniform_exchange_cut_s_per_byte(const CollectiveCall& call, const topology::Topology& topo);
+/// Cut bound of an all_to_allv's matrix over the group, in seconds (O(non-zeros x tiers)).
+double matrix_cut_s(const ByteMatrix& mat, const std::vector<int>& group,
+                    const topology::Topology& topo);
 
 /// Alpha/bandwidth summary of one rank towards a set of peers.
 struct ClassStats {
@@ -133,6 +151,8 @@ enum CacheTag : int {
   kTagRingReduceScatter,
   kTagSendRecv,
   kTagGrid,
+  kTagFabricCuts,
+  kTagUniformCut,
 };
 
 /// node_grid() of a group, cached (hierarchical algorithms ask on every applicable() and

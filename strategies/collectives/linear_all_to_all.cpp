@@ -58,6 +58,11 @@ class LinearAllToAll final : public Algorithm {
         if (cs->count > 0) net = std::max(net, fixed + cs->max_alpha_s + chunk * cs->sum_inv_bw);
       }
     }
+    // An oversubscribed fabric: the bytes leaving a leaf (pod, group) share its uplinks.
+    const double cut = uniform_exchange_cut_s_per_byte(call, *ctx.topo);
+    if (cut > 0) {
+      net = std::max(net, ctx.net.message_latency_s + prof->inter_max.max_alpha_s + chunk * cut);
+    }
     return Seconds(std::max(net, local));
   }
 };

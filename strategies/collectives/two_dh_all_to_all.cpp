@@ -78,6 +78,13 @@ class TwoDhAllToAll final : public Algorithm {
       inter = std::max(inter, ctx.net.message_latency_s + (n - 1) * ctx.net.message_overhead_s +
                                   r.max_alpha_s + size / n * r.sum_inv_bw);
     }
+    // The inter-node phase moves every byte that leaves a node, as the linear algorithm does, so
+    // it carries the same fabric cut bound (oversubscribed leaf / pod / group uplinks).
+    const double cut = uniform_exchange_cut_s_per_byte(call, *ctx.topo);
+    if (cut > 0) {
+      inter = std::max(
+          inter, ctx.net.message_latency_s + prof->rail_max.max_alpha_s + size / (m * n) * cut);
+    }
     intra = std::max(intra, local(2 * size / m));
     inter = std::max(inter, local(2 * size / n));
     return Seconds(2 * local(2 * size) + intra + inter);

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "topology/fabric_cuts.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::collectives {
@@ -1115,6 +1116,136 @@ TEST(BusBw, FactorsFollowNcclTests) {
   EXPECT_DOUBLE_EQ(busbw_factor(CollectiveType::kAllToAll, 4), 3.0 / 4);
   EXPECT_DOUBLE_EQ(busbw_factor(CollectiveType::kSendRecv, 4), 1.0);
   EXPECT_DOUBLE_EQ(busbw_factor(CollectiveType::kAllReduce, 1), 0.0);
+}
+
+// ---- Fabric cuts (oversubscription) -------------------------------------------------------------
+
+// 12 single-GPU nodes on a 2-level fat tree of radix 8, oversubscription 3: two leaves of 6 NICs,
+// each with 2 uplinks of 6 x 25 / (3 x 2) = 25 GB/s (50 GB/s out of a leaf, 150 GB/s into it
+// from its NICs). NICs 200 Gb/s = 25 GB/s.
+ClusterSpec oversubscribed_tree(double oversubscription) {
+  ClusterSpec s;
+  s.gpu.name = "a100-sxm-80gb";
+  s.gpu.from_catalog = true;
+  s.nodes = 12;
+  s.gpus_per_node = 1;
+  s.intra.kind = IntraKind::kNvswitch;
+  s.intra.bandwidth = BytesPerSecond(300e9);
+  s.intra.latency = Seconds(1e-6);
+  s.inter.kind = InterKind::kFatTree;
+  s.inter.nic_bandwidth = BytesPerSecond(25e9);
+  s.inter.nics_per_node = 1;
+  s.inter.latency = Seconds(2e-6);
+  s.inter.switch_radix = 8;
+  s.inter.oversubscription = oversubscription;
+  return s;
+}
+
+TEST(FabricCuts, LeavesOfAnOversubscribedTreeAreClassesWithTheirUplinks) {
+  const auto topo = topology::build_topology(oversubscribed_tree(3));
+  const topology::FabricCuts cuts = topology::compute_fabric_cuts(*topo);
+  ASSERT_EQ(cuts.tiers.size(), 2u);
+  // Tier 1: every node is a class; its NIC cable is the way out.
+  EXPECT_EQ(cuts.tiers[0].tier, 1);
+  EXPECT_EQ(cuts.tiers[0].classes, 12);
+  for (int c = 0; c < 12; ++c) {
+    EXPECT_DOUBLE_EQ(cuts.tiers[0].egress[c], 25e9);
+    EXPECT_DOUBLE_EQ(cuts.tiers[0].ingress[c], 25e9);
+  }
+  // Tier 2: the two leaves, 6 GPUs each, 2 x 25 GB/s of uplinks.
+  EXPECT_EQ(cuts.tiers[1].tier, 2);
+  ASSERT_EQ(cuts.tiers[1].classes, 2);
+  for (int c = 0; c < 2; ++c) {
+    EXPECT_EQ(cuts.tiers[1].gpus[c], 6);
+    EXPECT_DOUBLE_EQ(cuts.tiers[1].egress[c], 50e9);
+    EXPECT_DOUBLE_EQ(cuts.tiers[1].ingress[c], 50e9);
+  }
+  for (int g = 0; g < 12; ++g) EXPECT_EQ(cuts.tiers[1].gpu_class[g], g / 6);
+
+  // The meter: 6 GPUs of leaf 0 send 1 GB each to leaf 1 -> 6 GB over 50 GB/s; a transfer
+  // inside a leaf crosses only its nodes' NIC cut (1 GB over 25 GB/s).
+  topology::CutMeter meter(cuts);
+  meter.add(0, 1, 1e9);
+  EXPECT_DOUBLE_EQ(meter.seconds(), 1e9 / 25e9);
+  meter.clear();
+  for (int g = 0; g < 6; ++g) meter.add(g, 6 + g, 1e9);
+  EXPECT_DOUBLE_EQ(meter.seconds(), 6e9 / 50e9);
+}
+
+TEST(FabricCuts, AnalyticalAllToAllPaysTheLeafUplinksWhenOversubscribed) {
+  for (const double oversub : {1.0, 3.0}) {
+    const auto topo = topology::build_topology(oversubscribed_tree(oversub));
+    const CostContext ctx{topo.get(), {}, BytesPerSecond(0)};
+    const auto group = iota_group(12);
+    const double size = 12e6, chunk = size / 12;  // 1 MB to each peer
+    double inter_alpha = 0;
+    for (int d = 1; d < 12; ++d)
+      inter_alpha = std::max(inter_alpha, topo->pair_cost(0, d).alpha.value());
+    // Per GPU: 11 chunks through its 25 GB/s NIC (every pair's bottleneck is 25 GB/s).
+    const double per_gpu = inter_alpha + 11 * chunk / 25e9;
+    // Per leaf (oversubscription 3): 6 x 6 chunks leave through 50 GB/s. Without
+    // oversubscription (3 leaves of 4, 4 x 25 GB/s up) the leaf cut is 4 x 8 chunks / 100 GB/s,
+    // below the per-GPU bound.
+    const double leaf = inter_alpha + 36 * chunk / 50e9;
+    const double expected = oversub > 1 ? std::max(per_gpu, leaf) : per_gpu;
+    ASSERT_GT(leaf, per_gpu);  // the case is built so that the cut binds
+    for (CollectiveAlgo a : {CollectiveAlgo::kLinear, CollectiveAlgo::k2dh}) {
+      const auto spec = make_spec(CollectiveType::kAllToAll, a, size);
+      EXPECT_NEAR(algo_of(CollectiveType::kAllToAll, a)
+                      .analytical_time(make_call(spec, group), ctx)
+                      .value(),
+                  expected, 1e-12)
+          << "oversubscription " << oversub << " algo " << static_cast<int>(a);
+    }
+    // The same exchange as a uniform all_to_allv (1 MB per entry) costs the same.
+    auto vspec = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::kLinear, 0);
+    auto mat = dense_matrix(12, std::vector<std::uint32_t>(144, 1));
+    mat->unit = Bytes(chunk);
+    vspec.matrix = mat;
+    EXPECT_NEAR(algo_of(CollectiveType::kAllToAllv, CollectiveAlgo::kLinear)
+                    .analytical_time(make_call(vspec, group), ctx)
+                    .value(),
+                expected, 1e-12)
+        << "all_to_allv, oversubscription " << oversub;
+  }
+}
+
+TEST(FabricCuts, SkewedAllToAllvIsChargedWhatCrossesTheLeaf) {
+  // GPUs 0..5 (leaf 0) each send 1 MB to GPU 6+i (leaf 1), nothing else: each GPU's NIC
+  // carries 1 MB (40 us) but leaf 0's 50 GB/s of uplinks carry 6 MB (120 us).
+  const auto topo = topology::build_topology(oversubscribed_tree(3));
+  const CostContext ctx{topo.get(), {}, BytesPerSecond(0)};
+  const auto group = iota_group(12);
+  std::vector<std::uint32_t> counts(144, 0);
+  for (int i = 0; i < 6; ++i) counts[static_cast<size_t>(i) * 12 + 6 + i] = 1;
+  auto spec = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::kLinear, 0);
+  auto mat = dense_matrix(12, counts);
+  mat->unit = Bytes(1e6);
+  spec.matrix = mat;
+  double alpha = 0;
+  for (int d = 1; d < 12; ++d) alpha = std::max(alpha, topo->pair_cost(0, d).alpha.value());
+  EXPECT_NEAR(algo_of(CollectiveType::kAllToAllv, CollectiveAlgo::kLinear)
+                  .analytical_time(make_call(spec, group), ctx)
+                  .value(),
+              alpha + 6e6 / 50e9, 1e-12);
+}
+
+TEST(FabricCuts, RingCollectivesCrossingALeafOnceAreNotSlowedDown) {
+  // A ring over ranks 0..11 leaves each leaf by one flow per step: the cut (one chunk over
+  // 50 GB/s) stays below a GPU's own NIC (one chunk over 25 GB/s), so oversubscription 3 costs
+  // the ring nothing, as on the flow engine.
+  const auto flat = topology::build_topology(oversubscribed_tree(1));
+  const auto over = topology::build_topology(oversubscribed_tree(3));
+  const auto group = iota_group(12);
+  const auto spec = make_spec(CollectiveType::kAllReduce, CollectiveAlgo::kRing, 48e6);
+  const CostContext flat_ctx{flat.get(), {}, BytesPerSecond(0)};
+  const CostContext over_ctx{over.get(), {}, BytesPerSecond(0)};
+  const auto& ring = algo_of(CollectiveType::kAllReduce, CollectiveAlgo::kRing);
+  const double t_flat = ring.analytical_time(make_call(spec, group), flat_ctx).value();
+  const double t_over = ring.analytical_time(make_call(spec, group), over_ctx).value();
+  // Both trees have leaf-crossing ring edges with the same hops and pair bandwidth.
+  EXPECT_DOUBLE_EQ(t_over, t_flat);
+  EXPECT_GT(t_flat, 22 * (4e6 / 25e9));
 }
 
 }  // namespace

@@ -68,6 +68,16 @@ FabricCuts compute_fabric_cuts(const Topology& topo) {
     cuts.tiers.push_back(std::move(ct));
   }
   std::reverse(cuts.tiers.begin(), cuts.tiers.end());
+  cuts.injection.assign(static_cast<size_t>(p), 0.0);
+  const int m = topo.gpus_per_node();
+  if (topo.num_nodes() > 1) {
+    std::vector<LinkId> route;
+    for (int g = 0; g < p; ++g) {
+      route.clear();
+      topo.route(g, (g + m) % p, route);  // the same local index on the next node
+      if (!route.empty()) cuts.injection[g] = links[route.front()].bandwidth.value();
+    }
+  }
   return cuts;
 }
 
@@ -76,34 +86,59 @@ CutMeter::CutMeter(const FabricCuts& cuts) : cuts_(cuts) {
     out_.emplace_back(static_cast<size_t>(t.classes), 0.0);
     in_.emplace_back(static_cast<size_t>(t.classes), 0.0);
   }
+  out_inj_ = out_;
+  in_inj_ = in_;
 }
 
 void CutMeter::add(int src_gpu, int dst_gpu, double bytes) {
+  const double inj = cuts_.injection.empty() ? 0.0 : cuts_.injection[src_gpu];
   for (size_t i = 0; i < cuts_.tiers.size(); ++i) {
     const CutTier& t = cuts_.tiers[i];
     const int a = t.gpu_class[src_gpu], b = t.gpu_class[dst_gpu];
     if (a == b) return;  // classes nest: inside one class here, inside one at every coarser tier
     out_[i][a] += bytes;
     in_[i][b] += bytes;
+    out_inj_[i][a] += inj;
+    in_inj_[i][b] += inj;
   }
 }
 
-double CutMeter::seconds() const {
-  double worst = 0;
+std::vector<CutMeter::Line> CutMeter::lines() const {
+  std::vector<Line> out;
   for (size_t i = 0; i < cuts_.tiers.size(); ++i) {
     const CutTier& t = cuts_.tiers[i];
     for (int c = 0; c < t.classes; ++c) {
       // A class without links out cannot send at all; routing refuses such pairs earlier.
-      if (out_[i][c] > 0 && t.egress[c] > 0) worst = std::max(worst, out_[i][c] / t.egress[c]);
-      if (in_[i][c] > 0 && t.ingress[c] > 0) worst = std::max(worst, in_[i][c] / t.ingress[c]);
+      if ((out_[i][c] > 0 || out_inj_[i][c] > 0) && t.egress[c] > 0)
+        out.push_back({out_[i][c] / t.egress[c], out_inj_[i][c] / t.egress[c]});
+      if ((in_[i][c] > 0 || in_inj_[i][c] > 0) && t.ingress[c] > 0)
+        out.push_back({in_[i][c] / t.ingress[c], in_inj_[i][c] / t.ingress[c]});
     }
   }
+  // Keep the upper envelope only: drop lines dominated in both terms by another.
+  std::sort(out.begin(), out.end(), [](const Line& x, const Line& y) {
+    return x.per_byte != y.per_byte ? x.per_byte > y.per_byte : x.per_overhead > y.per_overhead;
+  });
+  std::vector<Line> kept;
+  double best_overhead = -1;
+  for (const Line& l : out) {
+    if (l.per_overhead > best_overhead) {
+      kept.push_back(l);
+      best_overhead = l.per_overhead;
+    }
+  }
+  return kept;
+}
+
+double CutMeter::seconds(double overhead_s) const {
+  double worst = 0;
+  for (const Line& l : lines()) worst = std::max(worst, l.per_byte + overhead_s * l.per_overhead);
   return worst;
 }
 
 void CutMeter::clear() {
-  for (auto& v : out_) std::fill(v.begin(), v.end(), 0.0);
-  for (auto& v : in_) std::fill(v.begin(), v.end(), 0.0);
+  for (auto* vv : {&out_, &in_, &out_inj_, &in_inj_})
+    for (auto& v : *vv) std::fill(v.begin(), v.end(), 0.0);
 }
 
 }  // namespace moesim::topology

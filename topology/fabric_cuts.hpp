@@ -39,24 +39,39 @@ struct FabricCuts {
   /// Tiers whose classes split the GPUs into >= 2 parts, finest (lowest tier) first; a tier whose
   /// partition equals the one below it is dropped.
   std::vector<CutTier> tiers;
+  /// Per GPU: bytes/s of the first link of its route to a GPU of another node (0 on one node).
+  /// The network models charge each message's endpoint overhead as overhead x this many bytes
+  /// on its route (sim/flow_model.hpp), so those bytes cross the cuts too.
+  std::vector<double> injection;
 };
 
 /// O(vertices + links) per tier; call once per topology (the collective library caches it).
 FabricCuts compute_fabric_cuts(const Topology& topo);
 
-/// Accumulates the bytes of a set of GPU-to-GPU transfers over the cuts of one topology and
-/// returns the cut bound in seconds. Transfers inside one class of a tier do not count there.
+/// Accumulates a set of GPU-to-GPU messages over the cuts of one topology and returns the cut
+/// bound. Messages inside one class of a tier do not count there. Each crossing message carries
+/// its bytes plus overhead_s x injection[src] bytes (the per-message endpoint cost as the network
+/// models charge it).
 class CutMeter {
  public:
   explicit CutMeter(const FabricCuts& cuts);
   void add(int src_gpu, int dst_gpu, double bytes);
-  /// max over tiers and classes of max(out / egress, in / ingress); 0 when nothing crossed.
-  double seconds() const;
+  /// max over tiers, classes and directions of (bytes + overhead_s x overhead bytes) / capacity;
+  /// 0 when nothing crossed.
+  double seconds(double overhead_s) const;
+  /// The same bound as lines t(overhead_s) = per_byte + overhead_s x per_overhead, one per class
+  /// and direction that something crossed (callers scale bytes themselves).
+  struct Line {
+    double per_byte = 0;      // seconds: crossing bytes / capacity
+    double per_overhead = 0;  // seconds per second of overhead: sum of injection / capacity
+  };
+  std::vector<Line> lines() const;
   void clear();
 
  private:
   const FabricCuts& cuts_;
-  std::vector<std::vector<double>> out_, in_;  // per tier, per class
+  std::vector<std::vector<double>> out_, in_;          // per tier, per class: bytes
+  std::vector<std::vector<double>> out_inj_, in_inj_;  // per tier, per class: sum of injection
 };
 
 }  // namespace moesim::topology

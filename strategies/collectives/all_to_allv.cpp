@@ -112,7 +112,7 @@ class LinearAllToAllv final : public Algorithm {
       }
     }
     // An oversubscribed fabric: the bytes leaving a leaf (pod, group) share its uplinks.
-    const double cut = matrix_cut_s(mat, g, topo);
+    const double cut = matrix_cut_s(mat, g, topo, ctx.net.message_overhead_s);
     if (cut > 0) net = std::max(net, ctx.net.message_latency_s + alpha[1] + cut);
     const double bw = copy_bandwidth(ctx);
     const double local = bw > 0 ? 2 * max_self / bw : 0.0;

@@ -133,8 +133,9 @@ double phase_time_s(const PhaseShape& shape, double size, const CostContext& ctx
     net = std::max(net, ctx.net.message_latency_s + l.messages * ctx.net.message_overhead_s +
                             l.alpha_s + size * l.s_per_byte);
   }
-  if (shape.cut_per_byte > 0) {
-    net = std::max(net, ctx.net.message_latency_s + shape.cut_alpha_s + size * shape.cut_per_byte);
+  for (const topology::CutMeter::Line& l : shape.cut_lines) {
+    net = std::max(net, ctx.net.message_latency_s + shape.cut_alpha_s + size * l.per_byte +
+                            ctx.net.message_overhead_s * l.per_overhead);
   }
   return shape.repeat * std::max(net, local);
 }
@@ -196,7 +197,7 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
     recv[r].emit(shape.lines);
   }
   prune_lines(shape.lines);
-  shape.cut_per_byte = meter.seconds();
+  shape.cut_lines = meter.lines();
   return shape;
 }
 
@@ -206,38 +207,29 @@ std::shared_ptr<const topology::FabricCuts> fabric_cuts(const topology::Topology
                                       [&] { return topology::compute_fabric_cuts(topo); });
 }
 
-namespace {
-struct UniformCut {
-  double s_per_byte = 0;
-};
-}  // namespace
-
-double uniform_exchange_cut_s_per_byte(const CollectiveCall& call, const topology::Topology& topo) {
-  return cached<UniformCut>(topo, kTagUniformCut, 0, *call.group,
-                            [&] {
-                              const auto cuts = fabric_cuts(topo);
-                              const std::vector<int>& g = *call.group;
-                              const double w = static_cast<double>(g.size());
-                              UniformCut out;
-                              std::vector<int> members;
-                              for (const topology::CutTier& t : cuts->tiers) {
-                                members.assign(static_cast<size_t>(t.classes), 0);
-                                for (int gpu : g) ++members[t.gpu_class[gpu]];
-                                for (int c = 0; c < t.classes; ++c) {
-                                  const double crossing =
-                                      members[c] * (w - members[c]);  // chunks out (and in)
-                                  const double cap = std::min(t.egress[c], t.ingress[c]);
-                                  if (crossing > 0 && cap > 0)
-                                    out.s_per_byte = std::max(out.s_per_byte, crossing / cap);
-                                }
-                              }
-                              return out;
-                            })
-      ->s_per_byte;
+const UniformCut& uniform_exchange_cut(const CollectiveCall& call, const topology::Topology& topo) {
+  return *cached<UniformCut>(topo, kTagUniformCut, 0, *call.group, [&] {
+    const auto cuts = fabric_cuts(topo);
+    const std::vector<int>& g = *call.group;
+    const double w = static_cast<double>(g.size());
+    UniformCut out;
+    for (int gpu : g) out.injection = std::max(out.injection, cuts->injection[gpu]);
+    std::vector<int> members;
+    for (const topology::CutTier& t : cuts->tiers) {
+      members.assign(static_cast<size_t>(t.classes), 0);
+      for (int gpu : g) ++members[t.gpu_class[gpu]];
+      for (int c = 0; c < t.classes; ++c) {
+        const double crossing = members[c] * (w - members[c]);  // chunks out (and in)
+        const double cap = std::min(t.egress[c], t.ingress[c]);
+        if (crossing > 0 && cap > 0) out.s_per_byte = std::max(out.s_per_byte, crossing / cap);
+      }
+    }
+    return out;
+  });
 }
 
 double matrix_cut_s(const ByteMatrix& mat, const std::vector<int>& group,
-                    const topology::Topology& topo) {
+                    const topology::Topology& topo, double overhead_s) {
   const auto cuts = fabric_cuts(topo);
   if (cuts->tiers.empty()) return 0;
   topology::CutMeter meter(*cuts);
@@ -246,7 +238,7 @@ double matrix_cut_s(const ByteMatrix& mat, const std::vector<int>& group,
       if (d != s) meter.add(group[s], group[d], bytes);
     });
   }
-  return meter.seconds();
+  return meter.seconds(overhead_s);
 }
 
 void ClassStats::add(const topology::PairCost& pc) {

@@ -68,10 +68,10 @@ struct CostLine {
 struct PhaseShape {
   Phase::Kind kind = Phase::Kind::kTransfers;
   std::vector<CostLine> lines;  // kTransfers
-  // The fabric cut bound (topology/fabric_cuts.hpp) as one more line: message_latency +
-  // cut_alpha_s + S * cut_per_byte, where cut_alpha_s is the largest alpha of a transfer that
-  // crosses a cut. It binds only on oversubscribed fabrics.
-  double cut_per_byte = 0;
+  // The fabric cut bound (topology/fabric_cuts.hpp) as more lines: message_latency +
+  // cut_alpha_s + S * per_byte + message_overhead * per_overhead, where cut_alpha_s is the
+  // largest alpha of a transfer that crosses a cut. They bind only on oversubscribed fabrics.
+  std::vector<topology::CutMeter::Line> cut_lines;
   double cut_alpha_s = 0;
   double local_per_byte = 0;  // HBM bytes per byte of S (self copies, copies, reductions)
   int repeat = 1;
@@ -95,13 +95,20 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
 /// The topology's fabric cuts, computed once per topology.
 std::shared_ptr<const topology::FabricCuts> fabric_cuts(const topology::Topology& topo);
 /// Cut bound of a uniform exchange over the group (every member sends one chunk to every other
-/// member: the all-to-all, whatever its algorithm, moves these bytes across the cuts), in
-/// seconds per byte of chunk: max over tiers and classes of n_c (W - n_c) / capacity, n_c the
-/// members inside class c. Cached per group.
-double uniform_exchange_cut_s_per_byte(const CollectiveCall& call, const topology::Topology& topo);
+/// member: the all-to-all, whatever its algorithm, moves these bytes across the cuts): max over
+/// tiers and classes of n_c (W - n_c) (chunk + overhead x injection) / capacity, n_c the members
+/// inside class c (the same class maximises both terms). Cached per group.
+struct UniformCut {
+  double s_per_byte = 0;  // max over classes of n_c (W - n_c) / capacity
+  double injection = 0;   // bytes/s of a member's injection link towards other nodes (max)
+  double seconds(double chunk_bytes, double overhead_s) const {
+    return (chunk_bytes + overhead_s * injection) * s_per_byte;
+  }
+};
+const UniformCut& uniform_exchange_cut(const CollectiveCall& call, const topology::Topology& topo);
 /// Cut bound of an all_to_allv's matrix over the group, in seconds (O(non-zeros x tiers)).
 double matrix_cut_s(const ByteMatrix& mat, const std::vector<int>& group,
-                    const topology::Topology& topo);
+                    const topology::Topology& topo, double overhead_s);
 
 /// Alpha/bandwidth summary of one rank towards a set of peers.
 struct ClassStats {

@@ -59,9 +59,10 @@ class LinearAllToAll final : public Algorithm {
       }
     }
     // An oversubscribed fabric: the bytes leaving a leaf (pod, group) share its uplinks.
-    const double cut = uniform_exchange_cut_s_per_byte(call, *ctx.topo);
-    if (cut > 0) {
-      net = std::max(net, ctx.net.message_latency_s + prof->inter_max.max_alpha_s + chunk * cut);
+    const UniformCut& cut = uniform_exchange_cut(call, *ctx.topo);
+    if (cut.s_per_byte > 0) {
+      net = std::max(net, ctx.net.message_latency_s + prof->inter_max.max_alpha_s +
+                              cut.seconds(chunk, ctx.net.message_overhead_s));
     }
     return Seconds(std::max(net, local));
   }

@@ -80,10 +80,12 @@ class TwoDhAllToAll final : public Algorithm {
     }
     // The inter-node phase moves every byte that leaves a node, as the linear algorithm does, so
     // it carries the same fabric cut bound (oversubscribed leaf / pod / group uplinks).
-    const double cut = uniform_exchange_cut_s_per_byte(call, *ctx.topo);
-    if (cut > 0) {
-      inter = std::max(
-          inter, ctx.net.message_latency_s + prof->rail_max.max_alpha_s + size / (m * n) * cut);
+    // Its messages are n-1 per rank of S/n bytes each instead of W-1 of S/W: the same bytes in
+    // m times fewer messages, so a crossing message carries m chunks and one overhead.
+    const UniformCut& cut = uniform_exchange_cut(call, *ctx.topo);
+    if (cut.s_per_byte > 0) {
+      inter = std::max(inter, ctx.net.message_latency_s + prof->rail_max.max_alpha_s +
+                                  cut.seconds(size / (m * n), ctx.net.message_overhead_s / m));
     }
     intra = std::max(intra, local(2 * size / m));
     inter = std::max(inter, local(2 * size / n));

@@ -207,7 +207,9 @@ class TwoDhAllToAllv final : public Algorithm {
     }
     // The inter phase moves, from node a to node b, exactly the matrix's node-a-to-node-b bytes,
     // so it carries the matrix's fabric cut bound.
-    const double cut = matrix_cut_s(mat, *call.group, *ctx.topo);
+    // Overheads: the inter phase sends one message per node pair and local index, m times fewer
+    // than the matrix's (approximated by the matrix's bound with overhead / m).
+    const double cut = matrix_cut_s(mat, *call.group, *ctx.topo, ctx.net.message_overhead_s / m);
     if (cut > 0) inter_t = std::max(inter_t, ctx.net.message_latency_s + rail_alpha + cut);
     return Seconds(local(2 * max_row) + std::max(intra_t, local(2 * intra_self)) +
                    local(2 * max_held) + std::max(inter_t, local(2 * inter_self)));

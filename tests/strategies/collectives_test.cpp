@@ -1166,10 +1166,15 @@ TEST(FabricCuts, LeavesOfAnOversubscribedTreeAreClassesWithTheirUplinks) {
   // inside a leaf crosses only its nodes' NIC cut (1 GB over 25 GB/s).
   topology::CutMeter meter(cuts);
   meter.add(0, 1, 1e9);
-  EXPECT_DOUBLE_EQ(meter.seconds(), 1e9 / 25e9);
+  EXPECT_DOUBLE_EQ(meter.seconds(0), 1e9 / 25e9);
   meter.clear();
   for (int g = 0; g < 6; ++g) meter.add(g, 6 + g, 1e9);
-  EXPECT_DOUBLE_EQ(meter.seconds(), 6e9 / 50e9);
+  EXPECT_DOUBLE_EQ(meter.seconds(0), 6e9 / 50e9);
+  // Each message also carries overhead x its injection link's bandwidth (the GPU -> NIC link,
+  // the GPU's PCIe: 32 GB/s on an A100) through the cut, as the flow model charges it.
+  ASSERT_EQ(cuts.injection.size(), 12u);
+  EXPECT_DOUBLE_EQ(cuts.injection[0], 32e9);
+  EXPECT_DOUBLE_EQ(meter.seconds(1e-6), (6e9 + 6 * 1e-6 * 32e9) / 50e9);
 }
 
 TEST(FabricCuts, AnalyticalAllToAllPaysTheLeafUplinksWhenOversubscribed) {
@@ -1196,6 +1201,18 @@ TEST(FabricCuts, AnalyticalAllToAllPaysTheLeafUplinksWhenOversubscribed) {
                       .value(),
                   expected, 1e-12)
           << "oversubscription " << oversub << " algo " << static_cast<int>(a);
+    }
+    if (oversub > 1) {
+      // With 1 us per message: the GPU line pays 11 overheads, the leaf cut 36 overheads' worth
+      // of injection-link bytes (1 us x 32 GB/s each) over 50 GB/s.
+      CostContext octx = ctx;
+      octx.net.message_overhead_s = 1e-6;
+      const auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::kLinear, size);
+      const double leaf_o = inter_alpha + 36 * (chunk + 1e-6 * 32e9) / 50e9;
+      EXPECT_NEAR(algo_of(CollectiveType::kAllToAll, CollectiveAlgo::kLinear)
+                      .analytical_time(make_call(spec, group), octx)
+                      .value(),
+                  std::max(per_gpu + 11e-6, leaf_o), 1e-12);
     }
     // The same exchange as a uniform all_to_allv (1 MB per entry) costs the same.
     auto vspec = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::kLinear, 0);

@@ -31,7 +31,9 @@ const char* kBaseline = "  - {name: baseline}";
 
 TEST(CostModel, AllToAllLineOnTwoGpusIsThePairAlphaBeta) {
   // 2 nodes x 1 GPU: the linear all-to-all of S bytes per rank sends one message of S/2 to the
-  // peer; the closed form is message overhead + pair alpha + (S/2) / pair bandwidth.
+  // peer; the closed form is message overhead + pair alpha + (S/2) / pair bandwidth, where the
+  // overhead is charged as the network models charge it: overhead x injection bandwidth bytes
+  // through the NIC (the node cut), i.e. overhead x max(1, injection / NIC bandwidth).
   ClusterShape c;
   c.nodes = 2;
   c.gpus_per_node = 1;
@@ -40,8 +42,12 @@ TEST(CostModel, AllToAllLineOnTwoGpusIsThePairAlphaBeta) {
   const CostModel cost(sc, *topo);
   const topology::PairCost pair = topo->pair_cost(0, 1);
   const AlphaBeta ab = cost.a2a_fit(CollectiveAlgo::kLinear, Bytes(1 << 20), Bytes(64 << 20));
-  const double alpha =
-      sc.engine.message_overhead.value() + sc.engine.message_latency.value() + pair.alpha.value();
+  std::vector<topology::LinkId> route;
+  topo->route(0, 1, route);
+  const double injection = topo->links()[route.front()].bandwidth.value();
+  const double nic = sc.cluster.inter.nic_bandwidth.value();
+  const double alpha = sc.engine.message_overhead.value() * std::max(1.0, injection / nic) +
+                       sc.engine.message_latency.value() + pair.alpha.value();
   EXPECT_NEAR(ab.alpha_s, alpha, 1e-12);
   EXPECT_NEAR(ab.beta_s, 0.5 / pair.bandwidth.value(), 1e-9 / pair.bandwidth.value());
   // The line reproduces the closed form at any other size.

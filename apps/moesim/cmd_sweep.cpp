@@ -17,6 +17,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/html_report.hpp"
+#include "apps/moesim/output.hpp"
 #include "apps/moesim/plot.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
@@ -163,6 +164,13 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
 
 void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
   const bool root = transport == nullptr || transport->rank() == 0;
+  // Rank 0 alone writes (the other ranks' machines may not even have its directories).
+  if (root)
+    check_output_paths({{"--csv", a.csv_path},
+                        {"--json", a.json_path},
+                        {"--plot", a.plot_path},
+                        {"--report", a.report_path},
+                        {"--eta-log", a.eta_log_path}});
   if (!a.plot_path.empty()) check_plot_path(a.plot_path, "--plot");
   if (!a.plot_path.empty()) require_gnuplot();
   if (a.jobs < 0) throw InputError("--jobs: expected an integer >= 0 (0 = one per core)");

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -36,34 +38,36 @@ std::vector<int> trace_sample_ranks(int num_ranks, int gpus_per_node, int max_ra
   return out;
 }
 
-void write_chrome_trace(const Plan& plan, const RunResult& result, std::ostream& os,
-                        int max_ranks) {
+namespace {
+
+using nlohmann::json;
+
+// The events of one run: its sampled ranks as processes `pid_offset + rank`, named with `prefix`
+// and sorted after `sort_base`. Returns the sampled ranks.
+std::vector<int> emit_run(const Plan& plan, const RunResult& result, int max_ranks, int pid_offset,
+                          const std::string& prefix, int sort_base,
+                          const std::function<void(const json&)>& emit) {
   MOESIM_ASSERT(result.num_ops() == static_cast<int>(plan.ops().size()),
                 "trace: the run result does not belong to this plan");
-  using nlohmann::json;
   const std::vector<int> ranks =
       trace_sample_ranks(plan.num_ranks(), result.gpus_per_node, max_ranks);
   const int gpn = std::max(1, result.gpus_per_node);
-  bool first = true;
-  auto emit = [&](const json& j) {
-    os << (first ? "\n" : ",\n") << j.dump();
-    first = false;
-  };
-  os << "{\"traceEvents\": [";
   for (size_t i = 0; i < ranks.size(); ++i) {
     const int r = ranks[i];
+    const int pid = pid_offset + r;
     std::string name = result.gpus_per_node > 0
                            ? "rank " + std::to_string(r) + " (node " + std::to_string(r / gpn) + ")"
                            : "rank " + std::to_string(r);
-    emit({{"name", "process_name"}, {"ph", "M"}, {"pid", r}, {"args", {{"name", name}}}});
+    emit(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", prefix + name}}}});
     emit({{"name", "process_sort_index"},
           {"ph", "M"},
-          {"pid", r},
-          {"args", {{"sort_index", static_cast<int>(i)}}}});
+          {"pid", pid},
+          {"args", {{"sort_index", sort_base + static_cast<int>(i)}}}});
     for (size_t s = 0; s < plan.stream_names().size(); ++s)
       emit({{"name", "thread_name"},
             {"ph", "M"},
-            {"pid", r},
+            {"pid", pid},
             {"tid", static_cast<int>(s)},
             {"args", {{"name", plan.stream_names()[s]}}}});
   }
@@ -86,17 +90,56 @@ void write_chrome_trace(const Plan& plan, const RunResult& result, std::ostream&
       emit({{"name", op.label.empty() ? std::string(op_kind_name(op.kind)) : op.label},
             {"cat", op_kind_name(op.kind)},
             {"ph", "X"},
-            {"pid", r},
+            {"pid", pid_offset + r},
             {"tid", static_cast<int>(op.stream)},
             {"ts", s * 1e6},
             {"dur", (e - s) * 1e6},
             {"args", std::move(args)}});
     }
   }
-  json other = {{"backend", result.backend},
-                {"num_ranks", plan.num_ranks()},
-                {"makespan_s", result.makespan_s},
-                {"sampled_ranks", ranks}};
+  return ranks;
+}
+
+}  // namespace
+
+void write_chrome_trace(const Plan& plan, const RunResult& result, std::ostream& os,
+                        int max_ranks) {
+  write_chrome_trace(std::vector<TraceRun>{{"", &plan, &result}}, os, max_ranks);
+}
+
+void write_chrome_trace(const std::vector<TraceRun>& runs, std::ostream& os, int max_ranks) {
+  MOESIM_ASSERT(!runs.empty(), "trace: no run to write");
+  bool first = true;
+  auto emit = [&](const json& j) {
+    os << (first ? "\n" : ",\n") << j.dump();
+    first = false;
+  };
+  os << "{\"traceEvents\": [";
+  const bool several = runs.size() > 1;
+  json other;
+  if (several) {
+    other["backend"] = runs.front().result->backend;
+    other["runs"] = json::array();
+  }
+  int pid_offset = 0, sort_base = 0;
+  for (const TraceRun& run : runs) {
+    const std::vector<int> ranks = emit_run(*run.plan, *run.result, max_ranks, pid_offset,
+                                            several ? run.name + ": " : "", sort_base, emit);
+    if (several) {
+      other["runs"].push_back({{"name", run.name},
+                               {"pid_offset", pid_offset},
+                               {"num_ranks", run.plan->num_ranks()},
+                               {"makespan_s", run.result->makespan_s},
+                               {"sampled_ranks", ranks}});
+    } else {
+      other = {{"backend", run.result->backend},
+               {"num_ranks", run.plan->num_ranks()},
+               {"makespan_s", run.result->makespan_s},
+               {"sampled_ranks", ranks}};
+    }
+    pid_offset += run.plan->num_ranks();
+    sort_base += static_cast<int>(ranks.size());
+  }
   os << "\n],\n\"displayTimeUnit\": \"ns\",\n\"otherData\": " << other.dump() << "}\n";
 }
 

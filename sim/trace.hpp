@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "core/plan.hpp"
@@ -24,5 +25,20 @@ std::vector<int> trace_sample_ranks(int num_ranks, int gpus_per_node, int max_ra
 /// "otherData": {...}}. `result` must come from running `plan`.
 void write_chrome_trace(const Plan& plan, const RunResult& result, std::ostream& os,
                         int max_ranks = 64);
+
+/// One run of a several-run trace: a name (the strategy) and the run's plan and result.
+struct TraceRun {
+  std::string name;
+  const Plan* plan = nullptr;
+  const RunResult* result = nullptr;
+};
+
+/// Several runs (`simulate --trace` with several strategies) in one trace, so that they open side
+/// by side in one Perfetto window: each run's sampled ranks are processes named "NAME: rank R
+/// (node N)", with pids offset run by run (run k's rank r is pid r + the rank counts of runs
+/// before k) and sorted run by run. Every run starts at time 0. "otherData" has one entry per run
+/// in "runs" (name, pid_offset, num_ranks, makespan_s, sampled_ranks). One run is written exactly
+/// as the overload above writes it.
+void write_chrome_trace(const std::vector<TraceRun>& runs, std::ostream& os, int max_ranks = 64);
 
 }  // namespace moesim::sim

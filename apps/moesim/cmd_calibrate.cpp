@@ -75,6 +75,7 @@ void print_run(const exec::CalibrationRun& run) {
 
 int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
+  check_output_path_on_root(session, a.out, "--out");
   Scenario sc;
   if (a.scenario.empty()) {
     // No scenario: every rank on one node of the quickstart's GPU (intra-node pairs only).

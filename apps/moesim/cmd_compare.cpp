@@ -83,6 +83,10 @@ BarChart compare_chart(const std::string& title, const std::vector<Variant>& var
 }
 
 void run_compare(const CompareArgs& a) {
+  check_output_paths({{"--json", a.json_path},
+                      {"--csv", a.csv_path},
+                      {"--plot", a.plot_path},
+                      {"--report", a.report_path}});
   if (!a.plot_path.empty()) {
     check_plot_path(a.plot_path, "--plot");
     require_gnuplot();  // before the runs, not after

@@ -203,6 +203,7 @@ FaultInjection fault_from_env(int rank) {
 // Returns the process exit code (0, or 1 on a --check mismatch). Throws InputError for bad input.
 int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
+  check_output_path_on_root(session, a.json_path, "--json");
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
@@ -410,6 +411,24 @@ std::unique_ptr<exec::Communicator> make_communicator(const std::string& backend
 #endif
   }
   throw InputError(fmt::format("--backend: found '{}', expected mpi or nccl", backend));
+}
+
+void check_output_path_on_root(exec::MpiSession& session, const std::string& path,
+                               const std::string& flag) {
+  if (path.empty()) return;  // the same flags on every rank: all return here together
+  std::string error;
+  if (session.rank() == 0) {
+    try {
+      check_output_path(path, flag);
+    } catch (const InputError& e) {
+      error = e.what();
+    }
+  }
+  // Every rank learns rank 0's verdict, so that all of them leave through the InputError path
+  // (MPI_Finalize) together; a rank that went on alone would wait for the others forever.
+  if (session.all_reduce_max(error.empty() ? 0.0 : 1.0) > 0)
+    throw InputError(error.empty() ? fmt::format("{} {}: rank 0 cannot write there", flag, path)
+                                   : error);
 }
 
 void run_mpi_command(const std::function<int(exec::MpiSession&)>& body) {

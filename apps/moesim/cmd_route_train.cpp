@@ -118,6 +118,7 @@ void register_route_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--json", *json_path, "Write both runs' curves as JSON to this file");
   cmd->callback([=] {
+    check_output_path(*json_path, "--json");
     const std::string path = scenario->empty() ? default_scenario_path() : *scenario;
     const Scenario sc = load_scenario(path);
     const auto topo = topology::build_topology(sc.cluster);

@@ -251,15 +251,6 @@ void run_collective(const CollectiveArgs& a) {
     });
 }
 
-// Inserts ".NAME" before the extension: trace.json -> trace.tutel.json.
-std::string with_suffix(const std::string& path, const std::string& name) {
-  auto dot = path.find_last_of('.');
-  auto slash = path.find_last_of('/');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
-    return path + "." + name;
-  return path.substr(0, dot) + "." + name + path.substr(dot);
-}
-
 void run_scenario(const CollectiveArgs& a) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
@@ -303,13 +294,13 @@ void run_scenario(const CollectiveArgs& a) {
     });
   }
   if (!a.trace_path.empty()) {
-    for (const auto& o : outcomes) {
-      std::string f =
-          outcomes.size() == 1 ? a.trace_path : with_suffix(a.trace_path, o.run.strategy);
-      write_file_atomic(f, [&](std::ostream& os) {
-        sim::write_chrome_trace(o.run.last_plan.plan, o.run.last_result, os, cfg.trace_max_ranks);
-      });
-    }
+    // One file for all strategies, each a group of processes named after it (sim/trace.hpp).
+    std::vector<sim::TraceRun> runs;
+    for (const auto& o : outcomes)
+      runs.push_back({o.run.strategy, &o.run.last_plan.plan, &o.run.last_result});
+    write_file_atomic(a.trace_path, [&](std::ostream& os) {
+      sim::write_chrome_trace(runs, os, cfg.trace_max_ranks);
+    });
   }
 }
 
@@ -338,8 +329,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--simgrid-mode", a->simgrid_mode,
                   "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
-  cmd->add_option("--trace", a->trace_path, "Write a Chrome trace (chrome://tracing, Perfetto)");
+  cmd->add_option("--trace", a->trace_path,
+                  "Write a Chrome trace (chrome://tracing, Perfetto); several strategies share "
+                  "the file, each one's ranks as processes named after it");
   cmd->callback([a] {
+    check_output_paths(
+        {{"--json", a->json_path}, {"--csv", a->csv_path}, {"--trace", a->trace_path}});
     if (a->collective.empty()) {
       if (!a->sizes.empty()) throw InputError("--size: only meaningful with --collective");
       run_scenario(*a);

@@ -1,4 +1,5 @@
-// `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--plot F] [--report F]`
+// `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--plot F] [--report F]
+//               [--restart]`
 // Runs a sweep (DESIGN §6): every point of the axes over the base scenario, the strategy stacks at
 // each, one CSV row per point x strategy. Prints a summary of the best strategy per point at the
 // end (first rows only; the CSV has everything). Under `mpirun -np N` the points are spread over
@@ -16,6 +17,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/html_report.hpp"
+#include "apps/moesim/output.hpp"
 #include "apps/moesim/plot.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
@@ -38,6 +40,7 @@ struct SweepArgs {
   int jobs = 0;
   std::string csv_path, json_path, engine, plot_path, report_path, eta_log_path;
   bool quiet = false;
+  bool restart = false;
 };
 
 // The number of processes mpirun started this one among, or 1 when it was started without a
@@ -161,6 +164,13 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
 
 void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
   const bool root = transport == nullptr || transport->rank() == 0;
+  // Rank 0 alone writes (the other ranks' machines may not even have its directories).
+  if (root)
+    check_output_paths({{"--csv", a.csv_path},
+                        {"--json", a.json_path},
+                        {"--plot", a.plot_path},
+                        {"--report", a.report_path},
+                        {"--eta-log", a.eta_log_path}});
   if (!a.plot_path.empty()) check_plot_path(a.plot_path, "--plot");
   if (!a.plot_path.empty()) require_gnuplot();
   if (a.jobs < 0) throw InputError("--jobs: expected an integer >= 0 (0 = one per core)");
@@ -172,6 +182,7 @@ void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
   opts.json_path = a.json_path;
   opts.progress = !a.quiet && root;
   opts.eta_log_path = a.eta_log_path;
+  opts.restart = a.restart;
   opts.transport = transport;
   SweepResult res = run_sweep(spec, opts);
   if (!root) return;  // rank 0 prints and writes everything
@@ -241,12 +252,15 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("sweep", a->sweep, "Sweep YAML (base scenario, axes, strategies)")->required();
   cmd->add_option("--jobs,-j", a->jobs, "Points run in parallel (default: one per core)");
   cmd->add_option("--csv", a->csv_path,
-                  "One row per point and strategy; points already in the file are skipped");
+                  "One row per point and strategy; points already in the file are skipped when it "
+                  "was written by the same setup (base scenario, axes, engine, version)");
   cmd->add_option("--json", a->json_path, "Write every point's runs as JSON");
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
   cmd->add_option("--plot", a->plot_path, "Lines along the first axis (F.svg or F.png, gnuplot)");
   cmd->add_option("--report", a->report_path, "Self-contained HTML report");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress line on stderr");
+  cmd->add_flag("--restart", a->restart,
+                "Discard the rows already in the --csv file and run every point again");
   // Hidden: how good the ETA is (one line per finished point: elapsed, done, total, ETA).
   cmd->add_option("--eta-log", a->eta_log_path, "")->group("");
   cmd->callback([a] {

@@ -177,6 +177,7 @@ void register_topo(CLI::App& app) {
                 "Also print the TA-MoE target share per tier and the predicted all-to-all time "
                 "of even vs target dispatch");
   cmd->callback([=] {
+    check_output_paths({{"--json", *json_path}, {"--dot", *dot_path}});
     std::string path = scenario->empty() ? default_scenario_path() : *scenario;
     Scenario sc = load_scenario_with(path, *sets);
     auto topo = topology::build_topology(sc.cluster);

@@ -36,6 +36,11 @@ void register_calibrate(CLI::App& app);
 /// InputError, found identically by every rank, is reported once by rank 0 and exits 2 through
 /// MPI_Finalize; any other failure names its rank and aborts the whole job with exit 1.
 void run_mpi_command(const std::function<int(exec::MpiSession&)>& body);
+/// check_output_path (output.hpp) on rank 0, whose verdict every rank then shares: collective (all
+/// ranks call it at the same point); InputError on every rank when rank 0 cannot write `path`
+/// (cmd_exec.cpp; builds with MPI).
+void check_output_path_on_root(exec::MpiSession& session, const std::string& path,
+                               const std::string& flag);
 /// The communicator `--backend` names: "mpi" (host path) or "nccl" (builds with NCCL); InputError
 /// otherwise (cmd_exec.cpp; builds with MPI).
 std::unique_ptr<exec::Communicator> make_communicator(const std::string& backend,

@@ -5,6 +5,8 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace moesim::app {
 
@@ -12,6 +14,15 @@ namespace moesim::app {
 /// exception the temporary is removed and the exception propagates. Throws RuntimeError when the
 /// file cannot be created.
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write);
+
+/// Checks, before a run, that write_file_atomic(path) will be able to put its file there: the
+/// directory exists, is a directory and is writable, and `path` is not a directory. InputError
+/// naming `flag` and `path` otherwise, so a bad output path fails in a moment instead of after the
+/// whole run. Creates and truncates nothing. An empty path (flag not given) passes.
+void check_output_path(const std::string& path, const std::string& flag);
+
+/// check_output_path for each (flag, path).
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& flag_paths);
 
 /// Peak resident set size of this process so far, in bytes (getrusage).
 double peak_rss_bytes();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "apps/moesim/engine_setup.hpp"
@@ -455,6 +457,117 @@ void validate_sweep(const SweepSpec& spec) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Fingerprint
+
+namespace {
+
+// FNV-1a, 64 bits: stable across builds and platforms (std::hash is not), and a change detector
+// is all it needs to be.
+std::uint64_t fnv1a(std::string_view text, std::uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+std::string hex16(std::uint64_t h) { return fmt::format("{:016x}", h); }
+
+// A YAML tree as JSON with sorted keys and scalars as their text: two files that differ only in
+// comments, layout, key order or quoting give the same text; any value change gives another.
+nlohmann::json canonical(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json j = nlohmann::json::object();  // std::map: keys sorted
+      for (const auto& kv : n) j[kv.first.Scalar()] = canonical(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& item : n) j.push_back(canonical(item));
+      return j;
+    }
+    case YAML::NodeType::Scalar:
+      return n.Scalar();
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+std::string SweepFingerprint::hash() const {
+  return hex16(fnv1a(fmt::format("{}\n{}\n{}\n{}", version, engine, base, axes)));
+}
+
+std::string SweepFingerprint::csv_comment() const {
+  return fmt::format("# moesim sweep fingerprint={} version={} engine={} base={} axes={}", hash(),
+                     version, engine, base, axes);
+}
+
+std::optional<SweepFingerprint> SweepFingerprint::parse(const std::string& line) {
+  const std::string prefix = "# moesim sweep ";
+  if (line.rfind(prefix, 0) != 0) return std::nullopt;
+  std::map<std::string, std::string> kv;
+  std::istringstream ss(line.substr(prefix.size()));
+  std::string field;
+  while (ss >> field) {
+    auto eq = field.find('=');
+    if (eq == std::string::npos) return std::nullopt;
+    kv[field.substr(0, eq)] = field.substr(eq + 1);
+  }
+  for (const char* k : {"version", "engine", "base", "axes"})
+    if (!kv.count(k)) return std::nullopt;
+  return SweepFingerprint{kv["version"], kv["engine"], kv["base"], kv["axes"]};
+}
+
+nlohmann::ordered_json SweepFingerprint::json() const {
+  return {{"hash", hash()},
+          {"version", version},
+          {"engine", engine},
+          {"base_scenario", base},
+          {"axes", axes}};
+}
+
+std::vector<std::string> SweepFingerprint::differences(const SweepFingerprint& file) const {
+  std::vector<std::string> out;
+  if (base != file.base)
+    out.push_back(fmt::format(
+        "the base scenario (a value in it, in the sweep's `set:` or in a file it references "
+        "changed: base={} in the file, {} now)",
+        file.base, base));
+  if (axes != file.axes)
+    out.push_back(
+        fmt::format("the axes (their key paths: axes={} in the file, {} now)", file.axes, axes));
+  if (engine != file.engine)
+    out.push_back(fmt::format("the engine ({} in the file, {} now)", file.engine, engine));
+  if (version != file.version)
+    out.push_back(
+        fmt::format("the moesim version ({} in the file, {} now)", file.version, version));
+  return out;
+}
+
+SweepFingerprint sweep_fingerprint(const SweepSpec& spec, const std::string& engine_override) {
+  SweepFingerprint fp;
+  fp.version = MOESIM_VERSION;
+  const Scenario sc = base_scenario(spec);
+  fp.engine = std::string(sim::network_kind_name(engine_config_from(sc, engine_override).network));
+  YAML::Node tree = YAML::Clone(load_yaml_file(spec.base_path));
+  apply_fixed_and(spec, tree);
+  std::uint64_t h = fnv1a(canonical(tree).dump());
+  // Referenced files count by content: a re-measured calibration changes every figure.
+  for (const std::string& path : {sc.cluster.calibration_path, sc.workload.routing.trace_path}) {
+    if (path.empty()) continue;
+    h = fnv1a(path + "\n" + read_text(path) + "\n", h);
+  }
+  fp.base = hex16(h);
+  std::string keys;
+  for (const auto& a : spec.axes) keys += a.key + "\n";
+  fp.axes = hex16(fnv1a(keys));
+  return fp;
+}
+
+// ------------------------------------------------------------------------------------------------
 // CSV
 
 std::string csv_field(const std::string& s) {
@@ -568,14 +681,32 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
   }
 }
 
-// Rows of an existing output CSV with the same columns; InputError when its header differs (it
-// belongs to another sweep, and appending would mix two tables).
+// Rows of an existing output CSV written by this setup (fingerprint) with the same columns. An
+// InputError names what differs when the fingerprint does not match (its rows would be figures of
+// another setup under this run's labels), when the file has none (written by an older moesim: it
+// cannot be checked), or when its header differs (appending would mix two tables).
 std::vector<SweepRow> read_existing(const std::string& path, const std::vector<std::string>& cols,
-                                    std::size_t num_axes) {
+                                    std::size_t num_axes, const SweepFingerprint& fp) {
   std::vector<SweepRow> rows;
   std::ifstream is(path);
   if (!is) return rows;
   std::string line;
+  if (!std::getline(is, line)) return rows;
+  const std::string start_over =
+      "Delete the file (or choose another --csv) to start over, or pass --restart to discard its "
+      "rows and run every point again";
+  auto file_fp = SweepFingerprint::parse(line);
+  if (!file_fp)
+    throw InputError(fmt::format(
+        "--csv {}: the file has no sweep fingerprint on its first line (written by an older "
+        "moesim, or not by `moesim sweep`), so its rows cannot be checked against this run's base "
+        "scenario, axes, engine and version. {}",
+        path, start_over));
+  if (auto diff = fp.differences(*file_fp); !diff.empty())
+    throw InputError(fmt::format(
+        "--csv {}: the file holds rows of another setup; this run differs in {}. Resuming would "
+        "report its figures under this run's labels. {}",
+        path, fmt::join(diff, "; and in "), start_over));
   if (!std::getline(is, line)) return rows;
   if (split_csv_line(line) != cols)
     throw InputError(fmt::format(
@@ -740,14 +871,21 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   for (const auto& s : select_strategies(base_sc, spec.strategies))
     strategy_names.push_back(s.name);
 
+  SweepFingerprint fingerprint;
+  if (root) fingerprint = sweep_fingerprint(spec, opts.engine);
+
   if (root) {
     // Resume: a point is done when the CSV holds a row for each of its strategies.
     std::map<std::string, std::size_t> point_of;
     for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
     std::vector<bool> done(points.size(), false);
-    if (!opts.csv_path.empty()) {
+    std::error_code ec;
+    if (opts.restart && opts.progress && !opts.csv_path.empty() && fs::exists(opts.csv_path, ec))
+      std::fprintf(stderr, "moesim sweep: --restart: the rows in %s are discarded\n",
+                   opts.csv_path.c_str());
+    if (!opts.csv_path.empty() && !opts.restart) {
       std::map<std::size_t, std::vector<SweepRow>> by_point;
-      for (auto& r : read_existing(opts.csv_path, cols, num_axes)) {
+      for (auto& r : read_existing(opts.csv_path, cols, num_axes, fingerprint)) {
         auto it = point_of.find(join_values(r.values));
         if (it == point_of.end()) {
           foreign.push_back(std::move(r));
@@ -825,6 +963,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
 
   auto write_all = [&](const std::vector<SweepRow>& rows) {
     write_file_atomic(opts.csv_path, [&](std::ostream& os) {
+      os << fingerprint.csv_comment() << "\n";
       for (std::size_t c = 0; c < cols.size(); ++c) os << (c ? "," : "") << csv_field(cols[c]);
       os << "\n";
       for (const auto& r : rows) os << csv_line(r);
@@ -1056,6 +1195,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     j["sweep"] = spec.name;
     j["base"] = spec.base_path;
     j["engine"] = result.engine;
+    j["fingerprint"] = fingerprint.json();
     j["mode"] = spec.mode == SweepMode::kZip ? "zip" : "cartesian";
     auto& axes = j["axes"] = nlohmann::ordered_json::array();
     for (const auto& a : spec.axes) axes.push_back({{"key", a.key}, {"values", a.values}});

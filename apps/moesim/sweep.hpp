@@ -1,6 +1,7 @@
 // Parameter sweeps (DESIGN §6): a base scenario, axes over any key path of its YAML tree, expanded
 // as a cartesian product or zipped, run in parallel, written as one CSV row per point x strategy
-// (every axis a column) and JSON. Resumable: points already in the output CSV are skipped.
+// (every axis a column) and JSON. Resumable: points already in the output CSV are skipped, provided
+// the CSV was written by the same setup (SweepFingerprint).
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -106,7 +107,37 @@ struct SweepOptions {
   SweepTransport* transport = nullptr;
   // Hidden measurement aid: every progress update appends "elapsed_s done total eta_s" here.
   std::string eta_log_path;
+  // Discard the rows of an existing CSV (whatever setup wrote it) and run every point.
+  bool restart = false;
 };
+
+/// What decides a sweep's rows besides their own axis values, recorded in the CSV (its first line,
+/// a '#' comment, which pandas skips with comment='#') and the JSON: a resumed run reuses rows only
+/// when every part matches, so it never reports figures computed for another setup under this
+/// run's labels. Axis values are not part of it: each row carries its own, so extending an axis
+/// resumes the points already done.
+struct SweepFingerprint {
+  std::string version;  // MOESIM_VERSION
+  std::string engine;   // the network model the points run on (--engine, else the base's)
+  // 16 hex digits: FNV-1a of the base scenario's tree with `set:` applied, in a canonical form
+  // (keys sorted, comments and layout gone: only values count), and of the bytes of the files it
+  // references (calibration, routing trace).
+  std::string base;
+  std::string axes;  // 16 hex digits: FNV-1a of the axes' key paths, in order
+
+  std::string hash() const;  // of all four parts
+  /// "# moesim sweep fingerprint=H version=V engine=E base=B axes=A"
+  std::string csv_comment() const;
+  /// The parts of a csv_comment() line; nullopt when `line` is not one.
+  static std::optional<SweepFingerprint> parse(const std::string& line);
+  nlohmann::ordered_json json() const;
+  /// "the base scenario", "the axes", "the engine", "the moesim version": the parts that differ,
+  /// each with both values, for error messages.
+  std::vector<std::string> differences(const SweepFingerprint& file) const;
+};
+
+/// The fingerprint of a sweep run with `engine_override` (--engine; "" = the base's engine).
+SweepFingerprint sweep_fingerprint(const SweepSpec& spec, const std::string& engine_override);
 
 /// One strategy's result at one point.
 struct SweepRow {
@@ -131,7 +162,9 @@ std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
 /// Runs the sweep (on rank 0 of a transport: everything, gathered; on other ranks: their share,
 /// whose rows are returned but not written). With a CSV path, rows of completed points are appended
 /// as they finish (so an interrupted sweep keeps them) and the file is rewritten sorted at the end;
-/// points whose rows are all in an existing CSV with the same columns are skipped.
+/// points whose rows are all in an existing CSV with the same columns are skipped. An existing CSV
+/// with another fingerprint, or none (older moesim), is an InputError naming what differs, unless
+/// opts.restart discards its rows.
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts);
 
 /// The ETA of a flow or SimGrid sweep (DESIGN §6), exposed for tests. Point costs there differ by

@@ -10,9 +10,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -152,14 +156,96 @@ TEST(Cli, BadCommandLineExitsTwo) {
   EXPECT_EQ(run("no-such-command").exit_code, 2);
 }
 
-TEST(Cli, UnwritableOutputExitsOneAndLeavesNothing) {
+// Issue 15: an output file that cannot be written fails before the run, not after it: exit 2, the
+// flag and the path named, nothing run or printed before, nothing created.
+TEST(Cli, UnwritableOutputExitsTwoBeforeTheRun) {
+  const std::string q = kSource + "/scenarios/quickstart.yaml";
+  auto r = run(fmt::format("simulate '{}' --json /nonexistent/dir/x.json", q));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.out,
+            "moesim: error: --json /nonexistent/dir/x.json: cannot write the file there: the "
+            "directory '/nonexistent/dir' does not exist (create it first)\n");
+
   fs::path dir = temp_dir();
-  fs::path out = dir / "missing-subdir" / "topo.json";
-  auto r =
-      run(fmt::format("topo '{}/scenarios/quickstart.yaml' --json '{}'", kSource, out.string()));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_FALSE(fs::exists(out));
-  EXPECT_FALSE(fs::exists(dir / "missing-subdir"));
+  const std::string m = (dir / "missing-subdir").string();
+  {
+    std::ofstream sweep(dir / "s.yaml");
+    sweep << "base: " << q << "\nset: {engine.network: analytical}\naxes:\n  model.top_k: [1]\n";
+  }
+  // Every command and flag that writes a file.
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {fmt::format("topo '{}' --json '{}/t.json'", q, m), "--json"},
+      {fmt::format("topo '{}' --dot '{}/t.dot'", q, m), "--dot"},
+      {fmt::format("simulate '{}' --csv '{}/s.csv'", q, m), "--csv"},
+      {fmt::format("simulate '{}' --trace '{}/t.json'", q, m), "--trace"},
+      {fmt::format("simulate '{}' --collective all_to_all --size 1MiB --json '{}/c.json'", q, m),
+       "--json"},
+      {fmt::format("compare '{}' --json '{}/c.json'", q, m), "--json"},
+      {fmt::format("compare '{}' --csv '{}/c.csv'", q, m), "--csv"},
+      {fmt::format("compare '{}' --plot '{}/c.svg'", q, m), "--plot"},
+      {fmt::format("compare '{}' --report '{}/c.html'", q, m), "--report"},
+      {fmt::format("sweep '{}/s.yaml' --csv '{}/o.csv'", dir.string(), m), "--csv"},
+      {fmt::format("sweep '{}/s.yaml' --json '{}/o.json'", dir.string(), m), "--json"},
+      {fmt::format("sweep '{}/s.yaml' --report '{}/o.html'", dir.string(), m), "--report"},
+      {fmt::format("route-train '{}' --json '{}/r.json'", q, m), "--json"}};
+  // exec and calibrate exist in builds with MPI; they run as one rank without mpirun, and rank 0
+  // checks before the scenario's GPU count is compared with the ranks.
+  if (run("exec --help").exit_code == 0) {
+    cases.push_back({fmt::format("exec '{}' --json '{}/e.json'", q, m), "--json"});
+    cases.push_back({fmt::format("calibrate --quick --out '{}/c.yaml'", m), "--out"});
+  }
+  for (const auto& [args, flag] : cases) {
+    auto c = run(args);
+    EXPECT_EQ(c.exit_code, 2) << args << "\n" << c.out;
+    EXPECT_EQ(c.out.rfind(fmt::format("moesim: error: {} {}/", flag, m), 0), 0u) << args << "\n"
+                                                                                 << c.out;
+    EXPECT_NE(c.out.find(fmt::format("the directory '{}' does not exist", m)), std::string::npos)
+        << c.out;
+    EXPECT_FALSE(fs::exists(m)) << args;
+  }
+  // A directory where the file should go, and a file where the directory should be.
+  auto d = run(fmt::format("simulate '{}' --json '{}'", q, dir.string()));
+  EXPECT_EQ(d.exit_code, 2) << d.out;
+  EXPECT_NE(d.out.find("it is a directory; expected a file name"), std::string::npos) << d.out;
+  auto f = run(fmt::format("simulate '{}' --csv '{}/s.yaml/x.csv'", q, dir.string()));
+  EXPECT_EQ(f.exit_code, 2) << f.out;
+  EXPECT_NE(f.out.find(fmt::format("'{}/s.yaml' is not a directory", dir.string())),
+            std::string::npos)
+      << f.out;
+  fs::remove_all(dir);
+}
+
+// Issue 15: `simulate --trace F` with several strategies writes one trace, F, with each strategy's
+// ranks as processes named after it (it used to write F.<strategy>.json per strategy, silently).
+TEST(Cli, TraceOfSeveralStrategiesIsOneFile) {
+  fs::path dir = temp_dir();
+  fs::path out = dir / "out.json";
+  auto r = run(fmt::format(
+      "simulate '{}/scenarios/quickstart.yaml' --engine analytical --iterations 1 --strategy "
+      "baseline --strategy tutel --trace '{}'",
+      kSource, out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_TRUE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(dir / "out.baseline.json"));
+  EXPECT_FALSE(fs::exists(dir / "out.tutel.json"));
+  auto j = nlohmann::json::parse(read_file(out));
+  std::set<std::string> names;
+  std::map<std::string, std::set<int>> pids;
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "process_name") {
+      const std::string n = e.at("args").at("name");
+      names.insert(n);
+      pids[n.substr(0, n.find(':'))].insert(e.at("pid").get<int>());
+    }
+  // Quickstart: 16 ranks on 2 nodes of 8, every rank shown, per strategy.
+  EXPECT_TRUE(names.count("baseline: rank 0 (node 0)")) << j.at("traceEvents").at(0);
+  EXPECT_TRUE(names.count("tutel: rank 15 (node 1)"));
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(pids["baseline"].size(), 16u);
+  EXPECT_EQ(pids["tutel"].size(), 16u);
+  EXPECT_EQ(*pids["tutel"].begin(), 16);  // after baseline's 0..15
+  ASSERT_EQ(j.at("otherData").at("runs").size(), 2u);
+  EXPECT_EQ(j.at("otherData").at("runs").at(1).at("name"), "tutel");
   fs::remove_all(dir);
 }
 

@@ -229,7 +229,13 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   EXPECT_EQ(r.points_run, 4u);
   EXPECT_EQ(r.engine, "analytical");
   auto lines = lines_of(read_file(d / "out.csv"));
-  ASSERT_EQ(lines.size(), 1u + 4 * 2);
+  ASSERT_EQ(lines.size(), 2u + 4 * 2);
+  // The first line is the fingerprint of the setup, a comment (pandas: comment='#').
+  const SweepFingerprint fp = sweep_fingerprint(load_sweep((d / "s.yaml").string()), "");
+  EXPECT_EQ(lines[0], fp.csv_comment());
+  EXPECT_EQ(lines[0].rfind("# moesim sweep fingerprint=" + fp.hash() + " version=", 0), 0u)
+      << lines[0];
+  lines.erase(lines.begin());
   EXPECT_EQ(lines[0],
             "point,model.capacity_factor,model.top_k,scenario,strategy,topology,gpus,step_time_s,"
             "step_time_p50_s,step_time_p95_s,moe_layer_time_s,a2a_s,allreduce_s,compute_s,"
@@ -257,6 +263,9 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   // The axis really reaches the scenario: doubling the capacity factor costs the baseline time.
   EXPECT_GT(r.rows[4].summary.step_mean_s, r.rows[0].summary.step_mean_s);
   auto j = nlohmann::json::parse(read_file(d / "out.json"));
+  EXPECT_EQ(j["fingerprint"]["hash"], fp.hash());
+  EXPECT_EQ(j["fingerprint"]["engine"], "analytical");
+  EXPECT_EQ(j["fingerprint"]["base_scenario"], fp.base);
   ASSERT_EQ(j["points"].size(), 4u);
   EXPECT_EQ(j["points"][3]["parameters"]["model.top_k"], "2");
   EXPECT_EQ(j["points"][3]["runs"].size(), 2u);
@@ -281,19 +290,20 @@ TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
   EXPECT_EQ(first.points_run, 3u);
   std::string full = read_file(d / "out.csv");
   auto lines = lines_of(full);
-  ASSERT_EQ(lines.size(), 7u);
+  ASSERT_EQ(lines.size(), 8u);  // fingerprint, header, 3 points x 2 strategies
 
   // Interrupted run: point 2 is missing, point 1 lost its tutel row, and a line was cut short.
   write_file(d / "out.csv", lines[0] + "\n" + lines[1] + "\n" + lines[2] + "\n" + lines[3] + "\n" +
-                                lines[5].substr(0, 20));
+                                lines[4] + "\n" + lines[6].substr(0, 20));
   SweepResult second = run_sweep(spec, o);
   EXPECT_EQ(second.points_skipped, 1u);
   EXPECT_EQ(second.points_run, 2u);
   auto again = lines_of(read_file(d / "out.csv"));
-  ASSERT_EQ(again.size(), 7u);
-  EXPECT_EQ(again[1], lines[1]);  // resumed rows are kept as written (wall_s included)
-  EXPECT_EQ(again[2], lines[2]);
-  for (size_t i = 3; i < 7; ++i) {
+  ASSERT_EQ(again.size(), 8u);
+  EXPECT_EQ(again[0], lines[0]);
+  EXPECT_EQ(again[2], lines[2]);  // resumed rows are kept as written (wall_s included)
+  EXPECT_EQ(again[3], lines[3]);
+  for (size_t i = 4; i < 8; ++i) {
     // Re-run rows: the same results but for the wall-clock column.
     EXPECT_EQ(again[i].substr(0, again[i].rfind(',')), lines[i].substr(0, lines[i].rfind(',')));
   }
@@ -304,9 +314,122 @@ TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
   EXPECT_EQ(third.rows.size(), 6u);
 
   // A CSV of another sweep is not appended to.
-  write_file(d / "other.csv", "point,foo,scenario\n");
+  write_file(d / "other.csv", lines[0] + "\npoint,foo,scenario\n");
   o.csv_path = (d / "other.csv").string();
   EXPECT_THROW(run_sweep(spec, o), InputError);
+}
+
+TEST(SweepFingerprintTest, ValuesCountCommentsAndLayoutDoNot) {
+  fs::path d = temp_dir();
+  write_file(d / "b.yaml", read_file(kQuickstart));
+  auto fp_of = [&](const std::string& set) {
+    write_file(d / "s.yaml", fmt::format("base: b.yaml\nset:\n{}axes:\n  model.top_k: [1]\n", set));
+    return sweep_fingerprint(load_sweep((d / "s.yaml").string()), "");
+  };
+  const SweepFingerprint a = fp_of("  workload.iterations: 2\n");
+  EXPECT_EQ(a.base.size(), 16u);
+  // A comment, flow style and quoting: the same tree.
+  EXPECT_EQ(fp_of("  workload.iterations: '2'   # two\n").base, a.base);
+  write_file(d / "b.yaml", "# a comment\n" + read_file(kQuickstart));
+  EXPECT_EQ(fp_of("  workload.iterations: 2\n").base, a.base);
+  // A value: another base; the axes, engine and version are untouched.
+  const SweepFingerprint b = fp_of("  workload.iterations: 3\n");
+  EXPECT_NE(b.base, a.base);
+  EXPECT_EQ(b.axes, a.axes);
+  EXPECT_EQ(b.engine, a.engine);
+  EXPECT_EQ(b.differences(a).size(), 1u);
+  EXPECT_EQ(b.differences(a)[0].rfind("the base scenario (", 0), 0u) << b.differences(a)[0];
+  // The comment line round-trips.
+  auto parsed = SweepFingerprint::parse(b.csv_comment());
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_TRUE(b.differences(*parsed).empty());
+  EXPECT_EQ(parsed->hash(), b.hash());
+  EXPECT_FALSE(SweepFingerprint::parse("point,model.top_k,scenario").has_value());
+}
+
+// Issue 15: a resumed sweep never reports figures of another setup. Reruns with a changed base
+// value (through the sweep file's `set:`) or another engine exit 2 naming what differs; an
+// unchanged rerun resumes; --restart recomputes.
+TEST(SweepCli, ResumeRefusesRowsOfAnotherSetup) {
+  fs::path d = temp_dir();
+  // Quickstart's nodes are joined by 200 Gb/s NICs; 25 Gb/s makes its all-to-alls far slower.
+  auto sweep_with = [&](const std::string& nic) {
+    write_file(d / "s.yaml", fmt::format("name: nic\n"
+                                         "base: {}\n"
+                                         "set:\n"
+                                         "  engine.network: analytical\n"
+                                         "  workload.iterations: 2\n"
+                                         "  cluster.inter_node.nic_bandwidth: {}\n"
+                                         "strategies: [baseline]\n"
+                                         "axes:\n"
+                                         "  model.capacity_factor: [1.0, 2.0]\n",
+                                         kQuickstart, nic));
+  };
+  const std::string cmd = fmt::format("sweep '{0}/s.yaml' --quiet --csv '{0}/o.csv'", d.string());
+  sweep_with("200Gb/s");
+  auto first = run(cmd);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  EXPECT_NE(first.out.find("(2 run, 0 resumed)"), std::string::npos) << first.out;
+  const std::string fast = read_file(d / "o.csv");
+
+  // Unchanged: every point resumes, the file is the same.
+  auto same = run(cmd);
+  ASSERT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_NE(same.out.find("(0 run, 2 resumed)"), std::string::npos) << same.out;
+  EXPECT_EQ(read_file(d / "o.csv"), fast);
+
+  // The base scenario changed (through `set:`): refused, the file untouched.
+  sweep_with("25Gb/s");
+  auto changed = run(cmd);
+  EXPECT_EQ(changed.exit_code, 2) << changed.out;
+  EXPECT_NE(changed.out.find(fmt::format("--csv {}/o.csv: the file holds rows of another setup; "
+                                         "this run differs in the base scenario (",
+                                         d.string())),
+            std::string::npos)
+      << changed.out;
+  EXPECT_NE(changed.out.find("pass --restart"), std::string::npos) << changed.out;
+  EXPECT_EQ(changed.out.find("the engine ("), std::string::npos) << changed.out;
+  EXPECT_EQ(read_file(d / "o.csv"), fast);
+
+  // Another engine: refused, naming the engines.
+  sweep_with("200Gb/s");
+  auto engine = run(cmd + " --engine flow");
+  EXPECT_EQ(engine.exit_code, 2) << engine.out;
+  EXPECT_NE(engine.out.find("this run differs in the engine (analytical in the file, flow now)"),
+            std::string::npos)
+      << engine.out;
+  EXPECT_EQ(read_file(d / "o.csv"), fast);
+
+  // --restart: every point runs again on the slow NICs; the new figures are slower.
+  sweep_with("25Gb/s");
+  auto restart = run(cmd + " --restart");
+  ASSERT_EQ(restart.exit_code, 0) << restart.out;
+  EXPECT_NE(restart.out.find("(2 run, 0 resumed)"), std::string::npos) << restart.out;
+  auto step_times = [](const std::string& csv) {
+    std::vector<double> t;
+    auto lines = lines_of(csv);
+    auto cols = split_csv_line(lines.at(1));
+    auto col = std::find(cols.begin(), cols.end(), "step_time_s") - cols.begin();
+    for (std::size_t i = 2; i < lines.size(); ++i)
+      t.push_back(std::stod(split_csv_line(lines[i]).at(static_cast<std::size_t>(col))));
+    return t;
+  };
+  auto before = step_times(fast), after = step_times(read_file(d / "o.csv"));
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(after.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_GT(after[i], before[i] * 1.5) << i;
+  // And the restarted file resumes under its new setup.
+  auto resumed = run(cmd);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("(0 run, 2 resumed)"), std::string::npos) << resumed.out;
+
+  // A CSV without a fingerprint (older moesim): refused too.
+  auto lines = lines_of(fast);
+  write_file(d / "o.csv", lines[1] + "\n" + lines[2] + "\n");
+  auto old = run(cmd);
+  EXPECT_EQ(old.exit_code, 2) << old.out;
+  EXPECT_NE(old.out.find("the file has no sweep fingerprint on its first line"), std::string::npos)
+      << old.out;
 }
 
 TEST(SweepRun, ResultsDoNotDependOnTheNumberOfJobs) {
@@ -509,14 +632,16 @@ TEST(SweepCli, MpirunSpreadsPointsAndGathersTheSameOutput) {
   EXPECT_NE(two.out.find("(6 run on 2 ranks (3 + 3), 0 resumed)"), std::string::npos) << two.out;
   auto a = lines_of(read_file(d / "one.csv"));
   auto b = lines_of(read_file(d / "two.csv"));
-  ASSERT_EQ(a.size(), 1u + 6 * 2);
+  ASSERT_EQ(a.size(), 2u + 6 * 2);  // fingerprint, header, rows
   ASSERT_EQ(b.size(), a.size());
   EXPECT_EQ(a[0], b[0]);
-  for (std::size_t i = 1; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(b[i]));
+  EXPECT_EQ(a[1], b[1]);
+  for (std::size_t i = 2; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(b[i]));
   EXPECT_EQ(read_file(d / "one.json"), read_file(d / "two.json"));
 
   // Resume under mpirun: the first 2 points are in the CSV; the 4 others run, 2 per rank.
-  write_file(d / "two.csv", a[0] + "\n" + a[1] + "\n" + a[2] + "\n" + a[3] + "\n" + a[4] + "\n");
+  write_file(d / "two.csv",
+             a[0] + "\n" + a[1] + "\n" + a[2] + "\n" + a[3] + "\n" + a[4] + "\n" + a[5] + "\n");
   auto again =
       run(fmt::format("sweep '{0}/s.yaml' --jobs 1 --csv '{0}/two.csv'", d.string()), mpirun);
   ASSERT_EQ(again.exit_code, 0) << again.out;
@@ -524,8 +649,8 @@ TEST(SweepCli, MpirunSpreadsPointsAndGathersTheSameOutput) {
       << again.out;
   auto c = lines_of(read_file(d / "two.csv"));
   ASSERT_EQ(c.size(), a.size());
-  for (std::size_t i = 1; i < 5; ++i) EXPECT_EQ(c[i], a[i]);  // resumed rows kept as written
-  for (std::size_t i = 1; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(c[i]));
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(c[i], a[i]);  // resumed rows kept as written
+  for (std::size_t i = 2; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(c[i]));
 
   // An input error is reported once (by rank 0) and ends the job with exit code 2.
   write_file(d / "bad.yaml", small_sweep("  model.hiden_dim: [1024]\n"));

@@ -781,5 +781,46 @@ TEST(TraceTest, ChromeTraceParsesWithOneProcessPerSampledRank) {
   }
 }
 
+// Two runs in one trace: each run's ranks are their own processes (pids offset by the ranks of the
+// runs before), named after the run, sorted run by run; otherData lists the runs.
+TEST(TraceTest, SeveralRunsShareOneTraceWithoutSharingPids) {
+  StarTopology topo(2, 4);
+  Plan plan(8);
+  auto sc = plan.stream("compute");
+  plan.add_compute(RankSet::all(8), sc, flops_op(1e9), {}, "gate");
+  FakeNetwork net(1e9);
+  RunResult r = run_plan(plan, topo, test_config(), net);
+  std::stringstream ss;
+  write_chrome_trace({{"one", &plan, &r}, {"two", &plan, &r}}, ss, 3);
+  auto j = nlohmann::json::parse(ss.str());
+  const auto sample = trace_sample_ranks(8, 4, 3);
+  std::map<int, std::string> name_of;
+  std::map<int, int> sort_of;
+  std::set<int> with_events;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name")
+      name_of[e.at("pid").get<int>()] = e.at("args").at("name").get<std::string>();
+    if (e.at("ph") == "M" && e.at("name") == "process_sort_index")
+      sort_of[e.at("pid").get<int>()] = e.at("args").at("sort_index").get<int>();
+    if (e.at("ph") == "X") with_events.insert(e.at("pid").get<int>());
+  }
+  ASSERT_EQ(name_of.size(), 2 * sample.size());
+  for (std::size_t i = 0; i < sample.size(); ++i) {
+    const int rank = sample[i];
+    const std::string suffix =
+        "rank " + std::to_string(rank) + " (node " + std::to_string(rank / 4) + ")";
+    EXPECT_EQ(name_of[rank], "one: " + suffix);
+    EXPECT_EQ(name_of[8 + rank], "two: " + suffix);
+    EXPECT_EQ(sort_of[rank], static_cast<int>(i));
+    EXPECT_EQ(sort_of[8 + rank], static_cast<int>(sample.size() + i));
+  }
+  EXPECT_EQ(with_events.size(), 2 * sample.size());
+  const auto& runs = j.at("otherData").at("runs");
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[1].at("name"), "two");
+  EXPECT_EQ(runs[1].at("pid_offset"), 8);
+  EXPECT_EQ(runs[1].at("sampled_ranks").size(), sample.size());
+}
+
 }  // namespace
 }  // namespace moesim::sim

@@ -136,6 +136,10 @@ struct EngineSpec {
   NetworkModelKind network = NetworkModelKind::kFlow;
   Seconds message_latency{0};      // extra startup latency per message
   Seconds message_overhead{1e-6};  // endpoint cost per message (bounds the message rate)
+  // Per-peer connection state (sim::NetworkParams::overhead_s): peers an endpoint keeps hot
+  // (0 = unlimited) and the extra time of a message to a peer outside them.
+  int peer_cache = 0;
+  Seconds peer_miss_overhead{0};
   Seconds launch_overhead{5e-6};   // per kernel / collective launch
   double interference = 0.0;       // compute slow-down factor while communication runs (>= 0)
   // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time

@@ -741,12 +741,17 @@ EngineSpec parse_engine(const MapReader& root) {
   EngineSpec e;
   if (!root.has("engine")) return e;
   MapReader m = root.get_map("engine", {"network", "message_latency", "message_overhead",
-                                        "launch_overhead", "interference", "flow", "simgrid"});
+                                        "peer_cache", "peer_miss_overhead", "launch_overhead",
+                                        "interference", "flow", "simgrid"});
   if (auto v = get_enum(m, "network", network_model_names())) e.network = *v;
   if (auto v = m.get_quantity("message_latency", UnitKind::kSeconds))
     e.message_latency = Seconds(*v);
   if (auto v = m.get_quantity("message_overhead", UnitKind::kSeconds))
     e.message_overhead = Seconds(*v);
+  // An endpoint never holds more than a million peers' state; the bound keeps the count an int.
+  if (auto v = m.get_int("peer_cache", 0, 1'000'000)) e.peer_cache = to_int32(*v);
+  if (auto v = m.get_quantity("peer_miss_overhead", UnitKind::kSeconds))
+    e.peer_miss_overhead = Seconds(*v);
   if (auto v = m.get_quantity("launch_overhead", UnitKind::kSeconds))
     e.launch_overhead = Seconds(*v);
   if (auto v = m.get_number("interference")) {

@@ -61,6 +61,8 @@ class Sweeper {
     ctx_.topo = &topo_;
     ctx_.net.message_latency_s = sc.engine.message_latency.value();
     ctx_.net.message_overhead_s = sc.engine.message_overhead.value();
+    ctx_.net.peer_cache = sc.engine.peer_cache;
+    ctx_.net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
   }
 
   // Median over repeats of the slowest rank's time, #wrong summed over ranks (last repeat).

@@ -52,10 +52,13 @@ AnalyticalModel::AnalyticalModel(const topology::Topology& topo, NetworkParams p
 double AnalyticalModel::batch_time(const std::vector<Transfer>& transfers) const {
   if (transfers.empty()) return 0;
   touched_.clear();
+  const bool per_peer = params_.peer_cache > 0;
+  if (per_peer) senders_.count(transfers);
   for (const Transfer& t : transfers) {
     MOESIM_ASSERT(t.src >= 0 && t.src < topo_.num_gpus() && t.dst >= 0 && t.dst < topo_.num_gpus(),
                   "transfer names a GPU outside the topology");
-    double alpha = 0, cost = params_.message_overhead_s;
+    double alpha = 0,
+           cost = per_peer ? params_.overhead_s(senders_[t.src]) : params_.message_overhead_s;
     if (t.src != t.dst) {
       // A GPU sending to itself is a local copy inside the collective: no network time.
       auto pc = topo_.pair_cost(t.src, t.dst);

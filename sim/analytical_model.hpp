@@ -77,6 +77,7 @@ class AnalyticalModel final : public NetworkModel {
   mutable std::vector<double> send_busy_, recv_busy_, send_alpha_, recv_alpha_;
   mutable std::vector<char> seen_;
   mutable std::vector<int> touched_;
+  mutable SenderMessages senders_;
 };
 
 }  // namespace moesim::sim

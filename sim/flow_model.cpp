@@ -272,6 +272,8 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
     g.routes.reserve(kept * max_len);
   }
 
+  const bool per_peer = params_.peer_cache > 0;
+  if (per_peer) senders_.count(transfers);
   std::unordered_map<double, std::uint32_t> group_of_time;
   double last_time = -1;
   std::uint32_t last_group = 0;
@@ -291,8 +293,9 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
     }
     const auto flow = static_cast<std::uint32_t>(g.remaining.size());
     g.route_begin.push_back(static_cast<std::uint32_t>(end));
-    const double w =
-        t.bytes > 0 ? t.bytes + params_.message_overhead_s * cap_[g.routes[begin]] : 0.0;
+    const double overhead_s =
+        per_peer ? params_.overhead_s(senders_[t.src]) : params_.message_overhead_s;
+    const double w = t.bytes > 0 ? t.bytes + overhead_s * cap_[g.routes[begin]] : 0.0;
     g.remaining.push_back(w);
     g.mult.push_back(mult);
     const double start = now_s + route_latency;

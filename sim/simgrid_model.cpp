@@ -128,6 +128,7 @@ sgres::Model* as_model(const std::shared_ptr<T>& p) {
 struct SimgridModel::Impl {
   struct Batch {
     std::vector<Transfer> flows;  // the network flows, grouped by activity
+    std::vector<double> overhead_s;  // per flow: its endpoint time (NetworkParams::overhead_s)
     std::int64_t remaining = 0;   // activities not finished
     double floor_s = 0;           // earliest completion (latency of zero-byte flows, start time)
   };
@@ -139,6 +140,7 @@ struct SimgridModel::Impl {
 
   const topology::Topology& topo;
   NetworkParams params;
+  SenderMessages senders;  // per-batch message counts, when params.peer_cache > 0
   SimgridMode mode;
   std::unique_ptr<sg4::Engine> engine;
   TopologyZone* zone = nullptr;  // owned by SimGrid
@@ -220,8 +222,7 @@ struct SimgridModel::Impl {
       scratch.clear();
       topo.route(tr.src, tr.dst, scratch);
       // Payload plus the per-message overhead bytes, as the flow model counts them.
-      const double w =
-          tr.bytes + params.message_overhead_s * topo.links()[scratch.front()].bandwidth.value();
+      const double w = tr.bytes + b.overhead_s[i] * topo.links()[scratch.front()].bandwidth.value();
       for (topology::LinkId l : scratch) bytes_per_link[l] += w;
     }
     if (--b.remaining == 0) {
@@ -230,7 +231,7 @@ struct SimgridModel::Impl {
   }
 
   // ---- starting traffic ----
-  double flow_work(const Transfer& tr, double* latency_s) {
+  double flow_work(const Transfer& tr, double overhead_s, double* latency_s) {
     scratch.clear();
     topo.route(tr.src, tr.dst, scratch);
     MOESIM_ASSERT(!scratch.empty(), "simgrid: empty route between two GPUs");
@@ -238,7 +239,7 @@ struct SimgridModel::Impl {
     for (topology::LinkId l : scratch) lat += topo.links()[l].latency.value();
     *latency_s = lat;
     if (tr.bytes <= 0) return 0;
-    return tr.bytes + params.message_overhead_s * topo.links()[scratch.front()].bandwidth.value();
+    return tr.bytes + overhead_s * topo.links()[scratch.front()].bandwidth.value();
   }
 
   void track(const sg4::ActivityPtr& act, BatchId id, std::uint32_t begin, std::uint32_t end) {
@@ -283,12 +284,14 @@ struct SimgridModel::Impl {
     std::stable_sort(order.begin(), order.end(),
                      [&](std::uint32_t x, std::uint32_t y) { return key(x) < key(y); });
     std::vector<Transfer> sorted_flows(n);
-    std::vector<double> sorted_work(n);
+    std::vector<double> sorted_work(n), sorted_overhead(n);
     for (std::size_t i = 0; i < n; ++i) {
       sorted_flows[i] = b.flows[order[i]];
       sorted_work[i] = work[order[i]];
+      sorted_overhead[i] = b.overhead_s[order[i]];
     }
     b.flows = std::move(sorted_flows);
+    b.overhead_s = std::move(sorted_overhead);
 
     if (local_index.size() != hosts.size()) local_index.assign(hosts.size(), -1);
     std::vector<sg4::Host*> task_hosts;
@@ -342,6 +345,8 @@ struct SimgridModel::Impl {
     std::vector<double> work, latency;
     work.reserve(transfers.size());
     latency.reserve(transfers.size());
+    const bool per_peer = params.peer_cache > 0;
+    if (per_peer) senders.count(transfers);
     for (const Transfer& tr : transfers) {
       MOESIM_ASSERT(tr.src >= 0 && tr.src < static_cast<int>(hosts.size()) && tr.dst >= 0 &&
                         tr.dst < static_cast<int>(hosts.size()),
@@ -349,13 +354,16 @@ struct SimgridModel::Impl {
       MOESIM_ASSERT(tr.bytes >= 0, "simgrid: negative transfer size");
       if (tr.src == tr.dst) continue;  // local: no network traffic
       double latency_s = 0;
-      const double w = flow_work(tr, &latency_s);
+      const double overhead_s =
+          per_peer ? params.overhead_s(senders[tr.src]) : params.message_overhead_s;
+      const double w = flow_work(tr, overhead_s, &latency_s);
       if (w <= 0) {
         // Zero bytes: only the latency. Handled here because a parallel task skips empty pairs.
         b.floor_s = std::max(b.floor_s, now + latency_s);
         continue;
       }
       b.flows.push_back(tr);
+      b.overhead_s.push_back(overhead_s);
       work.push_back(w);
       latency.push_back(latency_s);
     }

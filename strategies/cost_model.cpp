@@ -97,6 +97,8 @@ Seconds CostModel::a2a_time(CollectiveAlgo algo, Bytes bytes_per_rank) const {
   ctx.topo = &topo_;
   ctx.net.message_latency_s = message_latency_s_;
   ctx.net.message_overhead_s = sc_.engine.message_overhead.value();
+  ctx.net.peer_cache = sc_.engine.peer_cache;
+  ctx.net.peer_miss_overhead_s = sc_.engine.peer_miss_overhead.value();
   // 0 = the GPU's HBM bandwidth, which is what the engine passes (sim/engine.cpp).
   ctx.local_copy_bandwidth = BytesPerSecond(0);
   const double t = collectives::select_algorithm(call, ctx).analytical_time(call, ctx).value();

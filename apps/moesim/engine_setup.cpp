@@ -61,6 +61,8 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
   }
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.net.peer_cache = sc.engine.peer_cache;
+  cfg.net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
   if (!simgrid_mode_override.empty()) {
     std::optional<SimgridModeKind> m;
     for (const auto& row : simgrid_mode_names()) {

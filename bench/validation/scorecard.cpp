@@ -8,6 +8,9 @@
 // Usage: scorecard [--cases V1,V3] [--fast] [--json FILE] [--jobs N] [--dir DIR]
 //                  [--require-direction QUANTITY[,QUANTITY...]]
 //                  [--expect-wrong-direction QUANTITY[,QUANTITY...]]
+//                  [--require-band QUANTITY[,QUANTITY...]]
+// --require-band: exit status 0 iff every named quantity is in its published band, 5 otherwise:
+// the CTest magnitude checks, for the quantities a model was fitted or built to match.
 // --require-direction: exit status 0 iff every named quantity (case.quantity or quantity) has the
 // published direction (in band or direction only), 3 otherwise: the CTest direction checks.
 // --expect-wrong-direction: the known gaps: exit status 0 iff every named quantity still has the
@@ -52,6 +55,7 @@ struct Options {
   int jobs = 2;
   std::string dir = MOESIM_VALIDATION_DIR;
   std::vector<std::string> require_direction;
+  std::vector<std::string> require_band;
   std::vector<std::string> expect_wrong;
 };
 
@@ -498,6 +502,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--require-direction") {
       for (const auto& q : split(value(), ','))
         if (!q.empty()) o.require_direction.push_back(q);
+    } else if (a == "--require-band") {
+      for (const auto& q : split(value(), ','))
+        if (!q.empty()) o.require_band.push_back(q);
     } else if (a == "--expect-wrong-direction") {
       for (const auto& q : split(value(), ','))
         if (!q.empty()) o.expect_wrong.push_back(q);
@@ -505,7 +512,8 @@ Options parse_args(int argc, char** argv) {
       fmt::print(
           "usage: scorecard [--cases V1,V3] [--fast] [--json FILE] [--jobs N] [--dir DIR]\n"
           "                 [--require-direction [CASE.]QUANTITY,...]\n"
-          "                 [--expect-wrong-direction [CASE.]QUANTITY,...]\n");
+          "                 [--expect-wrong-direction [CASE.]QUANTITY,...]\n"
+          "                 [--require-band [CASE.]QUANTITY,...]\n");
       std::exit(0);
     } else {
       throw InputError(fmt::format("unknown argument '{}'", a));
@@ -630,6 +638,17 @@ int main(int argc, char** argv) try {
   };
   check(o.require_direction, true, "--require-direction");
   check(o.expect_wrong, false, "--expect-wrong-direction");
+  for (const auto& q : o.require_band) {
+    bool found = false;
+    for (const auto& r : rows) {
+      if (q != r.pub.quantity && q != r.pub.case_id + "." + r.pub.quantity) continue;
+      found = true;
+      const bool ok = r.verdict == "in band";
+      fmt::print("band {}.{}: {}\n", r.pub.case_id, r.pub.quantity, ok ? "in band" : r.verdict);
+      if (!ok) status = 5;
+    }
+    if (!found) throw InputError(fmt::format("--require-band: no quantity '{}' was run", q));
+  }
   return status;
 } catch (const InputError& e) {
   fmt::print(stderr, "scorecard: error: {}\n", e.what());

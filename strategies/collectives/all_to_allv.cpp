@@ -108,11 +108,13 @@ class LinearAllToAllv final : public Algorithm {
         for (int k = 0; k < 2; ++k)
           if (sd.bytes[k] > 0) worst = std::max(worst, alpha[k] + sd.bytes[k] * inv_bw[k]);
         net = std::max(
-            net, ctx.net.message_latency_s + sd.messages * ctx.net.message_overhead_s + worst);
+            net, ctx.net.message_latency_s + sd.messages * ctx.net.overhead_s(sd.messages) + worst);
       }
     }
     // An oversubscribed fabric: the bytes leaving a leaf (pod, group) share its uplinks.
-    const double cut = matrix_cut_s(mat, g, topo, ctx.net.message_overhead_s);
+    int max_sent = 0;
+    for (const Side& sd : send) max_sent = std::max(max_sent, sd.messages);
+    const double cut = matrix_cut_s(mat, g, topo, ctx.net.overhead_s(max_sent));
     if (cut > 0) net = std::max(net, ctx.net.message_latency_s + alpha[1] + cut);
     const double bw = copy_bandwidth(ctx);
     const double local = bw > 0 ? 2 * max_self / bw : 0.0;

@@ -130,12 +130,12 @@ double phase_time_s(const PhaseShape& shape, double size, const CostContext& ctx
   const double local = bw > 0 ? shape.local_per_byte * size / bw : 0.0;
   double net = 0;
   for (const CostLine& l : shape.lines) {
-    net = std::max(net, ctx.net.message_latency_s + l.messages * ctx.net.message_overhead_s +
+    net = std::max(net, ctx.net.message_latency_s + l.messages * ctx.net.overhead_s(l.messages) +
                             l.alpha_s + size * l.s_per_byte);
   }
   for (const topology::CutMeter::Line& l : shape.cut_lines) {
     net = std::max(net, ctx.net.message_latency_s + shape.cut_alpha_s + size * l.per_byte +
-                            ctx.net.message_overhead_s * l.per_overhead);
+                            ctx.net.overhead_s(shape.cut_messages) * l.per_overhead);
   }
   return shape.repeat * std::max(net, local);
 }
@@ -177,6 +177,7 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
   std::vector<int> touched;
   const auto cuts = fabric_cuts(topo);
   topology::CutMeter meter(*cuts);
+  std::vector<int> crossing_senders;
   for (const sim::Transfer& t : phase.transfers) {
     MOESIM_ASSERT(t.src != t.dst, "collective transfer from a rank to itself");
     const topology::PairCost pc = topo.pair_cost(t.src, t.dst);
@@ -184,6 +185,7 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
     const int cls = topo.node_of(t.src) == topo.node_of(t.dst) ? 0 : 1;
     if (cls == 1) {
       meter.add(t.src, t.dst, t.bytes * scale);
+      crossing_senders.push_back(t.src);
       shape.cut_alpha_s = std::max(shape.cut_alpha_s, pc.alpha.value());
     }
     const double s = t.bytes * scale / pc.bandwidth.value();
@@ -198,6 +200,7 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
   }
   prune_lines(shape.lines);
   shape.cut_lines = meter.lines();
+  for (int g : crossing_senders) shape.cut_messages = std::max(shape.cut_messages, send[g].messages);
   return shape;
 }
 

@@ -50,7 +50,8 @@ class LinearAllToAll final : public Algorithm {
     const double local = bw > 0 ? 2 * size / w / bw : 0.0;
     if (w == 1) return Seconds(local);
     const auto prof = linear_profile(call, *ctx.topo);
-    const double fixed = ctx.net.message_latency_s + (w - 1) * ctx.net.message_overhead_s;
+    const double overhead_s = ctx.net.overhead_s(w - 1);
+    const double fixed = ctx.net.message_latency_s + (w - 1) * overhead_s;
     const double chunk = size / w;
     double net = 0;
     for (size_t i = 0; i < prof->intra.size(); ++i) {
@@ -62,7 +63,7 @@ class LinearAllToAll final : public Algorithm {
     const UniformCut& cut = uniform_exchange_cut(call, *ctx.topo);
     if (cut.s_per_byte > 0) {
       net = std::max(net, ctx.net.message_latency_s + prof->inter_max.max_alpha_s +
-                              cut.seconds(chunk, ctx.net.message_overhead_s));
+                              cut.seconds(chunk, overhead_s));
     }
     return Seconds(std::max(net, local));
   }

@@ -73,9 +73,9 @@ class TwoDhAllToAll final : public Algorithm {
     for (size_t i = 0; i < prof->intra.size(); ++i) {
       const ClassStats& a = prof->intra[i];
       const ClassStats& r = prof->rail[i];
-      intra = std::max(intra, ctx.net.message_latency_s + (m - 1) * ctx.net.message_overhead_s +
+      intra = std::max(intra, ctx.net.message_latency_s + (m - 1) * ctx.net.overhead_s(m - 1) +
                                   a.max_alpha_s + size / m * a.sum_inv_bw);
-      inter = std::max(inter, ctx.net.message_latency_s + (n - 1) * ctx.net.message_overhead_s +
+      inter = std::max(inter, ctx.net.message_latency_s + (n - 1) * ctx.net.overhead_s(n - 1) +
                                   r.max_alpha_s + size / n * r.sum_inv_bw);
     }
     // The inter-node phase moves every byte that leaves a node, as the linear algorithm does, so
@@ -85,7 +85,7 @@ class TwoDhAllToAll final : public Algorithm {
     const UniformCut& cut = uniform_exchange_cut(call, *ctx.topo);
     if (cut.s_per_byte > 0) {
       inter = std::max(inter, ctx.net.message_latency_s + prof->rail_max.max_alpha_s +
-                                  cut.seconds(size / (m * n), ctx.net.message_overhead_s / m));
+                                  cut.seconds(size / (m * n), ctx.net.overhead_s(n - 1) / m));
     }
     intra = std::max(intra, local(2 * size / m));
     inter = std::max(inter, local(2 * size / n));

@@ -171,7 +171,7 @@ class TwoDhAllToAllv final : public Algorithm {
     const auto local = [bw](double bytes) { return bw > 0 ? bytes / bw : 0.0; };
     const auto side = [&](int messages, double bytes, double alpha, double inv) {
       if (messages == 0) return 0.0;
-      return ctx.net.message_latency_s + messages * ctx.net.message_overhead_s + alpha +
+      return ctx.net.message_latency_s + messages * ctx.net.overhead_s(messages) + alpha +
              bytes * inv;
     };
     double max_row = 0, max_held = 0, intra_t = 0, inter_t = 0, intra_self = 0, inter_self = 0;
@@ -209,7 +209,7 @@ class TwoDhAllToAllv final : public Algorithm {
     // so it carries the matrix's fabric cut bound.
     // Overheads: the inter phase sends one message per node pair and local index, m times fewer
     // than the matrix's (approximated by the matrix's bound with overhead / m).
-    const double cut = matrix_cut_s(mat, *call.group, *ctx.topo, ctx.net.message_overhead_s / m);
+    const double cut = matrix_cut_s(mat, *call.group, *ctx.topo, ctx.net.overhead_s(n - 1) / m);
     if (cut > 0) inter_t = std::max(inter_t, ctx.net.message_latency_s + rail_alpha + cut);
     return Seconds(local(2 * max_row) + std::max(intra_t, local(2 * intra_self)) +
                    local(2 * max_held) + std::max(inter_t, local(2 * inter_self)));

@@ -90,7 +90,8 @@ TEST(ScenarioLibrary, TestbedFigures) {
   EXPECT_EQ(rtx.cluster.gpus_per_node, 4);
   EXPECT_EQ(rtx.cluster.intra.kind, IntraKind::kPcie);
   EXPECT_DOUBLE_EQ(rtx.cluster.intra.bandwidth.value(), 16e9);
-  EXPECT_DOUBLE_EQ(rtx.cluster.inter.nic_bandwidth.value(), 12.5e9);
+  EXPECT_DOUBLE_EQ(rtx.cluster.inter.nic_bandwidth.value(), 10e9);  // EDR's payload rate
+  EXPECT_EQ(rtx.engine.peer_cache, 15);
 
   Scenario r4090 = load_scenario(dir + "rtx4090-8-pcie4.yaml");
   EXPECT_EQ(r4090.num_gpus(), 8);

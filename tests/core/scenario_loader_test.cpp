@@ -116,6 +116,8 @@ TEST(ScenarioLoader, TinyScenarioGetsDocumentedDefaults) {
   EXPECT_EQ(s.engine.network, NetworkModelKind::kFlow);
   EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 0.0);
   EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 1e-6);
+  EXPECT_EQ(s.engine.peer_cache, 0);  // unlimited: no per-peer misses
+  EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 0.0);
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 5e-6);
   EXPECT_DOUBLE_EQ(s.engine.interference, 0.0);
   // strategies
@@ -189,7 +191,7 @@ workload:
   capacity: {kind: random_walk, min: 1, max: 4, step: 0.25}
   iterations: 7
 engine: {network: simgrid, message_latency: 1us, message_overhead: 2us, launch_overhead: 10us,
-         interference: 0.3}
+         interference: 0.3, peer_cache: 12, peer_miss_overhead: 3us}
 strategies:
   - {name: topo, routing: ta_moe, ta_moe: {lambda: 0.2, adherence: 0.5}}
   - {name: hir, routing: faster_moe_hir, faster_moe_hir: {max_offnode_share: 0.25}}
@@ -238,6 +240,8 @@ strategies:
   EXPECT_EQ(s.engine.network, NetworkModelKind::kSimgrid);
   EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 1e-6);
   EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 2e-6);
+  EXPECT_EQ(s.engine.peer_cache, 12);
+  EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 3e-6);
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 10e-6);
   EXPECT_DOUBLE_EQ(s.engine.interference, 0.3);
 
@@ -698,6 +702,10 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
                         "simgrid"));
   EXPECT_THAT(error_of(with("engine: {interference: -0.1}")),
               HasSubstr("engine.interference: found -0.1, expected a number >= 0"));
+  EXPECT_THAT(error_of(with("engine: {peer_cache: -1}")),
+              HasSubstr("engine.peer_cache: found -1, expected an integer in [0, 1000000]"));
+  EXPECT_THAT(error_of(with("engine: {peer_miss_overhead: -2us}")),
+              HasSubstr("engine.peer_miss_overhead"));
   EXPECT_THAT(error_of(with("engine: {launch_overhead: 5}")),
               HasSubstr("engine.launch_overhead: found the bare number '5' without a unit"));
   Scenario s = parse(with("workload: {capacity: {kind: trace, factors: [1, 2.5, -2]}}"));

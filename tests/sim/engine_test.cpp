@@ -702,6 +702,21 @@ TEST(AnalyticalModelTest, BatchCostsAlphaBetaPerEndpoint) {
   EXPECT_EQ(m.next_completion_time(), NetworkModel::kNever);
 }
 
+TEST(AnalyticalModelTest, PeerCacheMissesCountPerSender) {
+  StarTopology topo(1, 5);
+  NetworkParams np;
+  np.message_overhead_s = 1e-6;
+  np.peer_cache = 2;
+  np.peer_miss_overhead_s = 4e-6;
+  AnalyticalModel m(topo, np);
+  // gpu0 posts 4 messages: each costs 1 + 4 * (1 - 2/4) = 3 us of endpoint time.
+  EXPECT_NEAR(m.batch_time({{0, 1, 1e6}, {0, 2, 1e6}, {0, 3, 1e6}, {0, 4, 1e6}}),
+              kLinkLat + 4 * 3e-6 + 4e6 / kLinkBw, kEps);
+  // Two senders with two messages each stay within the cache: 1 us per message.
+  EXPECT_NEAR(m.batch_time({{0, 1, 1e6}, {0, 2, 1e6}, {3, 1, 1e6}, {3, 2, 1e6}}),
+              kLinkLat + 2 * 1e-6 + 2e6 / kLinkBw, kEps);
+}
+
 TEST(AnalyticalModelTest, EngineWithAnalyticalBatchesMatchesHandComputation) {
   StarTopology topo(1, 2);
   Plan plan(2);

@@ -300,6 +300,30 @@ TEST(FlowModel, PerMessageOverheadMakesManySmallMessagesSlower) {
   EXPECT_GT(t_many, t_one);
 }
 
+TEST(FlowModel, PeerCacheMissesRaiseEachMessagesOverheadWithThePeerCount) {
+  // GPU 0 sends 1 MB to each of 4 peers through its one uplink (10 GB/s, no latency). With the
+  // state of 2 peers kept hot, each message costs o + miss * (1 - 2/4) = 1 + 4 * 0.5 = 3 us of
+  // endpoint time, carried as 3 us * 10 GB/s = 30 kB of extra work per flow on the uplink:
+  // 4 * (1e6 + 3e4) / 1e10 s. A cache holding all 4 peers (or 0 = unlimited) costs only o.
+  StarTopology topo(5, 10 * kGB, 0);
+  const std::vector<Transfer> fan_out = {{0, 1, 1e6}, {0, 2, 1e6}, {0, 3, 1e6}, {0, 4, 1e6}};
+  NetworkParams params{.message_latency_s = 0, .message_overhead_s = 1 * kUs};
+  params.peer_miss_overhead_s = 4 * kUs;
+  EXPECT_DOUBLE_EQ(params.overhead_s(4), 1 * kUs);  // peer_cache 0: unlimited
+  for (const auto& [cache, overhead] :
+       std::vector<std::pair<int, double>>{{0, 1 * kUs}, {4, 1 * kUs}, {2, 3 * kUs}, {1, 4 * kUs}}) {
+    params.peer_cache = cache;
+    EXPECT_DOUBLE_EQ(params.overhead_s(4), overhead) << "peer_cache " << cache;
+    FlowModel model(topo, params);
+    expect_time(run_one(model, fan_out), 4 * (1e6 + overhead * 10 * kGB) / (10 * kGB));
+  }
+  // The count is per sender and per batch: one message per sender stays at o.
+  params.peer_cache = 2;
+  FlowModel model(topo, params);
+  expect_time(run_one(model, {{0, 1, 1e6}, {2, 3, 1e6}, {4, 1, 1e6}}),
+              2 * (1e6 + 1 * kUs * 10 * kGB) / (10 * kGB));
+}
+
 TEST(FlowModel, UnsortedInputAggregatesLikeSorted) {
   StarTopology topo(4, 10 * kGB, 1 * kUs);
   std::vector<Transfer> sorted, shuffled;

@@ -140,8 +140,8 @@ struct EngineSpec {
   // (0 = unlimited) and the extra time of a message to a peer outside them.
   int peer_cache = 0;
   Seconds peer_miss_overhead{0};
-  Seconds launch_overhead{5e-6};   // per kernel / collective launch
-  double interference = 0.0;       // compute slow-down factor while communication runs (>= 0)
+  Seconds launch_overhead{5e-6};  // per kernel / collective launch
+  double interference = 0.0;      // compute slow-down factor while communication runs (>= 0)
   // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time
   // of each other are handled together, in one recomputation (bounded error of about this much
   // per event). 1e-9 is the normative model; 1e-3 makes hash-ECMP fat trees tractable.

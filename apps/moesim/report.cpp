@@ -95,6 +95,7 @@ int baseline_index(const std::vector<StrategySpec>& specs) {
 void apply_speedups(std::vector<RunSummary>& rows, int baseline) {
   if (baseline < 0 || baseline >= static_cast<int>(rows.size())) return;
   double base = rows[baseline].step_mean_s;
+  rows[baseline].is_baseline = true;
   for (auto& r : rows) r.speedup = r.step_mean_s > 0 ? base / r.step_mean_s : 0;
   const RunSummary& b = rows[baseline];
   for (auto& r : rows) {
@@ -103,16 +104,55 @@ void apply_speedups(std::vector<RunSummary>& rows, int baseline) {
   }
 }
 
+std::string verdict_line(const std::vector<RunSummary>& rows) {
+  // The question a user runs simulate for: which stack wins, and by how much. Ties (within
+  // 0.05%) are named together rather than picking one by table order.
+  const RunSummary* best = nullptr;
+  const RunSummary* base = nullptr;
+  for (const auto& r : rows) {
+    if (r.step_mean_s <= 0) continue;
+    if (!best || r.step_mean_s < best->step_mean_s) best = &r;
+    if (r.is_baseline) base = &r;
+  }
+  if (!best || rows.size() < 2) return "";
+  std::string names;
+  int tied = 0;
+  for (const auto& r : rows) {
+    if (r.step_mean_s > 0 && r.step_mean_s <= best->step_mean_s * 1.0005) {
+      names += (tied++ ? ", " : "") + r.strategy;
+    }
+  }
+  std::string line = fmt::format("fastest: {} ({} ms per step", names, ms(best->step_mean_s));
+  if (base && best->speedup > 0)
+    line += fmt::format(", {:.2f}x over {} at {} ms", best->speedup, base->strategy,
+                        ms(base->step_mean_s));
+  return line + ")";
+}
+
+void print_verdict(const std::vector<RunSummary>& rows) {
+  const std::string line = verdict_line(rows);
+  if (line.empty()) return;
+  fmt::print("{}\n", line);
+  // a2a(ms) is a sum over every all-to-all of a step, pipeline chunks included: chunks that
+  // overlap each other or compute add up past the step time, which confused users.
+  if (std::any_of(rows.begin(), rows.end(),
+                  [](const RunSummary& r) { return r.a2a_mean_s > r.step_mean_s; }))
+    fmt::print(
+        "note: a2a(ms) sums every all-to-all of a step (pipeline chunks included), so overlapped "
+        "chunks can exceed step(ms); exposed(ms) is the communication nothing overlaps\n");
+}
+
 void print_table(const std::vector<RunSummary>& rows) {
-  fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  {}\n", "strategy", "step(ms)",
-             "p50(ms)", "p95(ms)", "moe(ms)", "a2a(ms)", "exposed", "speedup",
+  fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8}  {}\n", "strategy", "step(ms)",
+             "p50(ms)", "p95(ms)", "moe(ms)", "a2a(ms)", "exposed(ms)", "speedup",
              "decisions (last iteration)");
   for (const auto& r : rows) {
     std::string speedup = r.speedup > 0 ? fmt::format("{:.2f}x", r.speedup) : "-";
-    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  {}\n", r.strategy,
+    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8}  {}\n", r.strategy,
                ms(r.step_mean_s), ms(r.step_p50_s), ms(r.step_p95_s), ms(r.moe_layer_mean_s),
                ms(r.a2a_mean_s), ms(r.exposed_comm_mean_s), speedup, r.decisions);
   }
+  print_verdict(rows);
   // Inference placement (STRATEGIES §7): batch latency median / p95 against the baseline's.
   if (std::none_of(rows.begin(), rows.end(), [](const RunSummary& r) { return r.inference; }))
     return;

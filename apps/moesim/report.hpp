@@ -19,8 +19,9 @@ struct RunSummary {
   double step_mean_s = 0, step_p50_s = 0, step_p95_s = 0;
   double moe_layer_mean_s = 0;
   double a2a_mean_s = 0, allreduce_mean_s = 0, compute_mean_s = 0, exposed_comm_mean_s = 0;
-  std::string decisions;  // the last iteration's decision, described
-  double speedup = 0;     // baseline step mean / this step mean (0 = no baseline)
+  std::string decisions;     // the last iteration's decision, described
+  double speedup = 0;        // baseline step mean / this step mean (0 = no baseline)
+  bool is_baseline = false;  // the row speedups are relative to (apply_speedups)
   double wall_s = 0;
   // Inference expert placement (STRATEGIES §7), when the scenario uses it: one batch = one
   // iteration, so the batch latency median / p95 are step_p50_s / step_p95_s.
@@ -54,6 +55,8 @@ int baseline_index(const std::vector<StrategySpec>& specs);
 void apply_speedups(std::vector<RunSummary>& rows, int baseline);
 
 void print_table(const std::vector<RunSummary>& rows);
+/// "fastest: NAME (T ms per step, X.XXx over baseline at T0 ms)", or "" with < 2 timed rows.
+std::string verdict_line(const std::vector<RunSummary>& rows);
 
 /// One entry of the "runs" array of DESIGN §5.
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,

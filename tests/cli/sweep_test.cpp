@@ -16,6 +16,7 @@
 
 #include "apps/moesim/html_report.hpp"
 #include "apps/moesim/plot.hpp"
+#include "apps/moesim/report.hpp"
 #include "core/scenario_loader.hpp"
 
 namespace moesim::app {
@@ -107,6 +108,31 @@ std::string small_sweep(const std::string& axes) {
 
 // ---------------------------------------------------------------------------------------------
 // Expansion
+
+// The closing line of the simulate table: the fastest stack, its speedup over the baseline row.
+TEST(SimulateTable, VerdictNamesTheFastestAndItsSpeedup) {
+  auto row = [](std::string name, double step_s) {
+    RunSummary r;
+    r.strategy = std::move(name);
+    r.step_mean_s = step_s;
+    return r;
+  };
+  std::vector<RunSummary> rows = {row("baseline", 4e-3), row("tutel", 3.2e-3), row("lina", 5e-3)};
+  apply_speedups(rows, 0);
+  EXPECT_EQ(verdict_line(rows),
+            "fastest: tutel (3.200 ms per step, 1.25x over baseline at 4.000 ms)");
+  // Ties within 0.05% are named together; no baseline row: no speedup.
+  rows = {row("a", 2e-3), row("b", 2.0005e-3), row("c", 3e-3)};
+  EXPECT_EQ(verdict_line(rows), "fastest: a, b (2.000 ms per step)");
+  // The baseline itself can win.
+  rows = {row("baseline", 1e-3), row("x", 2e-3)};
+  apply_speedups(rows, 0);
+  EXPECT_EQ(verdict_line(rows),
+            "fastest: baseline (1.000 ms per step, 1.00x over baseline at 1.000 ms)");
+  // One row is no comparison.
+  rows = {row("baseline", 1e-3)};
+  EXPECT_EQ(verdict_line(rows), "");
+}
 
 TEST(SweepExpand, CartesianLastAxisFastest) {
   auto spec = spec_from("base: b.yaml\naxes:\n  a.x: [1, 2]\n  b.y: [p, q, r]\n");

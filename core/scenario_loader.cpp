@@ -740,9 +740,9 @@ WorkloadSpec parse_workload(const MapReader& root) {
 EngineSpec parse_engine(const MapReader& root) {
   EngineSpec e;
   if (!root.has("engine")) return e;
-  MapReader m = root.get_map("engine", {"network", "message_latency", "message_overhead",
-                                        "peer_cache", "peer_miss_overhead", "launch_overhead",
-                                        "interference", "flow", "simgrid"});
+  MapReader m = root.get_map(
+      "engine", {"network", "message_latency", "message_overhead", "peer_cache",
+                 "peer_miss_overhead", "launch_overhead", "interference", "flow", "simgrid"});
   if (auto v = get_enum(m, "network", network_model_names())) e.network = *v;
   if (auto v = m.get_quantity("message_latency", UnitKind::kSeconds))
     e.message_latency = Seconds(*v);
@@ -1081,6 +1081,16 @@ YAML::Node load_yaml_file(const std::string& path) {
   if (fs::is_directory(path, ec))
     throw InputError(SourceLocation{path, 0, 0}, "",
                      "found a directory, expected the path of a YAML file");
+  // A device or pipe (/dev/zero, /dev/stdin, a FIFO) may never end: reading it hung validate.
+  if (!fs::is_regular_file(path, ec))
+    throw InputError(SourceLocation{path, 0, 0}, "",
+                     "found a device, pipe or socket, expected the path of a regular YAML file");
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxYamlFileBytes)
+    throw InputError(SourceLocation{path, 0, 0}, "",
+                     fmt::format("found a file of {} bytes, expected a YAML file of at most {} "
+                                 "bytes (64 MiB)",
+                                 size, kMaxYamlFileBytes));
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(SourceLocation{path, 0, 0}, "",

@@ -40,6 +40,9 @@ YAML::Node load_yaml_file(const std::string& path);
 /// anchors and aliases, to more than kMaxYamlNodes nodes or nests deeper than kMaxYamlDepth
 /// collections (alias bombs), before any node is built. parse_yaml_string calls it.
 inline constexpr std::int64_t kMaxYamlNodes = 1'000'000;
+/// Largest YAML file load_yaml_file reads (scenarios, sweeps, topologies, calibrations); only
+/// regular files are read at all.
+inline constexpr std::uintmax_t kMaxYamlFileBytes = std::uintmax_t{64} << 20;
 inline constexpr int kMaxYamlDepth = 64;
 void check_yaml_expansion(std::string_view yaml, const std::string& pseudo_file);
 

@@ -144,6 +144,9 @@ bool key_within(const std::string& error_key, const std::string& axis_key) {
 }
 
 std::string read_text(const std::string& path) {
+  // Only regular files: a device such as /dev/zero would never end (the loaders refuse them too).
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
   std::ifstream is(path);
   std::stringstream ss;
   ss << is.rdbuf();

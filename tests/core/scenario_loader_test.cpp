@@ -497,6 +497,19 @@ TEST(ScenarioErrors, MissingFile) {
   EXPECT_THROW(load_cluster_file("/no/such/topology.yaml"), InputError);
 }
 
+// /dev/zero never ends: reading it hung `moesim validate` (found by fuzzing's corpus review).
+TEST(ScenarioErrors, DevicesAreRefusedNotRead) {
+  try {
+    load_scenario("/dev/zero");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), StartsWith("/dev/zero: "));
+    EXPECT_THAT(e.what(), HasSubstr("found a device, pipe or socket, expected the path of a "
+                                    "regular YAML file"));
+  }
+  EXPECT_THROW(load_cluster_file("/dev/zero"), InputError);
+}
+
 TEST(ScenarioErrors, YamlSyntaxError) {
   std::string e = error_of(tiny_with("  seq_len: 8\n", "  seq_len: [8\n"));
   EXPECT_THAT(e, StartsWith("test.yaml:11:"));  // the parser notices at the next key

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# fuzz.sh: libFuzzer on the input loaders (issue 15): the scenario target (what `moesim validate`
+# does) and the sweep target (what `moesim sweep` checks before running), built with clang,
+# ASan and UBSan in build-fuzz/. Each runs --runs inputs (default 1,000,000) from the corpus
+# (bundled scenarios and sweeps, tests/cli/bad, tests/fuzz/corpus), with a 1 s timeout per input.
+# Prints, per target: inputs run, execs/s, wall time, and the crash / timeout / OOM count (any is a
+# failure: the input is saved under build-fuzz/findings/ and the script exits 1). Add what it
+# finds, once fixed, to tests/fuzz/corpus/<target>/: CTest replays it (fuzz_replay_*).
+#
+#   bench/fuzz.sh [--runs N] [--targets scenario,sweep] [--jobs J] [--build DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=1000000
+targets="scenario,sweep"
+jobs=$(nproc)
+build=build-fuzz
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --targets) targets=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "fuzz.sh: unknown argument '$1' (expected --runs N, --targets LIST, --jobs J, --build DIR)" >&2; exit 2 ;;
+  esac
+done
+
+# clang and libFuzzer's runtime (Debian's libclang-rt-*-dev), installed like every other
+# dependency of the project: only when missing.
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+if ! command -v clang++ >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends clang >/dev/null
+fi
+clang_major=$(clang++ -dumpversion | cut -d. -f1)
+if ! ls /usr/lib/llvm-"$clang_major"/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "libclang-rt-$clang_major-dev" >/dev/null
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_C_COMPILER=clang -DMOESIM_FUZZ=ON -DMOESIM_WITH_SIMGRID=OFF -DMOESIM_WITH_MPI=OFF \
+  -DMOESIM_WITH_CUDA=OFF -DMOESIM_BUILD_BENCH=OFF >"$build.configure.log" 2>&1 ||
+  { cat "$build.configure.log"; exit 1; }
+IFS=, read -ra list <<<"$targets"
+for t in "${list[@]}"; do cmake --build "$build" -j"$jobs" --target "fuzz_$t" >/dev/null; done
+
+status=0
+printf '%-10s %12s %10s %10s %8s\n' target inputs "execs/s" "wall s" failures
+for t in "${list[@]}"; do
+  corpus="$build/corpus-$t"
+  findings="$build/findings/$t"
+  mkdir -p "$corpus" "$findings"
+  if [ "$t" = scenario ]; then
+    seeds=(scenarios scenarios/topologies tests/cli/bad tests/fuzz/corpus/scenario)
+  else
+    seeds=(scenarios/sweeps bench/validation tests/fuzz/corpus/sweep)
+  fi
+  for d in "${seeds[@]}"; do find "$d" -maxdepth 1 -type f -name '*.yaml' -exec cp {} "$corpus/" \; ; done
+  log="$build/fuzz-$t.log"
+  start=$(date +%s.%N)
+  rc=0
+  "$build/tests/fuzz/fuzz_$t" -runs="$runs" -timeout=1 -rss_limit_mb=2048 -max_len=4096 \
+    -artifact_prefix="$findings/" -print_final_stats=1 "$corpus" >"$log" 2>&1 || rc=$?
+  end=$(date +%s.%N)
+  done_runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  eps=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  failures=$(find "$findings" -type f | wc -l)
+  printf '%-10s %12s %10s %10.0f %8s\n' "$t" "${done_runs:-0}" "${eps:-0}" "$(echo "$end - $start" | bc)" "$failures"
+  if [ "$rc" -ne 0 ] || [ "$failures" -ne 0 ]; then
+    status=1
+    echo "fuzz_$t: exit $rc; findings in $findings, log $log:" >&2
+    grep -E 'ERROR|==[0-9]+==|SUMMARY|Test unit written' "$log" | head -20 >&2
+  fi
+done
+exit $status

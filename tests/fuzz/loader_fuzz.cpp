@@ -1,0 +1,44 @@
+#include "tests/fuzz/loader_fuzz.hpp"
+
+#include <string_view>
+
+#include "apps/moesim/sweep.hpp"
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+#include "strategies/memory.hpp"
+#include "strategies/plan_builder.hpp"
+#include "strategies/runner.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::fuzz {
+
+int scenario_input(const std::uint8_t* data, std::size_t size, const std::string& pseudo_file) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  try {
+    const Scenario sc = parse_scenario_string(text, pseudo_file);
+    const auto topo = topology::build_topology(sc.cluster);
+    for (const auto& spec : sc.strategies) {
+      const auto d = strategies::first_decision(sc, spec, *topo, strategies::nominal_capacity(sc));
+      (void)strategies::estimate_memory(
+          sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)));
+    }
+    return 0;
+  } catch (const InputError&) {
+    return 2;
+  }
+}
+
+int sweep_input(const std::uint8_t* data, std::size_t size, const std::string& pseudo_file) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  try {
+    const YAML::Node root = parse_yaml_string(text, pseudo_file);
+    const app::SweepSpec spec = app::parse_sweep(root, pseudo_file);
+    app::validate_sweep(spec);
+    (void)app::base_scenario(spec);
+    return 0;
+  } catch (const InputError&) {
+    return 2;
+  }
+}
+
+}  // namespace moesim::fuzz

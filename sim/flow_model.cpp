@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "sim/progress.hpp"
 
 namespace moesim::sim {
 
@@ -405,6 +406,7 @@ void FlowModel::refresh_next_finish() {
 
 std::vector<BatchId> FlowModel::process_event(double t) {
   MOESIM_ASSERT(t >= sim_t_, "flow model event in the past");
+  progress_tick(t, 16);  // progress / Ctrl-C: an event is a rate solve, so poll every 16
   ++stats_.events;
   bool changed = false;
   // Rates below `keep_below` are unchanged by this event (see solve()): the least rate of the

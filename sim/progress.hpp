@@ -2,11 +2,13 @@
 //
 // Long runs (a 4,096-GPU flow all-to-all, a SimGrid iteration) spend minutes inside run_plan, so
 // whoever drives them (the CLI) can neither show progress nor stop them cleanly from outside.
-// The event loops (the engine's, the flow model's) call progress_tick() once per event. It only
-// decrements a thread-local countdown; every kProgressPollWeight units of weight it does the slow
-// part: it throws Interrupted when request_interrupt() was called (a SIGINT handler may call it),
-// and hands this thread's ProgressObserver, if any, the simulated time reached and the events and
-// plan op instances done so far. The observer decides what to print and when (wall clock).
+// The event loops (the engine's, the flow model's) call progress_tick() once per event, and
+// progress_work() inside long events (routing millions of flows, a rate solve at 4,096 GPUs takes
+// seconds). They only decrement a thread-local countdown; every kProgressPollWeight units of weight
+// it does the slow part: it throws Interrupted when request_interrupt() was called (a SIGINT
+// handler may call it), and hands this thread's ProgressObserver, if any, the simulated time
+// reached and the events and plan op instances done so far. The observer decides what to print and
+// when (wall clock).
 //
 // Per thread: a sweep runs plans on several threads; each may have its own observer (or none),
 // while the interruption request is process-wide.
@@ -92,14 +94,20 @@ inline thread_local std::int64_t ticks = 0;  // events on this thread, whatever 
 void poll(double sim_time_s);
 }  // namespace progress_detail
 
-/// The hook: call once per event with the simulated time reached. `weight` (1 to
-/// kProgressPollWeight) is how much work the event stands for; kProgressPollWeight polls on
-/// every call (for events that cost microseconds or more, such as a flow model rate solve).
-inline void progress_tick(double sim_time_s, std::int32_t weight = 1) {
-  ++progress_detail::ticks;
+/// The hook for work inside an event (routing one flow, one level of a rate solve): long events
+/// still poll. `weight` (1 to kProgressPollWeight) is how much work the call stands for;
+/// kProgressPollWeight polls on every call.
+inline void progress_work(double sim_time_s, std::int32_t weight = 1) {
   progress_detail::countdown -= weight;
   if (progress_detail::countdown <= 0) [[unlikely]]
     progress_detail::poll(sim_time_s);
+}
+
+/// The hook: call once per event with the simulated time reached (counted in
+/// ProgressSample::events); `weight` as for progress_work.
+inline void progress_tick(double sim_time_s, std::int32_t weight = 1) {
+  ++progress_detail::ticks;
+  progress_work(sim_time_s, weight);
 }
 
 }  // namespace moesim::sim

@@ -63,43 +63,76 @@ ProgressReporter::ProgressReporter(ProgressOptions options, int total_units)
       total_units_(total_units),
       t0_(Clock::now()),
       unit_t0_(t0_),
-      last_print_events_(sim::progress_detail::ticks),
-      scope_(this) {}
+      latest_events_(sim::progress_detail::ticks),
+      last_print_events_(latest_events_),
+      scope_(this) {
+  if (opt_.enabled) printer_ = std::thread([this] { printer(); });
+}
 
-ProgressReporter::~ProgressReporter() { finish(); }
+ProgressReporter::~ProgressReporter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    finish_locked();
+  }
+  wake_.notify_all();
+  if (printer_.joinable()) printer_.join();
+}
+
+void ProgressReporter::printer() {
+  // Wakes often enough for every_s (and for after_s to take effect on time), not more.
+  const auto period = std::chrono::duration<double>(std::max(0.05, std::min(opt_.every_s, 1.0)));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    wake_.wait_for(lock, period, [this] { return stop_; });
+    if (!stop_) maybe_print_locked();
+  }
+}
+
+void ProgressReporter::set_total_units(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  total_units_ = n;
+}
 
 double ProgressReporter::elapsed_s() const {
   return std::chrono::duration<double>(Clock::now() - t0_).count();
 }
 
 void ProgressReporter::begin_group(std::string label, int count, std::string unit_name) {
+  std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back({std::move(label), std::move(unit_name), count, 0});
+  paused_ = false;
 }
 
 void ProgressReporter::begin_unit() {
   sim::throw_if_interrupted();  // a plan too small to reach a poll still stops here
+  std::lock_guard<std::mutex> lock(mu_);
   in_unit_ = true;
+  paused_ = false;
   have_sample_ = false;
   unit_t0_ = Clock::now();
-  maybe_print();
+  maybe_print_locked();
 }
 
 void ProgressReporter::end_unit() {
+  std::lock_guard<std::mutex> lock(mu_);
   in_unit_ = false;
   if (!groups_.empty()) ++groups_.back().done;
   ++units_done_;
   finished_units_wall_s_ = elapsed_s();
-  maybe_print();
+  maybe_print_locked();
 }
 
 void ProgressReporter::poll(const sim::ProgressSample& s) {
+  std::lock_guard<std::mutex> lock(mu_);
   last_ = s;
   have_sample_ = true;
-  maybe_print();
+  latest_events_ = s.events;
+  maybe_print_locked();
 }
 
-void ProgressReporter::maybe_print() {
-  if (!opt_.enabled) return;
+void ProgressReporter::maybe_print_locked() {
+  if (!opt_.enabled || paused_) return;
   const double now = elapsed_s();
   if (now < opt_.after_s) return;
   if (last_print_s_ >= 0 && now - last_print_s_ < opt_.every_s) return;
@@ -115,7 +148,8 @@ void ProgressReporter::maybe_print() {
     line += fmt::format(", sim {}", sim_text(last_.sim_time_s));
     if (last_.ops_total > 0) line += fmt::format(", ops {}/{}", last_.ops_done, last_.ops_total);
   }
-  const std::int64_t events = sim::progress_detail::ticks;
+  // The run's thread's event count as of its latest poll (this may be the printer thread).
+  const std::int64_t events = latest_events_;
   const double span = now - std::max(0.0, last_print_s_);
   line += fmt::format(
       ", {} events/s",
@@ -143,6 +177,12 @@ void ProgressReporter::maybe_print() {
 }
 
 void ProgressReporter::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  finish_locked();
+}
+
+void ProgressReporter::finish_locked() {
+  paused_ = true;
   if (!line_open_) return;
   std::fprintf(stderr, "\r\033[K");
   std::fflush(stderr);
@@ -150,6 +190,7 @@ void ProgressReporter::finish() {
 }
 
 std::string ProgressReporter::summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
   std::string parts;
   for (const Group& g : groups_) {
     if (!parts.empty()) parts += ", ";

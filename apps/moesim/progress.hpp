@@ -5,7 +5,9 @@
 // the event loops poll it (sim/progress.hpp), the runner tells it where units start and end. It
 // prints nothing until the run has lasted `after_s` (so short runs, and the expected outputs of
 // tests, stay as they were); then, on a terminal, one line rewritten with '\r' at most every
-// `every_s` and cleared at the end, otherwise a plain line at most every `every_s`.
+// `every_s` and cleared at the end, otherwise a plain line at most every `every_s`. A thread of
+// its own prints on time even while the run is in a stretch without polls (building a plan,
+// SimGrid's own loop): the line then shows the latest state the run reported.
 //
 // The ETA is the mean wall time per finished unit times the units left, less the time already
 // spent in the current one; before the first unit finishes it is "ETA unknown": the share of op
@@ -14,9 +16,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sim/progress.hpp"
@@ -44,7 +49,7 @@ class ProgressReporter : public sim::ProgressObserver {
   explicit ProgressReporter(ProgressOptions options, int total_units = 0);
   ~ProgressReporter() override;
 
-  void set_total_units(int n) { total_units_ = n; }
+  void set_total_units(int n);
 
   /// The next group starts: `label` (a strategy, "tutel on ndv4", ...), `count` units of
   /// `unit_name` ("iteration", "size").
@@ -55,7 +60,8 @@ class ProgressReporter : public sim::ProgressObserver {
 
   void poll(const sim::ProgressSample& s) override;
 
-  /// Clears the terminal line (call before printing results).
+  /// Clears the terminal line and prints nothing more until the next group or unit starts (call
+  /// before printing results, which may go to the same terminal).
   void finish();
 
   /// What was completed, for the message after Ctrl-C: elapsed time, per group the units done,
@@ -71,7 +77,9 @@ class ProgressReporter : public sim::ProgressObserver {
   };
   using Clock = std::chrono::steady_clock;
   double elapsed_s() const;
-  void maybe_print();
+  void maybe_print_locked();
+  void finish_locked();
+  void printer();
 
   ProgressOptions opt_;
   int total_units_;
@@ -83,10 +91,17 @@ class ProgressReporter : public sim::ProgressObserver {
   double finished_units_wall_s_ = 0;
   sim::ProgressSample last_;  // the latest poll of the unit in flight
   bool have_sample_ = false;
+  std::int64_t latest_events_;  // the run's thread's event count at its latest poll
   // Events per second between two printed lines.
   double last_print_s_ = -1;
   std::int64_t last_print_events_ = 0;
   bool line_open_ = false;  // a '\r' line is on the terminal
+  bool paused_ = false;     // after finish(), until the next group or unit
+  // Everything above is shared with the printer thread.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread printer_;
   sim::ProgressScope scope_;
 };
 

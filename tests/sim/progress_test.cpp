@@ -58,11 +58,13 @@ TEST(Progress, ObserverSeesSimTimeEventsAndOpsOfTheRun) {
     EXPECT_EQ(p.ops_total, 65 * s.topo->num_gpus());
     EXPECT_GE(p.ops_done, 0);
     EXPECT_LE(p.ops_done, p.ops_total);
+    // Polls also come from inside long events (routing flows, rate solves): never fewer events.
     if (i > 0) {
-      EXPECT_GT(p.events, rec.samples[i - 1].events);
+      EXPECT_GE(p.events, rec.samples[i - 1].events);
     }
   }
   EXPECT_GT(rec.samples.back().sim_time_s, 0);
+  EXPECT_GT(rec.samples.back().events, rec.samples.front().events);
   EXPECT_GT(rec.samples.back().ops_done, 0);
 
   // Outside the scope nobody is polled; the run is the same with or without an observer.

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "sim/analytical_model.hpp"
 #include "sim/flow_model.hpp"
+#include "sim/progress.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "topology/topology.hpp"
 #ifdef MOESIM_HAVE_SIMGRID
@@ -127,6 +128,8 @@ class Engine {
   RunResult run() {
     auto wall0 = std::chrono::steady_clock::now();
     build();
+    // Polls during this run (also the network model's) report how many op instances finished.
+    const ProgressOpsScope ops_scope(&finished_, result_.op_offset.back());
     for (int r = 0; r < P_; ++r)
       for (int s = 0; s < S_; ++s) try_start(key(r, s));
     loop();
@@ -269,6 +272,7 @@ class Engine {
       if (tn <= t) {
         for (const BatchCompletion& c : net_->advance_to(t)) {
           ++result_.num_events;
+          progress_tick(t);  // may throw Interrupted (the run is abandoned, see sim/progress)
           auto it = batch_cohort_.find(c.id);
           MOESIM_ASSERT(it != batch_cohort_.end(), "network completed an unknown batch");
           int cohort = it->second;
@@ -280,6 +284,7 @@ class Engine {
         Event e = events_.top();
         events_.pop();
         ++result_.num_events;
+        progress_tick(t);
         handle(e);
       }
     }

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "sim/progress.hpp"
 
 namespace moesim::sim {
 
@@ -279,6 +280,7 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   std::uint32_t last_group = 0;
   const Transfer* cur = nullptr;
   auto emit = [&](const Transfer& t, std::uint32_t mult) {
+    progress_work(now_s);  // progress / Ctrl-C: millions of flows take seconds to route
     // route() appends straight into the pool: no per-flow temporary.
     const std::size_t begin = g.routes.size();
     topo_.route(t.src, t.dst, g.routes);
@@ -408,6 +410,7 @@ void FlowModel::refresh_next_finish() {
 
 std::vector<BatchId> FlowModel::process_event(double t) {
   MOESIM_ASSERT(t >= sim_t_, "flow model event in the past");
+  progress_tick(t, kProgressPollWeight);  // progress / Ctrl-C: each event may be a long solve
   ++stats_.events;
   bool changed = false;
   // Rates below `keep_below` are unchanged by this event (see solve()): the least rate of the
@@ -664,6 +667,7 @@ void FlowModel::solve(double keep_below) {
   int scans_this_solve = 0;
   bool first_level = true;
   while (!act_links_.empty()) {
+    progress_work(sim_t_, kProgressPollWeight);  // progress / Ctrl-C inside one long solve
     ++stats_.levels;
     share = min_share(act_share_);
     if (first_level && partial && !(share >= keep_thr)) {

@@ -13,10 +13,12 @@
 #include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/plot.hpp"
+#include "apps/moesim/progress.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
+#include "sim/progress.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -32,6 +34,7 @@ struct CompareArgs {
   int iterations = 0;
   std::string json_path, csv_path;
   std::string plot_path, report_path;  // --plot F.svg|F.png, --report F.html
+  bool quiet = false;                  // --quiet: no progress on stderr
 };
 
 struct Variant {
@@ -82,7 +85,7 @@ BarChart compare_chart(const std::string& title, const std::vector<Variant>& var
   return c;
 }
 
-void run_compare(const CompareArgs& a) {
+void run_compare(const CompareArgs& a, ProgressReporter& progress) {
   check_output_paths({{"--json", a.json_path},
                       {"--csv", a.csv_path},
                       {"--plot", a.plot_path},
@@ -105,6 +108,12 @@ void run_compare(const CompareArgs& a) {
   auto specs = select_strategies(base, a.strategies);
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
 
+  int total_units = 0;
+  for (const auto& v : variants)
+    total_units += static_cast<int>(specs.size()) *
+                   (a.iterations > 0 ? a.iterations : v.sc.workload.iterations);
+  progress.set_total_units(total_units);
+
   // results[t][s]
   std::vector<std::vector<StackOutcome>> results;
   std::string engine_name;
@@ -114,11 +123,14 @@ void run_compare(const CompareArgs& a) {
     announce_simgrid_mode(cfg, topo->num_gpus());
     engine_name = std::string(sim::network_kind_name(cfg.network));
     int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;
-    results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, true));
+    results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, !a.quiet,
+                                 nullptr, &progress));
+    progress.finish();  // before the warnings below
     std::vector<RunSummary> rows;
     for (const auto& o : results.back()) rows.push_back(o.summary);
     warn_memory(rows, fmt::format("{} on {}", topo->gpu().name, v.topology_name));
   }
+  sim::throw_if_interrupted();  // Ctrl-C after the last poll: still no output files
 
   fmt::print("# {}: step time (ms) and speedup vs baseline, engine {}\n", base.name, engine_name);
   fmt::print("{:<16}", "strategy");
@@ -203,7 +215,12 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--plot", a->plot_path,
                   "Grouped bars of the speedups (F.svg or F.png, rendered by gnuplot)");
   cmd->add_option("--report", a->report_path, "Self-contained HTML report");
-  cmd->callback([a] { run_compare(*a); });
+  cmd->add_flag("--quiet,-q", a->quiet,
+                "No progress on stderr (the per-strategy lines, and the progress line of runs "
+                "longer than 2 s)");
+  cmd->callback([a] {
+    run_interruptible(a->quiet, [&](ProgressReporter& progress) { run_compare(*a, progress); });
+  });
 }
 
 }  // namespace moesim::app

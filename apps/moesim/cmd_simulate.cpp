@@ -18,12 +18,14 @@
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
+#include "apps/moesim/progress.hpp"
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
 #include "core/plan.hpp"
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
+#include "sim/progress.hpp"
 #include "sim/trace.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/workload/workload.hpp"
@@ -48,6 +50,7 @@ struct CollectiveArgs {
   std::string engine;
   std::string json_path;
   std::string trace_path;
+  bool quiet = false;  // --quiet: no progress on stderr
 };
 
 struct CollectiveRow {
@@ -132,7 +135,7 @@ ByteMatrix routed_token_matrix(const Scenario& sc, int gpus) {
   return m;
 }
 
-void run_collective(const CollectiveArgs& a) {
+void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   auto type = parse_collective_type(a.collective);
   if (!type)
     throw InputError(
@@ -186,6 +189,8 @@ void run_collective(const CollectiveArgs& a) {
   std::vector<CollectiveRow> rows;
   RunResult last;
   Plan last_plan;
+  progress.set_total_units(static_cast<int>(sizes.size()));
+  progress.begin_group(a.collective, static_cast<int>(sizes.size()), "size");
   for (Bytes size : sizes) {
     std::shared_ptr<const ByteMatrix> matrix;
     if (variable) {
@@ -196,7 +201,10 @@ void run_collective(const CollectiveArgs& a) {
     }
     Plan plan = world_collective_plan(gpus, *type, *algo, size, matrix);
     auto t0 = std::chrono::steady_clock::now();
+    progress.begin_unit();
     RunResult res = sim::run_plan(plan, *topo, cfg);
+    progress.end_unit();
+    progress.finish();  // the row goes to stdout, which may be the same terminal
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const CollectiveRecord& rec = res.collectives.at(0);
     CollectiveRow row{*type, rec.algo, size.value(), rec.duration_s(), 0, 0, wall};
@@ -209,6 +217,7 @@ void run_collective(const CollectiveArgs& a) {
     last = std::move(res);
     last_plan = std::move(plan);
   }
+  sim::throw_if_interrupted();  // Ctrl-C after the last poll: still no output files
   double rss = peak_rss_bytes();
   fmt::print("# peak memory {}\n", to_string(Bytes(rss)));
 
@@ -251,7 +260,7 @@ void run_collective(const CollectiveArgs& a) {
     });
 }
 
-void run_scenario(const CollectiveArgs& a) {
+void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
   if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
@@ -265,7 +274,11 @@ void run_scenario(const CollectiveArgs& a) {
 
   fmt::print("# {}: {} GPUs, engine {}, {} iteration(s), seed {}\n", sc.name, topo->num_gpus(),
              sim::network_kind_name(cfg.network), iterations, sc.workload.routing.seed);
-  auto outcomes = run_stacks(sc, specs, *topo, cfg, iterations, topo_name, false);
+  progress.set_total_units(static_cast<int>(specs.size()) * iterations);
+  auto outcomes =
+      run_stacks(sc, specs, *topo, cfg, iterations, topo_name, false, nullptr, &progress);
+  sim::throw_if_interrupted();  // Ctrl-C after the last poll: still no output files
+  progress.finish();
   std::vector<RunSummary> rows;
   for (const auto& o : outcomes) rows.push_back(o.summary);
   print_table(rows);
@@ -332,15 +345,20 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--trace", a->trace_path,
                   "Write a Chrome trace (chrome://tracing, Perfetto); several strategies share "
                   "the file, each one's ranks as processes named after it");
+  cmd->add_flag("--quiet,-q", a->quiet,
+                "No progress line on stderr (shown otherwise for runs longer than 2 s)");
   cmd->callback([a] {
     check_output_paths(
         {{"--json", a->json_path}, {"--csv", a->csv_path}, {"--trace", a->trace_path}});
-    if (a->collective.empty()) {
-      if (!a->sizes.empty()) throw InputError("--size: only meaningful with --collective");
-      run_scenario(*a);
-    } else {
-      run_collective(*a);
-    }
+    if (a->collective.empty() && !a->sizes.empty())
+      throw InputError("--size: only meaningful with --collective");
+    // Progress on stderr; Ctrl-C: a summary, no output file, exit 130 (main.cpp).
+    run_interruptible(a->quiet, [&](ProgressReporter& progress) {
+      if (a->collective.empty())
+        run_scenario(*a, progress);
+      else
+        run_collective(*a, progress);
+    });
   });
 }
 

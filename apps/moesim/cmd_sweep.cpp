@@ -19,6 +19,7 @@
 #include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/plot.hpp"
+#include "apps/moesim/progress.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
@@ -266,6 +267,9 @@ void register_sweep(CLI::App& app) {
   cmd->callback([a] {
     const int world = launcher_world_size();
     if (world <= 1) {
+      // Ctrl-C stops the points in flight; run_sweep says what was kept; exit 130 (main.cpp).
+      // Under mpirun, mpirun owns SIGINT (it ends every rank).
+      const InterruptHandler on_ctrl_c;
       run_sweep_command(*a, nullptr);
       return;
     }

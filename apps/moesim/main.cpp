@@ -8,6 +8,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "core/error.hpp"
+#include "sim/progress.hpp"
 
 namespace moesim::app {
 
@@ -41,6 +42,9 @@ int main(int argc, char** argv) {
     // CLI11 prints usage errors itself; bad command lines are invalid input (exit 2).
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  } catch (const moesim::sim::Interrupted&) {
+    // Ctrl-C: the command already said what it completed; 128 + SIGINT, as the shell reports.
+    return 130;
   } catch (const moesim::InputError& e) {
     std::fprintf(stderr, "moesim: error: %s\n", e.what());
     return 2;

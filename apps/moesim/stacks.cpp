@@ -32,13 +32,25 @@ std::vector<StrategySpec> select_strategies(const Scenario& sc,
 std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
                                      const topology::Topology& topo, const sim::EngineConfig& cfg,
                                      int iterations, const std::string& topology_name,
-                                     bool progress, workload::SampleCache* cache) {
+                                     bool progress, workload::SampleCache* cache,
+                                     ProgressReporter* reporter) {
   std::vector<StackOutcome> out;
-  strategies::Backend backend = [&](const Plan& plan) { return sim::run_plan(plan, topo, cfg); };
+  // run_stack calls the backend once per iteration: the reporter's units.
+  strategies::Backend backend = [&](const Plan& plan) {
+    if (reporter == nullptr) return sim::run_plan(plan, topo, cfg);
+    reporter->begin_unit();
+    RunResult r = sim::run_plan(plan, topo, cfg);
+    reporter->end_unit();
+    return r;
+  };
   for (const auto& spec : specs) {
-    if (progress)
+    if (reporter)
+      reporter->begin_group(progress ? spec.name + " on " + topology_name : spec.name, iterations);
+    if (progress) {
+      if (reporter) reporter->finish();  // a terminal's progress line would prefix this one
       std::fprintf(stderr, "moesim: %s on %s: %d iteration(s)...\n", spec.name.c_str(),
                    topology_name.c_str(), iterations);
+    }
     auto t0 = std::chrono::steady_clock::now();
     StackOutcome o;
     o.run = strategies::run_stack(sc, spec, topo, backend, iterations, cache);

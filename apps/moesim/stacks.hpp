@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/moesim/progress.hpp"
 #include "apps/moesim/report.hpp"
 #include "core/scenario.hpp"
 #include "sim/engine.hpp"
@@ -26,10 +27,14 @@ struct StackOutcome {
 };
 
 /// Runs every spec for `iterations` iterations on `topo` with the simulator configured by cfg;
-/// fills speedups against the baseline among specs. Progress goes to stderr when `progress`.
+/// fills speedups against the baseline among specs. `progress`: a line on stderr as each strategy
+/// starts. `reporter` (optional) gets each strategy as a group, named "STRATEGY on TOPOLOGY" when
+/// `progress` (compare's several topologies) and "STRATEGY" otherwise, and each iteration as a
+/// unit; a Ctrl-C stops the run with sim::Interrupted.
 std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<StrategySpec>& specs,
                                      const topology::Topology& topo, const sim::EngineConfig& cfg,
                                      int iterations, const std::string& topology_name,
-                                     bool progress, workload::SampleCache* cache = nullptr);
+                                     bool progress, workload::SampleCache* cache = nullptr,
+                                     ProgressReporter* reporter = nullptr);
 
 }  // namespace moesim::app

@@ -27,6 +27,7 @@
 #include "apps/moesim/stacks.hpp"
 #include "core/scenario_loader.hpp"
 #include "core/yaml_reader.hpp"
+#include "sim/progress.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
@@ -1074,6 +1075,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       // between points but the read-only spec.
       const YAML::Node base_tree = YAML::Load(base_text);
       while (!stop.load()) {
+        // Points too small to reach a poll of the event loops still stop here on Ctrl-C.
+        sim::throw_if_interrupted();
         std::size_t k = next.fetch_add(1);
         if (k >= mine.size()) break;
         const SweepPoint& p = points[mine[k]];
@@ -1171,7 +1174,29 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     std::lock_guard<std::mutex> lock(mu);
     progress(true);
   }
-  if (error) std::rethrow_exception(error);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const sim::Interrupted&) {
+      // Ctrl-C: every worker's run stopped at its next poll. The CSV keeps the finished points'
+      // rows (whole lines, flushed as they came): the resume contract, so the same command goes
+      // on from there. The sorted rewrite, JSON, plot and report need every point: not written.
+      if (root) {
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+        std::fprintf(stderr, "moesim sweep: interrupted after %s: %zu of %zu points done%s\n",
+                     fmt_seconds(elapsed).c_str(), completed, todo.size(),
+                     opts.csv_path.empty()
+                         ? "; no output files written"
+                         : fmt::format("; their rows are in {} (the same command resumes from "
+                                       "there); no other output files written",
+                                       opts.csv_path)
+                               .c_str());
+        std::fflush(stderr);
+      }
+      throw;
+    }
+  }
   if (!root) {
     result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return result;  // rank 0 writes everything

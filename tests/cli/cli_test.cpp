@@ -488,9 +488,10 @@ TEST(Cli, SetErrorsExitTwoAndNameTheOverride) {
   const std::string q = fmt::format("validate '{}/scenarios/quickstart.yaml' ", kSource);
   auto r = run(q + "--set model.seq_len=abc");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("--set: model.seq_len: found 'abc', expected an integer >= 1 (from --set "
-                       "model.seq_len=abc)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("--set: model.seq_len: found 'abc', expected an integer in [1, 2^31-1] (from "
+                 "--set model.seq_len=abc)"),
+      std::string::npos)
       << r.out;
   r = run(q + "--set model.seq_len");
   EXPECT_EQ(r.exit_code, 2) << r.out;
@@ -501,6 +502,41 @@ TEST(Cli, SetErrorsExitTwoAndNameTheOverride) {
   r = run(q + "--set 'strategies[9].a2a=2dh'");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("has no item [9]"), std::string::npos) << r.out;
+}
+
+// Issue 15 item 4: validate reads what simulate reads before its first iteration (the routing
+// trace's rows, the calibration file) and the loader bounds every value, so a scenario that
+// validates does not fail at run time: both commands exit 2 with the same one-line message.
+TEST(Cli, ValidateRejectsWhatSimulateRejects) {
+  const std::string data = kSource + "/tests/data/scenarios/";
+  const std::string bad = kSource + "/tests/cli/bad/";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {data + "bad-trace.yaml",
+       data + "bad-trace-rows.csv:3:5: workload.routing.trace: found gpu = 9, expected less "
+              "than 2 (the scenario's GPUs (P))"},
+      {data + "bad-calibration.yaml",
+       data + "bad-calibration-file.yaml:4:15: interference: found 200, expected a number in [0, "
+              "100]"},
+      {bad + "huge_bandwidth.yaml",
+       bad + "huge_bandwidth.yaml:8:45: cluster.inter_node.nic_bandwidth: found '1e308Gb/s', "
+             "expected a bandwidth (e.g. 300GB/s, 200Gb/s) of at most 1000TB/s"},
+      {bad + "huge_capacity_factor.yaml",
+       bad + "huge_capacity_factor.yaml:10:20: model.capacity_factor: found 1000000000000, "
+             "expected a number in [-1024, 1024]"},
+      {bad + "huge_seq_len.yaml",
+       bad + "huge_seq_len.yaml:4:36: model.seq_len: found 2147483647, expected an integer in "
+             "[1, 2^31/batch_per_gpu = 536870912] (S = batch_per_gpu x seq_len tokens per GPU "
+             "is at most 2^31)"},
+  };
+  for (const auto& [file, message] : cases) {
+    auto v = run(fmt::format("validate '{}'", file));
+    EXPECT_EQ(v.exit_code, 2) << file << "\n" << v.out;
+    EXPECT_EQ(v.out, "moesim: error: " + message + "\n");
+    // simulate may print its header line first (stdout), but fails with the same error.
+    auto r = run(fmt::format("simulate '{}' --iterations 1", file));
+    EXPECT_EQ(r.exit_code, 2) << file << "\n" << r.out;
+    EXPECT_NE(r.out.find("moesim: error: " + message + "\n"), std::string::npos) << r.out;
+  }
 }
 
 TEST(Cli, SimulateUnknownStrategyExitsTwo) {

@@ -539,6 +539,43 @@ TEST(Cli, ValidateRejectsWhatSimulateRejects) {
   }
 }
 
+// Issue 15 item 5: numeric flags are parsed strictly, with the YAML errors' wording and the range
+// stated; an explicit value is never replaced by a default (--seed -5 ran with seed 1,
+// --iterations 0 with the scenario's 10, --size 1e30MiB ran).
+TEST(Cli, NumericFlagsAreStrict) {
+  const std::string q = "'" + kSource + "/scenarios/quickstart.yaml' ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"simulate " + q + "--seed -5", "--seed: found -5, expected an integer in [0, 2^63-1]"},
+      {"simulate " + q + "--seed 1x", "--seed: found '1x', expected an integer in [0, 2^63-1]"},
+      {"simulate " + q + "--seed 9223372036854775808",
+       "--seed: found '9223372036854775808', expected an integer in [0, 2^63-1]"},
+      {"simulate " + q + "--iterations 0",
+       "--iterations: found 0, expected an integer in [1, 1000000]"},
+      {"simulate " + q + "--iterations 2.5",
+       "--iterations: found '2.5', expected an integer in [1, 1000000]"},
+      {"simulate " + q + "--collective all_to_all --size 1e30MiB",
+       "--size: found '1e30MiB', expected a size (e.g. 128MiB, 4KB) greater than 0 and at most "
+       "1024TiB"},
+      {"simulate " + q + "--collective all_to_all --size 0B",
+       "--size: found '0B', expected a size (e.g. 128MiB, 4KB) greater than 0 and at most "
+       "1024TiB"},
+      {"compare " + q + "--iterations 0",
+       "--iterations: found 0, expected an integer in [1, 1000000]"},
+      {"sweep /nonexistent/sweep.yaml --jobs -1",
+       "--jobs: found -1, expected an integer in [0, 4096]"},
+      {"route-train " + q + "--epochs 0", "--epochs: found 0, expected an integer in [1, 100000]"},
+      {"route-train " + q + "--lr 0", "--lr: found 0, expected a number in (0, 1000]"},
+      {"route-train " + q + "--label-smoothing nan",
+       "--label-smoothing: found 'nan', expected a number in [0, 1]"},
+      {"route-train " + q + "--seed -1", "--seed: found -1, expected an integer in [0, 2^63-1]"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_EQ(r.out, "moesim: error: " + message + "\n") << args;
+  }
+}
+
 TEST(Cli, SimulateUnknownStrategyExitsTwo) {
   auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --strategy nope", kSource));
   EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -153,8 +153,16 @@ void run_collective(const CollectiveArgs& a) {
     sizes.push_back(Bytes(parse_quantity_flag("--size", s, UnitKind::kBytes)));
   if (sizes.empty()) throw InputError("--size: missing, expected a size such as 128MiB");
 
+  // One collective has no iterations; --seed picks the all_to_allv routing draw. An explicit
+  // value is checked either way, never ignored.
+  if (a.iterations)
+    throw InputError(
+        "--iterations: only meaningful without --collective (one collective runs once)");
+  const auto seed_flag =
+      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
+  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   const int gpus = topo->num_gpus();

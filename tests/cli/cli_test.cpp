@@ -559,6 +559,10 @@ TEST(Cli, NumericFlagsAreStrict) {
       {"simulate " + q + "--collective all_to_all --size 0B",
        "--size: found '0B', expected a size (e.g. 128MiB, 4KB) greater than 0 and at most "
        "1024TiB"},
+      {"simulate " + q + "--collective all_to_allv --size 1MiB --seed -5",
+       "--seed: found -5, expected an integer in [0, 2^63-1]"},
+      {"simulate " + q + "--collective all_to_all --size 1MiB --iterations 3",
+       "--iterations: only meaningful without --collective (one collective runs once)"},
       {"compare " + q + "--iterations 0",
        "--iterations: found 0, expected an integer in [1, 1000000]"},
       {"sweep /nonexistent/sweep.yaml --jobs -1",

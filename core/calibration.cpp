@@ -37,6 +37,10 @@ double time_per(const MapReader& m, std::string_view key, std::string_view per) 
   const ParsedQuantity q = parse_quantity(
       std::string_view(text).substr(0, text.size() - suffix.size()), UnitKind::kSeconds);
   if (!q.value) m.fail(key, fmt::format("found '{}', expected {}", text, what));
+  // A second per byte or FLOP is already absurd; bounding it keeps time = beta x size finite
+  // (1e308s/B x 1 MiB is infinite).
+  if (*q.value > 1)
+    m.fail(key, fmt::format("found '{}', expected {} of at most 1s{}", text, what, suffix));
   return *q.value;
 }
 

@@ -64,8 +64,8 @@ struct CollectiveRow {
 void apply_skew_flag(RoutingWorkloadSpec& r, const std::string& spec) {
   auto fail = [&] {
     throw InputError(fmt::format(
-        "--skew: found '{}', expected uniform, zipf:S (S >= 0, e.g. zipf:1.0) or dirichlet:A "
-        "(A > 0)",
+        "--skew: found '{}', expected uniform, zipf:S (S in [0, 100], e.g. zipf:1.0) or "
+        "dirichlet:A (A in (0, 1e6]), the ranges of workload.routing.skew and alpha",
         spec));
   };
   auto number_after = [&](std::size_t colon) {
@@ -85,12 +85,12 @@ void apply_skew_flag(RoutingWorkloadSpec& r, const std::string& spec) {
     r.skew = 0;
   } else if (spec.rfind("zipf:", 0) == 0) {
     const double s = number_after(4);
-    if (s < 0) fail();
+    if (!(s >= 0 && s <= 100)) fail();
     r.distribution = RoutingDistribution::kZipf;
     r.skew = s;
   } else if (spec.rfind("dirichlet:", 0) == 0) {
     const double alpha = number_after(9);
-    if (!(alpha > 0)) fail();
+    if (!(alpha > 0 && alpha <= 1e6)) fail();
     r.distribution = RoutingDistribution::kDirichlet;
     r.dirichlet_alpha = alpha;
   } else {

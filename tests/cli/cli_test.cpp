@@ -563,6 +563,9 @@ TEST(Cli, NumericFlagsAreStrict) {
        "--seed: found -5, expected an integer in [0, 2^63-1]"},
       {"simulate " + q + "--collective all_to_all --size 1MiB --iterations 3",
        "--iterations: only meaningful without --collective (one collective runs once)"},
+      {"simulate " + q + "--collective all_to_allv --size 1MiB --skew zipf:1e300",
+       "--skew: found 'zipf:1e300', expected uniform, zipf:S (S in [0, 100], e.g. zipf:1.0) or "
+       "dirichlet:A (A in (0, 1e6]), the ranges of workload.routing.skew and alpha"},
       {"compare " + q + "--iterations 0",
        "--iterations: found 0, expected an integer in [1, 1000000]"},
       {"sweep /nonexistent/sweep.yaml --jobs -1",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -36,6 +37,10 @@ double time_per(const MapReader& m, std::string_view key, std::string_view per) 
   const ParsedQuantity q = parse_quantity(
       std::string_view(text).substr(0, text.size() - suffix.size()), UnitKind::kSeconds);
   if (!q.value) m.fail(key, fmt::format("found '{}', expected {}", text, what));
+  // A second per byte or FLOP is already absurd; bounding it keeps time = beta x size finite
+  // (1e308s/B x 1 MiB is infinite).
+  if (*q.value > 1)
+    m.fail(key, fmt::format("found '{}', expected {} of at most 1s{}", text, what, suffix));
   return *q.value;
 }
 
@@ -166,10 +171,12 @@ Calibration parse_calibration(const std::string& text, const std::string& file) 
                     {"m", "n", "k", "batch", "efficiency"});
         for (auto key : {"m", "n", "k", "efficiency"}) p.require(key, "a number");
         GemmEfficiencyPoint pt;
-        pt.shape.m = *p.get_int("m", 1);
-        pt.shape.n = *p.get_int("n", 1);
-        pt.shape.k = *p.get_int("k", 1);
-        pt.shape.batch = p.get_int("batch", 1).value_or(1);
+        // GEMM dimensions as the executor passes them to cuBLAS (32-bit ints).
+        constexpr std::int64_t kMaxDim = std::numeric_limits<int>::max();
+        pt.shape.m = *p.get_int("m", 1, kMaxDim);
+        pt.shape.n = *p.get_int("n", 1, kMaxDim);
+        pt.shape.k = *p.get_int("k", 1, kMaxDim);
+        pt.shape.batch = p.get_int("batch", 1, kMaxDim).value_or(1);
         pt.efficiency = *p.get_number("efficiency");
         if (!(pt.efficiency > 0 && pt.efficiency <= 1))
           p.fail("efficiency", fmt::format("found {}, expected a number in (0, 1]", pt.efficiency));
@@ -215,7 +222,8 @@ Calibration parse_calibration(const std::string& text, const std::string& file) 
   }
   if (m.has("interference")) {
     const double v = *m.get_number("interference");
-    if (!(v >= 0)) m.fail("interference", fmt::format("found {}, expected a number >= 0", v));
+    if (!(v >= 0 && v <= 100))
+      m.fail("interference", fmt::format("found {}, expected a number in [0, 100]", v));
     cal.interference = v;
   }
   return cal;

@@ -82,6 +82,28 @@ const std::vector<NamedValue<InterKind>>& inter_table() {
 int to_int32(std::int64_t v) { return static_cast<int>(v); }
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 
+// Upper bounds of the model's sizes. Each is far above any real model, and together they keep
+// every size the plan derives from them (tokens x dims x bytes, experts x capacity) inside int64
+// and the doubles' exact range; check_plan_sizes() bounds the products themselves.
+constexpr std::int64_t kMaxLayers = 1 << 16;
+constexpr std::int64_t kMaxDim = 1 << 20;                         // model_dim, hidden_dim
+constexpr std::int64_t kMaxExperts = 1 << 20;                     // E, experts_per_gpu
+constexpr std::int64_t kMaxTokensPerGpu = std::int64_t{1} << 31;  // S = batch_per_gpu x seq_len
+constexpr double kMaxCapacityFactor = 1024;  // |capacity factor|; dC = k f S / E slots
+// The bytes one GPU sends in one dispatch all-to-all (E x dC x M x bytes x esp x repeats).
+constexpr double kMaxA2aBytes = 1125899906842624.0;  // 2^50
+constexpr std::int64_t kMaxIterations = 1'000'000;   // the routing trace's limit, too
+
+// A plain number in [lo, hi] ((lo, hi] when lo_open), with the range stated when out of it.
+double number_in(const MapReader& m, std::string_view key, double lo, double hi,
+                 bool lo_open = false) {
+  const double v = *m.get_number(key);
+  if (v < lo || v > hi || (lo_open && v == lo))
+    m.fail(key,
+           fmt::format("found {}, expected a number in {}{}, {}]", v, lo_open ? "(" : "[", lo, hi));
+  return v;
+}
+
 // A path written in the file, resolved against the file's directory; must exist.
 std::string resolve_existing(const MapReader& m, std::string_view key, std::string_view what) {
   std::string rel = *m.get_string(key);
@@ -214,7 +236,8 @@ IntraNodeSpec parse_intra(const MapReader& cluster, int gpus_per_node) {
 int parse_tree(Context& ctx, const YAML::Node& n, const std::string& path, TreeSpec& out) {
   if (n.IsScalar()) {
     out.is_leaf = true;
-    out.leaf_nodes = to_int32(ctx.to_int(n, path, 1, kIntMax));
+    // At most the 2^24 GPUs supported, so the leaves' sum cannot overflow before it is checked.
+    out.leaf_nodes = to_int32(ctx.to_int(n, path, 1, 1 << 24));
     return 1;
   }
   if (!n.IsSequence() || n.size() == 0)
@@ -294,14 +317,14 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   }
   if (auto v = m.get_quantity("latency", UnitKind::kSeconds)) inter.latency = Seconds(*v);
   if (auto v = m.get_number("oversubscription")) {
-    if (*v <= 0)
+    if (*v <= 0 || *v > 1024)
       m.fail("oversubscription",
-             fmt::format("found {}, expected a positive down/up capacity ratio (1 = "
-                         "non-blocking)",
+             fmt::format("found {}, expected a positive down/up capacity ratio of at most 1024 "
+                         "(1 = non-blocking)",
                          *v));
     inter.oversubscription = *v;
   }
-  if (auto v = m.get_int("switch_radix", 2, kIntMax)) inter.switch_radix = to_int32(*v);
+  if (auto v = m.get_int("switch_radix", 2, 1 << 16)) inter.switch_radix = to_int32(*v);
   if (auto v = m.get_int("levels", 0, 3)) {
     if (*v == 1) m.fail("levels", "found 1, expected 2 or 3 (or 0 for the smallest that fits)");
     inter.levels = to_int32(*v);
@@ -313,7 +336,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   if (k == InterKind::kDragonfly) {
     // 0 = auto (about sqrt(nodes) groups); group sizes may differ by one node.
     if (auto v = m.get_int("groups", 0, nodes)) inter.groups = to_int32(*v);
-    if (auto v = m.get_int("routers_per_group", 0, kIntMax)) inter.routers_per_group = to_int32(*v);
+    if (auto v = m.get_int("routers_per_group", 0, 1 << 16)) inter.routers_per_group = to_int32(*v);
     if (m.has("global_bandwidth")) inter.global_bandwidth = positive_rate(m, "global_bandwidth");
     if (m.has("local_bandwidth")) inter.local_bandwidth = positive_rate(m, "local_bandwidth");
   }
@@ -465,11 +488,12 @@ ClusterSpec parse_cluster(const MapReader& root) {
   m.require("gpu", "a GPU catalog name (e.g. a100-sxm-80gb) or a map");
   m.require("gpus_per_node", "an integer >= 1");
   c.gpu = parse_gpu(m);
-  c.nodes = to_int32(m.get_int("nodes", 1, kIntMax).value_or(1));
-  c.gpus_per_node = to_int32(*m.get_int("gpus_per_node", 1, kIntMax));
+  c.gpus_per_node = to_int32(*m.get_int("gpus_per_node", 1, 1 << 24));
+  c.nodes = to_int32(m.get_int("nodes", 1, 1 << 24).value_or(1));
   if (static_cast<std::int64_t>(c.nodes) * c.gpus_per_node > (1 << 24))
-    m.fail("nodes", fmt::format("{} nodes x {} GPUs is more than the {} GPUs supported", c.nodes,
-                                c.gpus_per_node, 1 << 24));
+    m.fail("nodes", fmt::format("found {}, expected an integer in [1, 2^24/gpus_per_node = {}] "
+                                "({} nodes x {} GPUs is more than the 2^24 GPUs supported)",
+                                c.nodes, (1 << 24) / c.gpus_per_node, c.nodes, c.gpus_per_node));
 
   if (m.has("inter_node")) {
     c.inter = parse_inter(m, c.nodes, c.gpus_per_node);
@@ -513,7 +537,7 @@ ModelSpec parse_model(const MapReader& root) {
       "model", {"mode", "layers", "moe_every", "batch_per_gpu", "seq_len", "model_dim",
                 "hidden_dim", "experts", "experts_per_gpu", "top_k", "capacity_factor", "dtype"});
   if (auto v = get_enum(m, "mode", mode_names())) model.mode = *v;
-  if (auto v = m.get_int("layers", 1, kIntMax)) model.layers = to_int32(*v);
+  if (auto v = m.get_int("layers", 1, kMaxLayers)) model.layers = to_int32(*v);
   if (auto v = m.get_int("moe_every", 1, kIntMax)) model.moe_every = to_int32(*v);
   if (model.moe_every > model.layers)
     m.fail("moe_every", fmt::format("found {} with model.layers = {}, expected at most {} (the "
@@ -525,22 +549,30 @@ ModelSpec parse_model(const MapReader& root) {
   m.require("hidden_dim", "H, the expert hidden dimension (an integer >= 1)");
   model.batch_per_gpu = to_int32(*m.get_int("batch_per_gpu", 1, kIntMax));
   model.seq_len = to_int32(*m.get_int("seq_len", 1, kIntMax));
-  model.model_dim = to_int32(*m.get_int("model_dim", 1, kIntMax));
-  model.hidden_dim = to_int32(*m.get_int("hidden_dim", 1, kIntMax));
+  // S = B x L tokens per GPU: the workload counts tokens in 32 bits and the plan multiplies S by
+  // the dimensions, so the product is bounded, not just each factor.
+  if (model.tokens_per_gpu() > kMaxTokensPerGpu)
+    m.fail("seq_len", fmt::format("found {}, expected an integer in [1, 2^31/batch_per_gpu = {}] "
+                                  "(S = batch_per_gpu x seq_len tokens per GPU is at most 2^31)",
+                                  model.seq_len, kMaxTokensPerGpu / model.batch_per_gpu));
+  model.model_dim = to_int32(*m.get_int("model_dim", 1, kMaxDim));
+  model.hidden_dim = to_int32(*m.get_int("hidden_dim", 1, kMaxDim));
   if (m.has("experts") && m.has("experts_per_gpu"))
     m.fail("experts_per_gpu", "found both 'experts' and 'experts_per_gpu', expected only one");
   if (!m.has("experts") && !m.has("experts_per_gpu"))
     m.require("experts_per_gpu", "experts per GPU (or 'experts: E', the global count)");
-  if (auto v = m.get_int("experts", 1, kIntMax)) model.experts = to_int32(*v);
-  if (auto v = m.get_int("experts_per_gpu", -kIntMax, kIntMax)) {
+  if (auto v = m.get_int("experts", 1, kMaxExperts)) model.experts = to_int32(*v);
+  if (auto v = m.get_int("experts_per_gpu", -kMaxExperts, kMaxExperts)) {
     if (*v == 0)
       m.fail("experts_per_gpu",
              "found 0, expected an integer >= 1, or -x to shard one expert "
              "over x GPUs");
     model.experts_per_gpu = to_int32(*v);
   }
-  if (auto v = m.get_int("top_k", 1, kIntMax)) model.top_k = to_int32(*v);
-  if (auto v = m.get_number("capacity_factor")) model.capacity_factor = *v;
+  if (auto v = m.get_int("top_k", 1, kMaxExperts)) model.top_k = to_int32(*v);
+  if (m.has("capacity_factor"))
+    model.capacity_factor =
+        number_in(m, "capacity_factor", -kMaxCapacityFactor, kMaxCapacityFactor);
   if (auto v = get_enum(m, "dtype", dtype_table())) model.dtype = *v;
   return model;
 }
@@ -612,8 +644,11 @@ void resolve_experts(const MapReader& root, ModelSpec& model, const ParallelismS
     int d = model.experts_per_gpu;
     if (d >= 1) {
       std::int64_t e = static_cast<std::int64_t>(d) * ep;
-      if (e > kIntMax)
-        m.fail("experts_per_gpu", fmt::format("{} x ep {} is too many experts", d, ep));
+      if (e > kMaxExperts)
+        m.fail("experts_per_gpu",
+               fmt::format("found {}, expected an integer in [1, 2^20/ep = {}] ({} x "
+                           "parallelism.ep {} is more than the 2^20 experts supported)",
+                           d, kMaxExperts / ep, d, ep));
       model.experts = static_cast<int>(e);
     } else {
       int x = -d;
@@ -648,17 +683,15 @@ WorkloadSpec parse_workload(const MapReader& root) {
   WorkloadSpec w;
   if (!root.has("workload")) return w;
   MapReader m = root.get_map("workload", {"routing", "capacity", "iterations"});
-  if (auto v = m.get_int("iterations", 1, kIntMax)) w.iterations = to_int32(*v);
+  if (auto v = m.get_int("iterations", 1, kMaxIterations)) w.iterations = to_int32(*v);
   if (m.has("routing")) {
     MapReader r = m.get_map("routing", {"distribution", "skew", "seed", "trace", "alpha",
                                         "stickiness", "memory", "batch_variation"});
     auto& rt = w.routing;
     if (auto v = get_enum(r, "distribution", routing_distribution_names())) rt.distribution = *v;
-    if (auto v = r.get_number("skew")) {
-      if (*v < 0) r.fail("skew", fmt::format("found {}, expected a number >= 0", *v));
-      rt.skew = *v;
-    }
-    if (auto v = r.get_int("seed", 0)) rt.seed = static_cast<std::uint64_t>(*v);
+    if (r.has("skew")) rt.skew = number_in(r, "skew", 0, 100);
+    if (auto v = r.get_int("seed", 0, std::numeric_limits<std::int64_t>::max()))
+      rt.seed = static_cast<std::uint64_t>(*v);
     const bool is_trace = rt.distribution == RoutingDistribution::kTrace;
     if (is_trace) r.require("trace", "the path of a routing trace file");
     if (r.has("trace")) {
@@ -673,8 +706,7 @@ WorkloadSpec parse_workload(const MapReader& root) {
         r.fail("alpha", fmt::format("'alpha' applies only to distribution dirichlet, but "
                                     "distribution is {}",
                                     name_of(rt.distribution)));
-      if (*v <= 0) r.fail("alpha", fmt::format("found {}, expected a number > 0", *v));
-      rt.dirichlet_alpha = *v;
+      rt.dirichlet_alpha = number_in(r, "alpha", 0, 1e6, true);
     }
     // The correlated generator's keys (strategies/inference/correlated_routing.hpp).
     for (std::string_view key : {"stickiness", "memory", "batch_variation"})
@@ -717,21 +749,25 @@ WorkloadSpec parse_workload(const MapReader& root) {
         c.fail("factors",
                fmt::format("found {}, expected a non-empty list of numbers", describe(list)));
       ctx.require_list(list, path);
-      for (std::size_t i = 0; i < list.size(); ++i)
-        cap.factors.push_back(ctx.to_number(list[i], fmt::format("{}[{}]", path, i)));
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::string item = fmt::format("{}[{}]", path, i);
+        const double f = ctx.to_number(list[i], item);
+        if (!(std::abs(f) <= kMaxCapacityFactor))
+          ctx.fail(list[i], item,
+                   fmt::format("found {}, expected a number in [{}, {}]", f, -kMaxCapacityFactor,
+                               kMaxCapacityFactor));
+        cap.factors.push_back(f);
+      }
     }
     if (cap.kind == CapacityKind::kRandomWalk) {
       c.require("min", "the smallest capacity factor of the walk (> 0)");
       c.require("max", "the largest capacity factor of the walk");
-      cap.min = *c.get_number("min");
-      cap.max = *c.get_number("max");
-      if (cap.min <= 0) c.fail("min", fmt::format("found {}, expected a number > 0", cap.min));
+      cap.min = number_in(c, "min", 0, kMaxCapacityFactor, true);
+      cap.max = number_in(c, "max", 0, kMaxCapacityFactor, true);
       if (cap.max < cap.min)
-        c.fail("max", fmt::format("found {}, expected a number >= min = {}", cap.max, cap.min));
-      if (auto v = c.get_number("step")) {
-        if (*v <= 0) c.fail("step", fmt::format("found {}, expected a number > 0", *v));
-        cap.step = *v;
-      }
+        c.fail("max", fmt::format("found {}, expected a number in [min = {}, {}]", cap.max, cap.min,
+                                  kMaxCapacityFactor));
+      if (c.has("step")) cap.step = number_in(c, "step", 0, kMaxCapacityFactor, true);
     }
   }
   return w;
@@ -755,7 +791,8 @@ EngineSpec parse_engine(const MapReader& root) {
   if (auto v = m.get_quantity("launch_overhead", UnitKind::kSeconds))
     e.launch_overhead = Seconds(*v);
   if (auto v = m.get_number("interference")) {
-    if (*v < 0) m.fail("interference", fmt::format("found {}, expected a number >= 0", *v));
+    if (*v < 0 || *v > 100)
+      m.fail("interference", fmt::format("found {}, expected a number in [0, 100]", *v));
     e.interference = *v;
   }
   if (m.has("flow")) {
@@ -885,10 +922,8 @@ StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::str
   }
   if (m.has("tutel_online")) {
     MapReader p = m.get_map("tutel_online", {"bucket_width"});
-    if (auto v = p.get_number("bucket_width")) {
-      if (*v <= 0) p.fail("bucket_width", fmt::format("found {}, expected a number > 0", *v));
-      s.tutel_online.bucket_width = *v;
-    }
+    if (p.has("bucket_width"))
+      s.tutel_online.bucket_width = number_in(p, "bucket_width", 0, kMaxCapacityFactor, true);
   }
   if (m.has("lina")) {
     MapReader p = m.get_map("lina", {"micro_op", "pack_experts", "max_pack"});
@@ -939,6 +974,50 @@ std::vector<StrategySpec> parse_strategies(const MapReader& root, const ModelSpe
     out.push_back(std::move(s));
   }
   return out;
+}
+
+// The largest buffer the plan builder derives from the model (strategies/plan_builder.cpp,
+// a2a_bytes): one GPU's dispatch all-to-all sends E x dC x M x bytes x esp x r bytes, with
+// dC = ceil(k f S / E) slots per expert at the largest capacity factor f the workload reaches
+// (dropless: at most S) and r at most the expert shard count. Every key is within its own range
+// by now, but their product can still leave int64 (capacity_factor 1024 x 2^31 tokens x 2^20
+// dims), so the product is bounded too, at the same 2^50 bytes as a size key.
+void check_plan_sizes(const Context& ctx, const Scenario& s) {
+  const ModelSpec& m = s.model;
+  const CapacityWorkloadSpec& cap = s.workload.capacity;
+  std::vector<double> factors = {m.capacity_factor};
+  std::string key = "model.capacity_factor";
+  if (cap.kind == CapacityKind::kTrace) {
+    factors = cap.factors;
+    key = "workload.capacity.factors";
+  } else if (cap.kind == CapacityKind::kRandomWalk) {
+    factors = {cap.max};
+    key = "workload.capacity.max";
+  }
+  const double tokens = static_cast<double>(m.tokens_per_gpu());
+  double slots = 0, factor = 0;
+  for (double f : factors) {
+    const double fixed = std::ceil(m.top_k * std::abs(f) * tokens / m.experts);
+    const double c = f > 0 ? fixed : f == 0 ? tokens : std::min(tokens, fixed);
+    if (c > slots) {
+      slots = c;
+      factor = f;
+    }
+  }
+  const double repeats = static_cast<double>(s.parallelism.esp) * m.expert_shards();
+  const double bytes = m.experts * slots * m.model_dim * m.bytes_per_element() * repeats;
+  if (bytes <= kMaxA2aBytes) return;
+  // Blame a fixed capacity factor when it inflates dC past S k / E, else the token count.
+  if (!(factor > 1)) key = "model.seq_len";
+  ctx.fail(
+      ctx.location_of(key), key,
+      fmt::format("found {}: one GPU's dispatch all-to-all would send E x dC x M x bytes x "
+                  "esp x shards = {} x {} x {} x {} x {} x {} = {:.4g} bytes, expected at "
+                  "most 2^50 (1024TiB); lower model.capacity_factor, seq_len, "
+                  "batch_per_gpu or model_dim",
+                  key == "model.seq_len" ? fmt::format("{}", m.seq_len) : fmt::format("{}", factor),
+                  m.experts, slots, m.model_dim, m.bytes_per_element(), s.parallelism.esp,
+                  m.expert_shards(), bytes));
 }
 
 const std::vector<std::string_view>& top_level_keys() {
@@ -1121,6 +1200,7 @@ Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
   s.parallelism = parse_parallelism(m, s.cluster, ctx);
   resolve_experts(m, s.model, s.parallelism);
   s.workload = parse_workload(m);
+  check_plan_sizes(ctx, s);
   s.engine = parse_engine(m);
   s.strategies = parse_strategies(m, s.model);
   attach_cluster_locations(s.cluster, ctx);

@@ -23,6 +23,34 @@ std::string_view unit_kind_name(UnitKind k) {
   return "?";
 }
 
+double max_quantity(UnitKind k) {
+  switch (k) {
+    case UnitKind::kBytes:
+      return 1125899906842624.0;  // 2^50
+    case UnitKind::kSeconds:
+      return 3600.0;
+    case UnitKind::kBytesPerSecond:
+      return 1e15;
+    case UnitKind::kFlopsPerSecond:
+      return 1e18;
+  }
+  return 0;
+}
+
+std::string_view max_quantity_text(UnitKind k) {
+  switch (k) {
+    case UnitKind::kBytes:
+      return "1024TiB";
+    case UnitKind::kSeconds:
+      return "3600s";
+    case UnitKind::kBytesPerSecond:
+      return "1000TB/s";
+    case UnitKind::kFlopsPerSecond:
+      return "1000PFLOPS";
+  }
+  return "?";
+}
+
 namespace {
 
 struct UnitDef {

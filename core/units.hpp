@@ -81,6 +81,12 @@ constexpr BytesPerSecond operator""_Gbps(unsigned long long v) {
 enum class UnitKind { kBytes, kSeconds, kBytesPerSecond, kFlopsPerSecond };
 std::string_view unit_kind_name(UnitKind k);
 
+/// The largest value a scenario may give a quantity of kind `k`, in base units, and how messages
+/// print it: 1024TiB, 3600s, 1000TB/s, 1000PFLOPS. Far above real hardware, and low enough that the
+/// products the simulator forms (bytes x ranks, bytes / bandwidth) stay exact and finite.
+double max_quantity(UnitKind k);
+std::string_view max_quantity_text(UnitKind k);
+
 /// Result of parsing: the value in base units, or an error message saying what was expected.
 struct ParsedQuantity {
   std::optional<double> value;

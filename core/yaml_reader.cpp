@@ -111,18 +111,27 @@ std::string Context::to_string(const YAML::Node& node, const std::string& path) 
   return scalar_or_fail(*this, node, path, "a text value");
 }
 
+namespace {
+std::string bound_text(std::int64_t v) {
+  // The type limits read better as powers of two than as 19-digit numbers.
+  if (v == std::numeric_limits<std::int64_t>::max()) return "2^63-1";
+  if (v == std::numeric_limits<std::int64_t>::min()) return "-2^63";
+  if (v == std::numeric_limits<int>::max()) return "2^31-1";
+  if (v == -std::numeric_limits<int>::max()) return "-(2^31-1)";
+  if (v == std::numeric_limits<int>::min()) return "-2^31";
+  return fmt::format("{}", v);
+}
+}  // namespace
+
+std::string int_range_text(std::int64_t min, std::int64_t max) {
+  // Every accepted range is stated in full, upper bound included: a value past a technical limit
+  // is an error the user must be able to anticipate from the message.
+  return fmt::format("an integer in [{}, {}]", bound_text(min), bound_text(max));
+}
+
 std::int64_t Context::to_int(const YAML::Node& node, const std::string& path, std::int64_t min,
                              std::int64_t max) const {
-  // Bounds at the int range are technical limits, not worth printing.
-  const bool has_min = min > std::numeric_limits<int>::min();
-  const bool has_max = max < std::numeric_limits<int>::max();
-  std::string expected = "an integer";
-  if (has_min && has_max)
-    expected = fmt::format("an integer in [{}, {}]", min, max);
-  else if (has_min)
-    expected = fmt::format("an integer >= {}", min);
-  else if (has_max)
-    expected = fmt::format("an integer <= {}", max);
+  const std::string expected = int_range_text(min, max);
   const std::string& s = scalar_or_fail(*this, node, path, expected);
   std::string_view text = s;
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
@@ -161,6 +170,13 @@ double Context::to_quantity(const YAML::Node& node, const std::string& path, Uni
   const std::string& s = scalar_or_fail(*this, node, path, std::string(unit_kind_name(kind)));
   ParsedQuantity q = parse_quantity(s, kind);
   if (!q.value) fail(node, path, q.error);
+  // Far above any real hardware, far below where products of sizes and rates leave the doubles'
+  // exact or finite range (1e308Gb/s is infinite in bytes per second).
+  const double max = max_quantity(kind);
+  if (!(*q.value <= max))
+    fail(node, path,
+         fmt::format("found '{}', expected {} of at most {}", s, unit_kind_name(kind),
+                     max_quantity_text(kind)));
   return *q.value;
 }
 

@@ -36,6 +36,10 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string_vi
 /// "a, b or c".
 std::string join_alternatives(const std::vector<std::string_view>& items);
 
+/// "an integer in [1, 2^31-1]": the range every integer error states (type limits as powers of
+/// two). Shared with the command-line flag parsers, so both say the same thing.
+std::string int_range_text(std::int64_t min, std::int64_t max);
+
 /// The file being read and the locations of the keys seen so far.
 class Context {
  public:

@@ -24,9 +24,9 @@ namespace {
 namespace kcu = kernels::cuda;
 using kernels::DType;
 
-void cuda_check(cudaError_t rc, const char* what, const char* file, int line) {
+void cuda_check(cudaError_t rc, const char* what, const char* /*file*/, int /*line*/) {
   if (rc != cudaSuccess)
-    throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, cudaGetErrorString(rc)));
+    throw ExecError(fmt::format("{} failed: {}", what, cudaGetErrorString(rc)));
 }
 #define CUDA_OK(call) cuda_check((call), #call, __FILE__, __LINE__)
 

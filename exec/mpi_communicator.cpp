@@ -23,12 +23,12 @@ double exec_timeout_s() {
   return 120.0;
 }
 
-void mpi_check(int rc, const char* what, const char* file, int line) {
+void mpi_check(int rc, const char* what, const char* /*file*/, int /*line*/) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, std::string(msg, len)));
+  throw ExecError(fmt::format("{} failed: {}", what, std::string(msg, len)));
 }
 
 void wait_all(std::vector<MPI_Request>& requests, const std::string& what) {

@@ -18,13 +18,13 @@ namespace moesim::exec {
 
 namespace {
 
-void cuda_check(cudaError_t rc, const char* what, const char* file, int line) {
+void cuda_check(cudaError_t rc, const char* what, const char* /*file*/, int /*line*/) {
   if (rc != cudaSuccess)
-    throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, cudaGetErrorString(rc)));
+    throw ExecError(fmt::format("{} failed: {}", what, cudaGetErrorString(rc)));
 }
-void nccl_check(ncclResult_t rc, const char* what, const char* file, int line) {
+void nccl_check(ncclResult_t rc, const char* what, const char* /*file*/, int /*line*/) {
   if (rc != ncclSuccess)
-    throw ExecError(fmt::format("{}:{}: {} failed: {}", file, line, what, ncclGetErrorString(rc)));
+    throw ExecError(fmt::format("{} failed: {}", what, ncclGetErrorString(rc)));
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)

@@ -33,7 +33,7 @@ struct CalibrateArgs {
   std::string out;
   bool quick = false;
   std::string backend = "mpi";
-  int repeats = 0;
+  std::optional<std::string> repeats;  // absent: 3 with --quick, 7 otherwise
 };
 
 void print_run(const exec::CalibrationRun& run) {
@@ -94,13 +94,13 @@ int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
           a.scenario, sc.num_gpus(), sc.cluster.nodes, sc.cluster.gpus_per_node, session.size(),
           sc.num_gpus(), a.scenario));
   }
-  if (a.repeats < 0) throw InputError("--repeats: expected an integer >= 1");
+  const int repeats = static_cast<int>(parse_int_flag("--repeats", a.repeats, 1, 1000).value_or(0));
   std::unique_ptr<exec::Communicator> comm = make_communicator(a.backend, session);
   std::string device = "host-cpu";
   auto topo = topology::build_topology(sc.cluster);
   exec::CalibrateOptions opt;
   opt.quick = a.quick;
-  opt.repeats = a.repeats;
+  opt.repeats = repeats;  // 0: CalibrateOptions' own default
   if (root)
     fmt::print("# moesim calibrate: {} ranks ({} x {}), backend {}, GEMMs on {}{}\n",
                session.size(), sc.cluster.nodes, sc.cluster.gpus_per_node, comm->name(), device,
@@ -143,7 +143,8 @@ void register_calibrate(CLI::App& app) {
   add_set_option(cmd, &a->sets);
   cmd->add_option("--out", a->out, "Write the calibration YAML here (rank 0; default: stdout)");
   cmd->add_flag("--quick", a->quick, "Small grid and sizes up to 64 KiB (CI)");
-  cmd->add_option("--repeats", a->repeats, "Repeats per point (default 3 quick, 7 otherwise)");
+  cmd->add_option("--repeats", a->repeats,
+                  "Repeats per point, in [1, 1000] (default 3 quick, 7 otherwise)");
   cmd->add_option("--backend", a->backend, "mpi (host path) or nccl");
   cmd->callback(
       [a] { run_mpi_command([a](exec::MpiSession& s) { return run_calibrate(*a, s); }); });

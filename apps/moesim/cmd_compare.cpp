@@ -12,6 +12,7 @@
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "apps/moesim/plot.hpp"
 #include "apps/moesim/progress.hpp"
 #include "apps/moesim/report.hpp"
@@ -30,8 +31,8 @@ struct CompareArgs {
   std::vector<std::string> topologies;
   std::vector<std::string> strategies;
   std::string engine;
-  std::string simgrid_mode;  // --simgrid-mode
-  int iterations = 0;
+  std::string simgrid_mode;               // --simgrid-mode
+  std::optional<std::string> iterations;  // absent: each scenario's workload.iterations
   std::string json_path, csv_path;
   std::string plot_path, report_path;  // --plot F.svg|F.png, --report F.html
   bool quiet = false;                  // --quiet: no progress on stderr
@@ -106,12 +107,13 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
   }
   const Scenario& base = variants.front().sc;
   auto specs = select_strategies(base, a.strategies);
-  if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
+  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
 
   int total_units = 0;
   for (const auto& v : variants)
-    total_units += static_cast<int>(specs.size()) *
-                   (a.iterations > 0 ? a.iterations : v.sc.workload.iterations);
+    total_units +=
+        static_cast<int>(specs.size()) *
+        (iterations_flag ? static_cast<int>(*iterations_flag) : v.sc.workload.iterations);
   progress.set_total_units(total_units);
 
   // results[t][s]
@@ -122,7 +124,8 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
     sim::EngineConfig cfg = engine_config_from(v.sc, a.engine, a.simgrid_mode);
     announce_simgrid_mode(cfg, topo->num_gpus());
     engine_name = std::string(sim::network_kind_name(cfg.network));
-    int iterations = a.iterations > 0 ? a.iterations : v.sc.workload.iterations;
+    const int iterations =
+        iterations_flag ? static_cast<int>(*iterations_flag) : v.sc.workload.iterations;
     results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, !a.quiet,
                                  nullptr, &progress));
     progress.finish();  // before the warnings below
@@ -209,7 +212,8 @@ void register_compare(CLI::App& app) {
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
   cmd->add_option("--simgrid-mode", a->simgrid_mode,
                   "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
-  cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
+  cmd->add_option("--iterations", a->iterations,
+                  "Iterations, in [1, 1000000] (default: workload.iterations)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--csv", a->csv_path, "Write one row per topology, strategy and iteration");
   cmd->add_option("--plot", a->plot_path,

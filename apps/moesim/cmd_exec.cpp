@@ -49,8 +49,8 @@ struct ExecArgs {
   std::string scenario;
   std::vector<std::string> sets;  // --set KEY=VALUE
   std::vector<std::string> strategies;
-  int iterations = 0;
-  long long seed = -1;
+  std::optional<std::string> iterations;  // absent: the scenario's workload.iterations
+  std::optional<std::string> seed;        // absent: the scenario's workload.routing.seed
   std::string json_path;
   bool check = false;
   std::string backend = "mpi";
@@ -205,10 +205,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
   check_output_path_on_root(session, a.json_path, "--json");
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
+  const auto seed_flag =
+      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
   Scenario sc = load_scenario_with(path, a.sets);
-  if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
-  if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
-  const int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
+  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
+  const int iterations =
+      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
   if (session.size() != sc.num_gpus())
     throw InputError(fmt::format(
         "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "
@@ -384,8 +387,10 @@ void register_exec(CLI::App& app) {
   cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
   add_set_option(cmd, &a->sets);
   cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
-  cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
-  cmd->add_option("--seed", a->seed, "Routing and data seed (default: workload.routing.seed)");
+  cmd->add_option("--iterations", a->iterations,
+                  "Iterations, in [1, 1000000] (default: workload.iterations)");
+  cmd->add_option("--seed", a->seed,
+                  "Routing and data seed, in [0, 2^63-1] (default: workload.routing.seed)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file (rank 0)");
   cmd->add_flag("--check", a->check,
                 "Compare every MoE layer with a single-process reference; exit 1 on mismatch");

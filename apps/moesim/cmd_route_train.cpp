@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
 #include "strategies/plan_builder.hpp"
@@ -100,24 +102,43 @@ void register_route_train(CLI::App& app) {
   auto scenario = std::make_shared<std::string>();
   auto cfg = std::make_shared<routing::GateLabConfig>();
   auto json_path = std::make_shared<std::string>();
+  // The numeric flags are read as text and parsed strictly (overrides.hpp), with their ranges.
+  auto flags = std::make_shared<std::map<std::string, std::string>>();
+  auto flag = [&](const std::string& name, const std::string& help, const std::string& dflt) {
+    cmd->add_option_function<std::string>(
+           name, [flags, name](const std::string& v) { (*flags)[name] = v; }, help)
+        ->default_str(dflt);
+  };
   cmd->add_option("scenario", *scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
-  cmd->add_option("--epochs", cfg->epochs, "Training epochs")->capture_default_str();
-  cmd->add_option("--tokens", cfg->tokens_per_gpu, "Training tokens per GPU per epoch")
-      ->capture_default_str();
-  cmd->add_option("--batch", cfg->batch, "Tokens per GPU per SGD step")->capture_default_str();
-  cmd->add_option("--lr", cfg->learning_rate, "SGD learning rate")->capture_default_str();
-  cmd->add_option("--aux-weight", cfg->aux_weight,
-                  "Weight of the auxiliary (balance or topology) loss")
-      ->capture_default_str();
-  cmd->add_option("--label-smoothing", cfg->label_smoothing, "Label smoothing of the task loss")
-      ->capture_default_str();
-  cmd->add_option("--dim", cfg->feature_dim,
-                  "Token feature dimension (0: max(16, number of experts))")
-      ->capture_default_str();
-  cmd->add_option("--seed", cfg->seed, "Seed of the synthetic data and the initial gate")
-      ->capture_default_str();
+  flag("--epochs", "Training epochs, in [1, 100000]", std::to_string(cfg->epochs));
+  flag("--tokens", "Training tokens per GPU per epoch, in [1, 2^24]",
+       std::to_string(cfg->tokens_per_gpu));
+  flag("--batch", "Tokens per GPU per SGD step, in [1, 2^24]", std::to_string(cfg->batch));
+  flag("--lr", "SGD learning rate, in (0, 1000]", fmt::format("{}", cfg->learning_rate));
+  flag("--aux-weight", "Weight of the auxiliary (balance or topology) loss, in [0, 1000]",
+       fmt::format("{}", cfg->aux_weight));
+  flag("--label-smoothing", "Label smoothing of the task loss, in [0, 1]",
+       fmt::format("{}", cfg->label_smoothing));
+  flag("--dim", "Token feature dimension, in [0, 65536] (0: max(16, number of experts))",
+       std::to_string(cfg->feature_dim));
+  flag("--seed", "Seed of the synthetic data and the initial gate, in [0, 2^63-1]",
+       std::to_string(cfg->seed));
   cmd->add_option("--json", *json_path, "Write both runs' curves as JSON to this file");
   cmd->callback([=] {
+    for (const auto& [name, text] : *flags) {
+      if (name == "--epochs") cfg->epochs = static_cast<int>(parse_int_flag(name, text, 1, 100000));
+      if (name == "--tokens")
+        cfg->tokens_per_gpu = static_cast<int>(parse_int_flag(name, text, 1, 1 << 24));
+      if (name == "--batch") cfg->batch = static_cast<int>(parse_int_flag(name, text, 1, 1 << 24));
+      if (name == "--lr") cfg->learning_rate = parse_number_flag(name, text, 0, 1000, true);
+      if (name == "--aux-weight") cfg->aux_weight = parse_number_flag(name, text, 0, 1000);
+      if (name == "--label-smoothing") cfg->label_smoothing = parse_number_flag(name, text, 0, 1);
+      if (name == "--dim")
+        cfg->feature_dim = static_cast<int>(parse_int_flag(name, text, 0, 65536));
+      if (name == "--seed")
+        cfg->seed = static_cast<std::uint64_t>(
+            parse_int_flag(name, text, 0, std::numeric_limits<std::int64_t>::max()));
+    }
     check_output_path(*json_path, "--json");
     const std::string path = scenario->empty() ? default_scenario_path() : *scenario;
     const Scenario sc = load_scenario(path);

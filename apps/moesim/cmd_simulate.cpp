@@ -41,8 +41,8 @@ struct CollectiveArgs {
   std::string simgrid_mode;       // --simgrid-mode
   std::string skew;               // --skew (all_to_allv)
   std::vector<std::string> strategies;
-  int iterations = 0;   // 0 = the scenario's workload.iterations
-  long long seed = -1;  // -1 = the scenario's workload.routing.seed
+  std::optional<std::string> iterations;  // absent: the scenario's workload.iterations
+  std::optional<std::string> seed;        // absent: the scenario's workload.routing.seed
   std::string csv_path;
   std::string collective;
   std::vector<std::string> sizes;
@@ -67,8 +67,8 @@ struct CollectiveRow {
 void apply_skew_flag(RoutingWorkloadSpec& r, const std::string& spec) {
   auto fail = [&] {
     throw InputError(fmt::format(
-        "--skew: found '{}', expected uniform, zipf:S (S >= 0, e.g. zipf:1.0) or dirichlet:A "
-        "(A > 0)",
+        "--skew: found '{}', expected uniform, zipf:S (S in [0, 100], e.g. zipf:1.0) or "
+        "dirichlet:A (A in (0, 1e6]), the ranges of workload.routing.skew and alpha",
         spec));
   };
   auto number_after = [&](std::size_t colon) {
@@ -88,12 +88,12 @@ void apply_skew_flag(RoutingWorkloadSpec& r, const std::string& spec) {
     r.skew = 0;
   } else if (spec.rfind("zipf:", 0) == 0) {
     const double s = number_after(4);
-    if (s < 0) fail();
+    if (!(s >= 0 && s <= 100)) fail();
     r.distribution = RoutingDistribution::kZipf;
     r.skew = s;
   } else if (spec.rfind("dirichlet:", 0) == 0) {
     const double alpha = number_after(9);
-    if (!(alpha > 0)) fail();
+    if (!(alpha > 0 && alpha <= 1e6)) fail();
     r.distribution = RoutingDistribution::kDirichlet;
     r.dirichlet_alpha = alpha;
   } else {
@@ -152,15 +152,20 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
                     "hierarchical, auto",
                     a.algo));
   std::vector<Bytes> sizes;
-  for (const auto& s : a.sizes) {
-    auto p = parse_quantity(s, UnitKind::kBytes);
-    if (!p.value) throw InputError("--size: " + p.error);
-    sizes.push_back(Bytes(*p.value));
-  }
+  for (const auto& s : a.sizes)
+    sizes.push_back(Bytes(parse_quantity_flag("--size", s, UnitKind::kBytes)));
   if (sizes.empty()) throw InputError("--size: missing, expected a size such as 128MiB");
 
+  // One collective has no iterations; --seed picks the all_to_allv routing draw. An explicit
+  // value is checked either way, never ignored.
+  if (a.iterations)
+    throw InputError(
+        "--iterations: only meaningful without --collective (one collective runs once)");
+  const auto seed_flag =
+      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   Scenario sc = load_scenario_with(path, a.sets);
+  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   const int gpus = topo->num_gpus();
@@ -262,10 +267,13 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
 
 void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
+  const auto seed_flag =
+      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
   Scenario sc = load_scenario_with(path, a.sets);
-  if (a.iterations < 0) throw InputError("--iterations: expected an integer >= 1");
-  if (a.seed >= 0) sc.workload.routing.seed = static_cast<std::uint64_t>(a.seed);
-  int iterations = a.iterations > 0 ? a.iterations : sc.workload.iterations;
+  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
+  const int iterations =
+      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   auto specs = select_strategies(sc, a.strategies);
@@ -326,14 +334,17 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("scenario", a->scenario, "Scenario YAML (default: scenarios/quickstart.yaml)");
   add_set_option(cmd, &a->sets);
   cmd->add_option("--strategy", a->strategies, "Run only this strategy (repeatable)");
-  cmd->add_option("--iterations", a->iterations, "Iterations (default: workload.iterations)");
-  cmd->add_option("--seed", a->seed, "Routing seed (default: workload.routing.seed)");
+  cmd->add_option("--iterations", a->iterations,
+                  "Iterations, in [1, 1000000] (default: workload.iterations)");
+  cmd->add_option("--seed", a->seed,
+                  "Routing seed, in [0, 2^63-1] (default: workload.routing.seed)");
   cmd->add_option("--csv", a->csv_path, "Write one row per strategy and iteration as CSV");
   cmd->add_option("--collective", a->collective,
                   "Simulate one collective over all GPUs: all_to_all, all_to_allv (one MoE "
                   "dispatch of the routing model), all_reduce, all_gather, reduce_scatter, "
                   "send_recv");
-  cmd->add_option("--size", a->sizes, "Collective size per rank, e.g. 128MiB (repeatable)");
+  cmd->add_option("--size", a->sizes,
+                  "Collective size per rank, e.g. 128MiB, at most 1024TiB (repeatable)");
   cmd->add_option("--algo", a->algo, "linear, 2dh, ring, tree, hierarchical or auto");
   cmd->add_option("--skew", a->skew,
                   "With --collective all_to_allv: uniform, zipf:S or dirichlet:A (default: the "

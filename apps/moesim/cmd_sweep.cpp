@@ -18,6 +18,7 @@
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "apps/moesim/plot.hpp"
 #include "apps/moesim/progress.hpp"
 #include "apps/moesim/sweep.hpp"
@@ -38,7 +39,7 @@ namespace fs = std::filesystem;
 
 struct SweepArgs {
   std::string sweep;
-  int jobs = 0;
+  std::optional<std::string> jobs;  // absent or 0: one per core
   std::string csv_path, json_path, engine, plot_path, report_path, eta_log_path;
   bool quiet = false;
   bool restart = false;
@@ -174,10 +175,10 @@ void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
                         {"--eta-log", a.eta_log_path}});
   if (!a.plot_path.empty()) check_plot_path(a.plot_path, "--plot");
   if (!a.plot_path.empty()) require_gnuplot();
-  if (a.jobs < 0) throw InputError("--jobs: expected an integer >= 0 (0 = one per core)");
+  const int jobs = static_cast<int>(parse_int_flag("--jobs", a.jobs, 0, 4096).value_or(0));
   SweepSpec spec = load_sweep(a.sweep);
   SweepOptions opts;
-  opts.jobs = a.jobs;
+  opts.jobs = jobs;
   opts.engine = a.engine;
   opts.csv_path = a.csv_path;
   opts.json_path = a.json_path;
@@ -251,7 +252,8 @@ void register_sweep(CLI::App& app) {
   auto* cmd = app.add_subcommand("sweep", "Run a parameter sweep over a base scenario");
   auto a = std::make_shared<SweepArgs>();
   cmd->add_option("sweep", a->sweep, "Sweep YAML (base scenario, axes, strategies)")->required();
-  cmd->add_option("--jobs,-j", a->jobs, "Points run in parallel (default: one per core)");
+  cmd->add_option("--jobs,-j", a->jobs,
+                  "Points run in parallel, in [0, 4096] (default or 0: one per core)");
   cmd->add_option("--csv", a->csv_path,
                   "One row per point and strategy; points already in the file are skipped when it "
                   "was written by the same setup (base scenario, axes, engine, version)");

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include "apps/moesim/commands.hpp"
+#include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/report.hpp"
 #include "core/scenario_loader.hpp"
 #include "strategies/memory.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/runner.hpp"
+#include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -93,9 +95,14 @@ void register_validate(CLI::App& app) {
   add_set_option(cmd, sets.get());
   cmd->callback([=] {
     Scenario sc = load_scenario_with(*scenario, *sets);
-    // Building the topology resolves the GPU and checks the cluster's wiring, so a scenario that
-    // validates is one that every later command can run.
-    auto topo = topology::build_topology(sc.cluster);
+    // Everything simulate reads before its first iteration is read here too, so a scenario that
+    // validates is one that every later command can run: the topology (the GPU and the cluster's
+    // wiring, scaled by the calibration file, which is loaded and checked), the engine settings,
+    // and the workload generator, which reads every row of a routing trace file against the
+    // scenario's shape.
+    auto topo = simulation_topology(sc);
+    (void)engine_config_from(sc, "");
+    workload::WorkloadGenerator check_workload(sc);
     print_summary(sc, *topo);
   });
 }

@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
+#include <cmath>
+
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
+#include "core/yaml_reader.hpp"
 
 namespace moesim::app {
 
@@ -47,6 +51,50 @@ Scenario load_scenario_with(const std::string& path, const std::vector<std::stri
     }
     throw;
   }
+}
+
+std::int64_t parse_int_flag(const std::string& flag, const std::string& text, std::int64_t min,
+                            std::int64_t max) {
+  const std::string expected = yaml::int_range_text(min, max);
+  std::string_view t = text;
+  if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+  std::int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc() || ptr != t.data() + t.size())
+    throw InputError(fmt::format("{}: found '{}', expected {}", flag, text, expected));
+  if (v < min || v > max)
+    throw InputError(fmt::format("{}: found {}, expected {}", flag, v, expected));
+  return v;
+}
+
+std::optional<std::int64_t> parse_int_flag(const std::string& flag,
+                                           const std::optional<std::string>& text, std::int64_t min,
+                                           std::int64_t max) {
+  if (!text) return std::nullopt;
+  return parse_int_flag(flag, *text, min, max);
+}
+
+double parse_number_flag(const std::string& flag, const std::string& text, double min, double max,
+                         bool min_open) {
+  const std::string expected = fmt::format("a number in {}{}, {}]", min_open ? "(" : "[", min, max);
+  std::string_view t = text;
+  if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc() || ptr != t.data() + t.size() || !std::isfinite(v))
+    throw InputError(fmt::format("{}: found '{}', expected {}", flag, text, expected));
+  if (v < min || v > max || (min_open && v == min))
+    throw InputError(fmt::format("{}: found {}, expected {}", flag, v, expected));
+  return v;
+}
+
+double parse_quantity_flag(const std::string& flag, const std::string& text, UnitKind kind) {
+  const ParsedQuantity q = parse_quantity(text, kind);
+  if (!q.value) throw InputError(flag + ": " + q.error);
+  if (!(*q.value > 0 && *q.value <= max_quantity(kind)))
+    throw InputError(fmt::format("{}: found '{}', expected {} greater than 0 and at most {}", flag,
+                                 text, unit_kind_name(kind), max_quantity_text(kind)));
+  return *q.value;
 }
 
 }  // namespace moesim::app

@@ -8,10 +8,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/scenario.hpp"
+#include "core/units.hpp"
 
 namespace moesim::app {
 
@@ -21,5 +25,25 @@ void add_set_option(CLI::App* cmd, std::vector<std::string>* sets);
 /// load_scenario(path) with the `--set` edits applied in order (a later one wins). InputError
 /// (exit 2) for a malformed edit, a path through a non-map, or an invalid resulting scenario.
 Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets);
+
+// Numeric command-line values are parsed here, strictly, by every subcommand: the whole text must
+// be the number and lie in the stated range, or the command exits 2 with the YAML errors' wording
+// ("--seed: found -5, expected an integer in [0, 2^63-1]"). A flag given explicitly is never
+// replaced by a default; an absent flag (nullopt) is the caller's to default.
+
+/// The most iterations --iterations accepts: workload.iterations' bound.
+constexpr std::int64_t kMaxIterationsFlag = 1'000'000;
+
+/// An integer in [min, max].
+std::int64_t parse_int_flag(const std::string& flag, const std::string& text, std::int64_t min,
+                            std::int64_t max);
+std::optional<std::int64_t> parse_int_flag(const std::string& flag,
+                                           const std::optional<std::string>& text, std::int64_t min,
+                                           std::int64_t max);
+/// A plain number in [min, max] ((min, max] when min_open).
+double parse_number_flag(const std::string& flag, const std::string& text, double min, double max,
+                         bool min_open = false);
+/// A quantity of kind `kind` ("128MiB"), > 0 and at most max_quantity(kind).
+double parse_quantity_flag(const std::string& flag, const std::string& text, UnitKind kind);
 
 }  // namespace moesim::app

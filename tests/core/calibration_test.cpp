@@ -135,6 +135,23 @@ TEST(CalibrationLoader, OtherErrors) {
               AllOf(StartsWith("cal.yaml:20:"), HasSubstr("did you mean 'linear'")));
 }
 
+// Issue 15 item 4: calibration values are bounded like scenario values, so predictions stay
+// finite (a beta of 1e308s/B made every transfer infinite).
+TEST(CalibrationLoader, ValuesAreBounded) {
+  std::string text = kGood;
+  text.replace(text.find("beta: 0.5ns/B"), 13, "beta: 1e308s/B");
+  EXPECT_THAT(error_of(text),
+              AllOf(StartsWith("cal.yaml:20:"),
+                    HasSubstr("collectives[0].beta: found '1e308s/B', expected a time per B such "
+                              "as '0.05ns/B' of at most 1s/B")));
+  text = kGood;
+  text.replace(text.find("{m: 8,"), 6, "{m: 2147483648,");
+  EXPECT_THAT(error_of(text),
+              AllOf(StartsWith("cal.yaml:14:"),
+                    HasSubstr("gemm.efficiency[0].m: found 2147483648, expected an integer in [1, "
+                              "2^31-1]")));
+}
+
 TEST(CalibrationLoader, MissingFileIsReportedAtTheScenarioKey) {
   const SourceLocation key{"scenario.yaml", 7, 16};
   try {

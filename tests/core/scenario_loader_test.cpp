@@ -448,7 +448,8 @@ TEST(ScenarioLoader, EditedTreeParsesLikeASweepPoint) {
     EXPECT_EQ(e.key(), "model.top_k");
     EXPECT_EQ(e.location().file, "base.yaml");
     EXPECT_EQ(e.location().line, 8);
-    EXPECT_THAT(e.what(), HasSubstr("model.top_k: found 'two', expected an integer >= 1"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("model.top_k: found 'two', expected an integer in [1, 1048576]"));
   }
 }
 
@@ -543,7 +544,7 @@ TEST(ScenarioErrors, WrongYamlType) {
                     HasSubstr("expected a map")));
   EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: two")),
               StartsWith("test.yaml:5:18: cluster.gpus_per_node: found 'two', expected an "
-                         "integer >= 1"));
+                         "integer in [1, 16777216]"));
   EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: 2.5")),
               HasSubstr("cluster.gpus_per_node: found '2.5', expected an integer"));
   EXPECT_THAT(error_of(tiny_with("  - {name: baseline}\n", "  - baseline\n")),
@@ -626,7 +627,7 @@ TEST(ScenarioValidation, ClusterRules) {
               HasSubstr("cluster.inter_node.nics_per_node: found 3, expected a divisor of "
                         "cluster.gpus_per_node = 2"));
   EXPECT_THAT(error_of(tiny_with("nodes: 2", "nodes: 0")),
-              HasSubstr("cluster.nodes: found 0, expected an integer >= 1"));
+              HasSubstr("cluster.nodes: found 0, expected an integer in [1, 16777216]"));
   EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s", "bandwidth: 0GB/s")),
               HasSubstr("cluster.intra_node.bandwidth: found a zero bandwidth"));
   EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
@@ -689,7 +690,7 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
               HasSubstr("workload.routing.distribution: found 'gaussian', expected one of "
                         "uniform, zipf, dirichlet, trace or correlated"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: zipf, skew: -1}}")),
-              HasSubstr("workload.routing.skew: found -1, expected a number >= 0"));
+              HasSubstr("workload.routing.skew: found -1, expected a number in [0, 100]"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace}}")),
               HasSubstr("workload.routing.trace: missing required key"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace, trace: missing.csv}}")),
@@ -700,7 +701,7 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
               HasSubstr("workload.capacity.kind: found 'wobble', expected one of fixed, trace or "
                         "random_walk"));
   EXPECT_THAT(error_of(with("workload: {capacity: {kind: random_walk, min: 4, max: 2}}")),
-              HasSubstr("workload.capacity.max: found 2, expected a number >= min = 4"));
+              HasSubstr("workload.capacity.max: found 2, expected a number in [min = 4, 1024]"));
   EXPECT_THAT(error_of(with("workload: {capacity: {kind: trace, factors: []}}")),
               HasSubstr("workload.capacity.factors: found a list of 0 item(s), expected a "
                         "non-empty list"));
@@ -709,12 +710,12 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
   EXPECT_THAT(error_of(with("workload: {capacity: {kind: fixed, min: 1}}")),
               HasSubstr("'min' applies only to kind random_walk"));
   EXPECT_THAT(error_of(with("workload: {iterations: 0}")),
-              HasSubstr("workload.iterations: found 0, expected an integer >= 1"));
+              HasSubstr("workload.iterations: found 0, expected an integer in [1, 1000000]"));
   EXPECT_THAT(error_of(with("engine: {network: packet}")),
               HasSubstr("engine.network: found 'packet', expected one of analytical, flow or "
                         "simgrid"));
   EXPECT_THAT(error_of(with("engine: {interference: -0.1}")),
-              HasSubstr("engine.interference: found -0.1, expected a number >= 0"));
+              HasSubstr("engine.interference: found -0.1, expected a number in [0, 100]"));
   EXPECT_THAT(error_of(with("engine: {peer_cache: -1}")),
               HasSubstr("engine.peer_cache: found -1, expected an integer in [0, 1000000]"));
   EXPECT_THAT(error_of(with("engine: {peer_miss_overhead: -2us}")),
@@ -799,6 +800,126 @@ TEST(ScenarioLoader, AliasBombAndDeepNestingAreRefused) {
   const YAML::Node n = parse_yaml_string(ok, "ok.yaml");
   EXPECT_EQ(n["c"].size(), 3u);
   EXPECT_EQ(n["c"][2]["y"][1].as<int>(), 2);
+}
+
+}  // namespace
+}  // namespace moesim
+
+// ---------------------------------------------------------------------------------------------
+// Issue 15 item 4: every numeric key has a stated upper bound, and the sizes the plan derives from
+// them are bounded too, so nothing that validates overflows at run time. Each value here used to
+// load (and then crash, print an internal error or simulate an overflowed all-to-all).
+
+namespace moesim {
+namespace {
+
+const std::string kWithCapacity = "  experts_per_gpu: 1\n  capacity_factor: ";  // line 14, col 20
+
+TEST(ScenarioBounds, QuantitiesHaveAnUpperBound) {
+  // 1e308Gb/s is infinite in bytes per second (it was an internal error at run time).
+  EXPECT_EQ(error_of(tiny_with("nic_bandwidth: 200Gb/s", "nic_bandwidth: 1e308Gb/s")),
+            "test.yaml:7:45: cluster.inter_node.nic_bandwidth: found '1e308Gb/s', expected a "
+            "bandwidth (e.g. 300GB/s, 200Gb/s) of at most 1000TB/s");
+  EXPECT_EQ(error_of(tiny_with("nic_bandwidth: 200Gb/s", "nic_bandwidth: 1001TB/s")),
+            "test.yaml:7:45: cluster.inter_node.nic_bandwidth: found '1001TB/s', expected a "
+            "bandwidth (e.g. 300GB/s, 200Gb/s) of at most 1000TB/s");
+  EXPECT_EQ(parse(tiny_with("nic_bandwidth: 200Gb/s", "nic_bandwidth: 1000TB/s"))
+                .cluster.inter.nic_bandwidth.value(),
+            1e15);
+  EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s}", "bandwidth: 300GB/s, latency: 3601s}")),
+              HasSubstr("cluster.intra_node.latency: found '3601s', expected a duration (e.g. "
+                        "2us, 1.5ms) of at most 3600s"));
+}
+
+TEST(ScenarioBounds, CapacityFactorIsBounded) {
+  // 1e30 was an internal error at run time; 1e12 simulated an all-to-all of 0.000 ms (overflow).
+  EXPECT_EQ(error_of(tiny_with("  experts_per_gpu: 1\n", kWithCapacity + "1e30\n")),
+            "test.yaml:14:20: model.capacity_factor: found 1e+30, expected a number in [-1024, "
+            "1024]");
+  EXPECT_EQ(error_of(tiny_with("  experts_per_gpu: 1\n", kWithCapacity + "1e12\n")),
+            "test.yaml:14:20: model.capacity_factor: found 1000000000000, expected a number in "
+            "[-1024, 1024]");
+  EXPECT_EQ(error_of(tiny_with("  experts_per_gpu: 1\n", kWithCapacity + "-1025\n")),
+            "test.yaml:14:20: model.capacity_factor: found -1025, expected a number in [-1024, "
+            "1024]");
+  EXPECT_EQ(
+      parse(tiny_with("  experts_per_gpu: 1\n", kWithCapacity + "1024\n")).model.capacity_factor,
+      1024);
+  EXPECT_THAT(error_of(kTiny + std::string("workload:\n  capacity: {kind: trace, factors: [1, "
+                                           "2000]}\n")),
+              HasSubstr("workload.capacity.factors[1]: found 2000, expected a number in [-1024, "
+                        "1024]"));
+  EXPECT_THAT(error_of(kTiny + std::string("workload:\n  capacity: {kind: random_walk, min: 1, "
+                                           "max: 1e9}\n")),
+              HasSubstr("workload.capacity.max: found 1000000000, expected a number in (0, "
+                        "1024]"));
+}
+
+TEST(ScenarioBounds, TokensPerGpuAreBounded) {
+  // B = 2: S = B x L must stay within 2^31.
+  EXPECT_EQ(error_of(tiny_with("seq_len: 8", "seq_len: 2147483647")),
+            "test.yaml:10:12: model.seq_len: found 2147483647, expected an integer in [1, "
+            "2^31/batch_per_gpu = 1073741824] (S = batch_per_gpu x seq_len tokens per GPU is at "
+            "most 2^31)");
+  EXPECT_EQ(error_of(tiny_with("seq_len: 8", "seq_len: 2147483648")),
+            "test.yaml:10:12: model.seq_len: found 2147483648, expected an integer in [1, "
+            "2^31-1]");
+  EXPECT_EQ(error_of(tiny_with("model_dim: 16", "model_dim: 1048577")),
+            "test.yaml:11:14: model.model_dim: found 1048577, expected an integer in [1, "
+            "1048576]");
+  EXPECT_EQ(parse(tiny_with("seq_len: 8", "seq_len: 1073741824")).tokens_per_gpu(),
+            std::int64_t{1} << 31);
+}
+
+TEST(ScenarioBounds, PlanSizesMustFit) {
+  // Each key in range, the dispatch buffer E x dC x M x bytes is not: 4 experts x
+  // ceil(2 x 1024 x 2^28 / 4) = 2^37 slots x 2^20 x 2 bytes = 2^60.
+  const std::string big =
+      edit(tiny_with("seq_len: 8", "seq_len: 134217728"), "model_dim: 16", "model_dim: 1048576");
+  EXPECT_EQ(error_of(edit(big, "  experts_per_gpu: 1\n", kWithCapacity + "1024\n")),
+            "test.yaml:14:3: model.capacity_factor: found 1024: one GPU's dispatch all-to-all "
+            "would send E x dC x M x bytes x esp x shards = 4 x 137438953472 x 1048576 x 2 x 1 x "
+            "1 = 1.153e+18 bytes, expected at most 2^50 (1024TiB); lower model.capacity_factor, "
+            "seq_len, batch_per_gpu or model_dim");
+  // At capacity factor 1 the token count is what is too large: 4 x 2^30 x 2^20 x 2 = 2^53.
+  EXPECT_EQ(error_of(edit(tiny_with("seq_len: 8", "seq_len: 1073741824"), "model_dim: 16",
+                          "model_dim: 1048576")),
+            "test.yaml:10:3: model.seq_len: found 1073741824: one GPU's dispatch all-to-all "
+            "would send E x dC x M x bytes x esp x shards = 4 x 1073741824 x 1048576 x 2 x 1 x 1 "
+            "= 9.007e+15 bytes, expected at most 2^50 (1024TiB); lower model.capacity_factor, "
+            "seq_len, batch_per_gpu or model_dim");
+  // Exactly 2^50 fits: S = 2^28, f = 1, k = 2: dC = 2^27; 4 x 2^27 x 2^20 x 2 = 2^50.
+  EXPECT_NO_THROW(parse(
+      edit(tiny_with("seq_len: 8", "seq_len: 134217728"), "model_dim: 16", "model_dim: 1048576")));
+}
+
+// Internal errors reach users through main's catch-all: the message names the failed check, not
+// the path of the source file on the machine that built the binary.
+TEST(ScenarioBounds, InternalErrorsCarryNoSourcePath) {
+  try {
+    MOESIM_ASSERT(1 + 1 == 3, "arithmetic is broken");
+    ADD_FAILURE() << "MOESIM_ASSERT did not throw";
+  } catch (const InternalError& e) {
+    EXPECT_STREQ(e.what(),
+                 "internal error (a bug in moesim, please report it): arithmetic is broken (check "
+                 "failed: 1 + 1 == 3)");
+  }
+}
+
+TEST(ScenarioBounds, IntegerRangesAreStated) {
+  const std::string with_seed = kTiny + std::string("workload:\n  routing: {seed: -5}\n");
+  EXPECT_EQ(error_of(with_seed),
+            "test.yaml:18:19: workload.routing.seed: found -5, expected an integer in [0, "
+            "2^63-1]");
+  EXPECT_THAT(error_of(kTiny + std::string("workload: {iterations: 1000001}\n")),
+              HasSubstr("workload.iterations: found 1000001, expected an integer in [1, "
+                        "1000000]"));
+  EXPECT_EQ(error_of(tiny_with("nodes: 2", "nodes: 16777216")),
+            "test.yaml:4:10: cluster.nodes: found 16777216, expected an integer in [1, "
+            "2^24/gpus_per_node = 8388608] (16777216 nodes x 2 GPUs is more than the 2^24 GPUs "
+            "supported)");
+  EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n", "  experts: 1048577\n")),
+              HasSubstr("model.experts: found 1048577, expected an integer in [1, 1048576]"));
 }
 
 }  // namespace

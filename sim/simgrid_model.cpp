@@ -7,6 +7,7 @@
 // SimGrid counterpart because a route is just the list of links it crosses.
 #include "sim/simgrid_model.hpp"
 
+#include <signal.h>
 #include <xbt/log.h>
 
 #include <algorithm>
@@ -127,10 +128,10 @@ sgres::Model* as_model(const std::shared_ptr<T>& p) {
 
 struct SimgridModel::Impl {
   struct Batch {
-    std::vector<Transfer> flows;  // the network flows, grouped by activity
+    std::vector<Transfer> flows;     // the network flows, grouped by activity
     std::vector<double> overhead_s;  // per flow: its endpoint time (NetworkParams::overhead_s)
-    std::int64_t remaining = 0;   // activities not finished
-    double floor_s = 0;           // earliest completion (latency of zero-byte flows, start time)
+    std::int64_t remaining = 0;      // activities not finished
+    double floor_s = 0;              // earliest completion (latency of zero-byte flows, start time)
   };
   struct InFlight {
     BatchId batch = -1;
@@ -430,7 +431,13 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
 
   // SimGrid prints every configuration change at INFO level; only warnings matter here.
   xbt_log_control_set("root.thresh:warning");
+  // SimGrid installs its own SIGINT handler with the engine (it prints actor status and calls
+  // exit(1)); the process's handler (moesim's Ctrl-C: stop, report, write nothing, exit 130) must
+  // stay in force, so it is put back.
+  struct sigaction sigint_before {};
+  sigaction(SIGINT, nullptr, &sigint_before);
   im.engine = std::make_unique<sg4::Engine>("moesim");
+  sigaction(SIGINT, &sigint_before, nullptr);
   // The plain fluid max-min model (see the header): no TCP window bound, no latency or bandwidth
   // correction factors, no reverse-direction cross traffic, no RTT-weighted sharing.
   sg4::Engine::set_config("network/model:CM02");

@@ -200,7 +200,8 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
   }
   prune_lines(shape.lines);
   shape.cut_lines = meter.lines();
-  for (int g : crossing_senders) shape.cut_messages = std::max(shape.cut_messages, send[g].messages);
+  for (int g : crossing_senders)
+    shape.cut_messages = std::max(shape.cut_messages, send[g].messages);
   return shape;
 }
 

@@ -73,7 +73,7 @@ struct PhaseShape {
   // largest alpha of a transfer that crosses a cut. They bind only on oversubscribed fabrics.
   std::vector<topology::CutMeter::Line> cut_lines;
   double cut_alpha_s = 0;
-  int cut_messages = 0;  // most messages a crossing sender posts (its per-message overhead)
+  int cut_messages = 0;       // most messages a crossing sender posts (its per-message overhead)
   double local_per_byte = 0;  // HBM bytes per byte of S (self copies, copies, reductions)
   int repeat = 1;
 };

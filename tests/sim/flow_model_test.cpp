@@ -310,8 +310,8 @@ TEST(FlowModel, PeerCacheMissesRaiseEachMessagesOverheadWithThePeerCount) {
   NetworkParams params{.message_latency_s = 0, .message_overhead_s = 1 * kUs};
   params.peer_miss_overhead_s = 4 * kUs;
   EXPECT_DOUBLE_EQ(params.overhead_s(4), 1 * kUs);  // peer_cache 0: unlimited
-  for (const auto& [cache, overhead] :
-       std::vector<std::pair<int, double>>{{0, 1 * kUs}, {4, 1 * kUs}, {2, 3 * kUs}, {1, 4 * kUs}}) {
+  for (const auto& [cache, overhead] : std::vector<std::pair<int, double>>{
+           {0, 1 * kUs}, {4, 1 * kUs}, {2, 3 * kUs}, {1, 4 * kUs}}) {
     params.peer_cache = cache;
     EXPECT_DOUBLE_EQ(params.overhead_s(4), overhead) << "peer_cache " << cache;
     FlowModel model(topo, params);

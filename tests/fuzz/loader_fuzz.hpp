@@ -12,9 +12,13 @@
 
 namespace moesim::fuzz {
 
+/// Largest cluster whose topology the scenario target builds (see scenario_input).
+inline constexpr int kMaxBuiltGpus = 512;
+
 /// Parses `data` as a scenario file (pseudo path `pseudo_file`: relative references resolve
 /// from its folder), builds its topology and estimates each strategy's first decision and memory,
-/// as `moesim validate` does.
+/// as `moesim validate` does (clusters of up to kMaxBuiltGpus GPUs; larger ones are parsed and
+/// checked by the loader only).
 int scenario_input(const std::uint8_t* data, std::size_t size, const std::string& pseudo_file);
 
 /// Parses `data` as a sweep file, loads its base scenario (with `set:`) and checks every axis key

@@ -1,8 +1,10 @@
 // `moesim compare SCENARIO.yaml [--topology TOPO.yaml]... [--strategy NAME]... [--engine E]
-//                 [--iterations N] [--json F] [--csv F] [--plot F] [--report F]`
+//                 [--set KEY=VALUE]... [--iterations N] [--json F] [--csv F] [--plot F]
+//                 [--report F]`
 // Runs the strategy stacks on several topologies: each --topology file replaces the scenario's
 // `cluster:` section (the whole scenario is re-validated against it), and prints the matrix of
-// step times and speedups over the baseline on the same topology.
+// step times and speedups over the baseline on the same topology. --set edits apply after the
+// cluster is replaced, so `--set cluster.nic_bandwidth=...` tries one knob on every topology.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -30,6 +32,7 @@ struct CompareArgs {
   std::string scenario;
   std::vector<std::string> topologies;
   std::vector<std::string> strategies;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   std::string engine;
   std::string simgrid_mode;               // --simgrid-mode
   std::optional<std::string> iterations;  // absent: each scenario's workload.iterations
@@ -45,7 +48,8 @@ struct Variant {
 
 // The scenario with its cluster replaced by the one of `topo_path`. The topology file is checked
 // on its own first, so its errors name its own lines.
-Variant with_topology(const std::string& scenario_path, const std::string& topo_path) {
+Variant with_topology(const std::string& scenario_path, const std::string& topo_path,
+                      const std::vector<std::string>& sets) {
   ClusterSpec checked = load_cluster_file(topo_path);
   YAML::Node topo_root = load_yaml_file(topo_path);
   YAML::Node root = load_yaml_file(scenario_path);
@@ -56,7 +60,7 @@ Variant with_topology(const std::string& scenario_path, const std::string& topo_
   else
     v.topology_name = std::filesystem::path(topo_path).stem().string();
   try {
-    v.sc = parse_scenario(root, scenario_path);
+    v.sc = parse_scenario_with(root, scenario_path, sets);
   } catch (const InputError& e) {
     throw InputError(e.location(), e.key(),
                      fmt::format("{} (with the cluster of {})", e.message(), topo_path));
@@ -99,11 +103,11 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
   std::vector<Variant> variants;
   if (a.topologies.empty()) {
     Variant v;
-    v.sc = load_scenario(path);
+    v.sc = load_scenario_with(path, a.sets);
     v.topology_name = v.sc.cluster.name.empty() ? v.sc.name : v.sc.cluster.name;
     variants.push_back(std::move(v));
   } else {
-    for (const auto& t : a.topologies) variants.push_back(with_topology(path, t));
+    for (const auto& t : a.topologies) variants.push_back(with_topology(path, t, a.sets));
   }
   const Scenario& base = variants.front().sc;
   auto specs = select_strategies(base, a.strategies);
@@ -214,6 +218,7 @@ void register_compare(CLI::App& app) {
                   "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
   cmd->add_option("--iterations", a->iterations,
                   "Iterations, in [1, 1000000] (default: workload.iterations)");
+  add_set_option(cmd, &a->sets);
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
   cmd->add_option("--csv", a->csv_path, "Write one row per topology, strategy and iteration");
   cmd->add_option("--plot", a->plot_path,

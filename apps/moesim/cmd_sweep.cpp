@@ -1,9 +1,10 @@
-// `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--plot F] [--report F]
-//               [--restart]`
+// `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--set KEY=VALUE]...
+//               [--plot F] [--report F] [--restart]`
 // Runs a sweep (DESIGN §6): every point of the axes over the base scenario, the strategy stacks at
 // each, one CSV row per point x strategy. Prints a summary of the best strategy per point at the
 // end (first rows only; the CSV has everything). Under `mpirun -np N` the points are spread over
-// the N ranks (each with --jobs threads) and gathered on rank 0, which writes the outputs.
+// the N ranks (each with --jobs threads) and gathered on rank 0, which writes the outputs. --set
+// edits the base scenario after the file's `set:`, and is part of the resume fingerprint.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -41,6 +42,7 @@ struct SweepArgs {
   std::string sweep;
   std::optional<std::string> jobs;  // absent or 0: one per core
   std::string csv_path, json_path, engine, plot_path, report_path, eta_log_path;
+  std::vector<std::string> sets;  // --set KEY=VALUE, after the sweep file's `set:`
   bool quiet = false;
   bool restart = false;
 };
@@ -177,6 +179,7 @@ void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
   if (!a.plot_path.empty()) require_gnuplot();
   const int jobs = static_cast<int>(parse_int_flag("--jobs", a.jobs, 0, 4096).value_or(0));
   SweepSpec spec = load_sweep(a.sweep);
+  add_command_line_sets(spec, a.sets);
   SweepOptions opts;
   opts.jobs = jobs;
   opts.engine = a.engine;
@@ -259,6 +262,7 @@ void register_sweep(CLI::App& app) {
                   "was written by the same setup (base scenario, axes, engine, version)");
   cmd->add_option("--json", a->json_path, "Write every point's runs as JSON");
   cmd->add_option("--engine", a->engine, "Network model: analytical, flow or simgrid");
+  add_set_option(cmd, &a->sets);
   cmd->add_option("--plot", a->plot_path, "Lines along the first axis (F.svg or F.png, gnuplot)");
   cmd->add_option("--report", a->report_path, "Self-contained HTML report");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress line on stderr");

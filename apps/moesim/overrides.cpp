@@ -21,24 +21,34 @@ void add_set_option(CLI::App* cmd, std::vector<std::string>* sets) {
       ->allow_extra_args(false);
 }
 
+std::pair<std::string, YAML::Node> parse_set_edit(const std::string& s) {
+  const SourceLocation where{"--set", 0, 0};
+  const auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw InputError(where, s, "expected KEY=VALUE, e.g. --set model.seq_len=16");
+  const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
+  YAML::Node value;
+  check_yaml_expansion(text, "--set " + key);  // an alias bomb in a value, too
+  try {
+    value = YAML::Load(text);  // "16" and "fp32" stay scalars; "[1, 2]" / "{...}" structures
+  } catch (const YAML::Exception& e) {
+    throw InputError(where, key, fmt::format("value '{}' is not YAML: {}", text, e.msg));
+  }
+  if (!value.IsDefined() || value.IsNull())
+    throw InputError(where, key, "empty value; expected KEY=VALUE with a non-empty VALUE");
+  return {key, value};
+}
+
 Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets) {
   if (sets.empty()) return load_scenario(path);
-  YAML::Node tree = load_yaml_file(path);
+  return parse_scenario_with(load_yaml_file(path), path, sets);
+}
+
+Scenario parse_scenario_with(YAML::Node tree, const std::string& path,
+                             const std::vector<std::string>& sets) {
   const SourceLocation where{"--set", 0, 0};
   for (const std::string& s : sets) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw InputError(where, s, "expected KEY=VALUE, e.g. --set model.seq_len=16");
-    const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
-    YAML::Node value;
-    check_yaml_expansion(text, "--set " + key);  // an alias bomb in a value, too
-    try {
-      value = YAML::Load(text);  // "16" and "fp32" stay scalars; "[1, 2]" / "{...}" structures
-    } catch (const YAML::Exception& e) {
-      throw InputError(where, key, fmt::format("value '{}' is not YAML: {}", text, e.msg));
-    }
-    if (!value.IsDefined() || value.IsNull())
-      throw InputError(where, key, "empty value; expected KEY=VALUE with a non-empty VALUE");
+    auto [key, value] = parse_set_edit(s);
     set_key_path(tree, key, value, where);
   }
   try {

@@ -1,5 +1,5 @@
 // `--set KEY=VALUE`: edit a scenario's YAML tree before it is validated, on every command that
-// reads a scenario (validate, topo, simulate, compare, exec, calibrate). KEY is a key path as in
+// reads a scenario (validate, topo, simulate, compare, sweep, exec, calibrate). KEY is a key path as in
 // sweeps (`model.seq_len`, `strategies[1].a2a`), VALUE is YAML (`16`, `fp32`, `100Gb/s`,
 // `[1, 2]`, `{name: x}`). The edited scenario goes through the same validation as a file, so a bad
 // value gets the same error (file and key path; the line is the original key's when the key
@@ -8,10 +8,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/scenario.hpp"
@@ -22,9 +25,18 @@ namespace moesim::app {
 /// Adds the repeatable `--set KEY=VALUE` option to `cmd`, storing the raw texts in `sets`.
 void add_set_option(CLI::App* cmd, std::vector<std::string>* sets);
 
+/// One `--set KEY=VALUE` text: the key path and the value parsed as YAML. InputError (exit 2) for
+/// a malformed edit or a value that is not YAML.
+std::pair<std::string, YAML::Node> parse_set_edit(const std::string& text);
+
 /// load_scenario(path) with the `--set` edits applied in order (a later one wins). InputError
 /// (exit 2) for a malformed edit, a path through a non-map, or an invalid resulting scenario.
 Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets);
+
+/// The same on a scenario tree already read (and perhaps edited, e.g. its cluster replaced by
+/// `compare --topology`); `path` names the file in errors and resolves its relative paths.
+Scenario parse_scenario_with(YAML::Node tree, const std::string& path,
+                             const std::vector<std::string>& sets);
 
 // Numeric command-line values are parsed here, strictly, by every subcommand: the whole text must
 // be the number and lie in the stated range, or the command exits 2 with the YAML errors' wording

@@ -24,6 +24,7 @@
 
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/scenario_loader.hpp"
 #include "core/yaml_reader.hpp"
@@ -401,6 +402,21 @@ Scenario point_scenario(const SweepSpec& spec, const YAML::Node& base_tree,
   }
 }
 
+void add_command_line_sets(SweepSpec& spec, const std::vector<std::string>& sets) {
+  const SourceLocation where{"--set", 0, 0};
+  for (const std::string& text : sets) {
+    auto [key, value] = parse_set_edit(text);
+    for (const auto& axis : spec.axes)
+      if (key_within(key, axis.key) || key_within(axis.key, key))
+        throw InputError(where, key,
+                         fmt::format("the sweep varies '{}' (axis at {}:{}), which would replace "
+                                     "this value at every point; drop the --set or the axis",
+                                     axis.key, axis.where.file, axis.where.line));
+    spec.fixed.emplace_back(key, value);
+    spec.fixed_where.emplace_back(key, where);
+  }
+}
+
 Scenario base_scenario(const SweepSpec& spec) {
   YAML::Node base = load_yaml_file(spec.base_path);
   Scenario plain = parse_scenario(base, spec.base_path);
@@ -438,7 +454,9 @@ void validate_sweep(const SweepSpec& spec) {
       for (std::size_t i = 0; i < spec.fixed.size(); ++i) {
         const std::string& key = spec.fixed[i].first;
         if (key_within(e.key(), key) || key_within(key, e.key()))
-          throw InputError(spec.fixed_where[i].second, "set." + key, e.message());
+          throw InputError(spec.fixed_where[i].second,
+                           spec.fixed_where[i].second.file == "--set" ? key : "set." + key,
+                           e.message());
       }
     }
   }

@@ -49,6 +49,11 @@ struct SweepSpec {
 SweepSpec parse_sweep(const YAML::Node& root, const std::string& file);
 SweepSpec load_sweep(const std::string& path);
 
+/// Appends the command line's `--set KEY=VALUE` edits to `spec.fixed`, after the file's `set:`
+/// (a later edit wins), so they reach every point and the fingerprint. InputError (exit 2) for a
+/// malformed edit, or a key an axis varies (the axis would silently replace it).
+void add_command_line_sets(SweepSpec& spec, const std::vector<std::string>& sets);
+
 /// The value lists of a {from, to, times} / {from, to, step} range (exposed for tests). Numbers
 /// may carry a unit ("100Gb/s"); values are written in the unit of `from`.
 std::vector<std::string> expand_range(const YAML::Node& range, const std::string& file,

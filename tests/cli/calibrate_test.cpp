@@ -13,6 +13,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "apps/moesim/engine_setup.hpp"
 #include "core/calibration.hpp"
@@ -235,6 +237,25 @@ TEST(CalibrateCli, QuickRunUnderMpirunWritesAFileAScenarioLoads) {
   EXPECT_GT(st["steps"][0]["measured_s"].get<double>(), 0);
   EXPECT_GT(st["steps"][0]["predicted_s"].get<double>(), 0);
   EXPECT_GT(st["classes"]["all_to_all"]["predicted_s"].get<double>(), 0);
+  fs::remove_all(d);
+}
+
+// Rank 0 checks the output path before the scenario's GPU count is compared with the ranks, and
+// every rank leaves through exit 2 together (none waits for the others forever).
+TEST(CalibrateCli, UnwritableOutputExitsTwoOnEveryRankBeforeTheRun) {
+  const fs::path d = temp_dir();
+  const std::string m = (d / "missing-subdir").string();
+  const std::string q = std::string(MOESIM_SOURCE_DIR) + "/scenarios/quickstart.yaml";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fmt::format("{} exec '{}' --json '{}/e.json'", mpirun(2), q, m), "--json"},
+      {fmt::format("{} calibrate --quick --out '{}/c.yaml'", mpirun(2), m), "--out"}};
+  for (const auto& [cmd, flag] : cases) {
+    const RunOutput r = run(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(fmt::format("moesim: error: {} {}/", flag, m))) << cmd;
+    EXPECT_THAT(r.out, HasSubstr(fmt::format("the directory '{}' does not exist", m))) << cmd;
+    EXPECT_FALSE(fs::exists(m)) << cmd;
+  }
   fs::remove_all(d);
 }
 

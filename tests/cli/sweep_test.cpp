@@ -458,6 +458,64 @@ TEST(SweepCli, ResumeRefusesRowsOfAnotherSetup) {
       << old.out;
 }
 
+// sweep --set: the same rows as the edit written in the file's `set:` (and the same fingerprint,
+// since the fingerprint hashes the edited base); a resume with another --set is refused; a --set on
+// a key an axis varies is an error, not silently replaced at every point.
+TEST(SweepCli, SetOnTheCommandLineIsLikeSetInTheFile) {
+  fs::path d = temp_dir();
+  const std::string axes = "  model.capacity_factor: [1.0, 2.0]\n";
+  write_file(d / "plain.yaml", small_sweep(axes));
+  std::string in_file = small_sweep(axes);
+  in_file.replace(in_file.find("set:\n") + 5, 0, "  cluster.inter_node.nic_bandwidth: 25Gb/s\n");
+  write_file(d / "in_file.yaml", in_file);
+  auto f = run(fmt::format("sweep '{0}/in_file.yaml' --quiet --csv '{0}/f.csv'", d.string()));
+  ASSERT_EQ(f.exit_code, 0) << f.out;
+  const std::string cmd = fmt::format(
+      "sweep '{0}/plain.yaml' --quiet --csv '{0}/c.csv' --set "
+      "cluster.inter_node.nic_bandwidth=25Gb/s",
+      d.string());
+  auto c = run(cmd);
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  const auto fl = lines_of(read_file(d / "f.csv")), cl = lines_of(read_file(d / "c.csv"));
+  ASSERT_EQ(fl.size(), 2u + 4u);  // fingerprint, header, 2 points x 2 strategies
+  ASSERT_EQ(cl.size(), fl.size());
+  EXPECT_EQ(cl[0], fl[0]);  // the same fingerprint
+  // Every row but its last field (wall_s).
+  for (std::size_t i = 1; i < fl.size(); ++i)
+    EXPECT_EQ(cl[i].substr(0, cl[i].rfind(',')), fl[i].substr(0, fl[i].rfind(','))) << i;
+  // The plain sweep is faster: 200 Gb/s NICs.
+  auto p = run(fmt::format("sweep '{0}/plain.yaml' --quiet --csv '{0}/p.csv'", d.string()));
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  EXPECT_NE(lines_of(read_file(d / "p.csv"))[0], cl[0]);
+
+  // Resumed with the same --set: every point skipped; with another: refused, the file untouched.
+  auto same = run(cmd);
+  ASSERT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_NE(same.out.find("(0 run, 2 resumed)"), std::string::npos) << same.out;
+  const std::string before = read_file(d / "c.csv");
+  auto other = run(fmt::format(
+      "sweep '{0}/plain.yaml' --quiet --csv '{0}/c.csv' --set "
+      "cluster.inter_node.nic_bandwidth=50Gb/s",
+      d.string()));
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.out.find("this run differs in the base scenario"), std::string::npos)
+      << other.out;
+  EXPECT_EQ(read_file(d / "c.csv"), before);
+
+  // A key the axes vary, and a value the scenario rejects.
+  auto axis = run(fmt::format("sweep '{}/plain.yaml' --set model.capacity_factor=4", d.string()));
+  EXPECT_EQ(axis.exit_code, 2) << axis.out;
+  EXPECT_NE(axis.out.find(fmt::format("--set: model.capacity_factor: the sweep varies "
+                                      "'model.capacity_factor' (axis at {}/plain.yaml:8)",
+                                      d.string())),
+            std::string::npos)
+      << axis.out;
+  auto bad = run(fmt::format("sweep '{}/plain.yaml' --set model.top_k=abc", d.string()));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("model.top_k: found 'abc'"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--set"), std::string::npos) << bad.out;
+}
+
 TEST(SweepRun, ResultsDoNotDependOnTheNumberOfJobs) {
   fs::path d = temp_dir();
   write_file(d / "s.yaml", small_sweep("  cluster.nodes: [1, 2]\n"

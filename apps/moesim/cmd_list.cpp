@@ -10,6 +10,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "core/error.hpp"
+#include "core/scenario_loader.hpp"
 
 namespace moesim::app {
 
@@ -48,9 +49,12 @@ void list_folder(const fs::path& dir, const std::string& title) {
   for (const auto& f : files) {
     std::string description, error;
     try {
-      YAML::Node root = YAML::LoadFile(f.string());
+      // The bounded loader: a folder given with --dir may hold anything (an alias bomb too).
+      YAML::Node root = load_yaml_file(f.string());
       if (root.IsMap() && root["description"] && root["description"].IsScalar())
         description = root["description"].Scalar();
+    } catch (const InputError& e) {
+      error = fmt::format("(unreadable: {})", e.what());
     } catch (const YAML::Exception& e) {
       error = fmt::format("(unreadable: {})", e.what());
     }

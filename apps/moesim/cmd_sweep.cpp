@@ -113,9 +113,11 @@ std::optional<double> numeric(const std::string& v) {
   return x;
 }
 
-// Lines along the first axis: step time per strategy. Other axes split the lines; when they have
-// too many combinations to read, only the combination where they all take their first value is
-// drawn (the title says so).
+// Lines along the first axis: step time, one line per strategy, one panel (facet) per
+// combination of the other axes, so no panel holds more lines than strategies. When the other
+// axes have more combinations than a figure can show (LineChart::kMaxPanels), the panels follow
+// the second axis and the axes after it keep their first value (the title says so); the CSV has
+// every point.
 LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
   LineChart c;
   const SweepAxis& x = spec.axes.front();
@@ -128,40 +130,39 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
   std::map<std::string, std::size_t> x_index;
   for (std::size_t i = 0; i < x.values.size(); ++i) x_index.emplace(x.values[i], i);
 
-  auto others = [&](const SweepRow& r) {
-    std::string s;
-    if (spec.mode == SweepMode::kZip) return s;
-    for (std::size_t a = 1; a < spec.axes.size(); ++a)
-      s += fmt::format("{}{}={}", s.empty() ? "" : " ", spec.axes[a].key, r.values[a]);
-    return s;
-  };
+  const bool cartesian = spec.mode == SweepMode::kCartesian;
   std::size_t combos = 1;
-  if (spec.mode == SweepMode::kCartesian)
+  if (cartesian)
     for (std::size_t a = 1; a < spec.axes.size(); ++a) combos *= spec.axes[a].values.size();
-  bool restrict = combos > 4;
+  // Axes from `fixed_from` on are held at their first value.
+  const std::size_t fixed_from = combos > LineChart::kMaxPanels ? 2 : spec.axes.size();
   c.title = fmt::format("{}: step time along {}", spec.name, x.key);
-  if (restrict) {
+  if (cartesian && fixed_from < spec.axes.size()) {
     std::string fixed;
-    for (std::size_t a = 1; a < spec.axes.size(); ++a)
+    for (std::size_t a = fixed_from; a < spec.axes.size(); ++a)
       fixed += fmt::format("{}{}={}", fixed.empty() ? "" : ", ", spec.axes[a].key,
                            spec.axes[a].values.front());
     c.title += " (" + fixed + ")";
   }
-  std::map<std::string, std::size_t> series_of;
+  std::map<std::string, std::size_t> panel_of;
   for (const auto& r : res.rows) {
-    if (restrict) {
-      bool first = true;
-      for (std::size_t a = 1; a < spec.axes.size(); ++a)
-        first = first && r.values[a] == spec.axes[a].values.front();
-      if (!first) continue;
+    std::string panel;
+    if (cartesian) {
+      bool shown = true;
+      for (std::size_t a = fixed_from; a < spec.axes.size(); ++a)
+        shown = shown && r.values[a] == spec.axes[a].values.front();
+      if (!shown) continue;
+      for (std::size_t a = 1; a < std::min(fixed_from, spec.axes.size()); ++a)
+        panel += fmt::format("{}{}={}", panel.empty() ? "" : ", ", spec.axes[a].key, r.values[a]);
     }
-    std::string o = restrict ? "" : others(r);
-    std::string name = o.empty() ? r.summary.strategy : r.summary.strategy + " " + o;
-    auto [it, added] = series_of.emplace(name, c.series.size());
-    if (added) c.series.push_back({name, {}, {}});
-    auto& s = c.series[it->second];
-    s.x.push_back(numeric_x ? *numeric(r.values[0]) : static_cast<double>(x_index[r.values[0]]));
-    s.y.push_back(r.summary.step_mean_s * 1e3);
+    auto [pit, padded] = panel_of.emplace(panel, c.panels.size());
+    if (padded) c.panels.push_back({panel, {}});
+    auto& series = c.panels[pit->second].series;
+    auto it = std::find_if(series.begin(), series.end(),
+                           [&](const auto& se) { return se.name == r.summary.strategy; });
+    if (it == series.end()) it = series.insert(series.end(), {r.summary.strategy, {}, {}});
+    it->x.push_back(numeric_x ? *numeric(r.values[0]) : static_cast<double>(x_index[r.values[0]]));
+    it->y.push_back(r.summary.step_mean_s * 1e3);
   }
   return c;
 }

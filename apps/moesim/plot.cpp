@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -61,12 +62,20 @@ std::string with_extension(const std::string& image_path, const char* ext) {
   return p.string();
 }
 
-std::string terminal_line(const std::string& image_path) {
+std::string terminal_line(const std::string& image_path, int width_px = 960, int height_px = 540) {
   // noenhanced: axis keys like model.capacity_factor must not turn '_' into subscripts.
   if (extension(image_path) == ".png")
-    return "set terminal pngcairo size 960,540 noenhanced font 'sans,11'";
-  return "set terminal svg size 960,540 dynamic noenhanced font 'sans,12' background rgb 'white'";
+    return fmt::format("set terminal pngcairo size {},{} noenhanced font 'sans,11'", width_px,
+                       height_px);
+  return fmt::format(
+      "set terminal svg size {},{} dynamic noenhanced font 'sans,12' background rgb 'white'",
+      width_px, height_px);
 }
+
+// Eight colours told apart also by colour-blind readers (Okabe and Ito), black last; a ninth
+// series name reuses the first colour with another dash pattern.
+constexpr std::array<const char*, 8> kPalette = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                                 "#E69F00", "#56B4E9", "#999933", "#000000"};
 
 std::string fmt_value(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "?"; }
 
@@ -93,11 +102,12 @@ void run_gnuplot(const std::string& image_path) {
                                    WIFEXITED(status) ? WEXITSTATUS(status) : -1, out));
 }
 
-std::string header(const std::string& image_path, const std::string& title) {
+std::string header(const std::string& image_path, const std::string& title, int width_px = 960,
+                   int height_px = 540) {
   std::string s = "# Written by moesim. Edit freely and re-run `gnuplot " +
                   fs::path(plot_script_path(image_path)).filename().string() +
                   "` in this folder.\n";
-  s += terminal_line(image_path) + "\n";
+  s += terminal_line(image_path, width_px, height_px) + "\n";
   s += "set output " + gp_quote(fs::path(image_path).filename().string()) + "\n";
   s += "set title " + gp_quote(title) + "\n";
   s += "set datafile missing '?'\n";
@@ -186,23 +196,64 @@ void render_bar_chart(const BarChart& chart, const std::string& image_path) {
   run_gnuplot(image_path);
 }
 
-void render_line_chart(const LineChart& chart, const std::string& image_path) {
+LineChart facet_line_chart(const LineChart& chart) {
+  LineChart out = chart;
+  out.panels.clear();
+  const std::size_t cap = LineChart::kMaxSeriesPerPanel;
+  std::size_t wanted = 0;
+  for (const auto& p : chart.panels) {
+    const std::size_t parts = std::max<std::size_t>(1, (p.series.size() + cap - 1) / cap);
+    for (std::size_t k = 0; k < parts; ++k, ++wanted) {
+      if (out.panels.size() == LineChart::kMaxPanels) continue;
+      LineChart::Panel q;
+      q.title = parts == 1 ? p.title
+                           : fmt::format("{}{}({}/{})", p.title, p.title.empty() ? "" : " ",
+                                         k + 1, parts);
+      const std::size_t end = std::min(p.series.size(), (k + 1) * cap);
+      q.series.assign(p.series.begin() + static_cast<std::ptrdiff_t>(k * cap),
+                      p.series.begin() + static_cast<std::ptrdiff_t>(end));
+      out.panels.push_back(std::move(q));
+    }
+  }
+  if (wanted > out.panels.size())
+    out.note += fmt::format("{}first {} of {} panels; the CSV has every point",
+                            out.note.empty() ? "" : "; ", out.panels.size(), wanted);
+  return out;
+}
+
+void render_line_chart(const LineChart& input, const std::string& image_path) {
   check_plot_path(image_path, "--plot");
   require_gnuplot();
+  const LineChart chart = facet_line_chart(input);
+  // A series keeps its colour (and dash pattern) in every panel: by first appearance of its name.
+  std::vector<std::string> names;
+  auto style_of = [&](const std::string& name) {
+    auto it = std::find(names.begin(), names.end(), name);
+    const std::size_t i = static_cast<std::size_t>(it - names.begin());
+    if (it == names.end()) names.push_back(name);
+    return fmt::format("lc rgb '{}' dt {}", kPalette[i % kPalette.size()], 1 + i / kPalette.size());
+  };
   std::string dat = plot_data_path(image_path);
-  // One block per series, separated by two blank lines (gnuplot's `index`).
+  // One block per series of every panel, in order, separated by two blank lines (gnuplot's
+  // `index`).
   write_file_atomic(dat, [&](std::ostream& os) {
-    for (std::size_t s = 0; s < chart.series.size(); ++s) {
-      const auto& se = chart.series[s];
-      os << "# " << se.name << "\n";
-      for (std::size_t i = 0; i < se.x.size(); ++i)
-        os << fmt_value(se.x[i]) << " " << fmt_value(se.y[i]) << "\n";
-      os << "\n\n";
-    }
+    for (const auto& p : chart.panels)
+      for (const auto& se : p.series) {
+        os << "# " << (p.title.empty() ? "" : p.title + ": ") << se.name << "\n";
+        for (std::size_t i = 0; i < se.x.size(); ++i)
+          os << fmt_value(se.x[i]) << " " << fmt_value(se.y[i]) << "\n";
+        os << "\n\n";
+      }
   });
+  const std::size_t n = std::max<std::size_t>(1, chart.panels.size());
+  const std::size_t cols = n == 1 ? 1 : n <= 4 ? 2 : 3;
+  const std::size_t rows = (n + cols - 1) / cols;
+  const int width = n == 1 ? 960 : static_cast<int>(cols) * 520;
+  const int height = n == 1 ? 540 : 60 + static_cast<int>(rows) * 360;
+  const std::string title = chart.note.empty() ? chart.title : chart.title + " (" + chart.note + ")";
   std::string datname = fs::path(dat).filename().string();
   write_file_atomic(plot_script_path(image_path), [&](std::ostream& os) {
-    os << header(image_path, chart.title);
+    os << header(image_path, n == 1 ? title : "", width, height);
     os << "set xlabel " << gp_quote(chart.xlabel) << "\n";
     os << "set ylabel " << gp_quote(chart.ylabel) << "\n";
     if (chart.log_x) os << "set logscale x 2\n";
@@ -214,14 +265,25 @@ void render_line_chart(const LineChart& chart, const std::string& image_path) {
       os << fmt::format("set xrange [-0.5:{}]\n", static_cast<double>(chart.x_labels.size()) - 0.5);
     }
     os << "set yrange [0:*]\n";
-    os << "plot ";
-    for (std::size_t s = 0; s < chart.series.size(); ++s) {
-      if (s) os << ", \\\n     ";
-      os << (s ? "''" : gp_quote(datname)) << " index " << s
-         << " using 1:2 with linespoints lw 2 title " << gp_quote(chart.series[s].name);
+    if (n > 1) {
+      // Facets: one plot per panel, each with its own key (the colours agree across panels).
+      os << "set key inside top left opaque font ',9' samplen 2\n";
+      os << fmt::format("set multiplot layout {},{} title {}\n", rows, cols, gp_quote(title));
     }
-    if (chart.series.empty()) os << "NaN notitle";
-    os << "\n";
+    std::size_t index = 0;
+    for (const auto& p : chart.panels) {
+      if (n > 1) os << "set title " << gp_quote(p.title) << "\n";
+      os << "plot ";
+      for (std::size_t s = 0; s < p.series.size(); ++s, ++index) {
+        if (s) os << ", \\\n     ";
+        os << gp_quote(datname) << " index " << index << " using 1:2 with linespoints lw 2 "
+           << style_of(p.series[s].name) << " title " << gp_quote(p.series[s].name);
+      }
+      if (p.series.empty()) os << "NaN notitle";
+      os << "\n";
+    }
+    if (chart.panels.empty()) os << "plot NaN notitle\n";
+    if (n > 1) os << "unset multiplot\n";
   });
   run_gnuplot(image_path);
 }

@@ -3,6 +3,7 @@
 // in that folder.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,13 @@ struct BarChart {
   double reference_line = 0;                // > 0: dashed horizontal line (speedup 1.0)
 };
 
-/// Lines along an x axis: numeric x, or categorical when `x_labels` is non-empty (then x holds
-/// indices into it).
+/// Lines along an x axis, in one or more panels (facets) that share the axes: numeric x, or
+/// categorical when `x_labels` is non-empty (then x holds indices into it). A series keeps its
+/// colour in every panel (by name); a panel shows at most kMaxSeriesPerPanel series, so
+/// render_line_chart splits a fuller panel into several, and draws at most kMaxPanels panels.
 struct LineChart {
+  static constexpr std::size_t kMaxSeriesPerPanel = 8;
+  static constexpr std::size_t kMaxPanels = 12;
   std::string title;
   std::string xlabel;
   std::string ylabel;
@@ -30,8 +35,18 @@ struct LineChart {
     std::string name;
     std::vector<double> x, y;
   };
-  std::vector<Series> series;
+  struct Panel {
+    std::string title;  // "" for a single panel: the chart's title says it all
+    std::vector<Series> series;
+  };
+  std::vector<Panel> panels;
+  std::string note;  // appended to the title, e.g. what was left out
 };
+
+/// The panels render_line_chart draws: every panel of more than kMaxSeriesPerPanel series split
+/// into consecutive parts titled "(1/2)", "(2/2)"; at most kMaxPanels of them (the chart's note
+/// says how many were left out).
+LineChart facet_line_chart(const LineChart& chart);
 
 /// The gnuplot executable: $MOESIM_GNUPLOT if set (tests point it at a missing file), else the
 /// first `gnuplot` on PATH; "" when none is found.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "apps/moesim/html_report.hpp"
@@ -651,6 +652,86 @@ TEST(SweepCli, CompareBarsAndReport) {
   EXPECT_NE(html.find("a100-4x4-ib100"), std::string::npos);
 }
 
+// The `plot ` commands of a gnuplot script, each with the `lc rgb '#......'` colours of its lines.
+std::vector<std::vector<std::string>> plot_colours(const std::string& gp) {
+  std::vector<std::vector<std::string>> plots;
+  bool in_plot = false;
+  for (const auto& line : lines_of(gp)) {
+    if (line.rfind("plot ", 0) == 0) {
+      plots.emplace_back();
+      in_plot = true;
+    } else if (!in_plot || line.rfind("     ", 0) != 0) {
+      in_plot = false;
+      continue;
+    }
+    const auto at = line.find("lc rgb '");
+    if (at != std::string::npos) plots.back().push_back(line.substr(at + 8, 7));
+  }
+  return plots;
+}
+
+// Issue 15: at most 8 lines per panel, distinct colours in a panel, one colour per name across
+// panels. 10 series in one panel become two panels of 8 and 2.
+TEST(SweepPlot, PanelsHoldAtMostEightSeriesWithDistinctColours) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not installed";
+  fs::path d = temp_dir();
+  LineChart c;
+  c.title = "ten";
+  c.xlabel = "x";
+  c.ylabel = "y";
+  LineChart::Panel p;
+  for (int i = 0; i < 10; ++i) p.series.push_back({fmt::format("s{}", i), {1, 2}, {1.0 * i, 2.0}});
+  c.panels.push_back(p);
+  const LineChart f = facet_line_chart(c);
+  ASSERT_EQ(f.panels.size(), 2u);
+  EXPECT_EQ(f.panels[0].series.size(), 8u);
+  EXPECT_EQ(f.panels[1].series.size(), 2u);
+  EXPECT_EQ(f.panels[0].title, "(1/2)");
+  EXPECT_EQ(f.panels[1].series[0].name, "s8");
+  render_line_chart(c, (d / "ten.svg").string());
+  const std::string gp = read_file(d / "ten.gp");
+  EXPECT_NE(gp.find("set multiplot layout 1,2"), std::string::npos) << gp;
+  const auto plots = plot_colours(gp);
+  ASSERT_EQ(plots.size(), 2u) << gp;
+  ASSERT_EQ(plots[0].size(), 8u) << gp;
+  EXPECT_EQ(std::set<std::string>(plots[0].begin(), plots[0].end()).size(), 8u) << gp;
+  ASSERT_EQ(plots[1].size(), 2u) << gp;
+  EXPECT_NE(plots[1][0], plots[1][1]) << gp;
+  // s8 reuses s0's colour with another dash pattern: told apart inside its panel anyway.
+  EXPECT_NE(gp.find(fmt::format("lc rgb '{}' dt 2 title 's8'", plots[0][0])), std::string::npos)
+      << gp;
+
+  // More panels than a figure shows: the first kMaxPanels, and the title says so.
+  LineChart many = c;
+  many.panels.assign(20, LineChart::Panel{"", {{"a", {1}, {1}}}});
+  const LineChart g = facet_line_chart(many);
+  EXPECT_EQ(g.panels.size(), LineChart::kMaxPanels);
+  EXPECT_EQ(g.note, "first 12 of 20 panels; the CSV has every point");
+}
+
+// A sweep's other axes become panels: 2 x 2 combinations, each panel with one line per strategy,
+// each strategy in the same colour everywhere.
+TEST(SweepCli, PlotFacetsTheOtherAxes) {
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not installed";
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0, 2.0]\n"
+                                       "  model.top_k: [1, 2]\n"
+                                       "  model.hidden_dim: [2048, 4096]\n"));
+  auto r = run(fmt::format("sweep '{0}/s.yaml' --quiet --plot '{0}/p.svg'", d.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string gp = read_file(d / "p.gp");
+  EXPECT_NE(gp.find("set multiplot layout 2,2"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("set title 'model.top_k=2, model.hidden_dim=2048'"), std::string::npos) << gp;
+  const auto plots = plot_colours(gp);
+  ASSERT_EQ(plots.size(), 4u) << gp;
+  for (const auto& colours : plots) {
+    ASSERT_EQ(colours.size(), 2u) << gp;  // baseline and tutel
+    EXPECT_EQ(colours, plots[0]) << gp;
+    EXPECT_NE(colours[0], colours[1]) << gp;
+  }
+  EXPECT_NE(read_file(d / "p.svg").find("<svg"), std::string::npos);
+}
+
 TEST(SweepCli, MissingGnuplotIsAClearErrorBeforeRunning) {
   fs::path d = temp_dir();
   write_file(d / "s.yaml", small_sweep("  model.capacity_factor: [1.0]\n"));
@@ -679,6 +760,11 @@ TEST(SweepCli, ListShowsTheLibraryWithDescriptions) {
   EXPECT_NE(r.out.find("One MoE layer (training) on 2 nodes"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Sweeps"), std::string::npos);
   for (const auto& e : fs::directory_iterator(kSource + "/scenarios/sweeps"))
+    EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
+  // Every bundled scenario, sweep and topology says what it is.
+  EXPECT_EQ(r.out.find("(no description)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Topologies"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(kSource + "/scenarios/topologies"))
     EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
 }
 

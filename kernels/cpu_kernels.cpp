@@ -113,20 +113,6 @@ std::vector<float> to_f32(DType dtype, const void* data, std::size_t n) {
   return out;
 }
 
-float activate(Activation act, float x) {
-  switch (act) {
-    case Activation::kNone:
-      return x;
-    case Activation::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case Activation::kGelu: {
-      constexpr float kSqrt2OverPi = 0.7978845608028654f;
-      return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-    }
-  }
-  return x;
-}
-
 }  // namespace
 
 Context::Context(int num_threads) : num_threads_(std::max(1, num_threads)) {}
@@ -181,33 +167,13 @@ void gate_from_logits(Context&, const GateParams& p, const float* logits, const 
   if (p.top_k > p.num_experts) throw InputError("kernels::gate: top_k > num_experts");
   const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
   std::vector<float> top_prob(s);
-  std::vector<float> prob(e);
   for (int t = 0; t < s; ++t) {
-    const float* row = logits + std::size_t(t) * e;
-    const float mx = *std::max_element(row, row + e);
-    float sum = 0.0f;
-    for (int j = 0; j < e; ++j) sum += (prob[j] = std::exp(row[j] - mx));
-    // Top-k on the logits (monotone with the softmax, and exact across CPU and GPU); the strict
-    // comparison keeps the lower expert index on ties.
-    float chosen_sum = 0.0f;
-    std::int32_t* experts = out.expert + std::size_t(t) * k;
-    for (int c = 0; c < k; ++c) {
-      int best = -1;
-      for (int j = 0; j < e; ++j) {
-        if (std::find(experts, experts + c, j) != experts + c) continue;
-        if (best < 0 || row[j] > row[best]) best = j;
-      }
-      experts[c] = best;
-      out.weight[std::size_t(t) * k + c] = prob[best] / sum;
-      chosen_sum += prob[best] / sum;
-    }
-    top_prob[t] = out.weight[std::size_t(t) * k];
-    if (p.normalize_top_k) {
-      for (int c = 0; c < k; ++c) out.weight[std::size_t(t) * k + c] /= chosen_sum;
-    }
+    top_prob[t] = rules::route_token(logits + std::size_t(t) * e, e, k, p.normalize_top_k,
+                                     out.expert + std::size_t(t) * k,
+                                     out.weight + std::size_t(t) * k);
   }
   // Capacity locations: choice level by choice level, tokens in priority order.
-  std::vector<int> order(s);
+  std::vector<std::int32_t> order(s);
   std::iota(order.begin(), order.end(), 0);
   if (p.batch_prioritized) {
     std::stable_sort(order.begin(), order.end(),
@@ -215,17 +181,15 @@ void gate_from_logits(Context&, const GateParams& p, const float* logits, const 
   }
   std::vector<std::int32_t> count(e, 0);
   if (out.slot_entry) std::fill(out.slot_entry, out.slot_entry + std::size_t(e) * p.capacity, -1);
-  for (int c = 0; c < k; ++c) {
-    for (int t : order) {
-      const std::size_t entry = std::size_t(t) * k + c;
-      const int ex = out.expert[entry];
-      if (count[ex] < p.capacity) {
-        out.slot[entry] = count[ex];
-        if (out.slot_entry) out.slot_entry[std::size_t(ex) * p.capacity + count[ex]] = int(entry);
-        ++count[ex];
-      } else {
-        out.slot[entry] = -1;
-      }
+  for (std::int64_t q = 0; q < std::int64_t(s) * k; ++q) {
+    const auto entry = static_cast<std::size_t>(rules::priority_entry(q, s, k, order.data()));
+    const int ex = out.expert[entry];
+    if (count[ex] < p.capacity) {
+      out.slot[entry] = count[ex];
+      if (out.slot_entry) out.slot_entry[std::size_t(ex) * p.capacity + count[ex]] = int(entry);
+      ++count[ex];
+    } else {
+      out.slot[entry] = -1;
     }
   }
   if (out.expert_count) std::copy(count.begin(), count.end(), out.expert_count);
@@ -350,9 +314,7 @@ void stride_copy(Context&, const void* src, void* dst, int h, int w, std::size_t
   const auto* in = static_cast<const std::byte*>(src);
   auto* out = static_cast<std::byte*>(dst);
   for (int i = 0; i < h * w; ++i) {
-    // Same formula as strategies/collectives stride_copy_index (kernels/ may not depend on
-    // moesim_strategies): slice i = a*h + j -> slot j*w + a.
-    const int slot = (i % h) * w + i / h;
+    const int slot = rules::stride_slot(i, h, w);
     std::memcpy(out + std::size_t(slot) * chunk_bytes, in + std::size_t(i) * chunk_bytes,
                 chunk_bytes);
   }
@@ -381,7 +343,7 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
     // up to GEMM summation order.
     for (std::size_t i = 0; i < hf.size(); ++i) {
       store_element(dtype, he, i, hf[i]);
-      store_element(dtype, he, i, activate(act, load_element(dtype, he, i)));
+      store_element(dtype, he, i, rules::activate(act, load_element(dtype, he, i)));
       hf[i] = load_element(dtype, he, i);
     }
     gemm_f32(ctx.num_threads(), rows, m, h, hf.data(), w2f.data(), yf.data());
@@ -403,7 +365,7 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
 
 void activation(Context&, DType dtype, Activation act, void* data, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
-    store_element(dtype, data, i, activate(act, load_element(dtype, data, i)));
+    store_element(dtype, data, i, rules::activate(act, load_element(dtype, data, i)));
 }
 
 }  // namespace moesim::kernels::cpu

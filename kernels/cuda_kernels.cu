@@ -107,36 +107,20 @@ void check_routing(const Routing& r) {
 
 // --- gate ----------------------------------------------------------------------------------------
 
-// One thread per token: softmax over E, top-k on the logits (ties: lower index), weights.
+// One thread per token: kernels/rules.hpp route_token (softmax, top-k on the logits, weights),
+// with the token's choices in registers before they are stored.
 __global__ void topk_kernel(int s, int e, int k, bool normalize, const float* __restrict__ logits,
                             int* __restrict__ expert, float* __restrict__ weight,
                             float* __restrict__ top_prob) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= s) return;
-  const float* row = logits + static_cast<std::size_t>(t) * e;
-  float mx = row[0];
-  for (int j = 1; j < e; ++j) mx = fmaxf(mx, row[j]);
-  float sum = 0.0f;
-  for (int j = 0; j < e; ++j) sum += expf(row[j] - mx);
-  int chosen[8];
-  float chosen_sum = 0.0f;
+  std::int32_t chosen[rules::kMaxTopK];
+  float w[rules::kMaxTopK];
+  top_prob[t] =
+      rules::route_token(logits + static_cast<std::size_t>(t) * e, e, k, normalize, chosen, w);
   for (int c = 0; c < k; ++c) {
-    int best = -1;
-    for (int j = 0; j < e; ++j) {
-      bool used = false;
-      for (int cc = 0; cc < c; ++cc) used |= chosen[cc] == j;
-      if (used) continue;
-      if (best < 0 || row[j] > row[best]) best = j;
-    }
-    chosen[c] = best;
-    const float p = expf(row[best] - mx) / sum;
-    expert[static_cast<std::size_t>(t) * k + c] = best;
-    weight[static_cast<std::size_t>(t) * k + c] = p;
-    chosen_sum += p;
-    if (c == 0) top_prob[t] = p;
-  }
-  if (normalize) {
-    for (int c = 0; c < k; ++c) weight[static_cast<std::size_t>(t) * k + c] /= chosen_sum;
+    expert[static_cast<std::size_t>(t) * k + c] = chosen[c];
+    weight[static_cast<std::size_t>(t) * k + c] = w[c];
   }
 }
 
@@ -159,12 +143,10 @@ __global__ void capacity_kernel(int s, int k, int capacity, const int* __restric
   int base = 0;
   for (long long p0 = 0; p0 < total; p0 += kScanThreads) {
     const long long p = p0 + threadIdx.x;
-    int entry = -1, match = 0;
+    long long entry = -1;
+    int match = 0;
     if (p < total) {
-      const int c = static_cast<int>(p / s);
-      const int pos = static_cast<int>(p % s);
-      const int t = order ? order[pos] : pos;
-      entry = t * k + c;
+      entry = rules::priority_entry(p, s, k, order);  // kernels/rules.hpp, as on the CPU
       match = expert[entry] == e;
     }
     int rank = 0, aggregate = 0;
@@ -173,7 +155,8 @@ __global__ void capacity_kernel(int s, int k, int capacity, const int* __restric
       const int sl = base + rank;
       if (sl < capacity) {
         slot[entry] = sl;
-        if (slot_entry) slot_entry[static_cast<std::size_t>(e) * capacity + sl] = entry;
+        if (slot_entry)
+          slot_entry[static_cast<std::size_t>(e) * capacity + sl] = static_cast<int>(entry);
       } else {
         slot[entry] = -1;
       }
@@ -344,7 +327,7 @@ template <typename V>
 __global__ void stride_copy_kernel(int h, int w, std::size_t chunk_words, const V* __restrict__ src,
                                    V* __restrict__ dst) {
   for (int i = blockIdx.y; i < h * w; i += gridDim.y) {
-    const int slot = (i % h) * w + i / h;  // strategies/collectives stride_copy_index
+    const int slot = rules::stride_slot(i, h, w);
     const V* in = src + static_cast<std::size_t>(i) * chunk_words;
     V* out = dst + static_cast<std::size_t>(slot) * chunk_words;
     for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -358,14 +341,7 @@ template <typename T>
 __global__ void activation_kernel(std::size_t n, int act, T* data) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float x = to_f(data[i]);
-    float y = x;
-    if (act == static_cast<int>(Activation::kRelu)) {
-      y = x > 0.0f ? x : 0.0f;
-    } else if (act == static_cast<int>(Activation::kGelu)) {
-      y = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    }
-    data[i] = from_f<T>(y);
+    data[i] = from_f<T>(rules::activate(static_cast<Activation>(act), to_f(data[i])));
   }
 }
 

@@ -1,6 +1,7 @@
 // MoE kernels for real execution (DESIGN §4.2, issue 7 item 1): gate (GEMM + softmax + top-k +
 // capacity locations), encode / decode and their backward passes, the 2DH stride copy, and the
-// expert FFN. Every kernel exists twice with the same signature shape:
+// expert FFN. Every kernel exists twice with the same signature shape (the per-element and
+// per-row rules of both are single-source, in kernels/rules.hpp):
 //   moesim::kernels::cpu::f(cpu::Context&, ...)   host pointers, reference implementation
 //   moesim::kernels::cuda::f(cuda::Context&, ...) device pointers, runs on the context's stream
 // and both are tested against the same hand-computed cases. This header does not include CUDA
@@ -25,6 +26,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+
+#include "kernels/rules.hpp"
 
 #ifndef MOESIM_KERNELS_HAVE_CUDA
 #define MOESIM_KERNELS_HAVE_CUDA 0
@@ -120,9 +123,8 @@ void store_element(DType dtype, void* data, std::size_t i, float value);
 
 // --- Parameter blocks ----------------------------------------------------------------------------
 
-/// Expert FFN activation. kGelu is the tanh approximation
-/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (as in GShard / Megatron / Tutel).
-enum class Activation { kNone, kRelu, kGelu };
+// Activation (kNone, kRelu, kGelu) is declared in kernels/rules.hpp, with the per-element rules
+// both implementations share.
 
 struct GateParams {
   int num_tokens = 0;   // S

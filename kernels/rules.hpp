@@ -1,0 +1,94 @@
+// The per-element and per-row rules of the MoE kernels, written once for the CPU twins and the
+// CUDA kernels (issue 16 item 4): one token's softmax and top-k, the capacity priority order, the
+// 2DH stride index and the expert activation. cpu_kernels.cpp and cuda_kernels.cu both call these,
+// so the CPU tests exercise the arithmetic and the tie-breaking the GPU runs; what remains
+// GPU-only is the parallel decomposition (which thread or block computes which row or entry).
+//
+// Plain C++17 with no dependency (nvcc compiles this header too), no exceptions, no allocation:
+// callers check shapes first. Float maths goes through the C library's float functions (expf,
+// tanhf), which CUDA provides on the device; host and device results agree to a few ulp, and the
+// discrete decisions (top-k on the logits, not on the probabilities) are exact on both.
+#pragma once
+
+#include <math.h>  // expf, tanhf in the global namespace, as CUDA device code has them
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOESIM_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define MOESIM_HOST_DEVICE inline
+#endif
+
+namespace moesim::kernels {
+
+/// Expert FFN activation. kGelu is the tanh approximation
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (as in GShard / Megatron / Tutel).
+enum class Activation { kNone, kRelu, kGelu };
+
+namespace rules {
+
+/// The largest top-k the kernels support (a token's choices live in registers on the GPU).
+inline constexpr int kMaxTopK = 8;
+
+/// act(x) for one element.
+MOESIM_HOST_DEVICE float activate(Activation act, float x) {
+  if (act == Activation::kRelu) return x > 0.0f ? x : 0.0f;
+  if (act == Activation::kGelu) {
+    const float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+/// One token's routing: softmax over its `e` logits, then its `k` choices (1 <= k <= min(e,
+/// kMaxTopK)): the k largest logits in descending order, the lower expert index first on ties
+/// (top-k on the logits, which the softmax preserves, so CPU and GPU choose alike). Writes
+/// expert[0..k) and weight[0..k) (the softmax probability of each choice, renormalised to sum to
+/// 1 over the k choices when `normalize`). Returns the top choice's probability before any
+/// renormalisation (the batch-prioritised capacity order sorts tokens by it).
+MOESIM_HOST_DEVICE float route_token(const float* row, int e, int k, bool normalize,
+                                     std::int32_t* expert, float* weight) {
+  float mx = row[0];
+  for (int j = 1; j < e; ++j) mx = row[j] > mx ? row[j] : mx;
+  float sum = 0.0f;
+  for (int j = 0; j < e; ++j) sum += expf(row[j] - mx);
+  float chosen_sum = 0.0f, top = 0.0f;
+  for (int c = 0; c < k; ++c) {
+    int best = -1;
+    for (int j = 0; j < e; ++j) {
+      bool used = false;
+      for (int cc = 0; cc < c; ++cc) used = used || expert[cc] == j;
+      if (used) continue;
+      if (best < 0 || row[j] > row[best]) best = j;  // strict: the lower index keeps a tie
+    }
+    expert[c] = best;
+    const float p = expf(row[best] - mx) / sum;
+    weight[c] = p;
+    chosen_sum += p;
+    if (c == 0) top = p;
+  }
+  if (normalize) {
+    for (int c = 0; c < k; ++c) weight[c] /= chosen_sum;
+  }
+  return top;
+}
+
+/// The capacity rule's priority order over the s*k routing entries (entry = token*k + choice):
+/// position p holds choice level c = p / s (every token's first choice before any second
+/// choice), and within a level the token order[p % s] (`order` null: token p % s, i.e. index
+/// order). An expert's slots go to its entries in this order, first come first served.
+MOESIM_HOST_DEVICE std::int64_t priority_entry(std::int64_t p, std::int64_t s, int k,
+                                               const std::int32_t* order) {
+  const std::int64_t c = p / s, pos = p % s;
+  const std::int64_t t = order ? order[pos] : pos;
+  return t * k + c;
+}
+
+/// The 2DH stride copy T(h, w) on h*w chunks: input chunk i = a*h + j goes to output slot
+/// j*w + a (strategies/collectives stride_copy_index, which plans the copy, states the same
+/// formula; a test checks the two agree).
+MOESIM_HOST_DEVICE int stride_slot(int i, int h, int w) { return (i % h) * w + i / h; }
+
+}  // namespace rules
+}  // namespace moesim::kernels

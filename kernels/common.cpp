@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.hpp"
+#include "kernels/errors.hpp"
 #include "kernels/moe_kernels.hpp"
 
 #if MOESIM_KERNELS_HAVE_CUDA
@@ -49,7 +49,7 @@ float load_element(DType dtype, const void* data, std::size_t i) {
     case DType::kBF16:
       return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
   }
-  MOESIM_ASSERT(false, "unknown dtype");
+  throw ArgumentError("kernels: unknown dtype");
   return 0.0f;
 }
 
@@ -65,7 +65,7 @@ void store_element(DType dtype, void* data, std::size_t i, float value) {
       static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value);
       return;
   }
-  MOESIM_ASSERT(false, "unknown dtype");
+  throw ArgumentError("kernels: unknown dtype");
 }
 
 void convert(DType from, const void* src, DType to, void* dst, std::size_t n) {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.hpp"
+#include "kernels/errors.hpp"
 #include "kernels/moe_kernels.hpp"
 
 namespace moesim::kernels::cpu {
@@ -56,14 +56,14 @@ void dispatch(DType dtype, Fn&& fn) {
       fn(BF16{});
       return;
   }
-  MOESIM_ASSERT(false, "unknown dtype");
+  throw ArgumentError("kernels: unknown dtype");
 }
 
 void check_routing(const Routing& r) {
   if (r.num_tokens < 0 || r.num_experts < 1 || r.capacity < 0 || r.top_k < 1 || r.top_k > 8) {
-    throw InputError("kernels: bad routing shape (S=" + std::to_string(r.num_tokens) +
-                     ", E=" + std::to_string(r.num_experts) + ", C=" + std::to_string(r.capacity) +
-                     ", k=" + std::to_string(r.top_k) + ")");
+    throw ArgumentError("kernels: bad routing shape (S=" + std::to_string(r.num_tokens) + ", E=" +
+                        std::to_string(r.num_experts) + ", C=" + std::to_string(r.capacity) +
+                        ", k=" + std::to_string(r.top_k) + ")");
   }
 }
 
@@ -119,7 +119,7 @@ Context::Context(int num_threads) : num_threads_(std::max(1, num_threads)) {}
 
 void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
           float alpha, float beta) {
-  if (m < 0 || n < 0 || k < 0) throw InputError("kernels::gemm: negative dimension");
+  if (m < 0 || n < 0 || k < 0) throw ArgumentError("kernels::gemm: negative dimension");
   if (dtype == DType::kF32) {
     // fp32: no conversion copies; C is written in place unless it overlaps an input.
     const auto* af = static_cast<const float*>(a);
@@ -154,7 +154,7 @@ void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const v
 
 void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
           float* logits, const RoutingOut& out) {
-  if (params.model_dim < 1) throw InputError("kernels::gate: model_dim must be >= 1");
+  if (params.model_dim < 1) throw ArgumentError("kernels::gate: model_dim must be >= 1");
   const int s = params.num_tokens, m = params.model_dim, e = params.num_experts;
   const std::vector<float> xf = to_f32(dtype, x, std::size_t(s) * m);
   const std::vector<float> wf = to_f32(dtype, wg, std::size_t(m) * e);
@@ -164,13 +164,13 @@ void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, co
 
 void gate_from_logits(Context&, const GateParams& p, const float* logits, const RoutingOut& out) {
   check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
-  if (p.top_k > p.num_experts) throw InputError("kernels::gate: top_k > num_experts");
+  if (p.top_k > p.num_experts) throw ArgumentError("kernels::gate: top_k > num_experts");
   const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
   std::vector<float> top_prob(s);
   for (int t = 0; t < s; ++t) {
-    top_prob[t] = rules::route_token(logits + std::size_t(t) * e, e, k, p.normalize_top_k,
-                                     out.expert + std::size_t(t) * k,
-                                     out.weight + std::size_t(t) * k);
+    top_prob[t] =
+        rules::route_token(logits + std::size_t(t) * e, e, k, p.normalize_top_k,
+                           out.expert + std::size_t(t) * k, out.weight + std::size_t(t) * k);
   }
   // Capacity locations: choice level by choice level, tokens in priority order.
   std::vector<std::int32_t> order(s);
@@ -202,9 +202,9 @@ void build_slot_index(Context&, const Routing& r, std::int32_t* slot_entry) {
   for (std::size_t i = 0; i < entries; ++i) {
     if (r.slot[i] < 0) continue;
     if (r.expert[i] < 0 || r.expert[i] >= r.num_experts || r.slot[i] >= r.capacity) {
-      throw InputError("kernels::build_slot_index: entry " + std::to_string(i) +
-                       " out of range (expert " + std::to_string(r.expert[i]) + ", slot " +
-                       std::to_string(r.slot[i]) + ")");
+      throw ArgumentError("kernels::build_slot_index: entry " + std::to_string(i) +
+                          " out of range (expert " + std::to_string(r.expert[i]) + ", slot " +
+                          std::to_string(r.slot[i]) + ")");
     }
     slot_entry[std::size_t(r.expert[i]) * r.capacity + r.slot[i]] = std::int32_t(i);
   }
@@ -310,7 +310,7 @@ void decode_backward(Context&, DType dtype, const Routing& r, int model_dim, con
 }
 
 void stride_copy(Context&, const void* src, void* dst, int h, int w, std::size_t chunk_bytes) {
-  if (h < 1 || w < 1) throw InputError("kernels::stride_copy: h and w must be >= 1");
+  if (h < 1 || w < 1) throw ArgumentError("kernels::stride_copy: h and w must be >= 1");
   const auto* in = static_cast<const std::byte*>(src);
   auto* out = static_cast<std::byte*>(dst);
   for (int i = 0; i < h * w; ++i) {
@@ -324,7 +324,7 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
                 const void* w1, const void* w2, void* hidden, void* y) {
   const int rows = shape.rows, m = shape.model_dim, h = shape.hidden_dim;
   if (shape.num_experts < 1 || rows < 0 || m < 1 || h < 1) {
-    throw InputError("kernels::expert_ffn: bad shape");
+    throw ArgumentError("kernels::expert_ffn: bad shape");
   }
   const std::size_t es = dtype_size(dtype);
   std::vector<float> hf(std::size_t(rows) * h), yf(std::size_t(rows) * m);
@@ -355,7 +355,7 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch) {
   if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
-    throw InputError("kernels::gemm_strided_batched: negative batch or stride");
+    throw ArgumentError("kernels::gemm_strided_batched: negative batch or stride");
   const std::size_t es = dtype_size(dtype);
   for (int i = 0; i < batch; ++i)
     gemm(ctx, dtype, m, n, k, static_cast<const std::byte*>(a) + i * stride_a * es,

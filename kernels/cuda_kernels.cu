@@ -12,29 +12,29 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <string>
 
-#include "core/error.hpp"
+#include "kernels/errors.hpp"
 #include "kernels/moe_kernels.hpp"
 
 namespace moesim::kernels::cuda {
 namespace {
 
-#define MOESIM_KCUDA_CHECK(expr)                                                            \
-  do {                                                                                      \
-    const cudaError_t moesim_err_ = (expr);                                                 \
-    if (moesim_err_ != cudaSuccess) {                                                       \
-      throw ::moesim::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                                   ": " #expr ": " + cudaGetErrorString(moesim_err_));      \
-    }                                                                                       \
+#define MOESIM_KCUDA_CHECK(expr)                                                                   \
+  do {                                                                                             \
+    const cudaError_t moesim_err_ = (expr);                                                        \
+    if (moesim_err_ != cudaSuccess) {                                                              \
+      throw ::moesim::kernels::DeviceError("kernels/cuda_kernels.cu:" + std::to_string(__LINE__) + \
+                                           ": " #expr ": " + cudaGetErrorString(moesim_err_));     \
+    }                                                                                              \
   } while (0)
 
-#define MOESIM_KCUBLAS_CHECK(expr)                                                          \
-  do {                                                                                      \
-    const cublasStatus_t moesim_st_ = (expr);                                               \
-    if (moesim_st_ != CUBLAS_STATUS_SUCCESS) {                                              \
-      throw ::moesim::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                                   ": " #expr ": cuBLAS status " +                          \
-                                   std::to_string(static_cast<int>(moesim_st_)));           \
-    }                                                                                       \
+#define MOESIM_KCUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                             \
+    const cublasStatus_t moesim_st_ = (expr);                                                      \
+    if (moesim_st_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+      throw ::moesim::kernels::DeviceError("kernels/cuda_kernels.cu:" + std::to_string(__LINE__) + \
+                                           ": " #expr ": cuBLAS status " +                         \
+                                           std::to_string(static_cast<int>(moesim_st_)));          \
+    }                                                                                              \
   } while (0)
 
 // Kernel launches report configuration errors only through cudaGetLastError.
@@ -101,7 +101,7 @@ int grid_for(std::size_t blocks) {
 
 void check_routing(const Routing& r) {
   if (r.num_tokens < 0 || r.num_experts < 1 || r.capacity < 0 || r.top_k < 1 || r.top_k > 8) {
-    throw InputError("kernels::cuda: bad routing shape");
+    throw ArgumentError("kernels::cuda: bad routing shape");
   }
 }
 
@@ -179,7 +179,7 @@ __global__ void slot_index_kernel(long long entries, int num_experts, int capaci
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= entries) return;
   const int sl = slot[i], ex = expert[i];
-  // Out-of-range entries are ignored on the device (the CPU twin throws InputError).
+  // Out-of-range entries are ignored on the device (the CPU twin throws ArgumentError).
   if (sl < 0 || sl >= capacity || ex < 0 || ex >= num_experts) return;
   slot_entry[static_cast<std::size_t>(ex) * capacity + sl] = static_cast<int>(i);
 }
@@ -404,7 +404,7 @@ void* Context::workspace(std::size_t bytes) {
 
 void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const void* b, void* c,
           float alpha, float beta) {
-  if (m < 0 || n < 0 || k < 0) throw InputError("kernels::cuda::gemm: negative dimension");
+  if (m < 0 || n < 0 || k < 0) throw ArgumentError("kernels::cuda::gemm: negative dimension");
   if (m == 0 || n == 0) return;
   const cudaDataType_t t = cuda_type(dtype);
   // Row-major C = A B is column-major C^T = B^T A^T.
@@ -415,7 +415,7 @@ void gemm(Context& ctx, DType dtype, int m, int n, int k, const void* a, const v
 
 void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, const void* wg,
           float* logits, const RoutingOut& out) {
-  if (params.model_dim < 1) throw InputError("kernels::cuda::gate: model_dim must be >= 1");
+  if (params.model_dim < 1) throw ArgumentError("kernels::cuda::gate: model_dim must be >= 1");
   const int s = params.num_tokens, m = params.model_dim, e = params.num_experts;
   if (s > 0) {
     const float alpha = 1.0f, beta = 0.0f;
@@ -430,7 +430,7 @@ void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, co
 void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
                       const RoutingOut& out) {
   check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
-  if (p.top_k > p.num_experts) throw InputError("kernels::cuda::gate: top_k > num_experts");
+  if (p.top_k > p.num_experts) throw ArgumentError("kernels::cuda::gate: top_k > num_experts");
   const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
   cudaStream_t stream = ctx.stream();
   if (s == 0) {
@@ -578,7 +578,7 @@ void decode_backward(Context& ctx, DType dtype, const Routing& r, int model_dim,
 }
 
 void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::size_t chunk_bytes) {
-  if (h < 1 || w < 1) throw InputError("kernels::cuda::stride_copy: h and w must be >= 1");
+  if (h < 1 || w < 1) throw ArgumentError("kernels::cuda::stride_copy: h and w must be >= 1");
   if (chunk_bytes == 0) return;
   const int chunks = h * w;
   auto launch = [&](auto word) {
@@ -603,7 +603,8 @@ void stride_copy(Context& ctx, const void* src, void* dst, int h, int w, std::si
 void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape, const void* x,
                 const void* w1, const void* w2, void* hidden, void* y) {
   const int e = shape.num_experts, rows = shape.rows, m = shape.model_dim, h = shape.hidden_dim;
-  if (e < 1 || rows < 0 || m < 1 || h < 1) throw InputError("kernels::cuda::expert_ffn: bad shape");
+  if (e < 1 || rows < 0 || m < 1 || h < 1)
+    throw ArgumentError("kernels::cuda::expert_ffn: bad shape");
   if (rows == 0) return;
   auto handle = static_cast<cublasHandle_t>(ctx.cublas_handle());
   const cudaDataType_t t = cuda_type(dtype);
@@ -635,7 +636,7 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch) {
   if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
-    throw InputError("kernels::cuda::gemm_strided_batched: negative dimension, batch or stride");
+    throw ArgumentError("kernels::cuda::gemm_strided_batched: negative dimension, batch or stride");
   if (m == 0 || n == 0 || batch == 0) return;
   const cudaDataType_t t = cuda_type(dtype);
   const float alpha = 1.0f, beta = 0.0f;

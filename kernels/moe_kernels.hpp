@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 
+#include "kernels/errors.hpp"
 #include "kernels/rules.hpp"
 
 #ifndef MOESIM_KERNELS_HAVE_CUDA
@@ -251,7 +252,7 @@ using Stream = ::CUstream_st*;  // == cudaStream_t
 
 /// Device execution context: the device, the stream every kernel runs on, a cuBLAS handle bound
 /// to that stream and a growable device workspace. Kernels are asynchronous on the stream; pointer
-/// arguments are device pointers unless stated. Errors throw moesim::RuntimeError naming the CUDA
+/// arguments are device pointers unless stated. Errors throw kernels::DeviceError naming the CUDA
 /// / cuBLAS call, file and line.
 class Context {
  public:

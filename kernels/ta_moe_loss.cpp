@@ -2,19 +2,19 @@
 
 #include <string>
 
-#include "core/error.hpp"
+#include "kernels/errors.hpp"
 
 namespace moesim::kernels {
 
 std::vector<float> ta_moe_expert_weights(const double* share, int num_gpus, int experts_per_gpu) {
   if (num_gpus < 1 || experts_per_gpu < 1 || share == nullptr)
-    throw InputError("ta_moe_expert_weights: need num_gpus >= 1, experts_per_gpu >= 1");
+    throw ArgumentError("ta_moe_expert_weights: need num_gpus >= 1, experts_per_gpu >= 1");
   std::vector<double> inv(static_cast<std::size_t>(num_gpus));
   double sum = 0;
   for (int j = 0; j < num_gpus; ++j) {
     if (!(share[j] > 0))
-      throw InputError("ta_moe_expert_weights: target share " + std::to_string(share[j]) +
-                       " of GPU " + std::to_string(j) + " must be > 0 (smooth with lambda > 0)");
+      throw ArgumentError("ta_moe_expert_weights: target share " + std::to_string(share[j]) +
+                          " of GPU " + std::to_string(j) + " must be > 0 (smooth with lambda > 0)");
     inv[j] = 1.0 / share[j];
     sum += inv[j];
   }
@@ -31,9 +31,9 @@ namespace cpu {
 void ta_moe_loss(Context& ctx, const TaMoeLossArgs& a) {
   (void)ctx;
   if (a.num_tokens < 1 || a.num_experts < 1 || a.top_k < 1)
-    throw InputError("ta_moe_loss: num_tokens, num_experts and top_k must be >= 1");
+    throw ArgumentError("ta_moe_loss: num_tokens, num_experts and top_k must be >= 1");
   if (!a.probs || !a.expert || !a.expert_weight || !a.loss)
-    throw InputError("ta_moe_loss: probs, expert, expert_weight and loss are required");
+    throw ArgumentError("ta_moe_loss: probs, expert, expert_weight and loss are required");
   const int T = a.num_tokens, E = a.num_experts, k = a.top_k;
   // Double accumulation: the reference the CUDA twin is checked against.
   std::vector<double> m(static_cast<std::size_t>(E), 0.0);
@@ -45,8 +45,8 @@ void ta_moe_loss(Context& ctx, const TaMoeLossArgs& a) {
       const std::int32_t e = a.expert[static_cast<std::size_t>(t) * k + c];
       if (e < 0) continue;
       if (e >= E)
-        throw InputError("ta_moe_loss: expert index " + std::to_string(e) +
-                         " >= E = " + std::to_string(E));
+        throw ArgumentError("ta_moe_loss: expert index " + std::to_string(e) +
+                            " >= E = " + std::to_string(E));
       ++n[e];
     }
   }

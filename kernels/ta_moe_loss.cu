@@ -9,19 +9,19 @@
 #include <cub/block/block_reduce.cuh>
 #include <string>
 
-#include "core/error.hpp"
+#include "kernels/errors.hpp"
 #include "kernels/ta_moe_loss.hpp"
 
 namespace moesim::kernels::cuda {
 namespace {
 
-#define MOESIM_TAMOE_CHECK(expr)                                                            \
-  do {                                                                                      \
-    const cudaError_t moesim_err_ = (expr);                                                 \
-    if (moesim_err_ != cudaSuccess) {                                                       \
-      throw ::moesim::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                                   ": " #expr ": " + cudaGetErrorString(moesim_err_));      \
-    }                                                                                       \
+#define MOESIM_TAMOE_CHECK(expr)                                                                  \
+  do {                                                                                            \
+    const cudaError_t moesim_err_ = (expr);                                                       \
+    if (moesim_err_ != cudaSuccess) {                                                             \
+      throw ::moesim::kernels::DeviceError("kernels/ta_moe_loss.cu:" + std::to_string(__LINE__) + \
+                                           ": " #expr ": " + cudaGetErrorString(moesim_err_));    \
+    }                                                                                             \
   } while (0)
 
 constexpr int kThreads = 256;
@@ -73,9 +73,9 @@ __global__ void fill_grad(const float* choice_share, const float* weight, int T,
 
 void ta_moe_loss(Context& ctx, const TaMoeLossArgs& a) {
   if (a.num_tokens < 1 || a.num_experts < 1 || a.top_k < 1)
-    throw InputError("ta_moe_loss: num_tokens, num_experts and top_k must be >= 1");
+    throw ArgumentError("ta_moe_loss: num_tokens, num_experts and top_k must be >= 1");
   if (!a.probs || !a.expert || !a.expert_weight || !a.loss)
-    throw InputError("ta_moe_loss: probs, expert, expert_weight and loss are required");
+    throw ArgumentError("ta_moe_loss: probs, expert, expert_weight and loss are required");
   const int E = a.num_experts;
   auto* scratch = static_cast<float*>(ctx.workspace(2 * sizeof(float) * static_cast<size_t>(E)));
   float* mean_prob = a.mean_prob ? a.mean_prob : scratch;

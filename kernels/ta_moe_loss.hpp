@@ -44,8 +44,8 @@ struct TaMoeLossArgs {
 std::vector<float> ta_moe_expert_weights(const double* share, int num_gpus, int experts_per_gpu);
 
 namespace cpu {
-/// Host twin. Throws InputError for non-positive sizes or a null required pointer, and for an
-/// expert index >= E.
+/// Host twin. Throws ArgumentError (kernels/errors.hpp) for non-positive sizes or a null required
+/// pointer, and for an expert index >= E.
 void ta_moe_loss(Context& ctx, const TaMoeLossArgs& args);
 }  // namespace cpu
 

@@ -54,11 +54,17 @@ class Lab {
     std::vector<double> w = w0_;
     // Per-GPU expert weights: w_{o(e)} from the GPU's target row, or 1 (GShard balance loss).
     std::vector<std::vector<float>> weights(static_cast<std::size_t>(P_));
-    for (int g = 0; g < P_; ++g)
-      weights[g] = topo ? kernels::ta_moe_expert_weights(
-                              c_.target_share.data() + static_cast<std::size_t>(g) * P_, P_,
-                              c_.experts_per_gpu)
-                        : std::vector<float>(static_cast<std::size_t>(E_), 1.0f);
+    for (int g = 0; g < P_; ++g) {
+      try {
+        weights[g] = topo ? kernels::ta_moe_expert_weights(
+                                c_.target_share.data() + static_cast<std::size_t>(g) * P_, P_,
+                                c_.experts_per_gpu)
+                          : std::vector<float>(static_cast<std::size_t>(E_), 1.0f);
+      } catch (const kernels::ArgumentError& e) {
+        // The target shares come from the user's topology and smoothing (lambda): their input.
+        throw InputError(e.what());
+      }
+    }
     run.epochs.push_back(evaluate(w, weights, 0));
     const int B = c_.batch, steps = c_.tokens_per_gpu / B;
     std::vector<double> grad(w.size());

@@ -3,15 +3,18 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "exec/device_binding.hpp"
 #include "exec/mpi_communicator.hpp"
 
 namespace moesim::exec {
@@ -118,27 +121,42 @@ struct NcclCommunicator::Impl {
 NcclCommunicator::NcclCommunicator(const MpiSession& session) : impl_(std::make_unique<Impl>()) {
   rank_ = session.rank();
   size_ = session.size();
-  // One GPU per rank. Every rank learns whether some host is short of devices (an all-reduce), so
-  // all ranks throw the same InputError and rank 0 reports it once (exit 2) instead of the short
-  // host's ranks failing alone and the others timing out in the NCCL bootstrap.
+  // One GPU per rank, bound as exec/device_binding.hpp says (local rank modulo the devices the
+  // rank sees). Every rank learns the verdicts (collectives), so all ranks throw the same
+  // InputError and rank 0 reports it once (exit 2) instead of some ranks failing alone and the
+  // others timing out in the NCCL bootstrap.
   int devices = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&devices);
   if (count_err != cudaSuccess) devices = 0;
-  const long long short_ranks = session.all_reduce_sum(devices < session.local_size() ? 1 : 0);
-  if (short_ranks > 0) {
-    const int fewest = static_cast<int>(-session.all_reduce_max(-static_cast<double>(devices)));
-    const int most_ranks = static_cast<int>(session.all_reduce_max(session.local_size()));
+  const long long blind_ranks = session.all_reduce_sum(devices < 1 ? 1 : 0);
+  if (blind_ranks > 0) {
     throw InputError(fmt::format(
-        "--backend nccl needs one CUDA device per rank: {} rank(s) run on a host with fewer CUDA "
-        "devices than ranks (fewest devices on a host: {}, most ranks on a host: {}{}); start at "
-        "most as many ranks per node as it has GPUs, or use --backend mpi (the host path)",
-        short_ranks, fewest, most_ranks,
+        "--backend nccl needs one CUDA device per rank: {} rank(s) see no CUDA device{}; run "
+        "where every rank sees a GPU, or use --backend mpi (the host path)",
+        blind_ranks,
         count_err != cudaSuccess && session.rank() == 0
-            ? fmt::format("; rank 0: cudaGetDeviceCount: {}", cudaGetErrorString(count_err))
+            ? fmt::format(" (rank 0: cudaGetDeviceCount: {})", cudaGetErrorString(count_err))
             : ""));
   }
-  impl_->device = session.local_rank();
+  impl_->device = device_for_local_rank(session.local_rank(), devices);
   CUDA_CHECK(cudaSetDevice(impl_->device));
+  // Two ranks on one GPU (a host showing fewer GPUs than it runs ranks, with no per-rank masks):
+  // found by comparing host and PCI bus id, before NCCL would refuse them in its bootstrap.
+  char bus_id[32] = {};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof bus_id), impl_->device));
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "rank-%d", rank_);
+  const std::vector<double> ids = session.all_gather_doubles({device_identity(host, bus_id)});
+  if (const auto shared = ranks_sharing_a_device(ids)) {
+    const int most_ranks = static_cast<int>(session.all_reduce_max(session.local_size()));
+    const int fewest = static_cast<int>(-session.all_reduce_max(-static_cast<double>(devices)));
+    throw InputError(fmt::format(
+        "--backend nccl needs one CUDA device per rank: ranks {} and {} would share one GPU (a "
+        "host shows fewer CUDA devices than it runs ranks: fewest devices a rank sees: {}, most "
+        "ranks on a host: {}); start at most as many ranks per node as it has GPUs, give each "
+        "rank its own GPU (e.g. Slurm --gpus-per-task=1), or use --backend mpi (the host path)",
+        shared->first, shared->second, fewest, most_ranks));
+  }
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   std::vector<MPI_Request> req(1);

@@ -442,8 +442,10 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       const long long blk_x = static_cast<long long>(dE) * c * M;
       const long long blk_h = static_cast<long long>(dE) * c * H;
       for (int le = 0; le < dE; ++le)
-        kcu::gemm_strided_batched(cx, dtype, c, H, M, a.at(L.in[j]) + le * c * M * es, blk_x,
-                                  a.at(L.w1[le]), 0, a.at(L.hidden[j]) + le * c * H * es, blk_h, W);
+        kcu::gemm_strided_batched(
+            cx, dtype, c, H, M, a.at(L.in[j]) + static_cast<std::size_t>(le) * c * M * es, blk_x,
+            a.at(L.w1[le]), 0, a.at(L.hidden[j]) + static_cast<std::size_t>(le) * c * H * es, blk_h,
+            W);
       kcu::activation(cx, dtype, kernels::Activation::kRelu, a.at(L.hidden[j]),
                       static_cast<std::size_t>(W) * dE * c * H);
       return;
@@ -453,8 +455,10 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       const long long blk_x = static_cast<long long>(dE) * c * M;
       const long long blk_h = static_cast<long long>(dE) * c * H;
       for (int le = 0; le < dE; ++le)
-        kcu::gemm_strided_batched(cx, dtype, c, M, H, a.at(L.hidden[j]) + le * c * H * es, blk_h,
-                                  a.at(L.w2[le]), 0, a.at(L.out[j]) + le * c * M * es, blk_x, W);
+        kcu::gemm_strided_batched(
+            cx, dtype, c, M, H, a.at(L.hidden[j]) + static_cast<std::size_t>(le) * c * H * es,
+            blk_h, a.at(L.w2[le]), 0, a.at(L.out[j]) + static_cast<std::size_t>(le) * c * M * es,
+            blk_x, W);
       if (!L.plan.has_a2a) chunk_copy(j, false, a.at(L.expert_out), a.at(L.out[j]));
       return;
     }

@@ -377,13 +377,20 @@ Context::Context(int device, Stream stream) : impl_(std::make_unique<Impl>()) {
 
 Context::~Context() {
   // Destructors never throw: failures here leave nothing the caller could act on.
-  if (impl_->workspace) (void)cudaFree(impl_->workspace);
+  if (impl_->workspace) (void)cudaFreeAsync(impl_->workspace, impl_->stream);
   if (impl_->cublas) (void)cublasDestroy(impl_->cublas);
 }
 
 int Context::device() const { return impl_->device; }
 Stream Context::stream() const { return impl_->stream; }
 void Context::set_stream(Stream stream) {
+  // The workspace belongs to the old stream's order: released there, reallocated on first use in
+  // the new one (another stream may only use it after synchronising with the old).
+  if (impl_->workspace && stream != impl_->stream) {
+    MOESIM_KCUDA_CHECK(cudaFreeAsync(impl_->workspace, impl_->stream));
+    impl_->workspace = nullptr;
+    impl_->workspace_bytes = 0;
+  }
   impl_->stream = stream;
   MOESIM_KCUBLAS_CHECK(cublasSetStream(impl_->cublas, stream));
 }
@@ -392,9 +399,14 @@ void* Context::cublas_handle() { return impl_->cublas; }
 
 void* Context::workspace(std::size_t bytes) {
   if (bytes > impl_->workspace_bytes) {
-    if (impl_->workspace) MOESIM_KCUDA_CHECK(cudaFree(impl_->workspace));  // synchronises
+    // Stream-ordered, on this context's stream: cudaFree would synchronise the whole device,
+    // waiting on NCCL kernels of other streams that may themselves wait for peer ranks (a hang),
+    // and cudaMalloc outside the pool may do the same. The old block is released after the work
+    // queued on the stream that uses it; the new one is valid for the work queued after.
+    if (impl_->workspace) MOESIM_KCUDA_CHECK(cudaFreeAsync(impl_->workspace, impl_->stream));
     impl_->workspace = nullptr;
-    MOESIM_KCUDA_CHECK(cudaMalloc(&impl_->workspace, bytes));
+    impl_->workspace_bytes = 0;
+    MOESIM_KCUDA_CHECK(cudaMallocAsync(&impl_->workspace, bytes, impl_->stream));
     impl_->workspace_bytes = bytes;
   }
   return impl_->workspace;

@@ -268,7 +268,9 @@ class Context {
   void synchronize();
   /// cublasHandle_t bound to stream() (cast it back in CUDA code).
   void* cublas_handle();
-  /// Device scratch of at least `bytes`, valid until the next call (kernels use it internally).
+  /// Device scratch of at least `bytes` for work queued on stream() until the next call (kernels
+  /// use it internally). Grows by stream-ordered allocation (cudaMallocAsync on stream()), never
+  /// with a device-wide synchronisation; it is kept, so steady-state steps allocate nothing.
   void* workspace(std::size_t bytes);
 
  private:

@@ -32,6 +32,26 @@ void nccl_check(ncclResult_t rc, const char* what, const char* /*file*/, int /*l
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
 
+// ncclGroupStart() ... ncclGroupEnd() that cannot stay open: a send or receive that throws inside
+// the group still closes it on the way out (NCCL's group state is per thread, so an open group
+// would swallow every later call of this rank). end() reports the group's own error.
+class NcclGroup {
+ public:
+  NcclGroup() { NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();  // unwinding: the first error is the one reported
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
 ncclDataType_t nccl_type(kernels::DType d) {
   switch (d) {
     case kernels::DType::kF32:
@@ -193,7 +213,7 @@ void NcclCommunicator::exchange(std::span<const SendSpec> sends, std::span<const
     CUDA_CHECK(cudaMemcpyAsync(dev + off, s.data, s.bytes, cudaMemcpyHostToDevice, impl_->stream));
     off += s.bytes;
   }
-  NCCL_CHECK(ncclGroupStart());
+  NcclGroup group;
   off = 0;
   for (const auto& s : sends) {
     NCCL_CHECK(ncclSend(dev + off, s.bytes, ncclChar, s.peer, impl_->comm, impl_->stream));
@@ -203,7 +223,7 @@ void NcclCommunicator::exchange(std::span<const SendSpec> sends, std::span<const
     NCCL_CHECK(ncclRecv(dev + off, r.bytes, ncclChar, r.peer, impl_->comm, impl_->stream));
     off += r.bytes;
   }
-  NCCL_CHECK(ncclGroupEnd());
+  group.end();
   off = send_total;
   for (const auto& r : recvs) {
     CUDA_CHECK(cudaMemcpyAsync(r.data, dev + off, r.bytes, cudaMemcpyDeviceToHost, impl_->stream));
@@ -330,12 +350,12 @@ void NcclCommunicator::exchange_on(int channel, Stream stream, std::span<const S
   if (channel < 0 || channel >= static_cast<int>(impl_->channels.size()))
     throw ExecError(fmt::format("NCCL channel {} not prepared", channel));
   ncclComm_t c = impl_->channels[channel];
-  NCCL_CHECK(ncclGroupStart());
+  NcclGroup group;
   for (const auto& snd : sends)
     if (snd.bytes > 0) NCCL_CHECK(ncclSend(snd.data, snd.bytes, ncclChar, snd.peer, c, stream));
   for (const auto& r : recvs)
     if (r.bytes > 0) NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclChar, r.peer, c, stream));
-  NCCL_CHECK(ncclGroupEnd());
+  group.end();
 }
 
 void NcclCommunicator::all_reduce_on(const Grouping& g, int channel, Stream stream, void* data,

@@ -78,7 +78,7 @@
 
 #include "core/plan.hpp"
 #include "core/units.hpp"
-#include "sim/network_model.hpp"
+#include "strategies/collectives/transfer.hpp"
 
 namespace moesim::topology {
 class Topology;
@@ -110,9 +110,9 @@ struct LocalCopy {
 struct Phase {
   enum class Kind { kTransfers, kCopy, kReduce };
   Kind kind = Kind::kTransfers;
-  std::string_view label;                // "intra", "inter", "stride_copy_1", "ring_step"
-  std::vector<sim::Transfer> transfers;  // global ranks; kTransfers only
-  std::vector<ChunkRef> chunks;          // parallel to transfers; may be empty in sim-only use
+  std::string_view label;           // "intra", "inter", "stride_copy_1", "ring_step"
+  std::vector<Transfer> transfers;  // global ranks; kTransfers only
+  std::vector<ChunkRef> chunks;     // parallel to transfers; may be empty in sim-only use
   /// HBM bytes read + written per rank (the largest over ranks when they differ): a copy of b
   /// bytes is 2b, reducing b incoming bytes into an accumulator is 3b. kCopy / kReduce: the
   /// phase's whole cost. kTransfers: the self copies of `copies`, which run concurrently with
@@ -149,7 +149,7 @@ struct CollectiveCall {
 /// alpha/beta) unless a calibration overrides them.
 struct CostContext {
   const topology::Topology* topo = nullptr;
-  sim::NetworkParams net;
+  NetworkParams net;
   /// HBM-bound copies and reductions (bytes read + written per second). 0 = use the topology's
   /// GPU hbm_bandwidth; if that is 0 too, local work is free.
   BytesPerSecond local_copy_bandwidth{0};

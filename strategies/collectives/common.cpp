@@ -178,7 +178,7 @@ PhaseShape phase_shape(const Phase& phase, const topology::Topology& topo, doubl
   const auto cuts = fabric_cuts(topo);
   topology::CutMeter meter(*cuts);
   std::vector<int> crossing_senders;
-  for (const sim::Transfer& t : phase.transfers) {
+  for (const Transfer& t : phase.transfers) {
     MOESIM_ASSERT(t.src != t.dst, "collective transfer from a rank to itself");
     const topology::PairCost pc = topo.pair_cost(t.src, t.dst);
     MOESIM_ASSERT(pc.bandwidth.value() > 0, "pair without bandwidth");

@@ -67,7 +67,7 @@ void unpack_chunk(const float* src, const MoeLayerPlan& lp, int j, int E, int M,
 
 // The padded all_to_all of a backward chunk through the shared lowering, exactly as the
 // forward's dispatch / combine (the plan's spec, with the real buffer's size).
-std::int64_t exchange(Communicator& comm, const topology::Topology& topo, const Plan& plan,
+std::int64_t exchange(Communicator& comm, const collectives::CostContext& cost, const Plan& plan,
                       const Op& op, const std::vector<float>& send, std::vector<float>& recv) {
   recv.assign(send.size(), 0.0f);
   CollectiveSpec spec = op.collective();
@@ -79,7 +79,8 @@ std::int64_t exchange(Communicator& comm, const topology::Topology& topo, const 
     if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm.rank()) == g.groups[gi].end())
       continue;
     collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-    collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+    const collectives::CostContext& cctx = cost;
+    const topology::Topology& topo = *cost.topo;
     const auto& algo = collectives::select_algorithm(call, cctx);
     algo_id = static_cast<std::int64_t>(algo.algo());
     run_phases(comm, algo.lower(call, topo), reinterpret_cast<const std::byte*>(send.data()),
@@ -179,10 +180,10 @@ void begin_backward_layer(const Plan& plan, const MoeLayerPlan& lp, int rank, co
   bl.grad_dispatched.assign(static_cast<size_t>(s.experts) * lp.capacity * M, 0.0f);
 }
 
-std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo, const Plan& plan,
-                             const Op& op, const MoeBwdRef& ref, const ForwardView& fwd,
-                             BackwardLayer& bl, const MoeShape& s, std::uint64_t seed,
-                             int iteration, int key_rank) {
+std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext& cost,
+                             const Plan& plan, const Op& op, const MoeBwdRef& ref,
+                             const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s,
+                             std::uint64_t seed, int iteration, int key_rank) {
   const MoeLayerPlan& lp = *fwd.plan;
   const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
   const int W = lp.ep, dE = lp.local_experts;
@@ -201,7 +202,7 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
       // dispatch's direction), received as (W, dE, c, M) on the expert side.
       MOESIM_ASSERT(bl.decoded, "backward combine before the backward decode");
       const int j = ref.chunk;
-      return exchange(comm, topo, plan, op, pack_chunk(bl.grad_expert_out, lp, j, E, M),
+      return exchange(comm, cost, plan, op, pack_chunk(bl.grad_expert_out, lp, j, E, M),
                       bl.chunk_dout[j]);
     }
     case MoeBwdRef::kFc2: {
@@ -261,7 +262,7 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
       MOESIM_ASSERT(bl.chunk_din[j].size() == static_cast<size_t>(W) * dE * lp.caps[j] * M,
                     "backward dispatch before the fc1 backward");
       std::vector<float> back;
-      const std::int64_t algo = exchange(comm, topo, plan, op, bl.chunk_din[j], back);
+      const std::int64_t algo = exchange(comm, cost, plan, op, bl.chunk_din[j], back);
       unpack_chunk(back.data(), lp, j, E, M, bl.grad_dispatched);
       std::vector<float>().swap(bl.chunk_din[j]);
       return algo;
@@ -324,7 +325,7 @@ std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo,
       for (size_t i = lo; i < hi; ++i) at(i) = flat[i - lo];
       ++bl.dp_parts_done;
       collectives::CollectiveCall call{&op.collective(), group, 0, true};
-      collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+      const collectives::CostContext& cctx = cost;
       return static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
     }
     case MoeBwdRef::kNone:

@@ -26,6 +26,9 @@
 namespace moesim::topology {
 class Topology;
 }
+namespace moesim::collectives {
+struct CostContext;
+}
 
 namespace moesim::exec {
 
@@ -97,10 +100,10 @@ void begin_backward_layer(const Plan& plan, const MoeLayerPlan& lp, int rank, co
 
 /// Runs one backward op (or expert-gradient all-reduce) of the layer; returns the collective
 /// algorithm it ran (-1 for compute ops).
-std::int64_t run_backward_op(Communicator& comm, const topology::Topology& topo, const Plan& plan,
-                             const Op& op, const MoeBwdRef& ref, const ForwardView& fwd,
-                             BackwardLayer& bl, const MoeShape& s, std::uint64_t seed,
-                             int iteration, int key_rank);
+std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext& cost,
+                             const Plan& plan, const Op& op, const MoeBwdRef& ref,
+                             const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s,
+                             std::uint64_t seed, int iteration, int key_rank);
 
 /// The gradient check of one layer of one iteration (identical on every rank).
 struct GradCheck {

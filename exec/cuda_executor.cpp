@@ -14,6 +14,7 @@
 #include "exec/nccl_communicator.hpp"
 #include "exec/phase_runner.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "strategies/plan_builder.hpp"
 #include "topology/topology.hpp"
 
@@ -116,6 +117,7 @@ struct DevLayer {
 struct DevicePath::Impl {
   const Scenario& sc;
   const topology::Topology& topo;
+  collectives::CostContext cost;  // the simulator's selection context (scenario_cost_context)
   NcclCommunicator& comm;
   MoeShape shape;
   DType dtype;
@@ -138,7 +140,14 @@ struct DevicePath::Impl {
 
   Impl(const Scenario& s, const topology::Topology& t, NcclCommunicator& c, const MoeShape& sh,
        DType d, bool dp)
-      : sc(s), topo(t), comm(c), shape(sh), dtype(d), data_path(dp), es(kernels::dtype_size(d)) {
+      : sc(s),
+        topo(t),
+        cost(strategies::scenario_cost_context(s, t)),
+        comm(c),
+        shape(sh),
+        dtype(d),
+        data_path(dp),
+        es(kernels::dtype_size(d)) {
     CUDA_OK(cudaSetDevice(comm.device()));
     // Stream-ordered allocations come back to the pool and stay there (no trim between steps).
     cudaMemPool_t pool;
@@ -360,7 +369,7 @@ void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpe
   const std::vector<int>* group = my_group(g, comm.rank(), &gi);
   if (!group) return;
   collectives::CollectiveCall call{&spec, group, gi, true};
-  collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+  const collectives::CostContext& cctx = cost;
   const auto& algo = collectives::select_algorithm(call, cctx);
   collective_algo[op.id] = static_cast<std::int64_t>(algo.algo());
   const SaaLayout saa{static_cast<int>(group->size()), std::max(1, spec.sub_group),
@@ -498,7 +507,7 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
   const std::size_t bytes = static_cast<std::size_t>(std::ceil(spec.bytes.value()));
   CollectiveSpec s = spec;
   collectives::CollectiveCall call{&s, group, gi, true};
-  collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+  const collectives::CostContext& cctx = cost;
   const int pos =
       static_cast<int>(std::find(group->begin(), group->end(), comm.rank()) - group->begin());
   switch (spec.type) {

@@ -18,6 +18,7 @@
 #include "exec/sharded_path.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "strategies/plan_builder.hpp"
 #include "topology/topology.hpp"
 #ifdef MOESIM_HAVE_NCCL
@@ -207,7 +208,12 @@ struct Executor::Layer : MoeLayerPlan {
 
 Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
                    Communicator& comm, ExecOptions options)
-    : sc_(sc), topo_(topo), session_(session), comm_(comm), options_(options) {
+    : sc_(sc),
+      topo_(topo),
+      cost_(strategies::scenario_cost_context(sc, topo)),
+      session_(session),
+      comm_(comm),
+      options_(options) {
   const auto& md = sc.model;
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
@@ -457,7 +463,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
             k = shape_.top_k;
   if (L && L->rpath) {
     const std::int64_t algo =
-        run_routed_op(comm_, topo_, plan, op, ref, *L->rpath, shape_, sc_.workload.routing.seed,
+        run_routed_op(comm_, cost_, plan, op, ref, *L->rpath, shape_, sc_.workload.routing.seed,
                       iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
     if (algo >= 0) collective_algo_[op.id] = algo;
     return;
@@ -532,7 +538,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
               g.groups[gi].end())
             continue;
           collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-          collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+          const collectives::CostContext& cctx = cost_;
           const auto& algo = collectives::select_algorithm(call, cctx);
           collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
           run_phases(comm_, algo.lower(call, topo_),
@@ -575,7 +581,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
         if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) == g.groups[gi].end())
           continue;
         collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-        collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+        const collectives::CostContext& cctx = cost_;
         const auto& algo = collectives::select_algorithm(call, cctx);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
         run_phases(comm_, algo.lower(call, topo_), reinterpret_cast<const std::byte*>(out.data()),
@@ -614,7 +620,7 @@ bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
     begin_backward_layer(plan, L, comm_.rank(), shape_, fwd, *L.bwd);
   }
   const std::int64_t algo =
-      run_backward_op(comm_, topo_, plan, op, ref, fwd, *L.bwd, shape_, sc_.workload.routing.seed,
+      run_backward_op(comm_, cost_, plan, op, ref, fwd, *L.bwd, shape_, sc_.workload.routing.seed,
                       iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
   if (algo >= 0) collective_algo_[op.id] = algo;
   return true;
@@ -633,7 +639,7 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
     const std::size_t W = group.size();
     CollectiveSpec s = spec;
     collectives::CollectiveCall call{&s, &group, static_cast<int>(gi), true};
-    collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+    const collectives::CostContext& cctx = cost_;
     const std::size_t bytes = static_cast<std::size_t>(std::ceil(spec.bytes.value()));
     switch (spec.type) {
       case CollectiveType::kAllToAll:

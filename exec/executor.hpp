@@ -49,6 +49,7 @@
 #include "exec/backward_path.hpp"
 #include "exec/communicator.hpp"
 #include "exec/moe_data.hpp"
+#include "strategies/collectives/collective.hpp"
 #include "strategies/runner.hpp"
 
 namespace moesim::topology {
@@ -192,6 +193,9 @@ class Executor {
 
   const Scenario& sc_;
   const topology::Topology& topo_;
+  // `auto` algorithms are chosen with the scenario's message costs and calibration, as in the
+  // simulator (strategies::scenario_cost_context), so exec runs what the simulation predicts.
+  collectives::CostContext cost_;
   MpiSession& session_;
   Communicator& comm_;
   ExecOptions options_;

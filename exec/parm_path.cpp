@@ -13,6 +13,7 @@
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
@@ -153,7 +154,12 @@ struct ParmPath::Layer {
 
 ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communicator& comm,
                    const MoeShape& shape, const Plan& plan, int iteration)
-    : sc_(sc), topo_(topo), comm_(comm), shape_(shape), iteration_(iteration) {
+    : sc_(sc),
+      topo_(topo),
+      cost_(strategies::scenario_cost_context(sc, topo)),
+      comm_(comm),
+      shape_(shape),
+      iteration_(iteration) {
   const ParallelismSpec& p = sc.parallelism;
   ep_ = p.ep;
   esp_ = p.esp;
@@ -329,7 +335,7 @@ void ParmPath::all_to_all(const Plan& plan, const Op& op, const std::vector<floa
   int gi = 0;
   const std::vector<int>& group = my_group(plan.grouping(spec.grouping), &gi);
   collectives::CollectiveCall call{&spec, &group, gi, true};
-  collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+  const collectives::CostContext& cctx = cost_;
   const auto& a = collectives::select_algorithm(call, cctx);
   algo = static_cast<std::int64_t>(a.algo());
   const std::vector<collectives::Phase> phases = a.lower(call, topo_);
@@ -427,7 +433,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
     const std::vector<int>& g = my_group(plan.grouping(spec.grouping), &gi);
     MOESIM_ASSERT(g == group, "group collective on another group than parsed");
     collectives::CollectiveCall call{&spec, &g, gi, true};
-    collectives::CostContext cctx{&topo_, {}, BytesPerSecond(0)};
+    const collectives::CostContext& cctx = cost_;
     algo = static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
   };
   // A group collective's element count must be the plan's (bytes in the scenario's dtype).

@@ -39,6 +39,7 @@
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
 #include "exec/moe_data.hpp"
+#include "strategies/collectives/collective.hpp"
 
 namespace moesim::topology {
 class Topology;
@@ -96,6 +97,7 @@ class ParmPath {
 
   const Scenario& sc_;
   const topology::Topology& topo_;
+  collectives::CostContext cost_;  // the simulator's selection context (scenario_cost_context)
   Communicator& comm_;
   MoeShape shape_;
   int iteration_ = 0;

@@ -184,9 +184,9 @@ std::vector<const Op*> dispatch_ops(const Plan& plan, int block) {
 // Moves `send` (rows of M floats packed by destination) to `recv` (packed by source) with the
 // op's all_to_allv matrix through the shared lowering; the matrix counts tokens, its unit is
 // rescaled to the host path's fp32 rows.
-std::int64_t exchange_rows(Communicator& comm, const topology::Topology& topo, const Plan& plan,
-                           const Op& op, const std::vector<float>& send, std::vector<float>& recv,
-                           int M) {
+std::int64_t exchange_rows(Communicator& comm, const collectives::CostContext& cost,
+                           const Plan& plan, const Op& op, const std::vector<float>& send,
+                           std::vector<float>& recv, int M) {
   const CollectiveSpec& spec = op.collective();
   MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv, "routed layer: dispatch not a2av");
   const Grouping& g = plan.grouping(spec.grouping);
@@ -204,7 +204,8 @@ std::int64_t exchange_rows(Communicator& comm, const topology::Topology& topo, c
                     static_cast<double>(recv.size() * sizeof(float)) == rows->col_sum(pos).value(),
                 "routed exchange: buffers disagree with the matrix");
   collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
-  collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+  const collectives::CostContext& cctx = cost;
+  const topology::Topology& topo = *cost.topo;
   const auto& algo = collectives::select_algorithm(call, cctx);
   const std::vector<collectives::Phase> phases = algo.lower(call, topo);
   // 2DH stages forwarded blocks in the receive buffer (phase_buffer_extent): give it room, the
@@ -302,9 +303,9 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
   return L;
 }
 
-std::int64_t run_routed_op(Communicator& comm, const topology::Topology& topo, const Plan& plan,
-                           const Op& op, const MoeOpRef& ref, RoutedLayer& L, const MoeShape& s,
-                           std::uint64_t seed, int iteration, int token_rank) {
+std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& cost,
+                           const Plan& plan, const Op& op, const MoeOpRef& ref, RoutedLayer& L,
+                           const MoeShape& s, std::uint64_t seed, int iteration, int token_rank) {
   const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
   kc::Context ctx;
   auto weights_of = [&](int e) {
@@ -346,7 +347,7 @@ std::int64_t run_routed_op(Communicator& comm, const topology::Topology& topo, c
     case MoeOpRef::kDispatch: {
       const int j = ref.chunk;
       std::vector<float> recv(static_cast<std::size_t>(rows_of(L.received[j])) * M);
-      const std::int64_t algo = exchange_rows(comm, topo, plan, op, L.in[j], recv, M);
+      const std::int64_t algo = exchange_rows(comm, cost, plan, op, L.in[j], recv, M);
       L.in[j] = std::move(recv);
       return algo;
     }
@@ -380,7 +381,7 @@ std::int64_t run_routed_op(Communicator& comm, const topology::Topology& topo, c
       // expert GPU, i.e. in the dispatch's send order).
       const int j = ref.chunk;
       L.back[j].assign(send_rows(L, j) * M, 0);
-      return exchange_rows(comm, topo, plan, op, L.out[j], L.back[j], M);
+      return exchange_rows(comm, cost, plan, op, L.out[j], L.back[j], M);
     }
     case MoeOpRef::kDecode: {
       L.y.assign(static_cast<std::size_t>(S) * M, 0);

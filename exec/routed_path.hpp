@@ -36,6 +36,9 @@
 namespace moesim::topology {
 class Topology;
 }
+namespace moesim::collectives {
+struct CostContext;
+}
 
 namespace moesim::exec {
 
@@ -110,8 +113,8 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
 /// on the host. Collectives go through the shared lowering with the plan's matrix (in fp32 rows:
 /// the unit is rescaled to M * 4 bytes); returns the algorithm they ran, or -1. The gate's tokens
 /// are those of `token_rank` (token_key_rank: MP ranks share tokens).
-std::int64_t run_routed_op(Communicator& comm, const topology::Topology& topo, const Plan& plan,
-                           const Op& op, const MoeOpRef& ref, RoutedLayer& L, const MoeShape& s,
-                           std::uint64_t seed, int iteration, int token_rank);
+std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& cost,
+                           const Plan& plan, const Op& op, const MoeOpRef& ref, RoutedLayer& L,
+                           const MoeShape& s, std::uint64_t seed, int iteration, int token_rank);
 
 }  // namespace moesim::exec

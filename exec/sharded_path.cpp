@@ -13,6 +13,7 @@
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
@@ -170,6 +171,7 @@ struct ShardedPath::Impl {
 
   const Scenario& sc;
   const topology::Topology& topo;
+  collectives::CostContext cost;  // the simulator's selection context (scenario_cost_context)
   Communicator& comm;
   MoeShape shape;
   int iteration = 0;
@@ -181,7 +183,7 @@ struct ShardedPath::Impl {
   std::map<std::tuple<int, int, int>, std::pair<std::vector<float>, std::vector<float>>> own;
 
   Impl(const Scenario& s, const topology::Topology& t, Communicator& c, const MoeShape& sh)
-      : sc(s), topo(t), comm(c), shape(sh) {}
+      : sc(s), topo(t), cost(strategies::scenario_cost_context(s, t)), comm(c), shape(sh) {}
 
   const std::pair<std::vector<float>, std::vector<float>>& own_slice(const Layer& L) {
     const auto key = std::make_tuple(L.moe, L.expert_id(), L.shard_pos());
@@ -209,7 +211,7 @@ struct ShardedPath::Impl {
     const std::vector<int>* group = group_of(g, comm.rank(), &pos, &gi);
     MOESIM_ASSERT(group != nullptr, "rank outside the all_to_all's grouping");
     collectives::CollectiveCall call{&spec, group, gi, true};
-    collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+    const collectives::CostContext& cctx = cost;
     const auto& algo = collectives::select_algorithm(call, cctx);
     collective_algo[op.id] = static_cast<std::int64_t>(algo.algo());
     run_phases(comm, algo.lower(call, topo), reinterpret_cast<const std::byte*>(send.data()),
@@ -231,7 +233,7 @@ struct ShardedPath::Impl {
     const std::vector<int>* group = group_of(grouping, comm.rank(), &pos, &gi);
     MOESIM_ASSERT(group != nullptr, "rank outside the param_allgather's grouping");
     collectives::CollectiveCall call{&op.collective(), group, gi, true};
-    collectives::CostContext cctx{&topo, {}, BytesPerSecond(0)};
+    const collectives::CostContext& cctx = cost;
     collective_algo[op.id] =
         static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
     comm.all_gather(reinterpret_cast<const std::byte*>(in.data()), block * sizeof(float),

@@ -39,6 +39,26 @@ double calibrated_message_latency(const Calibration* cal, const ClusterSpec& clu
   return std::max(0.0, t0->fit.alpha.value() - cluster.intra.latency.value());
 }
 
+collectives::NetworkParams scenario_network_params(const Scenario& sc) {
+  collectives::NetworkParams net;
+  net.message_latency_s = sc.engine.message_latency.value();
+  net.message_overhead_s = sc.engine.message_overhead.value();
+  net.peer_cache = sc.engine.peer_cache;
+  net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
+  if (auto cal = scenario_calibration(sc)) {
+    // The per-message latency the measured intra-node point-to-point alpha implies on top of the
+    // topology's own latency; the measured per-collective lines for the analytical closed forms.
+    net.message_latency_s =
+        calibrated_message_latency(cal.get(), sc.cluster, net.message_latency_s);
+    net.calibration = std::move(cal);
+  }
+  return net;
+}
+
+collectives::CostContext scenario_cost_context(const Scenario& sc, const topology::Topology& topo) {
+  return collectives::CostContext{&topo, scenario_network_params(sc), BytesPerSecond(0)};
+}
+
 CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmModelParams gemm)
     : sc_(sc), topo_(topo), gemm_(gemm) {
   // The engine charges the scenario's launch overhead per kernel (apps/moesim/engine_setup).

@@ -35,6 +35,7 @@
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "core/units.hpp"
+#include "strategies/collectives/collective.hpp"
 
 namespace moesim::topology {
 class Topology;
@@ -140,5 +141,15 @@ std::shared_ptr<const Calibration> scenario_calibration(const Scenario& sc);
 /// scenario's engine.message_latency) when the file has no tier-0 entry.
 double calibrated_message_latency(const Calibration* cal, const ClusterSpec& cluster,
                                   double fallback);
+
+/// A scenario's per-message network parameters, its calibration applied: what every engine
+/// charges (sim::EngineConfig::net, apps/moesim/engine_setup) and what `auto` algorithm selection
+/// reads, in the simulator and in exec alike, so both backends choose the same algorithm for the
+/// same collective (issue 16 item 3).
+collectives::NetworkParams scenario_network_params(const Scenario& sc);
+
+/// The selection context of a run on `topo`: scenario_network_params, and the GPU's HBM bandwidth
+/// for local copies (0: the topology's GPU, as the simulator's compute model uses).
+collectives::CostContext scenario_cost_context(const Scenario& sc, const topology::Topology& topo);
 
 }  // namespace moesim::strategies

@@ -20,14 +20,9 @@ void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
   // Compute model (every engine): alpha_gemm, beta_gemm and the efficiency table.
   cfg.compute.calibration = cal->gemm;
   if (cal->interference) cfg.compute.interference = *cal->interference;
-  // Network (every engine): the per-message latency the measured intra-node point-to-point
-  // alpha implies on top of the topology's own latency.
-  cfg.net.message_latency_s =
-      strategies::calibrated_message_latency(cal.get(), sc.cluster, cfg.net.message_latency_s);
-  // Per-tier betas reach every engine through the link capacities (simulation_topology); the
-  // measured per-collective lines replace the analytical engine's closed forms
-  // (sim::analytical_collective_time).
-  cfg.net.calibration = cal;
+  // Network (every engine): strategies::scenario_network_params applies the calibration to
+  // cfg.net (message latency, per-collective lines), as exec's algorithm selection does. Per-tier
+  // betas reach every engine through the link capacities (simulation_topology).
 }
 
 std::unique_ptr<topology::Topology> simulation_topology(const Scenario& sc) {
@@ -59,10 +54,7 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
           "--engine: found '{}', expected one of analytical, flow, simgrid", engine_override));
     cfg.network = *k;
   }
-  cfg.net.message_latency_s = sc.engine.message_latency.value();
-  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
-  cfg.net.peer_cache = sc.engine.peer_cache;
-  cfg.net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
+  cfg.net = strategies::scenario_network_params(sc);
   if (!simgrid_mode_override.empty()) {
     std::optional<SimgridModeKind> m;
     for (const auto& row : simgrid_mode_names()) {

@@ -1,15 +1,15 @@
 // `--set KEY=VALUE`: edit a scenario's YAML tree before it is validated, on every command that
-// reads a scenario (validate, topo, simulate, compare, sweep, exec, calibrate). KEY is a key path as in
-// sweeps (`model.seq_len`, `strategies[1].a2a`), VALUE is YAML (`16`, `fp32`, `100Gb/s`,
+// reads a scenario (validate, topo, simulate, compare, sweep, exec, calibrate). KEY is a key path
+// as in sweeps (`model.seq_len`, `strategies[1].a2a`), VALUE is YAML (`16`, `fp32`, `100Gb/s`,
 // `[1, 2]`, `{name: x}`). The edited scenario goes through the same validation as a file, so a bad
 // value gets the same error (file and key path; the line is the original key's when the key
 // existed, none for a key --set created). Typical use: run a bundled scenario's plan structure
 // at reduced tensor sizes (the host execution path in CI), or try one knob without a copy.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
 #include <optional>

@@ -206,9 +206,9 @@ LineChart facet_line_chart(const LineChart& chart) {
     for (std::size_t k = 0; k < parts; ++k, ++wanted) {
       if (out.panels.size() == LineChart::kMaxPanels) continue;
       LineChart::Panel q;
-      q.title = parts == 1 ? p.title
-                           : fmt::format("{}{}({}/{})", p.title, p.title.empty() ? "" : " ",
-                                         k + 1, parts);
+      q.title = parts == 1
+                    ? p.title
+                    : fmt::format("{}{}({}/{})", p.title, p.title.empty() ? "" : " ", k + 1, parts);
       const std::size_t end = std::min(p.series.size(), (k + 1) * cap);
       q.series.assign(p.series.begin() + static_cast<std::ptrdiff_t>(k * cap),
                       p.series.begin() + static_cast<std::ptrdiff_t>(end));
@@ -250,7 +250,8 @@ void render_line_chart(const LineChart& input, const std::string& image_path) {
   const std::size_t rows = (n + cols - 1) / cols;
   const int width = n == 1 ? 960 : static_cast<int>(cols) * 520;
   const int height = n == 1 ? 540 : 60 + static_cast<int>(rows) * 360;
-  const std::string title = chart.note.empty() ? chart.title : chart.title + " (" + chart.note + ")";
+  const std::string title =
+      chart.note.empty() ? chart.title : chart.title + " (" + chart.note + ")";
   std::string datname = fs::path(dat).filename().string();
   write_file_atomic(plot_script_path(image_path), [&](std::ostream& os) {
     os << header(image_path, n == 1 ? title : "", width, height);

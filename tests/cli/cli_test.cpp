@@ -496,14 +496,15 @@ TEST(Cli, CompareSetAppliesOnEveryTopologyLikeAnEditedFile) {
   auto edited = run(fmt::format("{} --topology '{}' --json '{}'", common,
                                 (dir / "dgx-a100-2x8.yaml").string(), (dir / "e.json").string()));
   ASSERT_EQ(edited.exit_code, 0) << edited.out;
-  auto set = run(fmt::format(
-      "{} --topology '{}a100-4x4-ib100.yaml' --topology '{}dgx-a100-2x8.yaml' --set "
-      "cluster.inter_node.nic_bandwidth=25Gb/s --json '{}'",
-      common, topos, topos, (dir / "s.json").string()));
+  auto set = run(
+      fmt::format("{} --topology '{}a100-4x4-ib100.yaml' --topology '{}dgx-a100-2x8.yaml' --set "
+                  "cluster.inter_node.nic_bandwidth=25Gb/s --json '{}'",
+                  common, topos, topos, (dir / "s.json").string()));
   ASSERT_EQ(set.exit_code, 0) << set.out;
-  auto plain = run(fmt::format("{} --topology '{}a100-4x4-ib100.yaml' --topology "
-                               "'{}dgx-a100-2x8.yaml' --json '{}'",
-                               common, topos, topos, (dir / "p.json").string()));
+  auto plain =
+      run(fmt::format("{} --topology '{}a100-4x4-ib100.yaml' --topology "
+                      "'{}dgx-a100-2x8.yaml' --json '{}'",
+                      common, topos, topos, (dir / "p.json").string()));
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   auto e = nlohmann::json::parse(read_file(dir / "e.json"));
   auto s = nlohmann::json::parse(read_file(dir / "s.json"));
@@ -515,15 +516,15 @@ TEST(Cli, CompareSetAppliesOnEveryTopologyLikeAnEditedFile) {
   ASSERT_EQ(s["runs"].size(), 2 * per_topology);
   ASSERT_EQ(p["runs"].size(), 2 * per_topology);
   // The second topology's runs are those of the edited file.
-  for (std::size_t i = 0; i < per_topology; ++i) EXPECT_EQ(s["runs"][per_topology + i], e["runs"][i]);
+  for (std::size_t i = 0; i < per_topology; ++i)
+    EXPECT_EQ(s["runs"][per_topology + i], e["runs"][i]);
   // Both topologies slowed down: 25 Gb/s NICs instead of 100 and 200.
   for (std::size_t i = 0; i < 2 * per_topology; ++i)
-    EXPECT_GT(s["runs"][i]["step_time_s"].get<double>(),
-              p["runs"][i]["step_time_s"].get<double>())
+    EXPECT_GT(s["runs"][i]["step_time_s"].get<double>(), p["runs"][i]["step_time_s"].get<double>())
         << i;
   // An edit the scenario rejects names the --set.
-  auto bad = run(fmt::format("{} --topology '{}a100-4x4-ib100.yaml' --set model.seq_len=abc",
-                             common, topos));
+  auto bad = run(
+      fmt::format("{} --topology '{}a100-4x4-ib100.yaml' --set model.seq_len=abc", common, topos));
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
   EXPECT_NE(bad.out.find("(from --set model.seq_len=abc)"), std::string::npos) << bad.out;
   fs::remove_all(dir);

@@ -494,10 +494,10 @@ TEST(SweepCli, SetOnTheCommandLineIsLikeSetInTheFile) {
   ASSERT_EQ(same.exit_code, 0) << same.out;
   EXPECT_NE(same.out.find("(0 run, 2 resumed)"), std::string::npos) << same.out;
   const std::string before = read_file(d / "c.csv");
-  auto other = run(fmt::format(
-      "sweep '{0}/plain.yaml' --quiet --csv '{0}/c.csv' --set "
-      "cluster.inter_node.nic_bandwidth=50Gb/s",
-      d.string()));
+  auto other =
+      run(fmt::format("sweep '{0}/plain.yaml' --quiet --csv '{0}/c.csv' --set "
+                      "cluster.inter_node.nic_bandwidth=50Gb/s",
+                      d.string()));
   EXPECT_EQ(other.exit_code, 2) << other.out;
   EXPECT_NE(other.out.find("this run differs in the base scenario"), std::string::npos)
       << other.out;

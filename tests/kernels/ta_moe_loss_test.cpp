@@ -7,7 +7,6 @@
 #include <random>
 #include <vector>
 
-
 namespace moesim::kernels {
 namespace {
 

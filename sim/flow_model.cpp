@@ -16,7 +16,6 @@
 namespace moesim::sim {
 
 namespace {
-
 // Shares within this relative amount of the level's minimum saturate together in one level.
 constexpr double kLevelTol = 1e-9;
 
@@ -91,10 +90,11 @@ struct FlowModel::Segment {
   std::vector<double> rate;  // bytes/s per copy, valid while moving (kNever: not solved yet)
   std::vector<std::uint32_t> stamp;  // == FlowModel::stamp_: to be (re)solved in the current solve
   std::vector<std::uint32_t> mult;   // identical copies represented by this entry
-  // Max-min weight per copy (FlowModelOptions::sharing): a flow's rate is weight x the level of
-  // its bottleneck. 1 under per-flow sharing.
-  std::vector<double> weight;
-  double norm_rate(std::uint32_t i) const { return rate[i] / weight[i]; }
+  // Max-min weight of each copy (FlowModelOptions::sharing): a flow's rate is weight x the level
+  // of its bottleneck. One value for the whole batch (1 under per-flow sharing), so that it costs
+  // no per-flow memory traffic.
+  double weight = 1.0;
+  double norm_rate(std::uint32_t i) const { return rate[i] / weight; }
   std::vector<std::uint8_t> state;
   std::vector<std::uint32_t> route_begin;  // size n+1, into routes
   std::vector<topology::LinkId> routes;
@@ -111,7 +111,10 @@ struct FlowModel::Segment {
   // Moving flows by ascending rate (finished ones are dropped lazily): a re-solve re-rates a
   // suffix of it, and water-filling assigns rates in ascending order, so no sort is needed.
   std::vector<std::uint32_t> order;
-  std::vector<std::uint32_t> resolve;   // flows re-solved by the current solve
+  // Flows re-solved by the current solve, by ascending flow id (their route entries are then read
+  // in memory order); scan levels drop the ones already rated.
+  std::vector<std::uint32_t> resolve;
+  std::size_t resolve_count = 0;  // flows re-solved by the current solve (resolve's first size)
   std::vector<std::uint32_t> assigned;  // the same, in the order the current solve rated them
   // Finish times t0 + remaining / rate of moving flows, a min-heap; entries of flows re-rated
   // since are stale (the time no longer matches) and dropped when they reach the top.
@@ -176,7 +179,7 @@ std::int64_t FlowModel::num_flow_entries() const {
 }
 
 void FlowModel::add_moving(const Segment& g, std::uint32_t i, double sign) {
-  const double m = sign * g.mult[i] * g.weight[i];
+  const double m = sign * g.mult[i] * g.weight;
   for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
     moving_cnt_[g.routes[k]] += m;
   }
@@ -346,7 +349,6 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   g.link_begin.assign(num_links + 1, 0);
   for (topology::LinkId l : g.routes) ++g.link_begin[l + 1];
   std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
-  g.weight.assign(n, 1.0);
   if (options_.sharing == FlowSharing::kPerCollective) {
     // Each batch (one phase of one collective) shares links as one party, as NCCL runs each
     // collective on channels of its own: all its flows weigh 1 / the copies of the batch on its
@@ -360,7 +362,7 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
       }
     }
     for (topology::LinkId l : g.routes) cnt[l] = 0;
-    std::fill(g.weight.begin(), g.weight.end(), 1.0 / most);
+    g.weight = 1.0 / most;
   }
   segments_.push_back(std::move(seg));
   return id;
@@ -511,7 +513,7 @@ double FlowModel::start_bound() {
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
       const topology::LinkId l = g.routes[k];
       if (new_cnt_[l] == 0) touched_.push_back(l);
-      new_cnt_[l] += g.mult[i] * g.weight[i];
+      new_cnt_[l] += g.mult[i] * g.weight;
     }
   }
   double bound = kNever;
@@ -593,9 +595,33 @@ void FlowModel::solve(double keep_below) {
   started_.clear();
   for (auto& gp : segments_) {
     Segment& g = *gp;
+    g.resolve_count = g.resolve.size();
     stats_.resolved_flows += static_cast<std::int64_t>(g.resolve.size());
-    for (std::uint32_t i : g.resolve) {
-      g.stamp[i] = stamp;
+    // Rate order is random in memory: visit the flows by id instead, so that the passes below
+    // read route entries and per-flow arrays sequentially (cache misses dominated otherwise). A
+    // large share is re-listed by one sweep of the stamps, a small one sorted.
+    for (std::uint32_t i : g.resolve) g.stamp[i] = stamp;
+    if (!partial) {
+      // Listed by id already.
+    } else if (g.resolve.size() * 8 >= g.size()) {
+      g.resolve.clear();
+      const auto n = static_cast<std::uint32_t>(g.size());
+      for (std::uint32_t i = 0; i < n; ++i) {
+        if (g.stamp[i] == stamp) g.resolve.push_back(i);
+      }
+    } else {
+      std::sort(g.resolve.begin(), g.resolve.end());
+    }
+    const std::size_t nres = g.resolve.size();
+    for (std::size_t x = 0; x < nres; ++x) {
+      const std::uint32_t i = g.resolve[x];
+      if (partial && x + 8 < nres) {  // a sparse subset: fetch ahead what a flow reads
+        const std::uint32_t a = g.resolve[x + 8];
+        __builtin_prefetch(&g.routes[g.route_begin[a]]);
+        __builtin_prefetch(&g.rate[a]);
+        __builtin_prefetch(&g.remaining[a]);
+        __builtin_prefetch(&g.t0[a]);
+      }
       const double r = g.rate[i];
       const double m = g.mult[i];
       if (r != kNever) {  // bring its remaining bytes up to now before the rate changes
@@ -614,7 +640,7 @@ void FlowModel::solve(double keep_below) {
           w_num_[l] = 0;
         }
         w_rem_[l] += used;
-        w_cnt_[l] += m * g.weight[i];
+        w_cnt_[l] += m * g.weight;
         w_num_[l] += m;
       }
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
@@ -637,11 +663,11 @@ void FlowModel::solve(double keep_below) {
   double share = 0;
   auto assign = [&](Segment& g, std::uint32_t i) {
     g.stamp[i] = stamp - 1;
-    g.rate[i] = share * g.weight[i];
+    g.rate[i] = share * g.weight;
     g.assigned.push_back(i);
     const double m = g.mult[i];
     const double used = g.rate[i] * m;
-    const double wm = g.weight[i] * m;
+    const double wm = g.weight * m;
     for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
       const topology::LinkId l = g.routes[k];
       w_rem_[l] -= used;
@@ -657,7 +683,7 @@ void FlowModel::solve(double keep_below) {
   // A scan follows the routes of every flow being re-solved; the CSR visits only the bottleneck
   // links' flows (kept ones included, skipped) but in scattered order. Building missing CSR
   // lists costs about two passes over a segment's route entries.
-  const double scan_entries = resolved_entries;
+  double scan_entries = resolved_entries;
   double unbuilt_entries = 0;
   for (const auto& g : segments_) {
     if (g->num_moving > 0 && g->link_flows.empty()) {
@@ -703,26 +729,59 @@ void FlowModel::solve(double keep_below) {
           Segment& g = *gp;
           if (g.resolve.empty()) continue;
           ensure_csr(g);
-          for (std::uint32_t j = g.link_begin[l]; j < g.link_begin[l + 1]; ++j) {
+          // A link's flows are scattered over the segment (those into one destination, say), so
+          // each costs cache misses on its stamp, state and route: first list the unrated ones
+          // with their stamps prefetched ahead, then rate them with their routes prefetched.
+          const std::uint32_t jb = g.link_begin[l], je = g.link_begin[l + 1];
+          constexpr std::uint32_t kAhead = 16;
+          pick_.clear();
+          for (std::uint32_t j = jb; j < je; ++j) {
+            if (j + kAhead < je) {
+              const std::uint32_t a = g.link_flows[j + kAhead];
+              __builtin_prefetch(&g.stamp[a]);
+              __builtin_prefetch(&g.state[a]);
+            }
             const std::uint32_t i = g.link_flows[j];
-            if (g.stamp[i] == stamp && is_moving(g.state[i])) assign(g, i);
+            if (g.stamp[i] == stamp && is_moving(g.state[i])) pick_.push_back(i);
+          }
+          const std::size_t np = pick_.size();
+          for (std::size_t x = 0; x < np; ++x) {
+            if (x + 16 < np) {
+              const std::uint32_t a = pick_[x + 16];
+              __builtin_prefetch(&g.route_begin[a]);
+              __builtin_prefetch(&g.mult[a]);
+              __builtin_prefetch(&g.rate[a]);
+            }
+            if (x + 6 < np) __builtin_prefetch(&g.routes[g.route_begin[pick_[x + 6]]]);
+            assign(g, pick_[x]);
           }
         }
       }
     } else {
       ++stats_.scan_levels;
       ++scans_this_solve;
+      scan_entries = 0;
       for (auto& gp : segments_) {
         Segment& g = *gp;
+        // Drops the flows rated (here or by earlier levels): the next scan visits only the rest.
+        std::size_t keep = 0;
         for (std::uint32_t i : g.resolve) {
           if (g.stamp[i] != stamp) continue;
+          bool hit = false;
           for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
             if (saturated_[g.routes[k]]) {
-              assign(g, i);
+              hit = true;
               break;
             }
           }
+          if (hit) {
+            assign(g, i);
+          } else {
+            g.resolve[keep++] = i;
+            scan_entries += g.route_begin[i + 1] - g.route_begin[i];
+          }
         }
+        g.resolve.resize(keep);
       }
     }
     for (std::uint32_t l : bottleneck_) {
@@ -753,7 +812,7 @@ void FlowModel::solve(double keep_below) {
   // New finish times; the kept flows' entries stay valid. Rebuild a heap grown mostly stale.
   for (auto& gp : segments_) {
     Segment& g = *gp;
-    MOESIM_ASSERT(g.assigned.size() == g.resolve.size(), "flow left without a rate");
+    MOESIM_ASSERT(g.assigned.size() == g.resolve_count, "flow left without a rate");
     g.order.insert(g.order.end(), g.assigned.begin(), g.assigned.end());
     if (g.finish.size() + g.assigned.size() > 2 * static_cast<std::size_t>(g.num_moving) + 64) {
       g.finish.clear();

@@ -190,7 +190,8 @@ class FlowModel final : public NetworkModel {
   std::vector<double> act_share_;
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
-  SenderMessages senders_;  // per-batch message counts, when params_.peer_cache > 0
+  std::vector<std::uint32_t> pick_;  // a CSR level's unrated flows on one bottleneck link
+  SenderMessages senders_;           // per-batch message counts, when params_.peer_cache > 0
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event
   std::vector<double> new_cnt_;                              // per link, for start_bound()
   std::vector<topology::LinkId> touched_;

@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -341,6 +342,26 @@ TEST(FlowModel, UnsortedInputAggregatesLikeSorted) {
   EXPECT_DOUBLE_EQ(t1, t2);
   EXPECT_EQ(m1.stats().flows, 12);
   EXPECT_EQ(m2.stats().flows, 12);
+
+  // Several sizes per (src, dst) pair, interleaved with self transfers: the unsorted path orders
+  // by (src, dst) and then by size inside each pair, so equal sizes still aggregate (3 pairs x
+  // 2 sizes = 6 entries per ordered pair group) and the result is the sorted one.
+  std::vector<Transfer> mixed;
+  for (int k = 0; k < 4; ++k) {
+    for (int s = 3; s >= 0; --s) {
+      for (int d = 0; d < 4; ++d) mixed.push_back({s, d, 1e6 * (1 + (k + s) % 2)});
+    }
+  }
+  std::vector<Transfer> mixed_sorted = mixed;
+  std::sort(mixed_sorted.begin(), mixed_sorted.end(), [](const Transfer& a, const Transfer& b) {
+    return std::tie(a.src, a.dst, a.bytes) < std::tie(b.src, b.dst, b.bytes);
+  });
+  std::shuffle(mixed.begin(), mixed.end(), std::mt19937(11));
+  FlowModel m3(topo), m4(topo);
+  EXPECT_DOUBLE_EQ(run_one(m3, mixed), run_one(m4, mixed_sorted));
+  EXPECT_EQ(m3.stats().flows, 24);  // 12 ordered pairs x 2 sizes
+  EXPECT_EQ(m4.stats().flows, 24);
+  EXPECT_EQ(m3.stats().transfers, 48);  // self transfers are not flows
 }
 
 TEST(FlowModel, EventToleranceMergesNearlySimultaneousFinishes) {

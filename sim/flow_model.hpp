@@ -190,6 +190,7 @@ class FlowModel final : public NetworkModel {
   std::vector<double> act_share_;
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
+  double csr_savings_ = 0;  // scan work the CSR lists would have saved while unbuilt (entries)
   std::vector<std::uint32_t> pick_;  // a CSR level's unrated flows on one bottleneck link
   SenderMessages senders_;           // per-batch message counts, when params_.peer_cache > 0
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event

@@ -538,8 +538,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
               g.groups[gi].end())
             continue;
           collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-          const collectives::CostContext& cctx = cost_;
-          const auto& algo = collectives::select_algorithm(call, cctx);
+          const auto& algo = collectives::select_algorithm(call, cost_);
           collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
           run_phases(comm_, algo.lower(call, topo_),
                      reinterpret_cast<const std::byte*>(packed.data()), packed.size() * 4,
@@ -581,8 +580,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
         if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) == g.groups[gi].end())
           continue;
         collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-        const collectives::CostContext& cctx = cost_;
-        const auto& algo = collectives::select_algorithm(call, cctx);
+        const auto& algo = collectives::select_algorithm(call, cost_);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
         run_phases(comm_, algo.lower(call, topo_), reinterpret_cast<const std::byte*>(out.data()),
                    out.size() * 4, reinterpret_cast<std::byte*>(back.data()), back.size() * 4,
@@ -639,7 +637,6 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
     const std::size_t W = group.size();
     CollectiveSpec s = spec;
     collectives::CollectiveCall call{&s, &group, static_cast<int>(gi), true};
-    const collectives::CostContext& cctx = cost_;
     const std::size_t bytes = static_cast<std::size_t>(std::ceil(spec.bytes.value()));
     switch (spec.type) {
       case CollectiveType::kAllToAll:
@@ -648,7 +645,7 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
         const ExchangeSizes sz = exchange_sizes(spec, call.matrix(), W, pos);
         const std::size_t send_bytes = sz.send, recv_bytes = sz.recv;
         if (spec.type != CollectiveType::kAllToAllv) s.bytes = Bytes(static_cast<double>(sz.send));
-        const auto& algo = collectives::select_algorithm(call, cctx);
+        const auto& algo = collectives::select_algorithm(call, cost_);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
         const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
         const SaaLayout saa{static_cast<int>(W), std::max(1, s.sub_group),
@@ -663,14 +660,14 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
       }
       case CollectiveType::kAllReduce: {
         collective_algo_[op.id] =
-            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cost_).algo());
         std::vector<float> buf((bytes + 3) / 4, 1.0f);
         comm_.all_reduce_sum(buf.data(), buf.size(), group);
         break;
       }
       case CollectiveType::kAllGather: {
         collective_algo_[op.id] =
-            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cost_).algo());
         const std::size_t block = (bytes + W - 1) / W;
         std::vector<std::byte> in(block, std::byte{1}), out(block * W);
         comm_.all_gather(in.data(), block, out.data(), group);
@@ -678,7 +675,7 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
       }
       case CollectiveType::kReduceScatter: {
         collective_algo_[op.id] =
-            static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+            static_cast<std::int64_t>(collectives::select_algorithm(call, cost_).algo());
         const std::size_t count = ((bytes + 3) / 4 + W - 1) / W;
         std::vector<float> in(count * W, 1.0f), out(count);
         comm_.reduce_scatter_sum(in.data(), out.data(), count, group);

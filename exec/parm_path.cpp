@@ -335,8 +335,7 @@ void ParmPath::all_to_all(const Plan& plan, const Op& op, const std::vector<floa
   int gi = 0;
   const std::vector<int>& group = my_group(plan.grouping(spec.grouping), &gi);
   collectives::CollectiveCall call{&spec, &group, gi, true};
-  const collectives::CostContext& cctx = cost_;
-  const auto& a = collectives::select_algorithm(call, cctx);
+  const auto& a = collectives::select_algorithm(call, cost_);
   algo = static_cast<std::int64_t>(a.algo());
   const std::vector<collectives::Phase> phases = a.lower(call, topo_);
   const bool saa = a.algo() == CollectiveAlgo::kSaa;
@@ -433,8 +432,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
     const std::vector<int>& g = my_group(plan.grouping(spec.grouping), &gi);
     MOESIM_ASSERT(g == group, "group collective on another group than parsed");
     collectives::CollectiveCall call{&spec, &g, gi, true};
-    const collectives::CostContext& cctx = cost_;
-    algo = static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+    algo = static_cast<std::int64_t>(collectives::select_algorithm(call, cost_).algo());
   };
   // A group collective's element count must be the plan's (bytes in the scenario's dtype).
   auto expect_plan_elements = [&](std::size_t elements) {

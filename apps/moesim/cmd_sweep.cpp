@@ -152,7 +152,7 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
       for (std::size_t a = fixed_from; a < spec.axes.size(); ++a)
         shown = shown && r.values[a] == spec.axes[a].values.front();
       if (!shown) continue;
-      for (std::size_t a = 1; a < std::min(fixed_from, spec.axes.size()); ++a)
+      for (std::size_t a = 1; a < fixed_from; ++a)
         panel += fmt::format("{}{}={}", panel.empty() ? "" : ", ", spec.axes[a].key, r.values[a]);
     }
     auto [pit, padded] = panel_of.emplace(panel, c.panels.size());

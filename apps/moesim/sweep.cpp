@@ -294,7 +294,7 @@ SweepSpec parse_sweep(const YAML::Node& root, const std::string& file) {
       if (!split_key_path(key))
         ctx.fail(k, "set." + key, fmt::format("found '{}', expected a key path", key));
       spec.fixed.emplace_back(key, YAML::Clone(kv.second));
-      spec.fixed_where.emplace_back(key, ctx.at(k));
+      spec.fixed_where.emplace_back("set." + key, ctx.at(k));
     }
   }
   if (m.has("strategies")) {
@@ -454,9 +454,7 @@ void validate_sweep(const SweepSpec& spec) {
       for (std::size_t i = 0; i < spec.fixed.size(); ++i) {
         const std::string& key = spec.fixed[i].first;
         if (key_within(e.key(), key) || key_within(key, e.key()))
-          throw InputError(spec.fixed_where[i].second,
-                           spec.fixed_where[i].second.file == "--set" ? key : "set." + key,
-                           e.message());
+          throw InputError(spec.fixed_where[i].second, spec.fixed_where[i].first, e.message());
       }
     }
   }

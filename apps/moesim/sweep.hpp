@@ -39,6 +39,8 @@ struct SweepSpec {
   std::vector<SweepAxis> axes;
   // `set:` fixed overrides applied to every point before the axes (key path -> YAML value).
   std::vector<std::pair<std::string, YAML::Node>> fixed;
+  // Per `fixed` entry: the key as its errors name it ("set.<key>" in the file, "<key>" for a
+  // command-line --set) and where it was written.
   std::vector<std::pair<std::string, SourceLocation>> fixed_where;
   std::vector<std::string> strategies;  // subset of the base's strategies; empty = all
   SourceLocation strategies_where;

@@ -48,21 +48,26 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
-// The least of the active links' shares: a level's hot loop. Four independent accumulators in
-// locals (not the solve's `share`, which a lambda captures by reference and so lives in memory)
-// let the compiler keep them in registers and overlap the compares.
-double min_share(const std::vector<double>& v) {
-  double m0 = std::numeric_limits<double>::infinity(), m1 = m0, m2 = m0, m3 = m0;
-  const std::size_t n = v.size(), n4 = n & ~std::size_t{3};
+// The least of the active links' shares, a level's hot loop, in one pass that also lists every
+// link whose share may lie within kLevelTol of it: a link enters `cand` when its share is within
+// the tolerance of the least seen so far, which is a superset of the final level's links (the
+// running least only falls). Few links pass the test, so the pass is one compare per link.
+double min_share(const std::vector<double>& v, std::vector<std::uint32_t>& cand) {
+  cand.clear();
+  double best = std::numeric_limits<double>::infinity(), bound = best;
+  const std::size_t n = v.size();
   const double* p = v.data();
-  for (std::size_t i = 0; i < n4; i += 4) {
-    m0 = p[i] < m0 ? p[i] : m0;
-    m1 = p[i + 1] < m1 ? p[i + 1] : m1;
-    m2 = p[i + 2] < m2 ? p[i + 2] : m2;
-    m3 = p[i + 3] < m3 ? p[i + 3] : m3;
+  for (std::size_t a = 0; a < n; ++a) {
+    const double x = p[a];
+    if (x <= bound) {
+      if (x < best) {
+        best = x;
+        bound = x * (1 + kLevelTol);
+      }
+      cand.push_back(static_cast<std::uint32_t>(a));
+    }
   }
-  for (std::size_t i = n4; i < n; ++i) m0 = p[i] < m0 ? p[i] : m0;
-  return std::min(std::min(m0, m1), std::min(m2, m3));
+  return best;
 }
 
 bool transfer_less(const Transfer& a, const Transfer& b) {
@@ -720,7 +725,7 @@ void FlowModel::solve(double keep_below) {
   while (!act_links_.empty()) {
     progress_work(sim_t_, kProgressPollWeight);  // progress / Ctrl-C inside one long solve
     ++stats_.levels;
-    share = min_share(act_share_);
+    share = min_share(act_share_, level_cand_);
     if (first_level && partial && !(share >= keep_thr)) {
       // The kept rates do not leave room for the rest as they should (rounding drift in load_):
       // recompute from scratch, which is always exact. Nothing was assigned yet.
@@ -739,7 +744,7 @@ void FlowModel::solve(double keep_below) {
     const double threshold = share * (1 + kLevelTol);
     bottleneck_.clear();
     double csr_entries = 0;
-    for (std::size_t a = 0; a < act_share_.size(); ++a) {
+    for (std::uint32_t a : level_cand_) {
       if (act_share_[a] > threshold) continue;
       const topology::LinkId l = act_links_[a];
       bottleneck_.push_back(l);
@@ -855,8 +860,16 @@ void FlowModel::solve(double keep_below) {
     g.order.insert(g.order.end(), g.assigned.begin(), g.assigned.end());
     if (g.finish.size() + g.assigned.size() > 2 * static_cast<std::size_t>(g.num_moving) + 64) {
       g.finish.clear();
-      for (std::uint32_t i : g.order) {
-        if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
+      if (static_cast<std::size_t>(g.num_moving) * 16 >= g.size()) {
+        // By id, not in rate order: sequential reads of the per-flow arrays.
+        const auto n = static_cast<std::uint32_t>(g.size());
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
+        }
+      } else {
+        for (std::uint32_t i : g.order) {
+          if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
+        }
       }
       std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
     } else if (g.assigned.size() * 8 > g.finish.size()) {

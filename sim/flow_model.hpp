@@ -188,6 +188,7 @@ class FlowModel final : public NetworkModel {
   // Active links of the current solve with their fair shares, and each link's position there.
   std::vector<std::uint32_t> act_links_, act_pos_;
   std::vector<double> act_share_;
+  std::vector<std::uint32_t> level_cand_;  // positions in act_links_ that may saturate now
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
   double csr_savings_ = 0;  // scan work the CSR lists would have saved while unbuilt (entries)

@@ -18,11 +18,14 @@
 // Engineering: flows live in per-batch segments of flat arrays (no per-flow heap objects):
 // identical transfers (same src, dst, bytes, batch) are one flow entry with a multiplicity; routes
 // are uint32 link ids in one pool per segment; each segment has a CSR index link -> flows, whose
-// lists are built on first use. Each recomputation is a level-by-level water-filling that
-// resolves a level either through the CSR lists of its bottleneck links or, when those are a
-// large part of the flows being re-solved, by one sequential scan of them (symmetric collectives:
-// a few levels). The least share is found by one pass over a compact array of active-link shares,
-// of which only the links a level changed are recomputed.
+// lists are built once the scan work they would have saved pays for them (rent or buy: skewed
+// batches build them after a few solves, a symmetric all-to-all never does). Each recomputation is
+// a level-by-level water-filling that resolves a level either through the CSR lists of its
+// bottleneck links or, when those are a large part of the flows being re-solved, by one
+// sequential scan of the flows still unrated (symmetric collectives: a few levels). The re-solved
+// flows are visited by id and scattered reads are prefetched: at scale the solve is bound by
+// memory traffic. The least share and the links near it are found by one pass over a compact
+// array of active-link shares, of which only the links a level changed are recomputed.
 //
 // Events are incremental. Max-min rates form levels, and a flow frozen at level x crosses no link
 // that saturates above x. So when flows finish, every rate below the least finishing rate stays;

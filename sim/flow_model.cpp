@@ -632,15 +632,13 @@ void FlowModel::solve(double keep_below) {
     // read route entries and per-flow arrays sequentially (cache misses dominated otherwise). A
     // large share is re-listed by one sweep of the stamps, a small one sorted.
     for (std::uint32_t i : g.resolve) g.stamp[i] = stamp;
-    if (!partial) {
-      // Listed by id already.
-    } else if (g.resolve.size() * 32 >= g.size()) {
+    if (partial && g.resolve.size() * 32 >= g.size()) {  // (a full solve lists them by id)
       g.resolve.clear();
       const auto n = static_cast<std::uint32_t>(g.size());
       for (std::uint32_t i = 0; i < n; ++i) {
         if (g.stamp[i] == stamp) g.resolve.push_back(i);
       }
-    } else {
+    } else if (partial) {
       std::sort(g.resolve.begin(), g.resolve.end());
     }
     const std::size_t nres = g.resolve.size();

@@ -136,6 +136,73 @@ GroupingId Plan::add_grouping(Grouping g) {
   return static_cast<GroupingId>(groupings_.size() - 1);
 }
 
+std::string role_label(const OpRole& role) {
+  const char* name = "?";
+  switch (role.kind) {
+    case OpRoleKind::kNone:
+      name = "?";
+      break;
+    case OpRoleKind::kGate:
+      name = "gate";
+      break;
+    case OpRoleKind::kEncode:
+      name = "encode";
+      break;
+    case OpRoleKind::kDispatch:
+      name = "dispatch";
+      break;
+    case OpRoleKind::kFc1:
+      name = "expert.fc1";
+      break;
+    case OpRoleKind::kFc2:
+      name = "expert.fc2";
+      break;
+    case OpRoleKind::kCombine:
+      name = "combine";
+      break;
+    case OpRoleKind::kDecode:
+      name = "decode";
+      break;
+    case OpRoleKind::kParamGather:
+      name = "param_allgather";
+      break;
+    case OpRoleKind::kPartialSum:
+      name = "partial_sum";
+      break;
+    case OpRoleKind::kEspAllGather:
+      name = "esp_allgather";
+      break;
+    case OpRoleKind::kEspAllReduce:
+      name = "esp_allreduce";
+      break;
+    case OpRoleKind::kCombineSaa:
+      name = "combine_saa";
+      break;
+    case OpRoleKind::kParmLocalDump:
+      name = "parm.local_dump";
+      break;
+    case OpRoleKind::kParmLocalCombine:
+      name = "parm.local_combine";
+      break;
+    case OpRoleKind::kParmJoin:
+      name = "parm.join";
+      break;
+    case OpRoleKind::kParmMpAllGather:
+      name = "parm.mp_allgather";
+      break;
+    case OpRoleKind::kDenseGradSync:
+      name = "dense_allreduce";
+      break;
+    case OpRoleKind::kExpertGradSync:
+      name = "expert_allreduce";
+      break;
+  }
+  if (role.chunk < 0)
+    return fmt::format("L{}.{}.{}", role.block, role.backward ? "bwd" : "fwd", name);
+  return fmt::format("L{}.{}.{}.c{}", role.block, role.backward ? "bwd" : "fwd", name,
+                     role.chunk + 1);
+}
+
 OpId Plan::add(Op op) {
   op.id = static_cast<OpId>(ops_.size());
   ops_.push_back(std::move(op));
@@ -143,19 +210,19 @@ OpId Plan::add(Op op) {
 }
 
 OpId Plan::add_compute(RankSet ranks, StreamId stream, ComputeSpec spec, std::vector<OpId> deps,
-                       std::string label) {
+                       OpTag tag) {
   Op op;
   op.kind = OpKind::kCompute;
   op.ranks = std::move(ranks);
   op.stream = stream;
   op.deps = std::move(deps);
-  op.label = std::move(label);
+  op.label = std::move(tag.label);
+  op.role = tag.role;
   op.spec = std::move(spec);
   return add(std::move(op));
 }
 
-OpId Plan::add_collective(StreamId stream, CollectiveSpec spec, std::vector<OpId> deps,
-                          std::string label) {
+OpId Plan::add_collective(StreamId stream, CollectiveSpec spec, std::vector<OpId> deps, OpTag tag) {
   const Grouping& g = grouping(spec.grouping);
   std::vector<int> all;
   for (const auto& grp : g.groups) all.insert(all.end(), grp.begin(), grp.end());
@@ -164,19 +231,21 @@ OpId Plan::add_collective(StreamId stream, CollectiveSpec spec, std::vector<OpId
   op.ranks = RankSet::list(std::move(all));
   op.stream = stream;
   op.deps = std::move(deps);
-  op.label = std::move(label);
+  op.label = std::move(tag.label);
+  op.role = tag.role;
   op.spec = std::move(spec);
   return add(std::move(op));
 }
 
 OpId Plan::add_copy(RankSet ranks, StreamId stream, CopySpec spec, std::vector<OpId> deps,
-                    std::string label) {
+                    OpTag tag) {
   Op op;
   op.kind = OpKind::kCopy;
   op.ranks = std::move(ranks);
   op.stream = stream;
   op.deps = std::move(deps);
-  op.label = std::move(label);
+  op.label = std::move(tag.label);
+  op.role = tag.role;
   op.spec = spec;
   return add(std::move(op));
 }

@@ -155,6 +155,54 @@ struct CopySpec {
   Bytes bytes{0};  // bytes read (and written) per rank
 };
 
+/// What an op is in the model, for the backends that move real data (exec): the plan builder
+/// sets it where it creates the op, so no backend parses a label. kNone: no data path reads the
+/// op (dense layers, other collectives). The MoE kinds are the layer's data steps (docs/model.md);
+/// the Parm kinds exist only in Parm's schedules (strategies/schedules/parm.hpp).
+enum class OpRoleKind : std::uint8_t {
+  kNone,
+  kGate,
+  kEncode,
+  kDispatch,  // per chunk
+  kFc1,       // per chunk
+  kFc2,       // per chunk
+  kCombine,   // per chunk
+  kDecode,
+  kParamGather,       // sharded experts: the expert weights' all-gather
+  kPartialSum,        // sharded experts: the partial outputs' sum
+  kEspAllGather,      // Parm baseline: the ESP all-gather before the dispatch
+  kEspAllReduce,      // per chunk
+  kCombineSaa,        // per chunk: Parm S2's combine through SAA
+  kParmLocalDump,     // Parm: esp copies of the MP share (replaces the ESP all-gather)
+  kParmLocalCombine,  // Parm: the sum of the esp partial outputs
+  kParmJoin,          // Parm with esp 1: joins the chunks' combines
+  kParmMpAllGather,   // Parm S1: the MP all-gather after the decode
+  kDenseGradSync,     // the dense parameters' gradient all-reduce (whole, or one Lina micro-op)
+  kExpertGradSync,    // the experts' gradient all-reduce over DP (whole, or one Lina micro-op)
+};
+struct OpRole {
+  OpRoleKind kind = OpRoleKind::kNone;
+  bool backward = false;
+  int block = -1;  // the model block l ("L{l}" of the label)
+  int chunk = -1;  // 0-based pipeline chunk (gradient syncs: Lina's micro-op); -1 for neither
+};
+/// The label of a MoE or Parm data op: "L{block}.{fwd|bwd}.{name}[.c{chunk + 1}]" (docs/model.md),
+/// e.g. "L1.fwd.dispatch.c2". The one place the label grammar is written; gradient syncs are
+/// labelled by the builder ("L{l}.grad.dense_allreduce[.m{i}]").
+std::string role_label(const OpRole& role);
+
+/// A label with its role: what the plan builder hands Plan::add_*. A plain string converts to a
+/// tag with no role (kNone).
+struct OpTag {
+  std::string label;
+  OpRole role;
+  OpTag(std::string l) : label(std::move(l)) {}  // NOLINT(google-explicit-constructor)
+  OpTag(const char* l) : label(l) {}             // NOLINT(google-explicit-constructor)
+  OpTag(std::string l, OpRole r) : label(std::move(l)), role(r) {}
+  /// A MoE / Parm data op labelled by role_label.
+  explicit OpTag(OpRole r) : label(role_label(r)), role(r) {}
+};
+
 struct Op {
   OpId id = -1;
   OpKind kind = OpKind::kCompute;
@@ -164,6 +212,7 @@ struct Op {
   int priority = 0;         // higher runs first where a scheduler reorders (Lina)
   Bytes partition_size{0};  // micro-op size for partitioned collectives; 0 = whole
   std::string label;        // "L0.fwd.dispatch.c1"
+  OpRole role;              // what exec's data paths read (never the label)
   std::variant<ComputeSpec, CollectiveSpec, CopySpec> spec;
 
   const ComputeSpec& compute() const { return std::get<ComputeSpec>(spec); }
@@ -186,11 +235,10 @@ class Plan {
 
   OpId add(Op op);  // assigns the id
   OpId add_compute(RankSet ranks, StreamId stream, ComputeSpec spec, std::vector<OpId> deps,
-                   std::string label);
+                   OpTag tag);
   OpId add_collective(StreamId stream, CollectiveSpec spec, std::vector<OpId> deps,
-                      std::string label);  // ranks = union of the grouping's groups
-  OpId add_copy(RankSet ranks, StreamId stream, CopySpec spec, std::vector<OpId> deps,
-                std::string label);
+                      OpTag tag);  // ranks = union of the grouping's groups
+  OpId add_copy(RankSet ranks, StreamId stream, CopySpec spec, std::vector<OpId> deps, OpTag tag);
   const std::vector<Op>& ops() const { return ops_; }
   std::vector<Op>& mutable_ops() { return ops_; }
   const Op& op(OpId id) const { return ops_.at(id); }

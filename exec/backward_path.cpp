@@ -99,24 +99,15 @@ const std::vector<int>* my_group(const Plan& plan, const Op& op, int rank) {
 
 }  // namespace
 
-MoeBwdRef parse_moe_bwd_label(const std::string& label) {
+MoeBwdRef moe_bwd_ref(const Op& plan_op) {
   MoeBwdRef ref;
-  int block = -1, consumed = 0;
-  if (std::sscanf(label.c_str(), "L%d.grad.expert_allreduce%n", &block, &consumed) >= 1 &&
-      consumed > 0) {
-    const std::string rest = label.substr(static_cast<size_t>(consumed));
-    if (rest.empty()) {
-      ref.kind = MoeBwdRef::kExpertAllReduce;
-    } else if (rest.rfind(".m", 0) == 0 && rest.size() > 2) {
-      ref.kind = MoeBwdRef::kExpertAllReduce;
-      ref.micro = std::atoi(rest.c_str() + 2);
-    } else {
-      return ref;
-    }
-    ref.block = block;
+  if (plan_op.role.kind == OpRoleKind::kExpertGradSync) {
+    ref.kind = MoeBwdRef::kExpertAllReduce;
+    ref.block = plan_op.role.block;
+    ref.micro = plan_op.role.chunk;
     return ref;
   }
-  const MoeOpRef op = parse_moe_bwd_op_label(label);  // the forward's grammar, "bwd" pass
+  const MoeOpRef op = moe_bwd_op_ref(plan_op);
   ref.block = op.block;
   ref.chunk = op.chunk;
   switch (op.kind) {
@@ -155,14 +146,11 @@ void begin_backward_layer(const Plan& plan, const MoeLayerPlan& lp, int rank, co
   const int M = s.model_dim, H = s.hidden_dim, dE = lp.local_experts;
   bl = BackwardLayer{};
   bl.ep_group = {rank};
-  const std::string fwd_dispatch = fmt::format("L{}.fwd.dispatch.c1", lp.block);
-  const std::string grad = fmt::format("L{}.grad.expert_allreduce", lp.block);
-  const std::string grad_micro = grad + ".m";
   for (const Op& op : plan.ops()) {
-    if (op.kind != OpKind::kCollective) continue;
-    if (op.label == fwd_dispatch) {
+    if (op.kind != OpKind::kCollective || op.role.block != lp.block) continue;
+    if (op.role.kind == OpRoleKind::kDispatch && !op.role.backward && op.role.chunk == 0) {
       if (const auto* g = my_group(plan, op, rank)) bl.ep_group = *g;
-    } else if (op.label == grad || op.label.rfind(grad_micro, 0) == 0) {
+    } else if (op.role.kind == OpRoleKind::kExpertGradSync) {
       ++bl.dp_parts;
       if (const auto* g = my_group(plan, op, rank)) bl.dp_group = *g;
     }

@@ -35,8 +35,8 @@ namespace moesim::exec {
 class MpiSession;
 struct MoeLayerPlan;
 
-/// What a backward MoE op or expert-gradient collective does, parsed from its label
-/// ("L{block}.bwd.{what}[.c{j}]", "L{block}.grad.expert_allreduce[.m{i}]", docs/model.md).
+/// What a backward MoE op or expert-gradient collective does, read from its role (Op::role; the
+/// labels "L{block}.bwd.{what}[.c{j}]", "L{block}.grad.expert_allreduce[.m{i}]" are for people).
 struct MoeBwdRef {
   enum Kind {
     kNone,
@@ -53,7 +53,7 @@ struct MoeBwdRef {
   int chunk = -1;  // 0-based (combine, fc2, fc1, dispatch)
   int micro = -1;  // Lina's micro-op index of expert_allreduce, -1 for the whole all-reduce
 };
-MoeBwdRef parse_moe_bwd_label(const std::string& label);
+MoeBwdRef moe_bwd_ref(const Op& op);
 
 /// The forward's saved activations of one plain MoE layer on this rank (views into the
 /// executor's buffers; fp32). Token side: x, logits, routing, expert_out (E, C, M). Expert side,

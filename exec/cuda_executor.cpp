@@ -343,7 +343,7 @@ void DevicePath::Impl::setup_scratch(const Plan& plan) {
     if (op.kind == OpKind::kCopy)
       copy = std::max(copy, static_cast<std::size_t>(std::ceil(op.copy().bytes.value())));
     if (op.kind != OpKind::kCompute || !op.compute().gemm) continue;
-    if (step_data_path && parse_moe_label(op.label).kind != MoeOpRef::kNone) continue;
+    if (step_data_path && moe_op_ref(op).kind != MoeOpRef::kNone) continue;
     const GemmShape& g = *op.compute().gemm;
     a = std::max(a, static_cast<std::size_t>(g.m * g.k * g.batch) * es);
     b = std::max(b, static_cast<std::size_t>(g.k * g.n * g.batch) * es);
@@ -624,7 +624,7 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
   d.step_data_path = d.data_path && std::none_of(layers.begin(), layers.end(),
                                                  [](const MoeLayerPlan& l) { return l.routed; });
   if (d.step_data_path)
-    for (const Op& op : plan.ops()) d.refs[op.id] = parse_moe_label(op.label);
+    for (const Op& op : plan.ops()) d.refs[op.id] = moe_op_ref(op);
   if (d.step_data_path)
     d.setup_layers(layers, iteration);
   else

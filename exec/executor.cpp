@@ -58,46 +58,50 @@ std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m;
 }  // namespace
 
 namespace {
-// "L{block}.{pass}.{what}[.c{j}]" with pass "fwd" or "bwd" (docs/model.md).
-MoeOpRef parse_moe_label_of_pass(const std::string& label, const char* pass_format) {
+// The data steps of the plain, routed and sharded paths (the plan builder's roles).
+MoeOpRef moe_ref_of_pass(const Op& op, bool backward) {
   MoeOpRef ref;
-  int block = -1, consumed = 0;
-  if (std::sscanf(label.c_str(), pass_format, &block, &consumed) < 1 || consumed == 0) return ref;
-  const std::string what = label.substr(static_cast<size_t>(consumed));
-  auto chunk_of = [&](const std::string& prefix) {
-    if (what.rfind(prefix, 0) != 0) return -1;
-    return std::atoi(what.c_str() + prefix.size()) - 1;
-  };
-  ref.block = block;
-  if (what == "gate")
-    ref.kind = MoeOpRef::kGate;
-  else if (what == "encode")
-    ref.kind = MoeOpRef::kEncode;
-  else if (what == "decode")
-    ref.kind = MoeOpRef::kDecode;
-  else if (what == "param_allgather")
-    ref.kind = MoeOpRef::kParamGather;
-  else if (what == "partial_sum")
-    ref.kind = MoeOpRef::kPartialSum;
-  else if ((ref.chunk = chunk_of("dispatch.c")) >= 0)
-    ref.kind = MoeOpRef::kDispatch;
-  else if ((ref.chunk = chunk_of("expert.fc1.c")) >= 0)
-    ref.kind = MoeOpRef::kFc1;
-  else if ((ref.chunk = chunk_of("expert.fc2.c")) >= 0)
-    ref.kind = MoeOpRef::kFc2;
-  else if ((ref.chunk = chunk_of("combine.c")) >= 0)
-    ref.kind = MoeOpRef::kCombine;
+  if (op.role.backward != backward) return ref;
+  switch (op.role.kind) {
+    case OpRoleKind::kGate:
+      ref.kind = MoeOpRef::kGate;
+      break;
+    case OpRoleKind::kEncode:
+      ref.kind = MoeOpRef::kEncode;
+      break;
+    case OpRoleKind::kDecode:
+      ref.kind = MoeOpRef::kDecode;
+      break;
+    case OpRoleKind::kParamGather:
+      ref.kind = MoeOpRef::kParamGather;
+      break;
+    case OpRoleKind::kPartialSum:
+      ref.kind = MoeOpRef::kPartialSum;
+      break;
+    case OpRoleKind::kDispatch:
+      ref.kind = MoeOpRef::kDispatch;
+      break;
+    case OpRoleKind::kFc1:
+      ref.kind = MoeOpRef::kFc1;
+      break;
+    case OpRoleKind::kFc2:
+      ref.kind = MoeOpRef::kFc2;
+      break;
+    case OpRoleKind::kCombine:
+      ref.kind = MoeOpRef::kCombine;
+      break;
+    default:
+      return ref;  // Parm's steps and gradient syncs: not this grammar
+  }
+  ref.block = op.role.block;
+  ref.chunk = op.role.chunk;
   return ref;
 }
 }  // namespace
 
-MoeOpRef parse_moe_label(const std::string& label) {
-  return parse_moe_label_of_pass(label, "L%d.fwd.%n");
-}
+MoeOpRef moe_op_ref(const Op& op) { return moe_ref_of_pass(op, false); }
 
-MoeOpRef parse_moe_bwd_op_label(const std::string& label) {
-  return parse_moe_label_of_pass(label, "L%d.bwd.%n");
-}
+MoeOpRef moe_bwd_op_ref(const Op& op) { return moe_ref_of_pass(op, true); }
 
 int moe_layer_of_block(int block, int moe_every) {
   return (block + 1) / std::max(1, moe_every) - 1;
@@ -107,7 +111,7 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
   std::vector<MoeLayerPlan> layers;
   std::map<int, int> block_to_layer;
   for (const Op& op : plan.ops()) {
-    MoeOpRef ref = parse_moe_label(op.label);
+    MoeOpRef ref = moe_op_ref(op);
     if (ref.kind == MoeOpRef::kNone) continue;
     if (!block_to_layer.count(ref.block)) {
       block_to_layer[ref.block] = static_cast<int>(layers.size());
@@ -452,7 +456,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   if (sharded_ && sharded_->run_op(plan, op, collective_algo_)) return;
   if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
   if (!layers_.empty() && run_backward_hook(plan, op)) return;
-  MoeOpRef ref = !layers_.empty() ? parse_moe_label(op.label) : MoeOpRef{};
+  MoeOpRef ref = !layers_.empty() ? moe_op_ref(op) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != MoeOpRef::kNone) {
     const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
@@ -606,7 +610,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
 // The plain layers' backward ops and expert-gradient all-reduces on real data
 // (exec/backward_path.hpp); false for every other op (routed layers keep scratch buffers).
 bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
-  const MoeBwdRef ref = parse_moe_bwd_label(op.label);
+  const MoeBwdRef ref = moe_bwd_ref(op);
   if (ref.kind == MoeBwdRef::kNone) return false;
   const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
   if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;

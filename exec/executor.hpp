@@ -83,8 +83,8 @@ struct MoeLayerPlan {
   bool routed = false;  // dispatch is a routed all_to_allv (exec/routed_path.hpp)
 };
 
-/// What a forward MoE op of the plan does, parsed from its label (docs/model.md: labels
-/// "L{block}.fwd.{what}[.c{j}]" are part of the plan builder's contract).
+/// What a forward MoE op of the plan does, read from its role (Op::role, set by the plan builder;
+/// no label is parsed).
 struct MoeOpRef {
   // kParamGather ("param_allgather") and kPartialSum ("partial_sum") appear only with sharded
   // experts (exec/sharded_path.hpp).
@@ -103,9 +103,9 @@ struct MoeOpRef {
   int block = -1;
   int chunk = -1;  // 0-based
 };
-MoeOpRef parse_moe_label(const std::string& label);
-/// The same grammar for the backward ops, "L{block}.bwd.{what}[.c{j}]" (backward_path.hpp).
-MoeOpRef parse_moe_bwd_op_label(const std::string& label);
+MoeOpRef moe_op_ref(const Op& op);
+/// The same for the backward pass's MoE ops (backward_path.hpp).
+MoeOpRef moe_bwd_op_ref(const Op& op);
 /// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
 int moe_layer_of_block(int block, int moe_every);
 /// The MoE layers of `plan` as rank `rank` runs them (chunk capacities from the expert fc1 GEMMs:
@@ -177,7 +177,7 @@ class Executor {
   /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
   bool has_data_path() const;
   /// Whether the last run's MoE backward ran on real data (plain layers on the host path,
-  /// exec/backward_path.hpp): the plan's ops that parse_moe_bwd_label names ran for real.
+  /// exec/backward_path.hpp): the plan's ops that moe_bwd_ref names ran for real.
   bool has_backward_path() const { return real_backward_; }
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }

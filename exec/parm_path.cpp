@@ -23,7 +23,7 @@ namespace {
 namespace kc = kernels::cpu;
 constexpr auto kF32 = kernels::DType::kF32;
 
-// A forward MoE op of a Parm-path plan: "L{block}.fwd.{what}[.c{j}]".
+// A forward MoE op of a Parm-path plan, read from its role (Op::role).
 struct ParmOp {
   enum Kind {
     kNone,
@@ -45,38 +45,55 @@ struct ParmOp {
   int chunk = -1;  // 0-based
 };
 
-ParmOp parse_parm_label(const std::string& label) {
+ParmOp parm_ref(const Op& op) {
   ParmOp r;
-  int block = -1, consumed = 0;
-  if (std::sscanf(label.c_str(), "L%d.fwd.%n", &block, &consumed) < 1 || consumed == 0) return r;
-  const std::string what = label.substr(static_cast<std::size_t>(consumed));
-  static const std::map<std::string, ParmOp::Kind> whole = {
-      {"esp_allgather", ParmOp::kEspAllGather},
-      {"gate", ParmOp::kGate},
-      {"encode", ParmOp::kEncode},
-      {"parm.local_dump", ParmOp::kLocalDump},
-      {"parm.local_combine", ParmOp::kLocalCombine},
-      {"parm.join", ParmOp::kLocalCombine},
-      {"decode", ParmOp::kDecode},
-      {"parm.mp_allgather", ParmOp::kMpAllGather}};
-  static const std::pair<const char*, ParmOp::Kind> chunked[] = {
-      {"dispatch.c", ParmOp::kDispatch},      {"expert.fc1.c", ParmOp::kFc1},
-      {"expert.fc2.c", ParmOp::kFc2},         {"esp_allreduce.c", ParmOp::kEspAllReduce},
-      {"combine_saa.c", ParmOp::kCombineSaa}, {"combine.c", ParmOp::kCombine}};
-  r.block = block;
-  if (auto it = whole.find(what); it != whole.end()) {
-    r.kind = it->second;
-    return r;
+  if (op.role.backward) return r;  // the Parm path runs the forward
+  switch (op.role.kind) {
+    case OpRoleKind::kEspAllGather:
+      r.kind = ParmOp::kEspAllGather;
+      break;
+    case OpRoleKind::kGate:
+      r.kind = ParmOp::kGate;
+      break;
+    case OpRoleKind::kEncode:
+      r.kind = ParmOp::kEncode;
+      break;
+    case OpRoleKind::kParmLocalDump:
+      r.kind = ParmOp::kLocalDump;
+      break;
+    case OpRoleKind::kParmLocalCombine:
+    case OpRoleKind::kParmJoin:
+      r.kind = ParmOp::kLocalCombine;
+      break;
+    case OpRoleKind::kDecode:
+      r.kind = ParmOp::kDecode;
+      break;
+    case OpRoleKind::kParmMpAllGather:
+      r.kind = ParmOp::kMpAllGather;
+      break;
+    case OpRoleKind::kDispatch:
+      r.kind = ParmOp::kDispatch;
+      break;
+    case OpRoleKind::kFc1:
+      r.kind = ParmOp::kFc1;
+      break;
+    case OpRoleKind::kFc2:
+      r.kind = ParmOp::kFc2;
+      break;
+    case OpRoleKind::kEspAllReduce:
+      r.kind = ParmOp::kEspAllReduce;
+      break;
+    case OpRoleKind::kCombineSaa:
+      r.kind = ParmOp::kCombineSaa;
+      break;
+    case OpRoleKind::kCombine:
+      r.kind = ParmOp::kCombine;
+      break;
+    default:
+      return r;
   }
-  for (const auto& [prefix, kind] : chunked) {
-    const std::string p(prefix);
-    if (what.rfind(p, 0) != 0) continue;
-    const std::string rest = what.substr(p.size());
-    if (rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos) continue;
-    r.kind = kind;
-    r.chunk = std::stoi(rest) - 1;
-    return r;
-  }
+  r.block = op.role.block;
+  r.chunk = op.role.chunk;
   return r;
 }
 
@@ -91,7 +108,7 @@ int div_exact(std::int64_t a, std::int64_t b, const char* what) {
 bool needs_parm_path(const Scenario& sc, const Plan& plan) {
   if (sc.parallelism.esp > 1) return true;
   for (const Op& op : plan.ops()) {
-    const ParmOp r = parse_parm_label(op.label);
+    const ParmOp r = parm_ref(op);
     if (r.kind == ParmOp::kDispatch && op.kind == OpKind::kCollective &&
         plan.grouping(op.collective().grouping).name == "ep_esp")
       return true;
@@ -99,9 +116,7 @@ bool needs_parm_path(const Scenario& sc, const Plan& plan) {
   return false;
 }
 
-bool is_parm_data_op(const std::string& label) {
-  return parse_parm_label(label).kind != ParmOp::kNone;
-}
+bool is_parm_data_op(const Op& op) { return parm_ref(op).kind != ParmOp::kNone; }
 
 const char* parm_schedule_name(ParmSchedule s) {
   switch (s) {
@@ -192,7 +207,7 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
   };
   std::map<int, std::vector<double>> fused_sm;  // block -> per chunk dC_j / mp from the bytes
   for (const Op& op : plan.ops()) {
-    const ParmOp ref = parse_parm_label(op.label);
+    const ParmOp ref = parm_ref(op);
     if (ref.kind == ParmOp::kNone) continue;
     Layer& L = layer_of(ref.block);
     switch (ref.kind) {
@@ -345,7 +360,7 @@ void ParmPath::all_to_all(const Plan& plan, const Op& op, const std::vector<floa
   if (saa) {
     // run_phases posts each slice as whole bytes: the per-peer chunk must split evenly.
     int steps = 0;
-    for (const auto& ph : phases) steps += ph.label == "saa_step" ? 1 : 0;
+    for (const auto& ph : phases) steps += ph.saa_step ? 1 : 0;
     const std::size_t A = group.size() / static_cast<std::size_t>(m);
     const std::size_t chunk = send.size() * sizeof(float) / A;
     if (steps < 2 || chunk % static_cast<std::size_t>(steps - 1) != 0)
@@ -415,7 +430,7 @@ void ParmPath::sum_partials(Layer& L) const {
 }
 
 bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
-  const ParmOp ref = parse_parm_label(op.label);
+  const ParmOp ref = parm_ref(op);
   if (ref.kind == ParmOp::kNone) return false;
   Layer* Lp = nullptr;
   for (auto& lp : layers_)

@@ -51,10 +51,10 @@ namespace moesim::exec {
 /// fused Parm schedule (dispatch over the "ep_esp" grouping). Other plans use the plain path.
 bool needs_parm_path(const Scenario& sc, const Plan& plan);
 
-/// Whether `label` names a forward MoE op the Parm data path runs on real data (the plain path's
-/// labels plus esp_allgather, esp_allreduce, combine_saa, parm.local_dump / local_combine / join,
-/// parm.mp_allgather): on the host path these ops' measured times are real work.
-bool is_parm_data_op(const std::string& label);
+/// Whether `op` is a forward MoE op the Parm data path runs on real data (by its role: the plain
+/// path's steps plus esp_allgather, esp_allreduce, combine_saa, parm.local_dump / local_combine /
+/// join, parm.mp_allgather): on the host path these ops' measured times are real work.
+bool is_parm_data_op(const Op& op);
 
 enum class ParmSchedule { kBaseline, kS1, kS2 };
 const char* parm_schedule_name(ParmSchedule s);

@@ -132,7 +132,7 @@ PhaseStats run_phases(PhaseIo& io, int me, const std::vector<Phase>& phases, con
   int saa_steps = 0, saa_step = 0, saa_a = 1;
   double saa_c = 0, saa_q = 0;
   if (saa) {
-    for (const Phase& ph : phases) saa_steps += ph.label == "saa_step" ? 1 : 0;
+    for (const Phase& ph : phases) saa_steps += ph.saa_step ? 1 : 0;
     MOESIM_ASSERT(saa->sub_group >= 1 && saa->group_size % saa->sub_group == 0,
                   "saa layout: sub_group must divide the group size");
     saa_a = saa->group_size / saa->sub_group;
@@ -155,7 +155,7 @@ PhaseStats run_phases(PhaseIo& io, int me, const std::vector<Phase>& phases, con
       sends2.clear();
       recvs2.clear();
       std::size_t first_forward = ph.transfers.size();
-      if (saa && ph.label == "saa_step") {
+      if (saa && ph.saa_step) {
         const std::size_t a2a =
             saa_step < saa_steps - 1 ? static_cast<std::size_t>(saa->group_size) * (saa_a - 1) : 0;
         first_forward = std::min(a2a, ph.transfers.size());

@@ -172,7 +172,7 @@ namespace {
 std::vector<const Op*> dispatch_ops(const Plan& plan, int block) {
   std::vector<const Op*> ops;
   for (const Op& op : plan.ops()) {
-    const MoeOpRef ref = parse_moe_label(op.label);
+    const MoeOpRef ref = moe_op_ref(op);
     if (ref.block != block || ref.kind != MoeOpRef::kDispatch) continue;
     if (static_cast<int>(ops.size()) <= ref.chunk)
       ops.resize(static_cast<std::size_t>(ref.chunk) + 1);

@@ -54,7 +54,7 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
   std::vector<BlockOps> blocks;
   std::map<int, std::size_t> block_index;  // MoE layers in order of first appearance
   for (const Op& op : plan.ops()) {
-    const MoeOpRef ref = parse_moe_label(op.label);
+    const MoeOpRef ref = moe_op_ref(op);
     if (ref.kind == MoeOpRef::kNone) continue;
     if (!block_index.count(ref.block)) {
       block_index[ref.block] = blocks.size();
@@ -273,7 +273,7 @@ struct ShardedPath::Impl {
 
   bool run_op(const Plan& plan, const Op& op, std::vector<std::int64_t>& collective_algo) {
     if (!active) return false;
-    const MoeOpRef ref = parse_moe_label(op.label);
+    const MoeOpRef ref = moe_op_ref(op);
     if (ref.kind == MoeOpRef::kNone) return false;
     const int moe = moe_layer_of_block(ref.block, sc.model.moe_every);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");

@@ -273,8 +273,8 @@ class Builder {
     return id;
   }
 
-  OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps,
-            std::string label, std::shared_ptr<const std::vector<float>> rank_scale = nullptr) {
+  OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps, OpTag label,
+            std::shared_ptr<const std::vector<float>> rank_scale = nullptr) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
@@ -284,8 +284,7 @@ class Builder {
                              std::move(label));
   }
 
-  OpId kernel(ComputeClass cls, double flops, double bytes, std::vector<OpId> deps,
-              std::string label) {
+  OpId kernel(ComputeClass cls, double flops, double bytes, std::vector<OpId> deps, OpTag label) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
@@ -295,7 +294,7 @@ class Builder {
   }
 
   OpId collective(StreamId stream, CollectiveType type, CollectiveAlgo algo, GroupingId g,
-                  double bytes, std::vector<OpId> deps, std::string label) {
+                  double bytes, std::vector<OpId> deps, OpTag label) {
     CollectiveSpec spec;
     spec.type = type;
     spec.algo = algo;
@@ -375,7 +374,7 @@ class Builder {
   // Dispatch / combine collective of chunk j: the padded all_to_all, or the routed all_to_allv
   // (to_experts: dispatch forward and combine backward; else combine forward, dispatch backward).
   OpId moe_a2a(StreamId stream, int moe, std::size_t j, bool to_experts, double padded_bytes,
-               std::vector<OpId> deps, std::string label) {
+               std::vector<OpId> deps, OpTag label) {
     if (!dec_.variable_dispatch)
       return collective(stream, CollectiveType::kAllToAll, dec_.a2a, grouping(groups_.ep),
                         padded_bytes, std::move(deps), std::move(label));
@@ -395,7 +394,7 @@ class Builder {
   // Expert weights moved between the GPUs of every EP group (inference placement): an
   // all_to_allv of per-group matrices counted in experts.
   OpId weight_move(StreamId stream, const std::vector<std::shared_ptr<const ByteMatrix>>& mats,
-                   std::vector<OpId> deps, std::string label) {
+                   std::vector<OpId> deps, OpTag label) {
     CollectiveSpec spec;
     spec.type = CollectiveType::kAllToAllv;
     spec.algo = CollectiveAlgo::kLinear;
@@ -412,6 +411,15 @@ class Builder {
 
   std::string lbl(int l, bool backward, std::string_view what) const {
     return fmt::format("L{}.{}.{}", l, backward ? "bwd" : "fwd", what);
+  }
+  // The gradient all-reduce of block l's dense (or expert) parameters, in the backward pass.
+  static OpRole grad_role(int l, bool experts) {
+    return OpRole{experts ? OpRoleKind::kExpertGradSync : OpRoleKind::kDenseGradSync, true, l, -1};
+  }
+  // A MoE data step exec runs: its role, labelled by role_label (core/plan.hpp).
+  static OpTag tag(int l, bool backward, OpRoleKind kind, std::size_t chunk = ~std::size_t{0}) {
+    return OpTag(
+        OpRole{kind, backward, l, chunk == ~std::size_t{0} ? -1 : static_cast<int>(chunk)});
   }
 
   // ---- dense parts ------------------------------------------------------------------------
@@ -483,12 +491,12 @@ class Builder {
     if (groups_.dense_dp.group_size() <= 1) return;
     if (schedules::is_lina(dec_.schedule)) {
       lina_allreduce(grouping(groups_.dense_dp), dense_param_bytes(l), after,
-                     fmt::format("L{}.grad.dense_allreduce", l));
+                     fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false));
       return;
     }
     OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                          grouping(groups_.dense_dp), dense_param_bytes(l), deps_of({after}),
-                         fmt::format("L{}.grad.dense_allreduce", l));
+                         OpTag(fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false)));
     index_.gradient_sync.push_back(id);
   }
 
@@ -614,14 +622,15 @@ class Builder {
     if (esp_ > 1)
       in = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
                       grouping(groups_.esp), static_cast<double>(St * M_ * b_), deps_of({prev}),
-                      lbl(l, false, "esp_allgather"));
+                      tag(l, false, OpRoleKind::kEspAllGather));
     OpId param_gather = kNone;
     if (needs_param_gather())
       param_gather = collective(s_param_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
                                 grouping(gather_grouping()), gathered_expert_bytes(),
-                                deps_of({prev}), lbl(l, false, "param_allgather"));
+                                deps_of({prev}), tag(l, false, OpRoleKind::kParamGather));
     const GemmShape gate{St, E_, M_, 1};
-    OpId g = gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({in}), lbl(l, false, "gate"));
+    OpId g = gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({in}),
+                  tag(l, false, OpRoleKind::kGate));
     last_gate_ = g;
     // Lina's check after the gate: all-reduce of the E actual counts; phase 2 then moves weights
     // to the re-planned placement. Both block the dispatch (encode waits for them).
@@ -632,23 +641,22 @@ class Builder {
     if (inf && !inf->replan.empty())
       g = weight_move(s_comm_, inf->replan, deps_of({g}), lbl(l, false, "expert_replan"));
     OpId enc = kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity), deps_of({g}),
-                      lbl(l, false, "encode"));
+                      tag(l, false, OpRoleKind::kEncode));
     OpId last_combine = kNone, last_expert = kNone;
     for (size_t j = 0; j < dims.chunks.size(); ++j) {
       const std::int64_t cap = dims.chunks[j];
-      const std::string c = fmt::format("c{}", j + 1);
       OpId disp = kNone;
       if (W_ > 1) {
         disp = moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap), deps_of({enc}),
-                       lbl(l, false, "dispatch." + c));
+                       tag(l, false, OpRoleKind::kDispatch, j));
         ops.dispatch.push_back(disp);
       }
       const ExpertShapes sh = expert_shapes(cap);
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_each,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
-                     lbl(l, false, "expert.fc1." + c), expert_scale(moe, j));
+                     tag(l, false, OpRoleKind::kFc1, j), expert_scale(moe, j));
       OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_each, deps_of({f1}),
-                     lbl(l, false, "expert.fc2." + c), expert_scale(moe, j));
+                     tag(l, false, OpRoleKind::kFc2, j), expert_scale(moe, j));
       ops.expert.push_back(f1);
       ops.expert.push_back(f2);
       last_expert = f2;
@@ -656,10 +664,10 @@ class Builder {
       if (esp_ > 1)
         out = collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                          grouping(groups_.esp), a2a_bytes(cap), deps_of({f2}),
-                         lbl(l, false, "esp_allreduce." + c));
+                         tag(l, false, OpRoleKind::kEspAllReduce, j));
       if (W_ > 1) {
         out = moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
-                      lbl(l, false, "combine." + c));
+                      tag(l, false, OpRoleKind::kCombine, j));
         ops.combine.push_back(out);
       }
       last_combine = out;
@@ -668,9 +676,9 @@ class Builder {
     if (rep_ > 1)
       before_decode = kernel(ComputeClass::kElementwise, partial_sum_flops(dims.capacity),
                              partial_sum_bytes(dims.capacity), deps_of({before_decode}),
-                             lbl(l, false, "partial_sum"));
+                             tag(l, false, OpRoleKind::kPartialSum));
     OpId dec = kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
-                      deps_of({before_decode}), lbl(l, false, "decode"));
+                      deps_of({before_decode}), tag(l, false, OpRoleKind::kDecode));
     for (OpId id = first_id; id <= dec; ++id) ops.forward.push_back(id);
     index_.moe_layers.push_back(std::move(ops));
     return dec;
@@ -701,26 +709,25 @@ class Builder {
       return id;
     };
     OpId dec = note(kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
-                           deps_of({prev}), lbl(l, true, "decode")));
+                           deps_of({prev}), tag(l, true, OpRoleKind::kDecode)));
     OpId in = dec;
     if (rep_ > 1)
       in = note(kernel(ComputeClass::kElementwise, 0, partial_sum_bytes(dims.capacity),
-                       deps_of({in}), lbl(l, true, "partial_sum")));
+                       deps_of({in}), tag(l, true, OpRoleKind::kPartialSum)));
     OpId last_out = kNone, last_expert = kNone;
     for (size_t j = 0; j < dims.chunks.size(); ++j) {
       const std::int64_t cap = dims.chunks[j];
-      const std::string c = fmt::format("c{}", j + 1);
       OpId cb = kNone;
       if (W_ > 1) {
         cb = note(moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap), deps_of({in}),
-                          lbl(l, true, "combine." + c)));
+                          tag(l, true, OpRoleKind::kCombine, j)));
         ops.combine.push_back(cb);
       }
       const ExpertShapes sh = expert_shapes(cap);
       OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_each, deps_of({in, cb}),
-                          lbl(l, true, "expert.fc2." + c), expert_scale(moe, j)));
+                          tag(l, true, OpRoleKind::kFc2, j), expert_scale(moe, j)));
       OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_each, deps_of({f2}),
-                          lbl(l, true, "expert.fc1." + c), expert_scale(moe, j)));
+                          tag(l, true, OpRoleKind::kFc1, j), expert_scale(moe, j)));
       ops.expert.push_back(f2);
       ops.expert.push_back(f1);
       last_expert = f1;
@@ -728,20 +735,21 @@ class Builder {
       if (esp_ > 1)
         out = note(collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                               grouping(groups_.esp), a2a_bytes(cap), deps_of({f1}),
-                              lbl(l, true, "esp_allreduce." + c)));
+                              tag(l, true, OpRoleKind::kEspAllReduce, j)));
       if (W_ > 1) {
         out = note(moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
-                           lbl(l, true, "dispatch." + c)));
+                           tag(l, true, OpRoleKind::kDispatch, j)));
         ops.dispatch.push_back(out);
       }
       last_out = out;
     }
     expert_gradient_sync(l, last_expert);
-    OpId enc = note(kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity),
-                           deps_of({std::max(last_out, last_expert)}), lbl(l, true, "encode")));
+    OpId enc =
+        note(kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity),
+                    deps_of({std::max(last_out, last_expert)}), tag(l, true, OpRoleKind::kEncode)));
     const GemmShape gate{St, E_, M_, 1};
-    OpId last = note(
-        gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}), lbl(l, true, "gate")));
+    OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
+                          tag(l, true, OpRoleKind::kGate)));
     if (esp_ > 1)
       last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                              grouping(groups_.esp), static_cast<double>(St * M_ * b_),
@@ -751,11 +759,14 @@ class Builder {
 
   // Lina family (strategies/schedules/lina.hpp): one gradient's all-reduce as micro-ops of at
   // most dec_.lina_micro_op bytes, each its own op so the engine's priority gate sees each.
-  void lina_allreduce(GroupingId g, double bytes, OpId after, const std::string& label) {
+  void lina_allreduce(GroupingId g, double bytes, OpId after, const std::string& label,
+                      OpRole role) {
     const int n = schedules::lina_micro_op_count(bytes, dec_.lina_micro_op);
     for (int i = 0; i < n; ++i) {
-      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, g, bytes / n,
-                           deps_of({after}), fmt::format("{}.m{}", label, i));
+      OpId id = collective(
+          s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, g, bytes / n,
+          deps_of({after}),
+          OpTag(fmt::format("{}.m{}", label, i), OpRole{role.kind, true, role.block, i}));
       plan_.mutable_ops()[id].priority = schedules::lina_allreduce_priority(dec_.schedule);
       index_.gradient_sync.push_back(id);
     }
@@ -775,12 +786,12 @@ class Builder {
                            static_cast<double>(dE_) / (esp_ * n_);
       if (schedules::is_lina(dec_.schedule)) {
         lina_allreduce(grouping(groups_.dp), bytes, prev,
-                       fmt::format("L{}.grad.expert_allreduce", l));
+                       fmt::format("L{}.grad.expert_allreduce", l), grad_role(l, true));
         return;
       }
       OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                            grouping(groups_.dp), bytes, deps_of({prev}),
-                           fmt::format("L{}.grad.expert_allreduce", l));
+                           OpTag(fmt::format("L{}.grad.expert_allreduce", l), grad_role(l, true)));
       index_.gradient_sync.push_back(id);
     }
   }

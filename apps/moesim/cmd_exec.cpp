@@ -110,9 +110,9 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     for (int p = 0; p < n; ++p) sum += r.op_end(op.id, p) - r.op_start(op.id, p);
     int c = op_class(op);
     if (host && op.kind == OpKind::kCompute &&
-        !(data_path && (exec::parse_moe_label(op.label).kind != exec::MoeOpRef::kNone ||
-                        exec::is_parm_data_op(op.label))) &&
-        !(backward && exec::parse_moe_bwd_label(op.label).kind != exec::MoeBwdRef::kNone))
+        !(data_path &&
+          (exec::moe_op_ref(op).kind != exec::MoeOpRef::kNone || exec::is_parm_data_op(op))) &&
+        !(backward && exec::moe_bwd_ref(op).kind != exec::MoeBwdRef::kNone))
       c = kNotRun;
     t[c] += sum / n;
   }

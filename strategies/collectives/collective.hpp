@@ -110,7 +110,10 @@ struct LocalCopy {
 struct Phase {
   enum class Kind { kTransfers, kCopy, kReduce };
   Kind kind = Kind::kTransfers;
-  std::string_view label;           // "intra", "inter", "stride_copy_1", "ring_step"
+  std::string_view label;  // "intra", "inter", "stride_copy_1", "ring_step"
+  /// SAA (Parm S2): one of the n + 1 steps whose transfers are two sets (the all-to-all slice,
+  /// then the all-gather part) that a data backend runs in order; what exec reads, not the label.
+  bool saa_step = false;
   std::vector<Transfer> transfers;  // global ranks; kTransfers only
   std::vector<ChunkRef> chunks;     // parallel to transfers; may be empty in sim-only use
   /// HBM bytes read + written per rank (the largest over ranks when they differ): a copy of b

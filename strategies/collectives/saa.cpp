@@ -79,6 +79,7 @@ class SimultaneousAllToAll final : public Algorithm {
       Phase& ph = phases.emplace_back();
       ph.kind = Phase::Kind::kTransfers;
       ph.label = "saa_step";
+      ph.saa_step = true;
       ph.src = Buffer::kSend;  // all-to-all part; the all-gather part reads kRecv (see top)
       ph.dst = Buffer::kRecv;
       if (k < n)  // slice k of the all-to-all: piece k of every chunk, to every other peer

@@ -147,40 +147,53 @@ class Emit {
 
   bool s2() const { return s2_; }
 
-  std::string lbl(std::string_view what) const {
-    return fmt::format("L{}.{}.{}", b_.layer, backward_ ? "bwd" : "fwd", what);
+  // An op's name in the layer: a data step exec runs (its role; the label follows from it) or a
+  // plain name no data path reads.
+  struct What {
+    std::string text;
+    OpRoleKind kind = OpRoleKind::kNone;
+    int chunk = -1;
+    What(const char* t) : text(t) {}                     // NOLINT
+    What(std::string t) : text(std::move(t)) {}          // NOLINT
+    What(OpRoleKind k, std::size_t c = ~std::size_t{0})  // NOLINT
+        : kind(k), chunk(c == ~std::size_t{0} ? -1 : static_cast<int>(c)) {}
+  };
+  OpTag tag(const What& w) const {
+    if (w.kind == OpRoleKind::kNone)
+      return OpTag(fmt::format("L{}.{}.{}", b_.layer, backward_ ? "bwd" : "fwd", w.text));
+    return OpTag(OpRole{w.kind, backward_, b_.layer, w.chunk});
   }
   OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps,
-            std::string_view what) {
+            const What& what) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
     spec.gemm = shape;
     return note(b_.plan->add_compute(RankSet::all(b_.plan->num_ranks()), b_.compute,
-                                     std::move(spec), std::move(deps), lbl(what)));
+                                     std::move(spec), std::move(deps), tag(what)));
   }
   OpId kernel(ComputeClass cls, double flops, double bytes, std::vector<OpId> deps,
-              std::string_view what) {
+              const What& what) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
     spec.bytes = Bytes(bytes);
     return note(b_.plan->add_compute(RankSet::all(b_.plan->num_ranks()), b_.compute,
-                                     std::move(spec), std::move(deps), lbl(what)));
+                                     std::move(spec), std::move(deps), tag(what)));
   }
-  OpId copy(double bytes, std::vector<OpId> deps, std::string_view what) {
+  OpId copy(double bytes, std::vector<OpId> deps, const What& what) {
     return note(b_.plan->add_copy(RankSet::all(b_.plan->num_ranks()), b_.compute,
-                                  CopySpec{Bytes(bytes)}, std::move(deps), lbl(what)));
+                                  CopySpec{Bytes(bytes)}, std::move(deps), tag(what)));
   }
   OpId collective(StreamId stream, CollectiveType type, CollectiveAlgo algo, const Grouping& g,
-                  double bytes, std::vector<OpId> deps, std::string what, int sub_group = 1) {
+                  double bytes, std::vector<OpId> deps, const What& what, int sub_group = 1) {
     CollectiveSpec spec;
     spec.type = type;
     spec.algo = algo;
     spec.grouping = b_.grouping(g);
     spec.bytes = Bytes(bytes);
     spec.sub_group = sub_group;
-    return note(b_.plan->add_collective(stream, std::move(spec), std::move(deps), lbl(what)));
+    return note(b_.plan->add_collective(stream, std::move(spec), std::move(deps), tag(what)));
   }
   OpId note(OpId id) {
     if (backward_) b_.ops->backward.push_back(id);
@@ -243,33 +256,34 @@ OpId parm_forward(const MoeLayerBuild& b, ScheduleRole schedule, OpId prev) {
   const double tokens = s2 ? static_cast<double>(b.S) : static_cast<double>(b.S) / b.mp;
   const auto tok_rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(tokens)));
   const GemmShape gate{tok_rows, b.E, b.M, 1};
-  OpId g = e.gemm(ComputeClass::kGate, gate, 2.0 * tokens * b.E * b.M, deps_of({prev}), "gate");
+  OpId g = e.gemm(ComputeClass::kGate, gate, 2.0 * tokens * b.E * b.M, deps_of({prev}),
+                  OpRoleKind::kGate);
   // Encode writes the (E, dC', M) buffer: dC' = dC / mp (S1), dC (S2; the split is a view).
   const double enc_slots = s2 ? static_cast<double>(cap) : static_cast<double>(cap) / b.mp;
-  OpId enc =
-      e.kernel(ComputeClass::kEncode, 0, 2.0 * b.E * enc_slots * b.M * b.b, deps_of({g}), "encode");
+  OpId enc = e.kernel(ComputeClass::kEncode, 0, 2.0 * b.E * enc_slots * b.M * b.b, deps_of({g}),
+                      OpRoleKind::kEncode);
   // Local dump: esp copies of this MP rank's share, so every ESP shard gets its tokens from the
   // one fused all-to-all (replaces the ESP all-gather).
   OpId dump = enc;
   if (b.esp > 1)
     dump = e.copy(static_cast<double>(b.esp) * b.E * (static_cast<double>(cap) / b.mp) * b.M * b.b,
-                  deps_of({enc}), "parm.local_dump");
+                  deps_of({enc}), OpRoleKind::kParmLocalDump);
   std::vector<OpId> backs;
   for (size_t j = 0; j < b.chunks.size(); ++j) {
     const ChunkDims d = chunk_dims(b, b.chunks[j]);
-    const std::string c = fmt::format("c{}", j + 1);
     OpId disp = e.collective(b.comm, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes, deps_of({dump}),
-                             "dispatch." + c);
+                             {OpRoleKind::kDispatch, j});
     b.ops->dispatch.push_back(disp);
-    OpId f1 =
-        e.gemm(ComputeClass::kGemm, d.fc1, d.flops_each, deps_of({dump, disp}), "expert.fc1." + c);
-    OpId f2 = e.gemm(ComputeClass::kGemm, d.fc2, d.flops_each, deps_of({f1}), "expert.fc2." + c);
+    OpId f1 = e.gemm(ComputeClass::kGemm, d.fc1, d.flops_each, deps_of({dump, disp}),
+                     {OpRoleKind::kFc1, j});
+    OpId f2 =
+        e.gemm(ComputeClass::kGemm, d.fc2, d.flops_each, deps_of({f1}), {OpRoleKind::kFc2, j});
     b.ops->expert.push_back(f1);
     b.ops->expert.push_back(f2);
     OpId back = s2 ? e.collective(b.comm_out, a2a, CollectiveAlgo::kSaa, saa_grouping(*b.sc),
-                                  d.a2a_bytes, deps_of({f2}), "combine_saa." + c, b.mp)
+                                  d.a2a_bytes, deps_of({f2}), {OpRoleKind::kCombineSaa, j}, b.mp)
                    : e.collective(b.comm_out, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes,
-                                  deps_of({f2}), "combine." + c);
+                                  deps_of({f2}), {OpRoleKind::kCombine, j});
     b.ops->combine.push_back(back);
     backs.push_back(back);
   }
@@ -279,16 +293,17 @@ OpId parm_forward(const MoeLayerBuild& b, ScheduleRole schedule, OpId prev) {
     const double slots = s2 ? static_cast<double>(cap) : static_cast<double>(cap) / b.mp;
     const double elems = static_cast<double>(b.E) * slots * b.M;
     last = e.kernel(ComputeClass::kElementwise, (b.esp - 1) * elems, (b.esp + 1) * elems * b.b,
-                    backs, "parm.local_combine");
+                    backs, OpRoleKind::kParmLocalCombine);
   } else if (backs.size() > 1) {
-    last = e.kernel(ComputeClass::kElementwise, 0, 0, backs, "parm.join");
+    last = e.kernel(ComputeClass::kElementwise, 0, 0, backs, OpRoleKind::kParmJoin);
   }
   OpId dec = e.kernel(ComputeClass::kDecode, 2.0 * b.k * tokens * b.M, b.k * tokens * b.M * b.b,
-                      deps_of({last}), "decode");
+                      deps_of({last}), OpRoleKind::kDecode);
   OpId out = dec;
   if (!s2 && b.mp > 1)
     out = e.collective(b.comm, CollectiveType::kAllGather, CollectiveAlgo::kAuto, b.groups->mp,
-                       static_cast<double>(b.S) * b.M * b.b, deps_of({dec}), "parm.mp_allgather");
+                       static_cast<double>(b.S) * b.M * b.b, deps_of({dec}),
+                       OpRoleKind::kParmMpAllGather);
   for (OpId id = first_id; id <= out; ++id) b.ops->forward.push_back(id);
   return out;
 }
@@ -303,24 +318,24 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
   // The backward of S1's final MP all-gather is a split (free): decode backward on S / mp.
   const double tokens = s2 ? static_cast<double>(b.S) : static_cast<double>(b.S) / b.mp;
   OpId dec = e.kernel(ComputeClass::kDecode, 2.0 * b.k * tokens * b.M, b.k * tokens * b.M * b.b,
-                      deps_of({prev}), "decode");
+                      deps_of({prev}), OpRoleKind::kDecode);
   // The local combine's backward duplicates each gradient esp ways (a dump).
   OpId dump = dec;
   if (b.esp > 1)
     dump = e.copy(static_cast<double>(b.esp) * b.E * (static_cast<double>(cap) / b.mp) * b.M * b.b,
-                  deps_of({dec}), "parm.local_dump");
+                  deps_of({dec}), OpRoleKind::kParmLocalDump);
   std::vector<OpId> backs;
   OpId last_expert = kNoOp;
   for (size_t j = 0; j < b.chunks.size(); ++j) {
     const ChunkDims d = chunk_dims(b, b.chunks[j]);
     const std::string c = fmt::format("c{}", j + 1);
     OpId cb = e.collective(b.comm, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes, deps_of({dump}),
-                           "combine." + c);
+                           {OpRoleKind::kCombine, j});
     b.ops->combine.push_back(cb);
     OpId f2 = e.gemm(ComputeClass::kGemm, d.fc2, 2.0 * d.flops_each, deps_of({dump, cb}),
-                     "expert.fc2." + c);
-    OpId f1 =
-        e.gemm(ComputeClass::kGemm, d.fc1, 2.0 * d.flops_each, deps_of({f2}), "expert.fc1." + c);
+                     {OpRoleKind::kFc2, j});
+    OpId f1 = e.gemm(ComputeClass::kGemm, d.fc1, 2.0 * d.flops_each, deps_of({f2}),
+                     {OpRoleKind::kFc1, j});
     b.ops->expert.push_back(f2);
     b.ops->expert.push_back(f1);
     last_expert = f1;
@@ -328,7 +343,7 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
     OpId back = s2 ? e.collective(b.comm_out, a2a, CollectiveAlgo::kSaa, saa_grouping(*b.sc),
                                   d.a2a_bytes, deps_of({f1}), "dispatch_saa." + c, b.mp)
                    : e.collective(b.comm_out, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes,
-                                  deps_of({f1}), "dispatch." + c);
+                                  deps_of({f1}), {OpRoleKind::kDispatch, j});
     b.ops->dispatch.push_back(back);
     backs.push_back(back);
   }
@@ -347,19 +362,21 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
   if (b.esp > 1) {
     const double elems = static_cast<double>(b.E) * slots * b.M;
     last = e.kernel(ComputeClass::kElementwise, (b.esp - 1) * elems, (b.esp + 1) * elems * b.b,
-                    backs, "parm.local_combine");
+                    backs, OpRoleKind::kParmLocalCombine);
   } else if (backs.size() > 1) {
-    last = e.kernel(ComputeClass::kElementwise, 0, 0, backs, "parm.join");
+    last = e.kernel(ComputeClass::kElementwise, 0, 0, backs, OpRoleKind::kParmJoin);
   }
   OpId enc = e.kernel(ComputeClass::kEncode, 0, 2.0 * b.E * slots * b.M * b.b,
-                      deps_of({last, last_expert}), "encode");
+                      deps_of({last, last_expert}), OpRoleKind::kEncode);
   const auto tok_rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(tokens)));
   const GemmShape gate{tok_rows, b.E, b.M, 1};
-  OpId out = e.gemm(ComputeClass::kGate, gate, 4.0 * tokens * b.E * b.M, deps_of({enc}), "gate");
+  OpId out = e.gemm(ComputeClass::kGate, gate, 4.0 * tokens * b.E * b.M, deps_of({enc}),
+                    OpRoleKind::kGate);
   // S1: MP-Split's backward is an MP all-gather of the input gradient (S * M).
   if (!s2 && b.mp > 1)
     out = e.collective(b.comm, CollectiveType::kAllGather, CollectiveAlgo::kAuto, b.groups->mp,
-                       static_cast<double>(b.S) * b.M * b.b, deps_of({out}), "parm.mp_allgather");
+                       static_cast<double>(b.S) * b.M * b.b, deps_of({out}),
+                       OpRoleKind::kParmMpAllGather);
   r.out = out;
   return r;
 }

@@ -128,31 +128,38 @@ TEST(ReferenceBackward, SeededEqualsExplicitAndVisitsEveryExpert) {
   EXPECT_EQ(b.dropped, a.dropped);
 }
 
-TEST(BackwardLabels, Parse) {
-  auto r = parse_moe_bwd_label("L3.bwd.expert.fc2.c2");
+TEST(BackwardRoles, ReadFromTheRole) {
+  auto ref = [](OpRoleKind kind, bool backward, int block, int chunk) {
+    Op op;
+    op.role = OpRole{kind, backward, block, chunk};
+    return moe_bwd_ref(op);
+  };
+  auto r = ref(OpRoleKind::kFc2, true, 3, 1);
   EXPECT_EQ(r.kind, MoeBwdRef::kFc2);
   EXPECT_EQ(r.block, 3);
   EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.combine.c1").kind, MoeBwdRef::kCombine);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.dispatch.c4").chunk, 3);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.decode").kind, MoeBwdRef::kDecode);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.encode").kind, MoeBwdRef::kEncode);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.gate").kind, MoeBwdRef::kGate);
-  r = parse_moe_bwd_label("L5.grad.expert_allreduce");
+  EXPECT_EQ(ref(OpRoleKind::kCombine, true, 0, 0).kind, MoeBwdRef::kCombine);
+  EXPECT_EQ(ref(OpRoleKind::kDispatch, true, 0, 3).chunk, 3);
+  EXPECT_EQ(ref(OpRoleKind::kDecode, true, 0, -1).kind, MoeBwdRef::kDecode);
+  EXPECT_EQ(ref(OpRoleKind::kEncode, true, 0, -1).kind, MoeBwdRef::kEncode);
+  EXPECT_EQ(ref(OpRoleKind::kGate, true, 0, -1).kind, MoeBwdRef::kGate);
+  r = ref(OpRoleKind::kExpertGradSync, true, 5, -1);
   EXPECT_EQ(r.kind, MoeBwdRef::kExpertAllReduce);
   EXPECT_EQ(r.block, 5);
   EXPECT_EQ(r.micro, -1);
-  r = parse_moe_bwd_label("L5.grad.expert_allreduce.m7");
+  r = ref(OpRoleKind::kExpertGradSync, true, 5, 7);
   EXPECT_EQ(r.kind, MoeBwdRef::kExpertAllReduce);
   EXPECT_EQ(r.micro, 7);
-  // Forward ops, other backward ops and other gradient collectives are not this path's.
-  EXPECT_EQ(parse_moe_bwd_label("L0.fwd.gate").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.attn.qkv").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.partial_sum").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.bwd.esp_allreduce.c1").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.grad.dense_allreduce").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.grad.expert_reduce_scatter").kind, MoeBwdRef::kNone);
-  EXPECT_EQ(parse_moe_bwd_label("L0.grad.expert_mp_allreduce").kind, MoeBwdRef::kNone);
+  // Forward ops, other backward ops, other gradient collectives and ops with no role are not
+  // this path's.
+  EXPECT_EQ(ref(OpRoleKind::kGate, false, 0, -1).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kNone, true, 0, -1).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kPartialSum, true, 0, -1).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kEspAllReduce, true, 0, 0).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kDenseGradSync, true, 0, -1).kind, MoeBwdRef::kNone);
+  Op labelled;
+  labelled.label = "L5.grad.expert_allreduce";
+  EXPECT_EQ(moe_bwd_ref(labelled).kind, MoeBwdRef::kNone);
 }
 
 }  // namespace

@@ -53,14 +53,26 @@ TEST(PriorityIssueOrder, HigherPriorityFirstAmongReadyOpsDepsRespected) {
   EXPECT_EQ(priority_issue_order(plan), (std::vector<OpId>{0, 3, 4, 1, 5, 2}));
 }
 
-TEST(MoeLabels, ParseAndLayerOfBlock) {
-  MoeOpRef r = parse_moe_label("L3.fwd.expert.fc2.c2");
+// exec reads an op's role, never its label: an op labelled like a MoE step but without a role
+// is nothing to the data paths, and a forward role is not a backward one.
+TEST(MoeRoles, ReadFromTheRoleAndLayerOfBlock) {
+  Op op;
+  op.role = OpRole{OpRoleKind::kFc2, false, 3, 1};
+  MoeOpRef r = moe_op_ref(op);
   EXPECT_EQ(r.kind, MoeOpRef::kFc2);
   EXPECT_EQ(r.block, 3);
   EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(parse_moe_label("L0.fwd.gate").kind, MoeOpRef::kGate);
-  EXPECT_EQ(parse_moe_label("L0.bwd.gate").kind, MoeOpRef::kNone);
-  EXPECT_EQ(parse_moe_label("L1.fwd.dispatch.c3").chunk, 2);
+  EXPECT_EQ(moe_bwd_op_ref(op).kind, MoeOpRef::kNone);
+  op.role = OpRole{OpRoleKind::kGate, true, 0, -1};
+  EXPECT_EQ(moe_op_ref(op).kind, MoeOpRef::kNone);
+  EXPECT_EQ(moe_bwd_op_ref(op).kind, MoeOpRef::kGate);
+  op.role = OpRole{OpRoleKind::kCombineSaa, false, 0, 0};  // Parm's step: not the plain path's
+  EXPECT_EQ(moe_op_ref(op).kind, MoeOpRef::kNone);
+  Op labelled;
+  labelled.label = "L1.fwd.dispatch.c3";
+  EXPECT_EQ(moe_op_ref(labelled).kind, MoeOpRef::kNone);
+  EXPECT_EQ(role_label(OpRole{OpRoleKind::kDispatch, false, 1, 2}), "L1.fwd.dispatch.c3");
+  EXPECT_EQ(role_label(OpRole{OpRoleKind::kParmLocalDump, true, 4, -1}), "L4.bwd.parm.local_dump");
   EXPECT_EQ(moe_layer_of_block(3, 2), 1);  // blocks 1, 3 hold MoE layers 0, 1
   EXPECT_EQ(moe_layer_of_block(0, 1), 0);
 }
@@ -73,7 +85,8 @@ TEST(MoeLabels, LayerPlanFromFc1Shapes) {
     ComputeSpec cs;
     cs.cls = ComputeClass::kGemm;
     cs.gemm = GemmShape{m, 8, 4, batch};
-    plan.add_compute(RankSet::all(2), s, cs, {}, "L0.fwd.expert.fc1.c" + std::to_string(chunk));
+    plan.add_compute(RankSet::all(2), s, cs, {},
+                     OpTag(OpRole{OpRoleKind::kFc1, false, 0, chunk - 1}));
   };
   fc1(1, 5, 6);                                     // 30 / 6 = 5
   fc1(2, 3, 6);                                     // 3

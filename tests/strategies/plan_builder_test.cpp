@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "core/scenario_loader.hpp"
 #include "sim/compute_model.hpp"
 #include "sim/engine.hpp"
+#include "strategies/runner.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -800,6 +804,89 @@ TEST(PlanBuilderTiming, FlexibleExpertTimeFlatAsGpusGrowPlainSlows) {
   EXPECT_LT(plain[0], plain[1]);
   EXPECT_LT(plain[1], plain[2]);
   EXPECT_GT(plain[2], 3 * flex[2]);
+}
+
+// ---- op roles (what exec reads instead of labels) ------------------------------------------
+
+// The label grammar exec parsed before ops carried roles (docs/model.md), kept here only to check
+// the builder: an op labelled like a data step must carry exactly that role, and an op with a
+// role must be labelled like it.
+OpRole role_from_label(const std::string& label) {
+  OpRole r;
+  int block = -1, consumed = 0, micro = -1;
+  char pass[4] = {};
+  if (std::sscanf(label.c_str(), "L%d.grad.%n", &block, &consumed) >= 1 && consumed > 0) {
+    const std::string what = label.substr(static_cast<std::size_t>(consumed));
+    for (const auto& [name, kind] :
+         {std::pair{std::string("dense_allreduce"), OpRoleKind::kDenseGradSync},
+          std::pair{std::string("expert_allreduce"), OpRoleKind::kExpertGradSync}}) {
+      if (what == name || (what.rfind(name + ".m", 0) == 0 &&
+                           std::sscanf(what.c_str() + name.size(), ".m%d", &micro) == 1))
+        return OpRole{kind, true, block, what == name ? -1 : micro};
+    }
+    return r;
+  }
+  if (std::sscanf(label.c_str(), "L%d.%3[a-z].%n", &block, pass, &consumed) < 2 || consumed == 0)
+    return r;
+  const bool backward = std::string(pass) == "bwd";
+  if (!backward && std::string(pass) != "fwd") return r;
+  std::string what = label.substr(static_cast<std::size_t>(consumed));
+  int chunk = -1;
+  if (auto c = what.rfind(".c"); c != std::string::npos &&
+                                 what.find_first_not_of("0123456789", c + 2) == std::string::npos &&
+                                 c + 2 < what.size()) {
+    chunk = std::stoi(what.substr(c + 2)) - 1;
+    what = what.substr(0, c);
+  }
+  for (int k = 1; k <= static_cast<int>(OpRoleKind::kParmMpAllGather); ++k) {
+    const OpRole cand{static_cast<OpRoleKind>(k), backward, block, chunk};
+    if (role_label(cand) == label) return cand;
+  }
+  return r;
+}
+
+RunResult roles_instant_backend(const Plan& p) {
+  RunResult r;
+  init_run_result(p, r);
+  for (size_t i = 0; i < r.start_s.size(); ++i) r.start_s[i] = 0, r.end_s[i] = 1e-3;
+  summarize_run(p, r);
+  return r;
+}
+
+// Every stack of every bundled scenario of <= 16 GPUs (the ones `moesim exec` runs in CI), as
+// built for execution: role and label agree on every op, and the roles cover every data path
+// (plain, routed, sharded, Parm S1 / S2, Lina's gradient micro-ops).
+TEST(OpRoles, EveryDataStepOfTheBundledPlansCarriesTheRoleItsLabelNames) {
+  std::set<OpRoleKind> seen;
+  int plans = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(MOESIM_SOURCE_DIR) / "scenarios")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const Scenario sc = load_scenario(entry.path().string());
+    if (sc.num_gpus() > 16) continue;
+    const auto topo = topology::build_topology(sc.cluster);
+    for (const auto& spec : sc.strategies) {
+      SCOPED_TRACE(entry.path().filename().string() + " / " + spec.name);
+      const StackRun run = run_stack(sc, spec, *topo, roles_instant_backend, 1, nullptr, true);
+      ++plans;
+      for (const Op& op : run.last_plan.plan.ops()) {
+        const OpRole want = role_from_label(op.label);
+        EXPECT_EQ(static_cast<int>(op.role.kind), static_cast<int>(want.kind)) << op.label;
+        if (op.role.kind == OpRoleKind::kNone) continue;
+        seen.insert(op.role.kind);
+        EXPECT_EQ(op.role.backward, want.backward) << op.label;
+        EXPECT_EQ(op.role.block, want.block) << op.label;
+        EXPECT_EQ(op.role.chunk, want.chunk) << op.label;
+      }
+    }
+  }
+  EXPECT_GE(plans, 20);
+  for (OpRoleKind k :
+       {OpRoleKind::kGate, OpRoleKind::kEncode, OpRoleKind::kDispatch, OpRoleKind::kFc1,
+        OpRoleKind::kFc2, OpRoleKind::kCombine, OpRoleKind::kDecode, OpRoleKind::kParamGather,
+        OpRoleKind::kPartialSum, OpRoleKind::kCombineSaa, OpRoleKind::kParmLocalDump,
+        OpRoleKind::kParmMpAllGather, OpRoleKind::kDenseGradSync, OpRoleKind::kExpertGradSync})
+    EXPECT_TRUE(seen.count(k)) << "no bundled plan has role " << static_cast<int>(k);
 }
 
 }  // namespace

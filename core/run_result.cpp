@@ -24,6 +24,10 @@ double RunResult::op_last_end(OpId op) const {
   return t;
 }
 
+std::string_view record_algo_name(const CollectiveRecord& rec) {
+  return rec.library_algo ? std::string_view("nccl") : collective_algo_name(rec.algo);
+}
+
 const CollectiveRecord* RunResult::collective(OpId op) const {
   auto it = std::lower_bound(collectives.begin(), collectives.end(), op,
                              [](const CollectiveRecord& c, OpId id) { return c.op < id; });

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/plan.hpp"
@@ -27,6 +28,10 @@ struct CollectiveRecord {
   /// algorithm of the first group to start and `mixed_algos` is true.
   CollectiveAlgo algo = CollectiveAlgo::kAuto;
   bool mixed_algos = false;
+  /// The collective library (NCCL on the GPU path) ran its own algorithm for this collective
+  /// (all_reduce, all_gather, reduce_scatter): `algo` is then kAuto, not moesim's choice, and
+  /// outputs name it "nccl" (record_algo_name).
+  bool library_algo = false;
   int num_groups = 0;
   double start_s = 0;  // earliest group start
   double end_s = 0;    // latest group end
@@ -63,6 +68,10 @@ struct LinkTierUtilisation {
   double max_utilisation = 0;
   double mean_utilisation = 0;
 };
+
+/// The algorithm a record names in outputs: collective_algo_name(algo), or "nccl" where the
+/// collective library chose its own (CollectiveRecord::library_algo).
+std::string_view record_algo_name(const CollectiveRecord& rec);
 
 struct RunResult {
   std::string backend;  // "analytical", "flow", "simgrid", "nccl", "mpi", ...

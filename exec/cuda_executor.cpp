@@ -531,8 +531,7 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
       return;
     }
     case CollectiveType::kAllReduce: {
-      collective_algo[op.id] =
-          static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+      collective_algo[op.id] = kLibraryAlgo;  // NCCL's own algorithm runs
       const std::size_t count = (bytes + es - 1) / es;
       StreamBuffer buf(count * es, st);
       CUDA_OK(cudaMemsetAsync(buf.get(), 0, count * es, st));  // sums of garbage could be NaN
@@ -540,16 +539,14 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
       return;
     }
     case CollectiveType::kAllGather: {
-      collective_algo[op.id] =
-          static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+      collective_algo[op.id] = kLibraryAlgo;  // NCCL's own algorithm runs
       const std::size_t block = (bytes + W - 1) / W;
       StreamBuffer in(block, st), out(block * W, st);
       comm.all_gather_on(g, channel, st, in.get(), block, out.get());
       return;
     }
     case CollectiveType::kReduceScatter: {
-      collective_algo[op.id] =
-          static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+      collective_algo[op.id] = kLibraryAlgo;  // NCCL's own algorithm runs
       const std::size_t count = ((bytes + es - 1) / es + W - 1) / W;
       StreamBuffer in(count * W * es, st), out(count * es, st);
       CUDA_OK(cudaMemsetAsync(in.get(), 0, count * W * es, st));

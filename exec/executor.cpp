@@ -426,6 +426,10 @@ RunResult Executor::run(const Plan& plan) {
     rec.type = c.type;
     rec.algo = collective_algo_[op.id] >= 0 ? static_cast<CollectiveAlgo>(collective_algo_[op.id])
                                             : c.algo;
+    if (collective_algo_[op.id] == kLibraryAlgo) {
+      rec.algo = CollectiveAlgo::kAuto;
+      rec.library_algo = true;
+    }
     rec.num_groups = static_cast<int>(g.groups.size());
     rec.start_s = result.op_first_start(op.id);
     rec.end_s = result.op_last_end(op.id);

@@ -106,6 +106,10 @@ struct MoeOpRef {
 MoeOpRef moe_op_ref(const Op& op);
 /// The same for the backward pass's MoE ops (backward_path.hpp).
 MoeOpRef moe_bwd_op_ref(const Op& op);
+/// What the GPU path stores as a collective's resolved algorithm where NCCL runs its own
+/// (ncclAllReduce / ncclAllGather / ncclReduceScatter): the record then says "nccl"
+/// (CollectiveRecord::library_algo), not moesim's choice for the same call.
+inline constexpr std::int64_t kLibraryAlgo = -2;
 /// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
 int moe_layer_of_block(int block, int moe_every);
 /// The MoE layers of `plan` as rank `rank` runs them (chunk capacities from the expert fc1 GEMMs:

@@ -82,7 +82,7 @@ std::vector<int> emit_run(const Plan& plan, const RunResult& result, int max_ran
       json args = {{"op", op.id}};
       if (op.kind == OpKind::kCollective) {
         args["type"] = collective_type_name(op.collective().type);
-        if (rec) args["algo"] = collective_algo_name(rec->algo);
+        if (rec) args["algo"] = record_algo_name(*rec);
         if (rec) args["size_bytes"] = rec->size_bytes;
       } else if (op.kind == OpKind::kCompute) {
         args["class"] = compute_class_name(op.compute().cls);

@@ -216,8 +216,8 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
     row.algbw_Bps = row.time_s > 0 ? size.value() / row.time_s : 0;
     row.busbw_Bps = row.algbw_Bps * collectives::busbw_factor(*type, gpus);
     fmt::print("{:>12} {:>8} {:>12.2f} {:>10.2f} {:>10.2f} {:>9.3f}\n", to_string(size),
-               collective_algo_name(rec.algo), row.time_s * 1e6, row.algbw_Bps / 1e9,
-               row.busbw_Bps / 1e9, wall);
+               record_algo_name(rec), row.time_s * 1e6, row.algbw_Bps / 1e9, row.busbw_Bps / 1e9,
+               wall);
     rows.push_back(row);
     last = std::move(res);
     last_plan = std::move(plan);

@@ -796,6 +796,32 @@ TEST(TraceTest, ChromeTraceParsesWithOneProcessPerSampledRank) {
   }
 }
 
+// A collective the library ran with its own algorithm (the GPU path's ncclAllReduce and kin) is
+// named "nccl" in the trace, not by the algorithm moesim would have chosen.
+TEST(TraceTest, LibraryAlgorithmIsNamedNccl) {
+  StarTopology topo(2, 4);
+  Plan plan(8);
+  auto sm = plan.stream("comm");
+  plan.add_collective(sm, a2a(Bytes(1e6), world(plan)), {}, "dispatch");
+  FakeNetwork net(1e9);
+  RunResult r = run_plan(plan, topo, test_config(), net);
+  auto algos = [&] {
+    std::stringstream ss;
+    write_chrome_trace(plan, r, ss, 64);
+    const auto j = nlohmann::json::parse(ss.str());
+    std::set<std::string> out;
+    for (const auto& e : j.at("traceEvents"))
+      if (e.at("ph") == "X") out.insert(e.at("args").at("algo").get<std::string>());
+    return out;
+  };
+  ASSERT_EQ(r.collectives.size(), 1u);
+  EXPECT_EQ(algos(), std::set<std::string>{std::string(record_algo_name(r.collectives[0]))});
+  EXPECT_NE(record_algo_name(r.collectives[0]), "nccl");
+  r.collectives[0].library_algo = true;
+  r.collectives[0].algo = CollectiveAlgo::kAuto;
+  EXPECT_EQ(algos(), std::set<std::string>{"nccl"});
+}
+
 // Two runs in one trace: each run's ranks are their own processes (pids offset by the ranks of the
 // runs before), named after the run, sorted run by run; otherData lists the runs.
 TEST(TraceTest, SeveralRunsShareOneTraceWithoutSharingPids) {

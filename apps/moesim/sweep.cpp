@@ -853,6 +853,312 @@ double weighted_eta_s(const std::vector<EtaPoint>& points, std::size_t workers) 
   return w > 0 ? done_s / done_cost * std::max(left / w, largest) : 0.0;
 }
 
+namespace {
+
+// ---- run_sweep's parts ----------------------------------------------------------------------
+
+// The points left to run and what rank 0 knows about them: the resume (rows of the CSV that
+// complete a point), the run order, the predicted cost of each point (the ETA's weights and the
+// ranks' split).
+struct SweepWork {
+  std::vector<std::size_t> todo;         // point indices, in run order
+  std::vector<double> cost;              // predicted cost of todo[k]
+  bool weigh = false;                    // flow / SimGrid: points weighted by runs x GPUs^b
+  std::vector<double> runs_of, gpus_of;  // per todo[k], when weighed
+  std::vector<SweepRow> foreign;         // rows of the CSV that are not points of this sweep (kept)
+};
+
+// Rank 0: reads the CSV (unless --restart), keeps the rows of complete points in `result`, and
+// lists the rest.
+SweepWork find_work(const SweepSpec& spec, const SweepOptions& opts,
+                    const std::vector<SweepPoint>& points, const std::vector<std::string>& cols,
+                    const std::vector<std::string>& strategy_names,
+                    const SweepFingerprint& fingerprint, const Scenario& base_sc,
+                    const std::string& base_text, SweepResult& result) {
+  SweepWork w;
+  const std::size_t num_axes = spec.axes.size();
+  // Resume: a point is done when the CSV holds a row for each of its strategies.
+  std::map<std::string, std::size_t> point_of;
+  for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
+  std::vector<bool> done(points.size(), false);
+  std::error_code ec;
+  if (opts.restart && opts.progress && !opts.csv_path.empty() && fs::exists(opts.csv_path, ec))
+    std::fprintf(stderr, "moesim sweep: --restart: the rows in %s are discarded\n",
+                 opts.csv_path.c_str());
+  if (!opts.csv_path.empty() && !opts.restart) {
+    std::map<std::size_t, std::vector<SweepRow>> by_point;
+    for (auto& r : read_existing(opts.csv_path, cols, num_axes, fingerprint)) {
+      auto it = point_of.find(join_values(r.values));
+      if (it == point_of.end()) {
+        w.foreign.push_back(std::move(r));
+        continue;
+      }
+      r.point = it->second;
+      by_point[it->second].push_back(std::move(r));
+    }
+    for (auto& [idx, rows] : by_point) {
+      std::set<std::string> have;
+      for (const auto& r : rows) have.insert(r.summary.strategy);
+      bool complete = std::all_of(strategy_names.begin(), strategy_names.end(),
+                                  [&](const std::string& n) { return have.count(n) > 0; });
+      if (!complete) continue;
+      done[idx] = true;
+      ++result.points_skipped;
+      for (auto& r : rows)
+        if (std::find(strategy_names.begin(), strategy_names.end(), r.summary.strategy) !=
+            strategy_names.end())
+          result.rows.push_back(std::move(r));
+    }
+  }
+  for (const auto& p : points)
+    if (!done[p.index]) w.todo.push_back(p.index);
+  // Points run in a fixed shuffled order: costs often grow along an axis (nodes, sizes), and a
+  // random order makes the running mean an unbiased estimate of the rest, so the ETA is honest
+  // early on. The CSV is sorted by point at the end.
+  std::shuffle(w.todo.begin(), w.todo.end(), std::mt19937_64(0x5eed));
+  w.cost.assign(w.todo.size(), 1.0);
+  // Points of a flow or SimGrid sweep differ in cost by orders of magnitude (the simulation
+  // time grows faster than the GPU count), so the mean time per point says little about the
+  // rest until the expensive ones are sampled. Their cost is predicted as runs x GPUs^b
+  // (runs = iterations x strategies; b = 2 here, fitted on the finished points for the ETA).
+  // Analytical points cost about the same, and their sweeps are too large to parse every point
+  // up front.
+  w.weigh = engine_config_from(base_sc, opts.engine).network != sim::NetworkKind::kAnalytical;
+  if (w.weigh) {
+    const YAML::Node base_tree = YAML::Load(base_text);
+    w.runs_of.resize(w.todo.size());
+    w.gpus_of.resize(w.todo.size());
+    for (std::size_t k = 0; k < w.todo.size(); ++k) {
+      Scenario sc = point_scenario(spec, base_tree, points[w.todo[k]]);
+      w.runs_of[k] = static_cast<double>(sc.workload.iterations) *
+                     static_cast<double>(select_strategies(sc, spec.strategies).size());
+      w.gpus_of[k] = static_cast<double>(std::max(1, sc.num_gpus()));
+      w.cost[k] = w.runs_of[k] * std::pow(w.gpus_of[k], kEtaPriorExponent);
+    }
+  }
+  return w;
+}
+
+// This rank's share: each point to the rank with the least predicted cost so far (with equal
+// costs: round robin), the same greedy split on every rank.
+std::vector<std::size_t> share_of_rank(const SweepWork& w, int ranks, int rank) {
+  std::vector<std::size_t> mine;
+  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+  for (std::size_t k = 0; k < w.todo.size(); ++k) {
+    auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += w.cost[k];
+    if (static_cast<int>(r) == rank) mine.push_back(w.todo[k]);
+  }
+  return mine;
+}
+
+// One point: its scenario, topology and stacks, run; the rows it adds. `engine` receives the
+// engine's name.
+std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
+                                const YAML::Node& base_tree, const SweepPoint& p,
+                                workload::SampleCache& sample_cache, std::string& engine) {
+  Scenario sc = point_scenario(spec, base_tree, p);
+  auto topo = simulation_topology(sc);
+  sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
+  engine = std::string(sim::network_kind_name(cfg.network));
+  auto specs = select_strategies(sc, spec.strategies);
+  std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
+  auto outcomes =
+      run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false, &sample_cache);
+  std::vector<SweepRow> rows;
+  for (auto& o : outcomes) {
+    SweepRow r;
+    r.point = p.index;
+    r.values = p.values;
+    r.scenario = sc.name;
+    r.summary = o.summary;
+    if (!opts.json_path.empty()) r.run = run_json(sc, o.run, o.summary);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// Rank 0's record of the run: the CSV rows appended as points finish, the progress line, the ETA
+// (and its log). Not thread-safe: callers hold run_sweep's mutex.
+class SweepProgress {
+ public:
+  SweepProgress(const SweepOptions& opts, const SweepWork& work, std::size_t workers_total)
+      : opts_(opts), work_(work), workers_total_(workers_total) {
+    for (std::size_t k = 0; k < work.todo.size(); ++k) k_of_[work.todo[k]] = k;
+    if (work.weigh)
+      for (std::size_t k = 0; k < work.todo.size(); ++k)
+        eta_points_.push_back({work.gpus_of[k], work.runs_of[k]});
+    if (!opts.eta_log_path.empty()) {
+      eta_log_.open(opts.eta_log_path);
+      if (!eta_log_) throw RuntimeError(fmt::format("cannot write {}", opts.eta_log_path));
+      eta_log_ << "# elapsed_s points_done points_total eta_s\n";
+    }
+  }
+
+  /// Appends to the CSV from now on (rank 0 with a CSV path).
+  void append_to(const std::string& csv_path) {
+    csv_.open(csv_path, std::ios::app);
+    if (!csv_) throw RuntimeError(fmt::format("cannot append to {}", csv_path));
+  }
+  /// Closes the CSV (before it is rewritten sorted).
+  void close_csv() {
+    if (csv_.is_open()) csv_.close();
+  }
+
+  std::size_t completed() const { return completed_; }
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+  /// One point's rows arrived (from a local worker or rank `from`): into the CSV and `result`.
+  void point_done(int from, std::vector<SweepRow>& rows, SweepResult& result) {
+    if (csv_.is_open()) {
+      for (const auto& r : rows) csv_ << csv_line(r);
+      csv_.flush();
+    }
+    if (work_.weigh && !rows.empty()) {
+      double wall = 0;
+      for (const auto& r : rows) wall += r.summary.wall_s;
+      eta_points_[k_of_.at(rows.front().point)].wall_s = std::max(0.0, wall);
+      if (wall > 0) ++fitted_points_;
+    }
+    for (auto& r : rows) result.rows.push_back(std::move(r));
+    ++completed_;
+    ++result.points_run;
+    ++result.points_per_rank.at(static_cast<std::size_t>(from));
+    if (eta_log_.is_open()) {
+      const double elapsed = elapsed_s();
+      eta_log_ << fmt::format("{:.3f} {} {} {:.3f}\n", elapsed, completed_, work_.todo.size(),
+                              eta_s(elapsed));
+      eta_log_.flush();
+    }
+    print(false);
+  }
+
+  /// The progress line: at most every 0.2 s on a terminal, 5 s in a log; `final` prints the
+  /// last one.
+  void print(bool final) {
+    if (!opts_.progress) return;
+    auto now = std::chrono::steady_clock::now();
+    double since = std::chrono::duration<double>(now - last_print_).count();
+    if (!final && since < (tty_ ? 0.2 : 5.0)) return;
+    if (final && !tty_ && printed_ == completed_) return;  // the last line is already there
+    printed_ = completed_;
+    last_print_ = now;
+    const double elapsed = elapsed_s();
+    const std::size_t total = work_.todo.size();
+    std::string eta = completed_ > 0 ? fmt_seconds(eta_s(elapsed)) : "?";
+    std::fprintf(
+        stderr, "%smoesim sweep: %zu/%zu points (%.0f%%), %s elapsed, ETA %s%s", tty_ ? "\r" : "",
+        completed_, total,
+        total == 0 ? 100.0 : 100.0 * static_cast<double>(completed_) / static_cast<double>(total),
+        fmt_seconds(elapsed).c_str(), eta.c_str(), tty_ && !final ? "   " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  // Remaining time. Analytical points cost about the same: the mean time per point so far times
+  // the points left. Flow and SimGrid points are weighted by a cost model fitted on the finished
+  // ones (weighted_eta_s).
+  double eta_s(double elapsed) const {
+    if (completed_ == 0) return 0.0;
+    if (!work_.weigh || fitted_points_ == 0)
+      return elapsed / static_cast<double>(completed_) *
+             static_cast<double>(work_.todo.size() - completed_);
+    return weighted_eta_s(eta_points_, workers_total_);
+  }
+
+  const SweepOptions& opts_;
+  const SweepWork& work_;
+  const std::size_t workers_total_;
+  std::map<std::size_t, std::size_t> k_of_;  // point index -> position in todo
+  std::vector<EtaPoint> eta_points_;         // by position in todo (weighted sweeps only)
+  std::size_t fitted_points_ = 0;
+  std::size_t completed_ = 0;
+  std::size_t printed_ = static_cast<std::size_t>(-1);
+  const bool tty_ = isatty(fileno(stderr)) != 0;
+  std::chrono::steady_clock::time_point last_print_ =
+      std::chrono::steady_clock::now() - std::chrono::hours(1);
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::ofstream csv_, eta_log_;
+};
+
+// Ctrl-C: every worker's run stopped at its next poll. The CSV keeps the finished points' rows
+// (whole lines, flushed as they came): the resume contract, so the same command goes on from
+// there. The sorted rewrite, JSON, plot and report need every point: not written.
+void report_interrupted(const SweepOptions& opts, const SweepProgress& progress,
+                        std::size_t points_todo) {
+  std::fprintf(stderr, "moesim sweep: interrupted after %s: %zu of %zu points done%s\n",
+               fmt_seconds(progress.elapsed_s()).c_str(), progress.completed(), points_todo,
+               opts.csv_path.empty()
+                   ? "; no output files written"
+                   : fmt::format("; their rows are in {} (the same command resumes from "
+                                 "there); no other output files written",
+                                 opts.csv_path)
+                         .c_str());
+  std::fflush(stderr);
+}
+
+// The sweep's JSON file: the spec, the fingerprint and every point's runs (rows resumed from the
+// CSV carry the summary it kept).
+void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
+                      const SweepFingerprint& fingerprint, const std::string& path) {
+  const std::size_t num_axes = spec.axes.size();
+  nlohmann::ordered_json j;
+  j["moesim_version"] = MOESIM_VERSION;
+  j["sweep"] = spec.name;
+  j["base"] = spec.base_path;
+  j["engine"] = result.engine;
+  j["fingerprint"] = fingerprint.json();
+  j["mode"] = spec.mode == SweepMode::kZip ? "zip" : "cartesian";
+  auto& axes = j["axes"] = nlohmann::ordered_json::array();
+  for (const auto& a : spec.axes) axes.push_back({{"key", a.key}, {"values", a.values}});
+  j["points_total"] = result.points_total;
+  j["points_skipped"] = result.points_skipped;
+  auto& pts = j["points"] = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < result.rows.size();) {
+    const std::size_t idx = result.rows[i].point;
+    nlohmann::ordered_json pj;
+    pj["index"] = idx;
+    auto& params = pj["parameters"] = nlohmann::ordered_json::object();
+    for (std::size_t a = 0; a < num_axes; ++a) params[spec.axes[a].key] = result.rows[i].values[a];
+    auto& runs = pj["runs"] = nlohmann::ordered_json::array();
+    for (; i < result.rows.size() && result.rows[i].point == idx; ++i) {
+      const SweepRow& r = result.rows[i];
+      if (!r.run.is_null()) {
+        runs.push_back(r.run);
+        continue;
+      }
+      // Resumed from the CSV: the summary it kept (no per-iteration records).
+      const RunSummary& s = r.summary;
+      nlohmann::ordered_json rj;
+      rj["strategy"] = s.strategy;
+      rj["topology"] = s.topology;
+      rj["gpus"] = s.gpus;
+      rj["step_time_s"] = s.step_mean_s;
+      rj["step_time_p50_s"] = s.step_p50_s;
+      rj["step_time_p95_s"] = s.step_p95_s;
+      rj["moe_layer_time_s"] = s.moe_layer_mean_s;
+      rj["breakdown"] = {{"compute_s", s.compute_mean_s},
+                         {"a2a_s", s.a2a_mean_s},
+                         {"allreduce_s", s.allreduce_mean_s},
+                         {"exposed_comm_s", s.exposed_comm_mean_s}};
+      rj["decisions"] = s.decisions;
+      rj["speedup_vs_baseline"] = s.speedup > 0 ? nlohmann::ordered_json(s.speedup) : nullptr;
+      rj["memory_bytes"] = s.memory_bytes;
+      rj["memory"] = {{"memory_bytes", s.memory_bytes},
+                      {"gpu_memory_bytes", s.gpu_memory_bytes},
+                      {"fits", s.fits_memory()}};
+      rj["resumed"] = true;
+      runs.push_back(std::move(rj));
+    }
+    pts.push_back(std::move(pj));
+  }
+  write_file_atomic(path, [&](std::ostream& os) { os << j.dump(1) << "\n"; });
+}
+
+}  // namespace
+
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   SweepTransport* const tp =
@@ -866,14 +1172,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   const std::vector<SweepPoint> points = expand_points(spec);
   result.points_total = points.size();
   const auto cols = sweep_csv_columns(spec);
-  const std::size_t num_axes = spec.axes.size();
   std::vector<std::string> strategy_names;
-  std::vector<SweepRow> foreign;  // rows of the file that are not points of this sweep (kept)
-  std::vector<std::size_t> todo;
-  std::vector<double> cost;  // predicted cost of todo[k] (the ETA's weights, the ranks' split)
-  // Rank 0's cost model (see below): per todo[k], runs and log(GPUs); fitted exponent.
-  bool weigh = false;
-  std::vector<double> runs_of, gpus_of;
+  SweepWork work;
 
   // Other ranks wait for rank 0's list of the points left (rank 0 alone reads the CSV, which may
   // not even exist on their machines) before doing anything that can fail: an input error is then
@@ -882,8 +1182,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     std::string text;
     tp->broadcast(text);
     auto j = nlohmann::json::parse(text);
-    todo = j.at("todo").get<std::vector<std::size_t>>();
-    cost = j.at("cost").get<std::vector<double>>();
+    work.todo = j.at("todo").get<std::vector<std::size_t>>();
+    work.cost = j.at("cost").get<std::vector<double>>();
   }
   if (root) validate_sweep(spec);
   const std::string base_text = read_text(spec.base_path);
@@ -892,94 +1192,19 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     strategy_names.push_back(s.name);
 
   SweepFingerprint fingerprint;
-  if (root) fingerprint = sweep_fingerprint(spec, opts.engine);
-
   if (root) {
-    // Resume: a point is done when the CSV holds a row for each of its strategies.
-    std::map<std::string, std::size_t> point_of;
-    for (const auto& p : points) point_of.emplace(join_values(p.values), p.index);
-    std::vector<bool> done(points.size(), false);
-    std::error_code ec;
-    if (opts.restart && opts.progress && !opts.csv_path.empty() && fs::exists(opts.csv_path, ec))
-      std::fprintf(stderr, "moesim sweep: --restart: the rows in %s are discarded\n",
-                   opts.csv_path.c_str());
-    if (!opts.csv_path.empty() && !opts.restart) {
-      std::map<std::size_t, std::vector<SweepRow>> by_point;
-      for (auto& r : read_existing(opts.csv_path, cols, num_axes, fingerprint)) {
-        auto it = point_of.find(join_values(r.values));
-        if (it == point_of.end()) {
-          foreign.push_back(std::move(r));
-          continue;
-        }
-        r.point = it->second;
-        by_point[it->second].push_back(std::move(r));
-      }
-      for (auto& [idx, rows] : by_point) {
-        std::set<std::string> have;
-        for (const auto& r : rows) have.insert(r.summary.strategy);
-        bool complete = std::all_of(strategy_names.begin(), strategy_names.end(),
-                                    [&](const std::string& n) { return have.count(n) > 0; });
-        if (!complete) continue;
-        done[idx] = true;
-        ++result.points_skipped;
-        for (auto& r : rows)
-          if (std::find(strategy_names.begin(), strategy_names.end(), r.summary.strategy) !=
-              strategy_names.end())
-            result.rows.push_back(std::move(r));
-      }
-    }
-    for (const auto& p : points)
-      if (!done[p.index]) todo.push_back(p.index);
-    // Points run in a fixed shuffled order: costs often grow along an axis (nodes, sizes), and a
-    // random order makes the running mean an unbiased estimate of the rest, so the ETA is honest
-    // early on. The CSV is sorted by point at the end.
-    std::shuffle(todo.begin(), todo.end(), std::mt19937_64(0x5eed));
-    cost.assign(todo.size(), 1.0);
-    // Points of a flow or SimGrid sweep differ in cost by orders of magnitude (the simulation
-    // time grows faster than the GPU count), so the mean time per point says little about the
-    // rest until the expensive ones are sampled. Their cost is predicted as runs x GPUs^b
-    // (runs = iterations x strategies; b = 2 here, fitted on the finished points for the ETA).
-    // Analytical points cost about the same, and their sweeps are too large to parse every point
-    // up front.
-    weigh = engine_config_from(base_sc, opts.engine).network != sim::NetworkKind::kAnalytical;
-    if (weigh) {
-      const YAML::Node base_tree = YAML::Load(base_text);
-      runs_of.resize(todo.size());
-      gpus_of.resize(todo.size());
-      for (std::size_t k = 0; k < todo.size(); ++k) {
-        Scenario sc = point_scenario(spec, base_tree, points[todo[k]]);
-        runs_of[k] = static_cast<double>(sc.workload.iterations) *
-                     static_cast<double>(select_strategies(sc, spec.strategies).size());
-        gpus_of[k] = static_cast<double>(std::max(1, sc.num_gpus()));
-        cost[k] = runs_of[k] * std::pow(gpus_of[k], kEtaPriorExponent);
-      }
-    }
+    fingerprint = sweep_fingerprint(spec, opts.engine);
+    work = find_work(spec, opts, points, cols, strategy_names, fingerprint, base_sc, base_text,
+                     result);
     if (tp) {
       nlohmann::json j;
-      j["todo"] = todo;
-      j["cost"] = cost;
+      j["todo"] = work.todo;
+      j["cost"] = work.cost;
       std::string text = j.dump();
       tp->broadcast(text);
     }
   }
-
-  // This rank's share: each point to the rank with the least predicted cost so far (with equal
-  // costs: round robin), the same greedy split on every rank.
-  std::vector<std::size_t> mine;
-  {
-    std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
-    for (std::size_t k = 0; k < todo.size(); ++k) {
-      auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[r] += cost[k];
-      if (static_cast<int>(r) == rank) mine.push_back(todo[k]);
-    }
-  }
-  std::map<std::size_t, std::size_t> k_of;  // point index -> position in todo
-  for (std::size_t k = 0; k < todo.size(); ++k) k_of[todo[k]] = k;
-  std::vector<EtaPoint> eta_points;  // by position in todo (weighted sweeps only)
-  if (weigh)
-    for (std::size_t k = 0; k < todo.size(); ++k) eta_points.push_back({gpus_of[k], runs_of[k]});
-  std::size_t fitted_points = 0;
+  const std::vector<std::size_t> mine = share_of_rank(work, ranks, rank);
 
   auto write_all = [&](const std::vector<SweepRow>& rows) {
     write_file_atomic(opts.csv_path, [&](std::ostream& os) {
@@ -987,21 +1212,9 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       for (std::size_t c = 0; c < cols.size(); ++c) os << (c ? "," : "") << csv_field(cols[c]);
       os << "\n";
       for (const auto& r : rows) os << csv_line(r);
-      for (const auto& r : foreign) os << csv_line(r);
+      for (const auto& r : work.foreign) os << csv_line(r);
     });
   };
-  std::ofstream csv;
-  if (root && !opts.csv_path.empty()) {
-    write_all(result.rows);  // drops cut-short lines before appending
-    csv.open(opts.csv_path, std::ios::app);
-    if (!csv) throw RuntimeError(fmt::format("cannot append to {}", opts.csv_path));
-  }
-  std::ofstream eta_log;
-  if (root && !opts.eta_log_path.empty()) {
-    eta_log.open(opts.eta_log_path);
-    if (!eta_log) throw RuntimeError(fmt::format("cannot write {}", opts.eta_log_path));
-    eta_log << "# elapsed_s points_done points_total eta_s\n";
-  }
 
   int jobs = opts.jobs > 0 ? opts.jobs
                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -1010,6 +1223,14 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       static_cast<std::size_t>(jobs) * static_cast<std::size_t>(ranks);
   jobs = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(jobs), mine.size()));
 
+  SweepOptions rank_opts = opts;  // the progress record's: only rank 0 logs the ETA
+  if (!root) rank_opts.eta_log_path.clear();
+  SweepProgress progress(rank_opts, work, workers_total);
+  if (root && !opts.csv_path.empty()) {
+    write_all(result.rows);  // drops cut-short lines before appending
+    progress.append_to(opts.csv_path);
+  }
+
   std::mutex mu;
   std::condition_variable outbox_cv;
   std::vector<std::string> outbox;  // ranks > 0: messages for rank 0, sent by the main thread
@@ -1017,65 +1238,6 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   std::atomic<bool> stop{false};
   std::atomic<int> active{jobs};
   std::exception_ptr error;
-  std::size_t completed = 0;
-  std::size_t printed = static_cast<std::size_t>(-1);
-  const bool tty = isatty(fileno(stderr)) != 0;
-  auto last_print = std::chrono::steady_clock::now() - std::chrono::hours(1);
-  const auto run_t0 = std::chrono::steady_clock::now();
-
-  // Remaining time (under mu). Analytical points cost about the same: the mean time per point
-  // so far times the points left. Flow and SimGrid points are weighted by a cost model fitted on
-  // the finished ones (weighted_eta_s).
-  auto eta_s = [&](double elapsed) {
-    if (completed == 0) return 0.0;
-    if (!weigh || fitted_points == 0)
-      return elapsed / static_cast<double>(completed) *
-             static_cast<double>(todo.size() - completed);
-    return weighted_eta_s(eta_points, workers_total);
-  };
-  auto progress = [&](bool final) {  // under mu
-    if (!opts.progress) return;
-    auto now = std::chrono::steady_clock::now();
-    double since = std::chrono::duration<double>(now - last_print).count();
-    if (!final && since < (tty ? 0.2 : 5.0)) return;
-    if (final && !tty && printed == completed) return;  // the last line is already there
-    printed = completed;
-    last_print = now;
-    double elapsed = std::chrono::duration<double>(now - run_t0).count();
-    std::string eta = completed > 0 ? fmt_seconds(eta_s(elapsed)) : "?";
-    std::fprintf(stderr, "%smoesim sweep: %zu/%zu points (%.0f%%), %s elapsed, ETA %s%s",
-                 tty ? "\r" : "", completed, todo.size(),
-                 todo.empty()
-                     ? 100.0
-                     : 100.0 * static_cast<double>(completed) / static_cast<double>(todo.size()),
-                 fmt_seconds(elapsed).c_str(), eta.c_str(), tty && !final ? "   " : "\n");
-    std::fflush(stderr);
-  };
-  // Rank 0, under mu: one point's rows arrived (from a local worker or another rank).
-  auto point_done = [&](int from, std::vector<SweepRow>& rows) {
-    if (csv.is_open()) {
-      for (const auto& r : rows) csv << csv_line(r);
-      csv.flush();
-    }
-    if (weigh && !rows.empty()) {
-      double wall = 0;
-      for (const auto& r : rows) wall += r.summary.wall_s;
-      eta_points[k_of.at(rows.front().point)].wall_s = std::max(0.0, wall);
-      if (wall > 0) ++fitted_points;
-    }
-    for (auto& r : rows) result.rows.push_back(std::move(r));
-    ++completed;
-    ++result.points_run;
-    ++result.points_per_rank.at(static_cast<std::size_t>(from));
-    if (eta_log.is_open()) {
-      double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-      eta_log << fmt::format("{:.3f} {} {} {:.3f}\n", elapsed, completed, todo.size(),
-                             eta_s(elapsed));
-      eta_log.flush();
-    }
-    progress(false);
-  };
   if (root && opts.progress && result.points_skipped > 0)
     std::fprintf(stderr, "moesim sweep: %zu of %zu points already in %s, skipped\n",
                  result.points_skipped, points.size(), opts.csv_path.c_str());
@@ -1095,29 +1257,14 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
         sim::throw_if_interrupted();
         std::size_t k = next.fetch_add(1);
         if (k >= mine.size()) break;
-        const SweepPoint& p = points[mine[k]];
-        Scenario sc = point_scenario(spec, base_tree, p);
-        auto topo = simulation_topology(sc);
-        sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
-        auto specs = select_strategies(sc, spec.strategies);
-        std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
-        auto outcomes = run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false,
-                                   &sample_cache);
-        std::vector<SweepRow> rows;
-        for (auto& o : outcomes) {
-          SweepRow r;
-          r.point = p.index;
-          r.values = p.values;
-          r.scenario = sc.name;
-          r.summary = o.summary;
-          if (!opts.json_path.empty()) r.run = run_json(sc, o.run, o.summary);
-          rows.push_back(std::move(r));
-        }
+        std::string engine;
+        std::vector<SweepRow> rows =
+            run_point(spec, opts, base_tree, points[mine[k]], sample_cache, engine);
         std::string message = root ? std::string() : rows_message(rank, rows);
         std::lock_guard<std::mutex> lock(mu);
-        if (result.engine.empty()) result.engine = std::string(sim::network_kind_name(cfg.network));
+        if (result.engine.empty()) result.engine = engine;
         if (root) {
-          point_done(0, rows);
+          progress.point_done(0, rows, result);
         } else {
           outbox.push_back(std::move(message));
           for (auto& r : rows) result.rows.push_back(std::move(r));
@@ -1157,7 +1304,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
             if (from <= 0 || from >= ranks)
               throw RuntimeError(fmt::format("sweep: a message from rank {} of {}", from, ranks));
             std::lock_guard<std::mutex> lock(mu);
-            point_done(from, rows);
+            progress.point_done(from, rows, result);
           }
           if (stop.load()) break;
           if (active.load() == 0 && finished_ranks == ranks - 1) break;
@@ -1186,30 +1333,15 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     }
   }
   for (auto& t : pool) t.join();
-  if (root && !todo.empty()) {
+  if (root && !work.todo.empty()) {
     std::lock_guard<std::mutex> lock(mu);
-    progress(true);
+    progress.print(true);
   }
   if (error) {
     try {
       std::rethrow_exception(error);
     } catch (const sim::Interrupted&) {
-      // Ctrl-C: every worker's run stopped at its next poll. The CSV keeps the finished points'
-      // rows (whole lines, flushed as they came): the resume contract, so the same command goes
-      // on from there. The sorted rewrite, JSON, plot and report need every point: not written.
-      if (root) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-        std::fprintf(stderr, "moesim sweep: interrupted after %s: %zu of %zu points done%s\n",
-                     fmt_seconds(elapsed).c_str(), completed, todo.size(),
-                     opts.csv_path.empty()
-                         ? "; no output files written"
-                         : fmt::format("; their rows are in {} (the same command resumes from "
-                                       "there); no other output files written",
-                                       opts.csv_path)
-                               .c_str());
-        std::fflush(stderr);
-      }
+      if (root) report_interrupted(opts, progress, work.todo.size());
       throw;
     }
   }
@@ -1225,68 +1357,15 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
                      if (a.point != b.point) return a.point < b.point;
                      return order[a.summary.strategy] < order[b.summary.strategy];
                    });
-  if (csv.is_open()) {
-    csv.close();
+  if (!opts.csv_path.empty()) {
+    progress.close_csv();
     write_all(result.rows);
   }
   if (result.engine.empty())
     result.engine =
         std::string(sim::network_kind_name(engine_config_from(base_sc, opts.engine).network));
 
-  if (!opts.json_path.empty()) {
-    nlohmann::ordered_json j;
-    j["moesim_version"] = MOESIM_VERSION;
-    j["sweep"] = spec.name;
-    j["base"] = spec.base_path;
-    j["engine"] = result.engine;
-    j["fingerprint"] = fingerprint.json();
-    j["mode"] = spec.mode == SweepMode::kZip ? "zip" : "cartesian";
-    auto& axes = j["axes"] = nlohmann::ordered_json::array();
-    for (const auto& a : spec.axes) axes.push_back({{"key", a.key}, {"values", a.values}});
-    j["points_total"] = result.points_total;
-    j["points_skipped"] = result.points_skipped;
-    auto& pts = j["points"] = nlohmann::ordered_json::array();
-    for (std::size_t i = 0; i < result.rows.size();) {
-      const std::size_t idx = result.rows[i].point;
-      nlohmann::ordered_json pj;
-      pj["index"] = idx;
-      auto& params = pj["parameters"] = nlohmann::ordered_json::object();
-      for (std::size_t a = 0; a < num_axes; ++a)
-        params[spec.axes[a].key] = result.rows[i].values[a];
-      auto& runs = pj["runs"] = nlohmann::ordered_json::array();
-      for (; i < result.rows.size() && result.rows[i].point == idx; ++i) {
-        const SweepRow& r = result.rows[i];
-        if (!r.run.is_null()) {
-          runs.push_back(r.run);
-          continue;
-        }
-        // Resumed from the CSV: the summary it kept (no per-iteration records).
-        const RunSummary& s = r.summary;
-        nlohmann::ordered_json rj;
-        rj["strategy"] = s.strategy;
-        rj["topology"] = s.topology;
-        rj["gpus"] = s.gpus;
-        rj["step_time_s"] = s.step_mean_s;
-        rj["step_time_p50_s"] = s.step_p50_s;
-        rj["step_time_p95_s"] = s.step_p95_s;
-        rj["moe_layer_time_s"] = s.moe_layer_mean_s;
-        rj["breakdown"] = {{"compute_s", s.compute_mean_s},
-                           {"a2a_s", s.a2a_mean_s},
-                           {"allreduce_s", s.allreduce_mean_s},
-                           {"exposed_comm_s", s.exposed_comm_mean_s}};
-        rj["decisions"] = s.decisions;
-        rj["speedup_vs_baseline"] = s.speedup > 0 ? nlohmann::ordered_json(s.speedup) : nullptr;
-        rj["memory_bytes"] = s.memory_bytes;
-        rj["memory"] = {{"memory_bytes", s.memory_bytes},
-                        {"gpu_memory_bytes", s.gpu_memory_bytes},
-                        {"fits", s.fits_memory()}};
-        rj["resumed"] = true;
-        runs.push_back(std::move(rj));
-      }
-      pts.push_back(std::move(pj));
-    }
-    write_file_atomic(opts.json_path, [&](std::ostream& os) { os << j.dump(1) << "\n"; });
-  }
+  if (!opts.json_path.empty()) write_sweep_json(spec, result, fingerprint, opts.json_path);
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

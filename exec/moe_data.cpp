@@ -147,6 +147,37 @@ ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& 
 
 namespace {
 
+// The reference's inner loops, in double. dot_f64 sums in four chains: the long reductions (M or
+// H terms per element) are bound by the latency of one add chain otherwise; the order changes the
+// sum by rounding only (~1e-16 relative, far inside the check's 1e-4 tolerance). Every loop
+// rounds each product, then adds (no FMA contraction: x86-64's baseline has none and the AVX2
+// clones do not enable it), so both clones give the same bits. These loops are most of a full-size
+// exec --check run in CI.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MOESIM_REFERENCE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MOESIM_REFERENCE_CLONES
+#endif
+MOESIM_REFERENCE_CLONES double dot_f64(const double* a, const float* b, int n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+// y += a x for n elements.
+MOESIM_REFERENCE_CLONES void axpy_f64(double* y, double a, const float* x, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+MOESIM_REFERENCE_CLONES void axpy_f64(double* y, double a, const double* x, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 // The expert FFN part of the reference for a routing already decided: per expert, the kept
 // (token, choice) entries in blocks of kBlock tokens, so one row of W1 / W2 (H or M floats) is
 // reused by the whole block while it is in L1; products accumulate in double. `weights(e)` gives
@@ -173,8 +204,7 @@ std::vector<float> reference_ffn(const MoeShape& s, const std::vector<float>& to
         const float* row = w1 + static_cast<size_t>(m) * H;
         for (int i = 0; i < nb; ++i) {
           const double xm = tokens[list[b0 + i] / k * M + m];
-          double* h = &hidden[static_cast<size_t>(i) * H];
-          for (int j = 0; j < H; ++j) h[j] += xm * row[j];
+          axpy_f64(&hidden[static_cast<size_t>(i) * H], xm, row, H);
         }
       }
       for (double& v : hidden) v = v > 0 ? v : 0;  // ReLU
@@ -184,8 +214,7 @@ std::vector<float> reference_ffn(const MoeShape& s, const std::vector<float>& to
         for (int i = 0; i < nb; ++i) {
           const double hj = hidden[static_cast<size_t>(i) * H + j];
           if (hj == 0) continue;
-          double* o = &out[static_cast<size_t>(i) * M];
-          for (int m = 0; m < M; ++m) o[m] += hj * row[m];
+          axpy_f64(&out[static_cast<size_t>(i) * M], hj, row, M);
         }
       }
       for (int i = 0; i < nb; ++i) {
@@ -298,23 +327,6 @@ std::vector<float> make_grad_output(const MoeShape& s, std::uint64_t seed, int i
 
 namespace {
 
-// sum_i a[i] * b[i] in double with four partial sums. The backward's long reductions (M or H
-// terms per element) are bound by the latency of one add chain; four chains make the --check
-// reference several times faster (it dominated the full-size exec_check runs in CI). The order of
-// the sum changes by rounding only (~1e-16 relative, far inside the check's 1e-4 tolerance).
-double dot_f64(const double* a, const float* b, int n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
 // The backward of reference_ffn + the gate for a routing already decided (rr), in double. Per
 // expert, its kept entries in blocks of kBlock tokens (one row of W1 / W2 / dW1 / dW2 reused by
 // the whole block, as in reference_ffn). Per entry (t, c) of expert e with probability p:
@@ -361,8 +373,7 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
           const float* row = w1 + static_cast<size_t>(m) * H;
           for (int i = 0; i < nb; ++i) {
             const double xm = xrow(i)[m];
-            double* h = &pre[static_cast<size_t>(i) * H];
-            for (int j = 0; j < H; ++j) h[j] += xm * row[j];
+            axpy_f64(&pre[static_cast<size_t>(i) * H], xm, row, H);
           }
         }
         // The ReLU's derivative jumps at 0, so a pre-activation within rounding of 0 may be
@@ -381,8 +392,7 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
           for (int i = 0; i < nb; ++i) {
             const double hj = std::max(0.0, pre[static_cast<size_t>(i) * H + j]);
             if (hj == 0) continue;
-            double* o = &out[static_cast<size_t>(i) * M];
-            for (int m = 0; m < M; ++m) o[m] += hj * row[m];
+            axpy_f64(&out[static_cast<size_t>(i) * M], hj, row, M);
           }
         }
         for (int i = 0; i < nb; ++i) {
@@ -403,8 +413,7 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
             const double p = pre[static_cast<size_t>(i) * H + j];
             const double* o = &dout[static_cast<size_t>(i) * M];
             dh[static_cast<size_t>(i) * H + j] = p > 0 ? dot_f64(o, row, M) : 0.0;
-            if (p > 0)
-              for (int m = 0; m < M; ++m) grow[m] += p * o[m];
+            if (p > 0) axpy_f64(grow, p, o, M);
           }
         }
         // dW1 += x^T dh; dx += dh W1^T (row m of W1 / dW1 per pass).
@@ -414,7 +423,7 @@ ReferenceGrads reference_backward_impl(const MoeShape& s, const std::vector<floa
           for (int i = 0; i < nb; ++i) {
             const double xm = xrow(i)[m];
             const double* d = &dh[static_cast<size_t>(i) * H];
-            for (int j = 0; j < H; ++j) grow[j] += xm * d[j];
+            axpy_f64(grow, xm, d, H);
             g.dx[list[b0 + i] / k * M + m] += dot_f64(d, row, H);
           }
         }

@@ -68,7 +68,14 @@ void check_routing(const Routing& r) {
 }
 
 // C (m x n, fp32) = A (m x k) * B (k x n), all fp32, rows [row_begin, row_end). Blocked over k and
-// n so a block of B stays in cache; the i-k-j order vectorises the inner loop.
+// n so a block of B stays in cache; the i-k-j order vectorises the inner loop. Every element sums
+// its k products in order, each product rounded then added (no FMA contraction: x86-64's baseline
+// has no FMA, and the AVX2 clone does not enable it), so the result is bitwise the same whatever
+// the rows' split, the clone the CPU picks, or the caller (the --check reference takes its ReLU
+// mask from this GEMM). The AVX2 clone, where the CPU has it, is 8 floats wide instead of 4.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void gemm_rows_f32(int row_begin, int row_end, int n, int k, const float* a, const float* b,
                    float* c) {
   constexpr int kBlockK = 128;

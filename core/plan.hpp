@@ -147,8 +147,12 @@ struct CollectiveSpec {
   /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).
   int peer_offset = 1;
   /// saa (Parm's simultaneous all-to-all + all-gather): the inner all-gather group size m;
-  /// group position p = a * m + t (a: all-to-all peer index, t: position in the all-gather).
+  /// group position p = a * m + t (t: position in the all-gather, whose groups are the blocks of
+  /// m consecutive positions). The all-to-all runs over the positions of the same t (a: the
+  /// all-to-all index; MP ranks on GPUs of their own), or, with saa_a2a_spans_group, over all W
+  /// positions (index p; the overlapped layout, where the MP ranks are the EP x ESP GPUs).
   int sub_group = 1;
+  bool saa_a2a_spans_group = false;
 };
 
 struct CopySpec {

@@ -14,6 +14,12 @@ const std::vector<NamedValue<Mode>>& mode_names() {
   return t;
 }
 
+const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
+  static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
+                                                      {MpLayout::kOverlapped, "overlapped"}};
+  return t;
+}
+
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names() {
   static const std::vector<NamedValue<RoutingDistribution>> t = {
       {RoutingDistribution::kUniform, "uniform"},
@@ -114,6 +120,7 @@ std::string_view lookup(const std::vector<NamedValue<E>>& table, E v) {
 }  // namespace
 
 std::string_view name_of(Mode v) { return lookup(mode_names(), v); }
+std::string_view name_of(MpLayout v) { return lookup(mp_layout_names(), v); }
 std::string_view name_of(RoutingDistribution v) { return lookup(routing_distribution_names(), v); }
 std::string_view name_of(CapacityKind v) { return lookup(capacity_kind_names(), v); }
 std::string_view name_of(NetworkModelKind v) { return lookup(network_model_names(), v); }

@@ -69,15 +69,42 @@ struct ModelSpec {
 };
 
 // ---------------------------------------------------------------------------------------------
-// parallelism: ep * esp * mp * dp = P.
+// parallelism. Two ways to place the MP (tensor-parallel) ranks, docs/model.md "Rank layout":
+//  disjoint (default): ep * esp * mp * dp = P, rank = ((d*ep + e)*esp + s)*mp + t; every MP rank
+//    has an EP x ESP group of its own (the experts are replicated over MP).
+//  overlapped (DeepSpeed-MoE, Parm): the MP ranks are the same GPUs as the EP x ESP ranks:
+//    ep * esp * dp = P, rank = (d*ep + e)*esp + s for the MoE layer, and the MP groups are the
+//    blocks of mp consecutive ranks (t = rank % mp), so mp must divide ep * esp.
+
+enum class MpLayout { kDisjoint, kOverlapped };
 
 struct ParallelismSpec {
-  int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp))
+  int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp), overlapped:
+                // P / (esp * dp))
   int esp = 1;  // expert-sharding-parallel group size (Parm)
   int mp = 1;   // tensor model-parallel group size
-  int dp = 0;   // data-parallel degree (resolved; `auto` = P / (ep * esp * mp))
+  int dp = 0;   // data-parallel degree of the experts (resolved; `auto` = P / (ep * esp * mp),
+                // overlapped: P / (ep * esp))
+  MpLayout layout = MpLayout::kDisjoint;
   bool ep_auto = false;
   bool dp_auto = false;
+
+  bool overlapped() const { return layout == MpLayout::kOverlapped; }
+  /// GPUs the product of the degrees covers (P once resolved).
+  std::int64_t product() const {
+    return static_cast<std::int64_t>(ep) * esp * dp * (overlapped() ? 1 : mp);
+  }
+  /// Ranks of one DP index: an MoE layer's all-to-all world (Parm's EP&ESP x MP group).
+  int ranks_per_dp() const { return ep * esp * (overlapped() ? 1 : mp); }
+  /// The rank of (d, e, s, t); overlapped: t must be 0 (the MoE coordinates fix the GPU).
+  int rank_of(int d, int e, int s, int t) const {
+    return overlapped() ? (d * ep + e) * esp + s : ((d * ep + e) * esp + s) * mp + t;
+  }
+  int mp_index(int rank) const { return rank % mp; }
+  int esp_index(int rank) const { return overlapped() ? rank % esp : (rank / mp) % esp; }
+  int ep_index(int rank) const {
+    return overlapped() ? (rank / esp) % ep : (rank / (mp * esp)) % ep;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -266,6 +293,7 @@ struct Scenario {
 // the first row is the baseline value.
 
 const std::vector<NamedValue<Mode>>& mode_names();
+const std::vector<NamedValue<MpLayout>>& mp_layout_names();
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
 const std::vector<NamedValue<NetworkModelKind>>& network_model_names();
@@ -282,6 +310,7 @@ const std::vector<NamedValue<ScheduleRole>>& schedule_role_names();
 const std::vector<NamedValue<InferenceRole>>& inference_role_names();
 
 std::string_view name_of(Mode v);
+std::string_view name_of(MpLayout v);
 std::string_view name_of(RoutingDistribution v);
 std::string_view name_of(CapacityKind v);
 std::string_view name_of(NetworkModelKind v);

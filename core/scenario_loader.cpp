@@ -602,35 +602,51 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism", {"ep", "esp", "mp", "dp"});
+  MapReader m = root.get_map("parallelism", {"ep", "esp", "mp", "dp", "layout"});
   (void)ctx;
   par.ep = int_or_auto(m, "ep", 0);
   par.dp = int_or_auto(m, "dp", 0);
   if (auto v = m.get_int("esp", 1, kIntMax)) par.esp = to_int32(*v);
   if (auto v = m.get_int("mp", 1, kIntMax)) par.mp = to_int32(*v);
+  if (auto v = get_enum(m, "layout", mp_layout_names())) par.layout = *v;
   par.ep_auto = par.ep == 0;
   par.dp_auto = par.dp == 0;
+  // Overlapped: the MP ranks are the EP x ESP GPUs themselves, so mp is not a factor of P.
+  const bool ov = par.overlapped();
+  const std::string_view rule = ov ? "ep*esp*dp = P (layout overlapped)" : "ep*esp*mp*dp = P";
   auto need_divide = [&](std::string_view key, std::int64_t fixed, std::string_view product) {
     if (fixed > p || p % fixed != 0)
-      m.fail(key, fmt::format("{} = {} does not divide {}; expected ep*esp*mp*dp = P", product,
-                              fixed, p_text(cluster)));
+      m.fail(key, fmt::format("{} = {} does not divide {}; expected {}", product, fixed,
+                              p_text(cluster), rule));
     return static_cast<int>(p / fixed);
   };
-  std::int64_t esp_mp = static_cast<std::int64_t>(par.esp) * par.mp;
-  std::string_view where_fixed = m.has("mp") ? "mp" : "esp";
+  const std::int64_t esp_mp = static_cast<std::int64_t>(par.esp) * (ov ? 1 : par.mp);
+  const std::string_view esp_mp_text = ov ? "esp" : "esp*mp";
+  std::string_view where_fixed = m.has("mp") && !ov ? "mp" : "esp";
   if (par.ep_auto && par.dp_auto) {
     par.dp = 1;
-    par.ep = need_divide(where_fixed, esp_mp, "esp*mp");
+    par.ep = need_divide(where_fixed, esp_mp, esp_mp_text);
   } else if (par.ep_auto) {
-    par.ep = need_divide("dp", esp_mp * par.dp, "esp*mp*dp");
+    par.ep = need_divide("dp", esp_mp * par.dp, ov ? "esp*dp" : "esp*mp*dp");
   } else if (par.dp_auto) {
-    par.dp = need_divide("ep", esp_mp * par.ep, "ep*esp*mp");
+    par.dp = need_divide("ep", esp_mp * par.ep, ov ? "ep*esp" : "ep*esp*mp");
   } else {
-    std::int64_t prod = esp_mp * par.ep * par.dp;
-    if (prod != p)
+    const std::int64_t prod = esp_mp * par.ep * par.dp;
+    if (prod != p) {
+      if (ov)
+        m.fail("dp", fmt::format("ep*esp*dp = {}*{}*{} = {}, expected {} (layout overlapped: the "
+                                 "mp ranks share those GPUs)",
+                                 par.ep, par.esp, par.dp, prod, p_text(cluster)));
       m.fail("dp", fmt::format("ep*esp*mp*dp = {}*{}*{}*{} = {}, expected {}", par.ep, par.esp,
                                par.mp, par.dp, prod, p_text(cluster)));
+    }
   }
+  // Overlapped MP groups are blocks of mp consecutive ranks inside one DP index's ep*esp GPUs.
+  if (ov && static_cast<std::int64_t>(par.ep) * par.esp % par.mp != 0)
+    m.fail("mp", fmt::format("found mp = {}, expected a divisor of ep*esp = {}*{} = {} (layout "
+                             "overlapped: the MP groups are blocks of mp consecutive ranks "
+                             "among the EP x ESP GPUs of one DP index)",
+                             par.mp, par.ep, par.esp, static_cast<std::int64_t>(par.ep) * par.esp));
   return par;
 }
 

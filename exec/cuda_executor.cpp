@@ -372,8 +372,7 @@ void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpe
   const collectives::CostContext& cctx = cost;
   const auto& algo = collectives::select_algorithm(call, cctx);
   collective_algo[op.id] = static_cast<std::int64_t>(algo.algo());
-  const SaaLayout saa{static_cast<int>(group->size()), std::max(1, spec.sub_group),
-                      static_cast<double>(send_bytes)};
+  const SaaLayout saa(spec, static_cast<int>(group->size()), static_cast<double>(send_bytes));
   DevicePhaseIo io(comm, ctx(st), channel, stream("comm2"),
                    static_cast<int>(plan.stream_names().size()));
   run_phases(io, comm.rank(), algo.lower(call, topo), send, send_bytes, recv, recv_bytes,

@@ -656,8 +656,7 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
         const auto& algo = collectives::select_algorithm(call, cost_);
         collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
         const bool is_saa = algo.algo() == CollectiveAlgo::kSaa;
-        const SaaLayout saa{static_cast<int>(W), std::max(1, s.sub_group),
-                            static_cast<double>(send_bytes)};
+        const SaaLayout saa(s, static_cast<int>(W), static_cast<double>(send_bytes));
         const auto phases = algo.lower(call, topo_);
         // A 2DH all_to_allv stages forwarded blocks in the receive buffer (phase_runner.hpp).
         std::vector<std::byte> send(send_bytes, std::byte{1}),

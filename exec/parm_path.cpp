@@ -180,9 +180,9 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
   esp_ = p.esp;
   mp_ = p.mp;
   const int r = comm.rank();
-  t_ = r % mp_;
-  s_ = (r / mp_) % esp_;
-  e_ = (r / (mp_ * esp_)) % ep_;
+  t_ = p.mp_index(r);
+  s_ = p.esp_index(r);
+  e_ = p.ep_index(r);
   if (sc.model.expert_shards() != 1)
     throw InputError(
         "--check: the MP/ESP data path needs unsharded experts (experts_per_gpu >= 1)");
@@ -303,8 +303,8 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
         L.capacity = sum * mp_;
         L.gate_tokens = S;
         L.own_first = 0;
-        MOESIM_ASSERT(static_cast<int>(L.saa_group.size()) == ep_ * esp_ * mp_,
-                      "SAA spans EP x ESP x MP");
+        MOESIM_ASSERT(static_cast<int>(L.saa_group.size()) == p.ranks_per_dp(),
+                      "SAA spans the ranks of one DP index");
         break;
     }
     const std::uint64_t seed = sc.workload.routing.seed;
@@ -355,13 +355,13 @@ void ParmPath::all_to_all(const Plan& plan, const Op& op, const std::vector<floa
   const std::vector<collectives::Phase> phases = a.lower(call, topo_);
   const bool saa = a.algo() == CollectiveAlgo::kSaa;
   const int m = std::max(1, spec.sub_group);
-  const SaaLayout layout{static_cast<int>(group.size()), m,
-                         static_cast<double>(send.size() * sizeof(float))};
+  const SaaLayout layout(spec, static_cast<int>(group.size()),
+                         static_cast<double>(send.size() * sizeof(float)));
   if (saa) {
     // run_phases posts each slice as whole bytes: the per-peer chunk must split evenly.
     int steps = 0;
     for (const auto& ph : phases) steps += ph.saa_step ? 1 : 0;
-    const std::size_t A = group.size() / static_cast<std::size_t>(m);
+    const auto A = static_cast<std::size_t>(layout.a2a_peers());
     const std::size_t chunk = send.size() * sizeof(float) / A;
     if (steps < 2 || chunk % static_cast<std::size_t>(steps - 1) != 0)
       throw InputError(fmt::format(
@@ -383,7 +383,7 @@ void ParmPath::pack_fused(Layer& L, int j) const {
   auto& out = L.send[j];
   out.assign(static_cast<std::size_t>(A) * L.dE * c * M, 0.0f);
   for (int a = 0; a < A; ++a) {
-    const int ea = (L.a2a_group[a] / (mp_ * esp_)) % ep_;
+    const int ea = sc_.parallelism.ep_index(L.a2a_group[a]);
     for (int le = 0; le < L.dE; ++le)
       std::memcpy(
           &out[((static_cast<std::size_t>(a) * L.dE + le) * c) * M],
@@ -412,11 +412,13 @@ void ParmPath::sum_partials(Layer& L) const {
     const bool s2 = L.sched == ParmSchedule::kS2;
     const int A = static_cast<int>(L.a2a_group.size()), shares = s2 ? mp_ : 1;
     const std::vector<int>& g = s2 ? L.saa_group : L.a2a_group;
-    const int stride = s2 ? mp_ : 1;  // group position of a: a * mp + t2 in SAA's grouping
+    // The rank that sent slot (t2, a): all-to-all index a of MP member t2's all-to-all; in SAA's
+    // grouping position a * mp + t2 (disjoint layout) or a (overlapped: it spans the group).
+    const bool per_t = s2 && !sc_.parallelism.overlapped();
     for (int t2 = 0; t2 < shares; ++t2) {
       const int first = s2 ? mp_ * L.offset[j] + t2 * c : L.offset[j];
       for (int a = 0; a < A; ++a) {
-        const int ea = (g[a * stride + (s2 ? t2 : 0)] / (mp_ * esp_)) % ep_;
+        const int ea = sc_.parallelism.ep_index(g[per_t ? a * mp_ + t2 : a]);
         for (int le = 0; le < L.dE; ++le) {
           const float* src =
               &L.back[j][(((static_cast<std::size_t>(t2) * A + a) * L.dE + le) * c) * row];

@@ -135,7 +135,7 @@ PhaseStats run_phases(PhaseIo& io, int me, const std::vector<Phase>& phases, con
     for (const Phase& ph : phases) saa_steps += ph.saa_step ? 1 : 0;
     MOESIM_ASSERT(saa->sub_group >= 1 && saa->group_size % saa->sub_group == 0,
                   "saa layout: sub_group must divide the group size");
-    saa_a = saa->group_size / saa->sub_group;
+    saa_a = saa->a2a_peers();
     saa_c = saa->bytes / saa_a;
     saa_q = saa_steps > 1 ? saa_c / (saa_steps - 1) : 0;
   }

@@ -9,6 +9,7 @@
 // stream, see exec/cuda_executor.cpp). The walk over the phases is the same for both.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -64,9 +65,18 @@ class HostPhaseIo final : public PhaseIo {
 /// SAA's layout (strategies/collectives/saa.cpp) for run_phases: which transfers of a step are
 /// the all-to-all part and where a forwarded slice's strided pieces are.
 struct SaaLayout {
-  int group_size = 0;  // W = A * m
-  int sub_group = 1;   // m
-  double bytes = 0;    // S, what each rank sends in the all-to-all
+  int group_size = 0;            // W
+  int sub_group = 1;             // m
+  double bytes = 0;              // S, what each rank sends in the all-to-all
+  bool a2a_spans_group = false;  // the all-to-all peers: all W positions, or the W / m of one t
+
+  SaaLayout(const CollectiveSpec& spec, int w, double send_bytes)
+      : group_size(w),
+        sub_group(std::max(1, spec.sub_group)),
+        bytes(send_bytes),
+        a2a_spans_group(spec.saa_a2a_spans_group) {}
+  /// A: the all-to-all peers of a rank (itself included).
+  int a2a_peers() const { return a2a_spans_group ? group_size : group_size / sub_group; }
 };
 
 /// Bytes of buffer `which` that rank `me`'s part of `phases` reaches (largest offset + size).

@@ -75,7 +75,7 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
   // Rank map of strategies/plan_builder.hpp: rank = ((d * ep + e) * esp + s) * mp + t; the EP
   // group of rank 0 has d = s = t = 0.
   ep_group_.reserve(par.ep);
-  for (int e = 0; e < par.ep; ++e) ep_group_.push_back(e * par.esp * par.mp);
+  for (int e = 0; e < par.ep; ++e) ep_group_.push_back(par.rank_of(0, e, 0, 0));
   peak_ = peak_for(topo.gpu(), sc.model.dtype);
   hbm_ = topo.gpu().hbm_bandwidth;
   if (peak_.value() <= 0 && !gemm_cal_.beta_gemm_s_per_flop)

@@ -23,22 +23,65 @@ namespace moesim::strategies {
 
 namespace {
 
-int rank_of(const ParallelismSpec& p, int d, int e, int s, int t) {
-  return ((d * p.ep + e) * p.esp + s) * p.mp + t;
-}
-
 std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The MoE groupings of the overlapped layout (ParallelismSpec): rank (d*ep + e)*esp + s, MP
+// groups the blocks of mp consecutive ranks inside one DP index.
+void overlapped_groups(const ParallelismSpec& p, int n, Groups& g) {
+  const int W = p.ranks_per_dp();
+  for (int d = 0; d < p.dp; ++d)
+    for (int s = 0; s < p.esp; ++s) {
+      std::vector<int> grp;
+      for (int e = 0; e < p.ep; ++e) grp.push_back(p.rank_of(d, e, s, 0));
+      for (int x = 0; x < p.ep / n; ++x)
+        g.shard.groups.emplace_back(grp.begin() + x * n, grp.begin() + (x + 1) * n);
+      g.ep.groups.push_back(std::move(grp));
+    }
+  for (int d = 0; d < p.dp; ++d)
+    for (int e = 0; e < p.ep; ++e) {
+      std::vector<int> grp;
+      for (int s = 0; s < p.esp; ++s) grp.push_back(p.rank_of(d, e, s, 0));
+      g.esp.groups.push_back(std::move(grp));
+    }
+  for (int q = 0; q < p.dp * W / p.mp; ++q) {
+    std::vector<int> grp;
+    for (int t = 0; t < p.mp; ++t) grp.push_back(q * p.mp + t);
+    g.mp.groups.push_back(std::move(grp));
+  }
+  for (int e = 0; e < p.ep; ++e)
+    for (int s = 0; s < p.esp; ++s) {
+      std::vector<int> grp;
+      for (int d = 0; d < p.dp; ++d) grp.push_back(p.rank_of(d, e, s, 0));
+      g.dp.groups.push_back(std::move(grp));
+    }
+  for (int d = 0; d < p.dp; ++d) {
+    std::vector<int> grp;
+    for (int i = 0; i < W; ++i) grp.push_back(d * W + i);
+    g.ep_esp.groups.push_back(std::move(grp));
+  }
+  // Dense data parallelism: the ranks of one MP index (t = rank % mp), as in the disjoint layout.
+  for (int t = 0; t < p.mp; ++t) {
+    std::vector<int> grp;
+    for (int r = t; r < p.dp * W; r += p.mp) grp.push_back(r);
+    g.dense_dp.groups.push_back(std::move(grp));
+  }
+}
 
 }  // namespace
 
 Groups make_groups(const Scenario& sc) {
   const ParallelismSpec& p = sc.parallelism;
-  if (p.ep < 1 || p.esp < 1 || p.mp < 1 || p.dp < 1 ||
-      static_cast<std::int64_t>(p.ep) * p.esp * p.mp * p.dp != sc.num_gpus())
-    throw InputError(sc.location_of("parallelism"), "parallelism",
-                     fmt::format("found ep {} x esp {} x mp {} x dp {}, expected a product equal "
-                                 "to the {} GPUs of the cluster",
-                                 p.ep, p.esp, p.mp, p.dp, sc.num_gpus()));
+  if (p.ep < 1 || p.esp < 1 || p.mp < 1 || p.dp < 1 || p.product() != sc.num_gpus() ||
+      (p.overlapped() && p.ranks_per_dp() % p.mp != 0))
+    throw InputError(
+        sc.location_of("parallelism"), "parallelism",
+        p.overlapped()
+            ? fmt::format("found ep {} x esp {} x dp {} with mp {} (layout overlapped), expected "
+                          "a product equal to the {} GPUs of the cluster and mp dividing ep x esp",
+                          p.ep, p.esp, p.dp, p.mp, sc.num_gpus())
+            : fmt::format("found ep {} x esp {} x mp {} x dp {}, expected a product equal "
+                          "to the {} GPUs of the cluster",
+                          p.ep, p.esp, p.mp, p.dp, sc.num_gpus()));
   const int n = sc.model.expert_shards();
   if (p.ep % n != 0)
     throw InputError(
@@ -52,11 +95,16 @@ Groups make_groups(const Scenario& sc) {
   g.ep_esp.name = "ep_esp";
   g.dense_dp.name = "dense_dp";
   g.shard.name = "shard";
+  if (p.overlapped()) {
+    overlapped_groups(p, n, g);
+    return g;
+  }
+  const auto rank_of = [&p](int d, int e, int s, int t) { return p.rank_of(d, e, s, t); };
   for (int d = 0; d < p.dp; ++d)
     for (int s = 0; s < p.esp; ++s)
       for (int t = 0; t < p.mp; ++t) {
         std::vector<int> grp;
-        for (int e = 0; e < p.ep; ++e) grp.push_back(rank_of(p, d, e, s, t));
+        for (int e = 0; e < p.ep; ++e) grp.push_back(rank_of(d, e, s, t));
         // The n GPUs of one sharded expert are n consecutive EP positions (ExpertPlacement).
         for (int x = 0; x < p.ep / n; ++x)
           g.shard.groups.emplace_back(grp.begin() + x * n, grp.begin() + (x + 1) * n);
@@ -66,35 +114,35 @@ Groups make_groups(const Scenario& sc) {
     for (int e = 0; e < p.ep; ++e)
       for (int t = 0; t < p.mp; ++t) {
         std::vector<int> grp;
-        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(d, e, s, t));
         g.esp.groups.push_back(std::move(grp));
       }
   for (int d = 0; d < p.dp; ++d)
     for (int e = 0; e < p.ep; ++e)
       for (int s = 0; s < p.esp; ++s) {
         std::vector<int> grp;
-        for (int t = 0; t < p.mp; ++t) grp.push_back(rank_of(p, d, e, s, t));
+        for (int t = 0; t < p.mp; ++t) grp.push_back(rank_of(d, e, s, t));
         g.mp.groups.push_back(std::move(grp));
       }
   for (int e = 0; e < p.ep; ++e)
     for (int s = 0; s < p.esp; ++s)
       for (int t = 0; t < p.mp; ++t) {
         std::vector<int> grp;
-        for (int d = 0; d < p.dp; ++d) grp.push_back(rank_of(p, d, e, s, t));
+        for (int d = 0; d < p.dp; ++d) grp.push_back(rank_of(d, e, s, t));
         g.dp.groups.push_back(std::move(grp));
       }
   for (int d = 0; d < p.dp; ++d)
     for (int t = 0; t < p.mp; ++t) {
       std::vector<int> grp;
       for (int e = 0; e < p.ep; ++e)
-        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(d, e, s, t));
       g.ep_esp.groups.push_back(std::move(grp));
     }
   for (int t = 0; t < p.mp; ++t) {
     std::vector<int> grp;
     for (int d = 0; d < p.dp; ++d)
       for (int e = 0; e < p.ep; ++e)
-        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(p, d, e, s, t));
+        for (int s = 0; s < p.esp; ++s) grp.push_back(rank_of(d, e, s, t));
     g.dense_dp.groups.push_back(std::move(grp));
   }
   return g;

@@ -75,7 +75,10 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
           : (m.capacity_factor == 0 ? std::string("f=dropless")
                                     : fmt::format("f=dropless<={}", -m.capacity_factor));
   fmt::print("  experts      {}; top-{}; {}; {}\n", experts, m.top_k, cf, dtype_name(m.dtype));
-  fmt::print("  parallelism  ep={} esp={} mp={} dp={}\n", p.ep, p.esp, p.mp, p.dp);
+  fmt::print("  parallelism  ep={} esp={} mp={} dp={} layout={} ({})\n", p.ep, p.esp, p.mp, p.dp,
+             name_of(p.layout),
+             p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = P"
+                            : "MP ranks on GPUs of their own: ep*esp*mp*dp = P");
   fmt::print("  workload     {} routing (seed {}), {} iteration(s)\n",
              name_of(sc.workload.routing.distribution), sc.workload.routing.seed,
              sc.workload.iterations);

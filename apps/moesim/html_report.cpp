@@ -107,7 +107,8 @@ std::string scenario_section(const Scenario& sc) {
   kv("dimensions", fmt::format("M={} H={} {}", m.model_dim, m.hidden_dim, dtype_name(m.dtype)));
   kv("experts",
      fmt::format("E={} (top-{}, capacity factor {})", m.experts, m.top_k, m.capacity_factor));
-  kv("parallelism", fmt::format("ep={} esp={} mp={} dp={}", p.ep, p.esp, p.mp, p.dp));
+  kv("parallelism",
+     fmt::format("ep={} esp={} mp={} dp={} layout={}", p.ep, p.esp, p.mp, p.dp, name_of(p.layout)));
   kv("workload", fmt::format("{} iteration(s), routing seed {}", sc.workload.iterations,
                              sc.workload.routing.seed));
   s += "</table>\n";

@@ -1,12 +1,15 @@
 // SAA, Parm's simultaneous all-to-all and all-gather (STRATEGIES §5), as an all_to_all algorithm.
 //
-// The group has W = A * m positions, p = a * m + t (spec.sub_group = m): a is the index in the
-// all-to-all (Parm's EP&ESP group, same t), t the index in the all-gather (the MP group, same
-// a). spec.bytes = S is what each rank sends in the all-to-all (c = S / A to each of the A
-// peers, itself included); the output is the all-to-all result all-gathered over the MP group:
-// m * S bytes per rank, slot t' * A + a' (offset (t' * A + a') * c of kRecv) holding the chunk
-// position (a', t') sent to (a, t') in the all-to-all. With m = 1 it is a sliced linear
-// all-to-all. `auto` never picks it (registry.cpp): it only runs where a plan asks for it.
+// The group has W positions p = q * m + t (spec.sub_group = m): t is the index in the
+// all-gather (the MP group: the block q of m consecutive positions). The all-to-all (Parm's
+// EP&ESP all-to-all) runs over A peers: the W / m positions of the same t (a = q is the
+// all-to-all index; the MP ranks have GPUs of their own), or, with spec.saa_a2a_spans_group, over
+// all A = W positions (a = p; the overlapped layout, where the MP ranks are the EP x ESP GPUs).
+// spec.bytes = S is what each rank sends in the all-to-all (c = S / A to each of the A peers,
+// itself included); the output is the all-to-all result all-gathered over the MP group: m * S
+// bytes per rank, slot t' * A + a' (offset (t' * A + a') * c of kRecv) holding the chunk that
+// all-to-all index a' sent to the MP member t' in the all-to-all. With m = 1 it is a sliced
+// linear all-to-all. `auto` never picks it (registry.cpp): it only runs where a plan asks for it.
 //
 // Steps (why they overlap): the all-to-all is cut into n slices (piece k of every chunk, c / n
 // bytes). In step k (0 <= k <= n) every rank sends slice k to its A - 1 all-to-all peers (mostly
@@ -15,13 +18,14 @@
 // transfers use different links, so each step costs about the max of the two and the whole
 // collective about max(all-to-all, all-gather) plus one step, instead of their sum.
 //
-// Real backend (two streams): in every kTransfers phase the first transfers (one per rank that
-// still has an all-to-all slice, in position order) are the all-to-all part and the rest the
+// Real backend (two streams): in every kTransfers phase the first transfers (W * (A - 1) while
+// all-to-all slices remain, in position order) are the all-to-all part and the rest the
 // all-gather part; exec posts the first on `comm` and the rest on `comm2`, both as grouped
 // send/recv, and joins them at the end of the step. Offsets follow the slot layout above: piece k
 // of the chunk for peer a' is at kSend a' * c + k * c / n and lands at kRecv (t * A + a) * c +
-// k * c / n on the peer; a forwarded slice is the A pieces at (t * A + a') * c + k * c / n for
-// every a' (ChunkRef names the first; exec posts the A strided pieces as one grouped send).
+// k * c / n on the peer (t: the peer's MP index, a: the sender's all-to-all index); a forwarded
+// slice is the A pieces at (t * A + a') * c + k * c / n for every a' (ChunkRef names the first;
+// exec posts the A strided pieces as one grouped send).
 #include <algorithm>
 
 #include "strategies/collectives/common.hpp"
@@ -58,11 +62,14 @@ class SimultaneousAllToAll final : public Algorithm {
     const int m = call.spec->sub_group;
     const double size = call.spec->bytes.value();
     if (w < 1 || size <= 0 || m < 1 || w % m != 0) return {};
-    const int A = w / m;
+    const bool spans = call.spec->saa_a2a_spans_group;
+    const int A = spans ? w : w / m;
     const int n = num_slices(A);
     const double c = size / A;  // chunk for one peer
     const double q = c / n;     // its piece in one slice
-    auto pos = [m](int a, int t) { return a * m + t; };
+    // All-to-all index of position p and the position of all-to-all index a with MP index t.
+    auto index = [=](int p) { return spans ? p : p / m; };
+    auto member = [=](int a, int t) { return spans ? a : a * m + t; };
     std::vector<Phase> phases;
     // The own chunk never leaves the GPU: one local copy into slot t * A + a.
     Phase& self = phases.emplace_back();
@@ -72,9 +79,10 @@ class SimultaneousAllToAll final : public Algorithm {
     self.dst = Buffer::kRecv;
     self.local_bytes = Bytes(2 * c);
     if (call.with_layout)
-      for (int a = 0; a < A; ++a)
-        for (int t = 0; t < m; ++t)
-          self.copies.push_back({g[pos(a, t)], a * c, (t * A + a) * c, c});
+      for (int p = 0; p < w; ++p) {
+        const int a = index(p), t = p % m;
+        self.copies.push_back({g[p], a * c, (t * A + a) * c, c});
+      }
     for (int k = 0; k <= n; ++k) {
       Phase& ph = phases.emplace_back();
       ph.kind = Phase::Kind::kTransfers;
@@ -83,21 +91,24 @@ class SimultaneousAllToAll final : public Algorithm {
       ph.src = Buffer::kSend;  // all-to-all part; the all-gather part reads kRecv (see top)
       ph.dst = Buffer::kRecv;
       if (k < n)  // slice k of the all-to-all: piece k of every chunk, to every other peer
-        for (int a = 0; a < A; ++a)
-          for (int t = 0; t < m; ++t)
-            for (int i = 1; i < A; ++i) {
-              const int to = (a + i) % A;
-              ph.transfers.push_back({g[pos(a, t)], g[pos(to, t)], q});
-              if (call.with_layout) ph.chunks.push_back({to * c + k * q, (t * A + a) * c + k * q});
-            }
+        for (int p = 0; p < w; ++p) {
+          const int a = index(p), t = p % m;
+          for (int i = 1; i < A; ++i) {
+            const int to = (a + i) % A, dst = member(to, t);
+            ph.transfers.push_back({g[p], g[dst], q});
+            if (call.with_layout)
+              ph.chunks.push_back({to * c + k * q, ((dst % m) * A + a) * c + k * q});
+          }
+        }
       if (k >= 1)  // forward slice k - 1 (A pieces of q, own piece included) to the MP peers
-        for (int a = 0; a < A; ++a)
-          for (int t = 0; t < m; ++t)
-            for (int u = 1; u < m; ++u) {
-              const double off = t * A * c + (k - 1) * q;
-              ph.transfers.push_back({g[pos(a, t)], g[pos(a, (t + u) % m)], A * q});
-              if (call.with_layout) ph.chunks.push_back({off, off});
-            }
+        for (int p = 0; p < w; ++p) {
+          const int block = p / m, t = p % m;
+          for (int u = 1; u < m; ++u) {
+            const double off = t * A * c + (k - 1) * q;
+            ph.transfers.push_back({g[p], g[block * m + (t + u) % m], A * q});
+            if (call.with_layout) ph.chunks.push_back({off, off});
+          }
+        }
     }
     return phases;
   }
@@ -105,7 +116,9 @@ class SimultaneousAllToAll final : public Algorithm {
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {
     if (!inapplicable_reason(call, *ctx.topo).empty() || call.spec->bytes.value() <= 0)
       return Seconds(0);
-    return scaled_time(*this, call, ctx, kTagSaa, call.spec->sub_group);
+    // The cache key tells the two all-to-all spans apart (same group, same m).
+    const int m = call.spec->sub_group;
+    return scaled_time(*this, call, ctx, kTagSaa, call.spec->saa_a2a_spans_group ? -m : m);
   }
 };
 

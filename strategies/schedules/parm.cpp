@@ -40,10 +40,10 @@ Grouping saa_grouping(const Scenario& sc) {
   const ParallelismSpec& p = sc.parallelism;
   Grouping g;
   g.name = "ep_esp_mp";
-  const int per_d = p.ep * p.esp * p.mp;
+  const int per_d = p.ranks_per_dp();
   for (int d = 0; d < p.dp; ++d) {
     std::vector<int> grp(per_d);
-    for (int i = 0; i < per_d; ++i) grp[i] = d * per_d + i;  // rank map: MP fastest, then ESP, EP
+    for (int i = 0; i < per_d; ++i) grp[i] = d * per_d + i;  // rank order (ParallelismSpec)
     g.groups.push_back(std::move(grp));
   }
   return g;
@@ -53,13 +53,14 @@ namespace {
 
 double closed_form_s(const topology::Topology& topo, const collectives::CostContext& ctx,
                      CollectiveType type, CollectiveAlgo algo, const std::vector<int>& group,
-                     double bytes, int sub_group = 1) {
+                     double bytes, int sub_group = 1, bool spans = false) {
   if (group.size() < 2 || bytes <= 0) return 0;
   CollectiveSpec spec;
   spec.type = type;
   spec.algo = algo;
   spec.bytes = Bytes(bytes);
   spec.sub_group = sub_group;
+  spec.saa_a2a_spans_group = spans;
   collectives::CollectiveCall call{&spec, &group, 0, false};
   MOESIM_ASSERT(ctx.topo == &topo, "cost context on another topology");
   return collectives::select_algorithm(call, ctx).analytical_time(call, ctx).value();
@@ -89,7 +90,7 @@ ParmChoice parm_choose(const Scenario& sc, const topology::Topology& topo, std::
   double t_saa = t_a2a;  // mp = 1: the return all-to-all alone
   if (p.mp > 1)
     t_saa = closed_form_s(topo, ctx, CollectiveType::kAllToAll, CollectiveAlgo::kSaa,
-                          saa_grouping(sc).groups.at(0), n, p.mp);
+                          saa_grouping(sc).groups.at(0), n, p.mp, p.overlapped());
   ParmChoice c;
   c.t_s1_s = 2 * t_a2a + t_ag;
   c.t_s2_s = t_a2a + t_saa;
@@ -193,6 +194,7 @@ class Emit {
     spec.grouping = b_.grouping(g);
     spec.bytes = Bytes(bytes);
     spec.sub_group = sub_group;
+    spec.saa_a2a_spans_group = algo == CollectiveAlgo::kSaa && b_.sc->parallelism.overlapped();
     return note(b_.plan->add_collective(stream, std::move(spec), std::move(deps), tag(what)));
   }
   OpId note(OpId id) {
@@ -349,8 +351,9 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
   }
   ParmBackward r;
   r.grad_ready = last_expert;
-  if (b.mp > 1) {
-    // MP ranks trained the same expert slices on different tokens: sum their gradients.
+  if (b.mp > 1 && !b.sc->parallelism.overlapped()) {
+    // MP ranks trained the same expert slices on different tokens: sum their gradients. (In the
+    // overlapped layout the MP ranks hold different experts: nothing to sum.)
     const double bytes = 2.0 * b.M * b.H * b.b * b.dE / b.esp;
     r.grad_ready =
         e.collective(b.grad, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, b.groups->mp, bytes,

@@ -53,9 +53,11 @@ struct ParmChoice {
 };
 ParmChoice parm_choose(const Scenario& sc, const topology::Topology& topo, std::int64_t capacity);
 
-/// The SAA grouping "ep_esp_mp": per DP index all (e, s, t) ranks at position (e*esp + s)*mp + t,
-/// so an all_to_all with algo saa and sub_group = mp runs the ep_esp all-to-all and the MP
-/// all-gather together.
+/// The SAA grouping "ep_esp_mp": per DP index all its ranks in rank order, so an all_to_all with
+/// algo saa and sub_group = mp runs the ep_esp all-to-all and the MP all-gather together.
+/// Disjoint layout: (e, s, t) at position (e*esp + s)*mp + t, the all-to-all over the positions
+/// of one t. Overlapped layout: the ep_esp group itself (MP groups are its blocks of mp), the
+/// all-to-all over all its positions (saa_a2a_spans_group).
 Grouping saa_grouping(const Scenario& sc);
 
 /// What a schedule needs from the plan builder to emit one MoE layer (filled by plan_builder.cpp).

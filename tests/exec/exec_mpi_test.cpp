@@ -163,8 +163,42 @@ TEST(ExecMpi, SaaDeliversTheAllToAllAllGatheredOverTheSubGroup) {
   collectives::CollectiveCall call{&spec, &world, 0, true};
   const auto* algo = collectives::find_algorithm(spec.type, spec.algo);
   ASSERT_NE(algo, nullptr);
-  const SaaLayout saa{4, m, static_cast<double>(c * A)};
+  const SaaLayout saa(spec, 4, static_cast<double>(c * A));
   run_phases(comm, algo->lower(call, *topo), send.data(), send.size(), recv.data(), recv.size(), 5,
+             &saa);
+  EXPECT_EQ(recv, expected);
+}
+
+// The overlapped layout's SAA (saa_a2a_spans_group): the all-to-all runs over all A = 4 ranks and
+// the all-gather over the blocks {0, 1}, {2, 3}: rank p (block q = p / 2) receives in slot
+// t' * A + a' the chunk that rank a' sent to rank q * 2 + t'.
+TEST(ExecMpi, SaaSpanningTheGroupDeliversTheWholeAllToAllAllGatheredOverTheBlock) {
+  Scenario sc = host4();
+  auto topo = topology::build_topology(sc.cluster);
+  MpiCommunicator comm;
+  const int me = comm.rank(), m = 2, A = 4;
+  const std::size_t c = 24;  // bytes per all-to-all peer, a multiple of the n = 4 slices
+  std::vector<std::byte> send(c * A), expected(c * A * m), recv(c * A * m);
+  for (int a = 0; a < A; ++a)
+    for (std::size_t j = 0; j < c; ++j) send[a * c + j] = pattern(me, a, j);
+  const int block = me / m;
+  for (int t2 = 0; t2 < m; ++t2)
+    for (int a2 = 0; a2 < A; ++a2)
+      for (std::size_t j = 0; j < c; ++j)
+        expected[(t2 * A + a2) * c + j] = pattern(a2, block * m + t2, j);
+  std::vector<int> world{0, 1, 2, 3};
+  CollectiveSpec spec;
+  spec.type = CollectiveType::kAllToAll;
+  spec.algo = CollectiveAlgo::kSaa;
+  spec.sub_group = m;
+  spec.saa_a2a_spans_group = true;
+  spec.bytes = Bytes(static_cast<double>(c * A));
+  collectives::CollectiveCall call{&spec, &world, 0, true};
+  const auto* algo = collectives::find_algorithm(spec.type, spec.algo);
+  ASSERT_NE(algo, nullptr);
+  const SaaLayout saa(spec, 4, static_cast<double>(c * A));
+  ASSERT_EQ(saa.a2a_peers(), A);
+  run_phases(comm, algo->lower(call, *topo), send.data(), send.size(), recv.data(), recv.size(), 6,
              &saa);
   EXPECT_EQ(recv, expected);
 }

@@ -100,21 +100,28 @@ TEST(ExecParm, EverySchedulePassesTheCheckWithDrops) {
 
 // Other factorisations of the 8 ranks: esp = 1 (the baseline is the plain path with MP ranks
 // sharing tokens; S1 / S2 have no local dump or combine), mp = 1 (S2 degenerates to S1), ep = 1
-// (the baseline has no all-to-all), dp = 2 (two copies of every group).
+// (the baseline has no all-to-all), dp = 2 (two copies of every group). Overlapped layout (the MP
+// ranks are the EP x ESP GPUs, Parm's and DeepSpeed-MoE's): ESP groups equal to the MP groups
+// (esp = mp = 2), inside them (mp 4, esp 2), containing them (mp 2, esp 4), and two DP copies.
 TEST(ExecParm, EveryScheduleOnOtherFactorisations) {
   struct Shape {
     int ep, esp, mp, dp;
+    MpLayout layout = MpLayout::kDisjoint;
   };
-  for (const Shape f :
-       {Shape{4, 1, 2, 1}, Shape{4, 2, 1, 1}, Shape{1, 2, 2, 2}, Shape{2, 2, 1, 2}}) {
+  const MpLayout ov = MpLayout::kOverlapped;
+  for (const Shape f : {Shape{4, 1, 2, 1}, Shape{4, 2, 1, 1}, Shape{1, 2, 2, 2}, Shape{2, 2, 1, 2},
+                        Shape{4, 2, 2, 1, ov}, Shape{4, 2, 4, 1, ov}, Shape{2, 4, 2, 1, ov},
+                        Shape{2, 2, 2, 2, ov}}) {
     Scenario sc = parm8();
     sc.parallelism.ep = f.ep;
     sc.parallelism.esp = f.esp;
     sc.parallelism.mp = f.mp;
     sc.parallelism.dp = f.dp;
+    sc.parallelism.layout = f.layout;
     sc.model.experts = sc.model.experts_per_gpu * f.ep;
     const std::string name = "ep " + std::to_string(f.ep) + " esp " + std::to_string(f.esp) +
-                             " mp " + std::to_string(f.mp) + " dp " + std::to_string(f.dp);
+                             " mp " + std::to_string(f.mp) + " dp " + std::to_string(f.dp) + " " +
+                             std::string(name_of(f.layout));
     for (const Case& c : kCases) {
       const Outcome o = run_once(sc, c.schedule, c.r);
       ASSERT_EQ(o.checks.size(), 2u) << name << " " << c.name;

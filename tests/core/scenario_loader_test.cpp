@@ -309,6 +309,32 @@ TEST(ScenarioLoader, ParallelismResolution) {
   EXPECT_EQ(c.parallelism.dp, 1);
   Scenario d = with_par("{ep: auto, mp: 2, dp: 1}");
   EXPECT_EQ(d.parallelism.ep, 2);
+  EXPECT_EQ(d.parallelism.layout, MpLayout::kDisjoint);
+  // Overlapped: the MP ranks are the EP x ESP GPUs, so mp is not a factor of P.
+  Scenario o = with_par("{ep: auto, esp: 2, mp: 2, layout: overlapped}");
+  EXPECT_EQ(o.parallelism.layout, MpLayout::kOverlapped);
+  EXPECT_EQ(o.parallelism.ep, 2);
+  EXPECT_EQ(o.parallelism.dp, 1);
+  EXPECT_EQ(o.parallelism.product(), 4);
+  EXPECT_EQ(o.num_experts(), 2);
+  Scenario o4 = with_par("{ep: 4, mp: 4, dp: auto, layout: overlapped}");
+  EXPECT_EQ(o4.parallelism.dp, 1);
+  EXPECT_EQ(o4.parallelism.ranks_per_dp(), 4);
+}
+
+TEST(ScenarioErrors, OverlappedLayout) {
+  auto err = [](const std::string& par) {
+    return error_of(tiny_with("strategies:", "parallelism: " + par + "\nstrategies:"));
+  };
+  EXPECT_THAT(err("{ep: 4, esp: 2, layout: overlapped}"),
+              HasSubstr("parallelism.ep: ep*esp = 8 does not divide P = 4 (cluster.nodes 2 x "
+                        "cluster.gpus_per_node 2); expected ep*esp*dp = P (layout overlapped)"));
+  EXPECT_THAT(err("{ep: 2, esp: 1, mp: 4, dp: 2, layout: overlapped}"),
+              HasSubstr("parallelism.mp: found mp = 4, expected a divisor of ep*esp = 2*1 = 2"));
+  EXPECT_THAT(err("{ep: 2, esp: 1, dp: 1, layout: overlapped}"),
+              HasSubstr("parallelism.dp: ep*esp*dp = 2*1*1 = 2, expected P = 4"));
+  EXPECT_THAT(err("{ep: 2, layout: shared}"),
+              HasSubstr("parallelism.layout: found 'shared', expected one of disjoint or overlapped"));
 }
 
 TEST(ScenarioLoader, InlineGpuMap) {

@@ -35,11 +35,11 @@ struct Cfg {
   double capacity_factor = 1.0;
   int ep = 2, esp = 1, mp = 1;
   std::string dp = "auto";
+  std::string layout = "disjoint";
 };
 
 Scenario make_scenario(const Cfg& c) {
-  std::string yaml =
-      fmt::format(R"(
+  std::string yaml = fmt::format(R"(
 name: plan-builder-test
 cluster:
   gpu: a100-sxm-80gb
@@ -59,12 +59,13 @@ model:
   top_k: {}
   capacity_factor: {}
   dtype: fp16
-parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}}}
+parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}
 strategies:
   - {{name: baseline}}
 )",
-                  c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch, c.seq, c.model_dim,
-                  c.hidden, c.experts_per_gpu, c.top_k, c.capacity_factor, c.ep, c.esp, c.mp, c.dp);
+                                 c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch,
+                                 c.seq, c.model_dim, c.hidden, c.experts_per_gpu, c.top_k,
+                                 c.capacity_factor, c.ep, c.esp, c.mp, c.dp, c.layout);
   return parse_scenario_string(yaml, "test.yaml");
 }
 
@@ -180,6 +181,48 @@ TEST(MakeGroups, RankMapOnSixteenRanks) {
     std::sort(all.begin(), all.end());
     ASSERT_EQ(all.size(), 16u) << gr->name;
     for (int i = 0; i < 16; ++i) EXPECT_EQ(all[i], i) << gr->name;
+  }
+}
+
+TEST(MakeGroups, OverlappedLayoutOnSixteenRanks) {
+  // ep 4 x esp 2 x dp 2 with mp 4 on the same GPUs: rank = (d*4 + e)*2 + s, MP blocks of 4.
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 8;
+  c.ep = 4;
+  c.esp = 2;
+  c.mp = 4;
+  c.layout = "overlapped";
+  Scenario sc = make_scenario(c);
+  ASSERT_EQ(sc.parallelism.dp, 2);
+  Groups g = make_groups(sc);
+  ASSERT_EQ(g.ep.groups.size(), 4u);
+  EXPECT_EQ(g.ep.groups[0], (std::vector<int>{0, 2, 4, 6}));     // (d0, s0)
+  EXPECT_EQ(g.ep.groups[1], (std::vector<int>{1, 3, 5, 7}));     // (d0, s1)
+  EXPECT_EQ(g.ep.groups[2], (std::vector<int>{8, 10, 12, 14}));  // (d1, s0)
+  ASSERT_EQ(g.esp.groups.size(), 8u);
+  EXPECT_EQ(g.esp.groups[0], (std::vector<int>{0, 1}));
+  ASSERT_EQ(g.mp.groups.size(), 4u);
+  EXPECT_EQ(g.mp.groups[0], (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g.mp.groups[3], (std::vector<int>{12, 13, 14, 15}));
+  ASSERT_EQ(g.dp.groups.size(), 8u);
+  EXPECT_EQ(g.dp.groups[0], (std::vector<int>{0, 8}));
+  ASSERT_EQ(g.ep_esp.groups.size(), 2u);
+  EXPECT_EQ(g.ep_esp.groups[1], (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  ASSERT_EQ(g.dense_dp.groups.size(), 4u);
+  EXPECT_EQ(g.dense_dp.groups[1], (std::vector<int>{1, 5, 9, 13}));
+  for (const Grouping* gr : {&g.ep, &g.esp, &g.mp, &g.dp, &g.ep_esp, &g.dense_dp, &g.shard}) {
+    std::vector<int> all;
+    for (const auto& grp : gr->groups) all.insert(all.end(), grp.begin(), grp.end());
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), 16u) << gr->name;
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(all[i], i) << gr->name;
+  }
+  // The rank map's inverse agrees with the groups.
+  const ParallelismSpec& p = sc.parallelism;
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(p.rank_of(r / 8, p.ep_index(r), p.esp_index(r), 0), r);
+    EXPECT_EQ(g.mp.groups[r / 4][p.mp_index(r)], r);
   }
 }
 

@@ -25,6 +25,7 @@ struct ParmCfg {
   double f = 1.2;
   int top_k = 2;
   std::string network = "analytical";
+  std::string layout = "disjoint";  // overlapped: ep = P / esp, the MP ranks on those GPUs
   std::string strategies =
       "  - {name: base, schedule: parm_baseline}\n  - {name: s1, schedule: parm_s1}\n"
       "  - {name: s2, schedule: parm_s2}\n  - {name: auto, schedule: parm_auto}";
@@ -33,7 +34,7 @@ struct ParmCfg {
 // Parm's cluster testbed shape: RTX 2080 Ti nodes on 100 Gb/s InfiniBand.
 Scenario parm_scenario(const ParmCfg& c) {
   const int P = c.nodes * c.gpus_per_node;
-  const int ep = P / (c.mp * c.esp);
+  const int ep = c.layout == "overlapped" ? P / c.esp : P / (c.mp * c.esp);
   const std::string yaml = fmt::format(
       R"(name: parm-test
 cluster:
@@ -54,7 +55,7 @@ model:
   top_k: {}
   capacity_factor: {}
   dtype: fp16
-parallelism: {{ep: {}, esp: {}, mp: {}, dp: 1}}
+parallelism: {{ep: {}, esp: {}, mp: {}, dp: 1, layout: {}}}
 workload:
   routing: {{distribution: uniform, seed: 3}}
   capacity: {{kind: fixed}}
@@ -64,7 +65,7 @@ strategies:
 {}
 )",
       c.nodes, c.gpus_per_node, c.batch, c.seq, c.model_dim, c.hidden_dim, c.top_k, c.f, ep, c.esp,
-      c.mp, c.network, c.strategies);
+      c.mp, c.layout, c.network, c.strategies);
   return parse_scenario_string(yaml, "parm-test.yaml");
 }
 
@@ -143,6 +144,61 @@ TEST(Saa, LoweringOnTwoByTwo) {
   EXPECT_NE(
       collectives::select_algorithm(call, collectives::CostContext{topo.get(), {}, {}}).algo(),
       CollectiveAlgo::kSaa);
+}
+
+TEST(Saa, SpanningTheGroupLowersTheWholeAllToAllAndTheBlockAllGather) {
+  // The overlapped layout's SAA on 4 ranks, m = 2: the all-to-all over all A = 4 ranks (c = 4 of
+  // S = 16 bytes each, n = 4 slices of q = 1 byte), the all-gather over the blocks {0,1}, {2,3}.
+  const Scenario sc = parm_scenario({});
+  const auto topo = topology::build_topology(sc.cluster);
+  const auto* algo = collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::kSaa);
+  ASSERT_NE(algo, nullptr);
+  CollectiveSpec spec;
+  spec.type = CollectiveType::kAllToAll;
+  spec.algo = CollectiveAlgo::kSaa;
+  spec.bytes = Bytes(16);
+  spec.sub_group = 2;
+  spec.saa_a2a_spans_group = true;
+  const std::vector<int> group = {0, 1, 2, 3};
+  collectives::CollectiveCall call{&spec, &group, 0, true};
+  const auto phases = algo->lower(call, *topo);
+  // Own chunk, then steps k = 0..4: 12 all-to-all pieces while slices remain, 4 forwards from 1.
+  ASSERT_EQ(phases.size(), 6u);
+  EXPECT_EQ(phases[0].copies.size(), 4u);
+  EXPECT_DOUBLE_EQ(phases[0].copies[1].dst_offset, (1 * 4 + 1) * 4.0);  // rank 1: slot t*A + a
+  ASSERT_EQ(phases[1].transfers.size(), 12u);
+  for (int k = 2; k <= 4; ++k) ASSERT_EQ(phases[k].transfers.size(), 16u) << k;
+  ASSERT_EQ(phases[5].transfers.size(), 4u);
+  // Rank 0 sends piece 0 of its chunk for rank 1 (at 1 * c) into rank 1's slot t * A + a = 4.
+  EXPECT_EQ(phases[1].transfers[0].src, 0);
+  EXPECT_EQ(phases[1].transfers[0].dst, 1);
+  EXPECT_DOUBLE_EQ(phases[1].transfers[0].bytes, 1.0);
+  EXPECT_DOUBLE_EQ(phases[1].chunks[0].send_offset, 4.0);
+  EXPECT_DOUBLE_EQ(phases[1].chunks[0].recv_offset, 16.0);
+  // Rank 2 (block 1) reaches rank 0 too: the all-to-all is not confined to one MP index.
+  EXPECT_EQ(phases[1].transfers[6].src, 2);
+  EXPECT_EQ(phases[1].transfers[6].dst, 3);
+  EXPECT_EQ(phases[1].transfers[7].dst, 0);
+  // Step 1's first forward: rank 0 sends slice 0 (A pieces of q: 4 bytes) to its block peer 1.
+  EXPECT_EQ(phases[2].transfers[12].src, 0);
+  EXPECT_EQ(phases[2].transfers[12].dst, 1);
+  EXPECT_DOUBLE_EQ(phases[2].transfers[12].bytes, 4.0);
+  // Conservation: every rank ends with m * S = 32 bytes: 4 own + 12 all-to-all + 16 forwarded.
+  for (int r = 0; r < 4; ++r) {
+    double a2a = 0, fwd = 0;
+    for (std::size_t k = 1; k < phases.size(); ++k)
+      for (std::size_t i = 0; i < phases[k].transfers.size(); ++i) {
+        const auto& t = phases[k].transfers[i];
+        if (t.dst != r) continue;
+        const bool forward = k == 5 || i >= 12;
+        (forward ? fwd : a2a) += t.bytes;
+        if (forward) {
+          EXPECT_EQ(t.src / 2, r / 2) << "forwards stay in the block";
+        }
+      }
+    EXPECT_DOUBLE_EQ(a2a, 12.0) << r;
+    EXPECT_DOUBLE_EQ(fwd, 16.0) << r;
+  }
 }
 
 TEST(Saa, OverlapBeatsSequentialAllToAllThenAllGather) {
@@ -229,6 +285,60 @@ TEST(ParmPlan, S1AndS2Structure) {
   EXPECT_DOUBLE_EQ(expert_flops(s1), expert_flops(s2));
   s1.plan.validate();
   s2.plan.validate();
+}
+
+// Parm's own layout (parallelism.layout overlapped): MP 2 on the EP 8 x ESP 2 GPUs of 16 ranks.
+// The fused all-to-all spans all 16 ranks (E = 16 experts), S2's SAA all-to-alls over the whole
+// group, and no expert MP all-reduce: the MP ranks of a block hold different experts.
+TEST(ParmPlan, OverlappedLayout) {
+  ParmCfg c;
+  c.mp = 2;
+  c.esp = 2;
+  c.layout = "overlapped";
+  const Scenario sc = parm_scenario(c);
+  ASSERT_EQ(sc.parallelism.ep, 8);
+  ASSERT_EQ(sc.num_experts(), 16);
+  const auto topo = topology::build_topology(sc.cluster);
+  workload::WorkloadGenerator gen(sc);
+  const auto work = gen.next(0);
+  Decision d;
+  d.schedule = ScheduleRole::kParmS1;
+  const BuiltPlan s1 = build_step_plan(sc, *topo, work, d);
+  d.schedule = ScheduleRole::kParmS2;
+  const BuiltPlan s2 = build_step_plan(sc, *topo, work, d);
+  d.schedule = ScheduleRole::kParmBaseline;
+  const BuiltPlan base = build_step_plan(sc, *topo, work, d);
+  const std::int64_t cap = work.layers[0].capacity;
+  const double y = 2.0 * 16 * static_cast<double>(cap) * 1024 * 2;  // esp * E * dC * M * b
+  for (const BuiltPlan* bp : {&s1, &s2}) {
+    EXPECT_EQ(count_labels(bp->plan, "expert_mp_allreduce"), 0);
+    for (OpId id : bp->index.moe_layers[0].dispatch) {
+      const auto& spec = bp->plan.op(id).collective();
+      EXPECT_DOUBLE_EQ(spec.bytes.value(), y / 2);
+      EXPECT_EQ(bp->plan.grouping(spec.grouping).group_size(), 16);
+    }
+    bp->plan.validate();
+  }
+  int saa = 0;
+  for (const Op& op : s2.plan.ops())
+    if (op.kind == OpKind::kCollective && op.collective().algo == CollectiveAlgo::kSaa) {
+      ++saa;
+      EXPECT_TRUE(op.collective().saa_a2a_spans_group);
+      EXPECT_EQ(op.collective().sub_group, 2);
+      EXPECT_EQ(s2.plan.grouping(op.collective().grouping).group_size(), 16);
+    }
+  EXPECT_EQ(saa, 2);
+  // The baseline's EP all-to-all is over the 8 EP ranks of one ESP index, its all-gather over 2.
+  const auto& disp = base.plan.op(base.index.moe_layers[0].dispatch[0]).collective();
+  EXPECT_EQ(base.plan.grouping(disp.grouping).group_size(), 8);
+  // The disjoint layout of the same degrees keeps the expert MP all-reduce (experts replicated
+  // over MP).
+  c.layout = "disjoint";
+  const Scenario dj = parm_scenario(c);
+  d.schedule = ScheduleRole::kParmS1;
+  workload::WorkloadGenerator gen2(dj);
+  EXPECT_EQ(count_labels(build_step_plan(dj, *topo, gen2.next(0), d).plan, "expert_mp_allreduce"),
+            1);
 }
 
 TEST(ParmPlan, RejectedWithoutMpOrEsp) {

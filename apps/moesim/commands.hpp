@@ -46,6 +46,7 @@ void check_output_path_on_root(exec::MpiSession& session, const std::string& pat
 std::unique_ptr<exec::Communicator> make_communicator(const std::string& backend,
                                                       exec::MpiSession& session);
 void register_sweep(CLI::App& app);
+void register_tune(CLI::App& app);  // cmd_tune.cpp (apps/moesim/tune.hpp)
 void register_list(CLI::App& app);
 
 /// `topo --ta-moe`: TA-MoE target per tier and predicted all-to-all times (cmd_route_train.cpp);

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   moesim::app::register_calibrate(app);
 #endif
   moesim::app::register_sweep(app);
+  moesim::app::register_tune(app);
   moesim::app::register_list(app);
   try {
     app.parse(argc, argv);

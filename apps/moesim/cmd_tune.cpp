@@ -1,0 +1,109 @@
+// `moesim tune SCENARIO.yaml [--budget 60s] [--engine flow] [--top 10] [--json F] [--csv F]
+//              [--emit best.yaml] [--keep-layout] [--iterations N] [--set KEY=VALUE]...`:
+// the best strategy stacks and parallel layouts for the scenario's model on its cluster
+// (apps/moesim/tune.hpp, docs/tune.md).
+#include <fmt/format.h>
+
+#include <fstream>
+#include <memory>
+
+#include "apps/moesim/commands.hpp"
+#include "apps/moesim/output.hpp"
+#include "apps/moesim/overrides.hpp"
+#include "apps/moesim/tune.hpp"
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+#include "core/units.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+constexpr int kAutoFlowGpus = 1024;
+
+struct TuneArgs {
+  std::string scenario;
+  std::vector<std::string> sets;
+  std::string budget = "60s";
+  std::string engine = "auto";
+  std::optional<std::string> top, iterations;
+  std::string json_path, csv_path, emit_path;
+  bool keep_layout = false;
+  bool quiet = false;
+};
+
+void run_tune(const TuneArgs& a) {
+  check_output_paths({{"--json", a.json_path}, {"--csv", a.csv_path}, {"--emit", a.emit_path}});
+  TuneOptions o;
+  o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
+  if (a.engine != "auto" && a.engine != "analytical" && a.engine != "flow" &&
+      a.engine != "simgrid")
+    throw InputError(fmt::format(
+        "--engine: found '{}', expected auto, analytical, flow or simgrid (the engine the best "
+        "candidates are re-run on; screening is analytical; analytical = no re-run)",
+        a.engine));
+  o.rerun_engine = a.engine;
+  if (auto v = parse_int_flag("--top", a.top, 1, 1000)) o.top = static_cast<int>(*v);
+  if (auto v = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag))
+    o.iterations = static_cast<int>(*v);
+  o.search_layouts = !a.keep_layout;
+  o.progress = !a.quiet;
+  const std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  const YAML::Node tree = load_yaml_file(path);
+  TuneResult r;
+  if (o.rerun_engine == "auto") {
+    // One flow step of a 4,096-GPU scenario takes minutes (issue 13's table): above 1,024 GPUs
+    // auto re-runs nothing, and says so.
+    const int gpus = parse_scenario_with(YAML::Clone(tree), path, a.sets).num_gpus();
+    o.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : "analytical";
+    r = tune(tree, path, a.sets, o);
+    if (gpus > kAutoFlowGpus)
+      r.notes.push_back(fmt::format("no flow re-run: --engine auto re-runs on flow up to {} GPUs "
+                                    "(one flow step of {} GPUs can take minutes); --engine flow "
+                                    "forces it",
+                                    kAutoFlowGpus, gpus));
+  } else {
+    r = tune(tree, path, a.sets, o);
+  }
+  print_tune(r);
+  if (!a.json_path.empty())
+    write_file_atomic(a.json_path, [&](std::ostream& os) { os << tune_json(r) << "\n"; });
+  if (!a.csv_path.empty())
+    write_file_atomic(a.csv_path, [&](std::ostream& os) { os << tune_csv(r); });
+  if (!a.emit_path.empty()) {
+    if (r.ranked.empty())
+      throw RuntimeError("--emit: no candidate ran (every layout over memory or inapplicable)");
+    const std::string text = tuned_scenario_yaml(tree, path, a.sets, r, r.ranked.front());
+    write_file_atomic(a.emit_path, [&](std::ostream& os) { os << text; });
+    fmt::print("# wrote {}: `moesim simulate {}` runs the tuned stack beside the baseline\n",
+               a.emit_path, a.emit_path);
+  }
+}
+
+}  // namespace
+
+void register_tune(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "tune", "Search strategy stacks and parallel layouts for a scenario's model and cluster");
+  auto a = std::make_shared<TuneArgs>();
+  cmd->add_option("scenario", a->scenario, "Scenario YAML (default: the bundled quickstart)");
+  cmd->add_option("--budget", a->budget, "Wall-clock budget of the search (default 60s)");
+  cmd->add_option("--engine", a->engine,
+                  "Engine the best candidates are re-run on: auto (default: flow up to 1,024 GPUs, "
+                  "else none), flow, simgrid, or analytical (screening only, no re-run)");
+  cmd->add_option("--top", a->top, "Candidates re-run and listed, in [1, 1000] (default 10)");
+  cmd->add_option("--iterations", a->iterations,
+                  "Iterations per run (default: the scenario's workload.iterations)");
+  cmd->add_option("--json", a->json_path, "Write the search and the ranked candidates as JSON");
+  cmd->add_option("--csv", a->csv_path, "Write the ranked candidates as CSV");
+  cmd->add_option("--emit", a->emit_path,
+                  "Write the best candidate as a scenario file (its layout, and strategies: "
+                  "[baseline, tuned])");
+  cmd->add_flag("--keep-layout", a->keep_layout,
+                "Search the strategy stacks on the scenario's own parallel layout only");
+  cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
+  add_set_option(cmd, &a->sets);
+  cmd->callback([a] { run_tune(*a); });
+}
+
+}  // namespace moesim::app

@@ -1,0 +1,807 @@
+// `moesim tune` (tune.hpp): the search, its report and the emitted scenario.
+#include "apps/moesim/tune.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/overrides.hpp"
+#include "apps/moesim/sweep.hpp"
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+#include "sim/engine.hpp"
+#include "strategies/memory.hpp"
+#include "strategies/plan_builder.hpp"
+#include "strategies/runner.hpp"
+#include "strategies/workload/workload.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string gib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024 * 1024)); }
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// The role space: one list of YAML values per role, baseline value first. Values that cannot
+// apply to any layout of this scenario are left out (2dh, ta_moe, faster_moe_hir on one node;
+// training schedules in inference). Values that apply to some layouts only are kept: the strategy
+// refuses them with an InputError, counted as inapplicable.
+struct Role {
+  std::string key;
+  std::vector<std::string> values;  // "" = the baseline (key omitted)
+};
+
+std::vector<Role> role_space(const Scenario& sc) {
+  const bool multi_node = sc.cluster.nodes > 1;
+  const bool training = sc.model.mode == Mode::kTraining;
+  std::vector<Role> roles;
+  roles.push_back({"routing", {""}});
+  if (multi_node && training) {
+    roles.back().values.push_back("ta_moe");
+    roles.back().values.push_back("faster_moe_hir");
+  }
+  roles.push_back({"a2a", {"", "auto"}});
+  if (multi_node) roles.back().values.push_back("2dh");
+  roles.push_back({"layout", {"", "flexible"}});
+  roles.push_back({"pipeline", {"", "pipemoe", "tutel_online"}});
+  roles.push_back({"parallel", {"", "tutel_router"}});
+  if (training) {
+    roles.push_back({"schedule", {"", "lina", "parm_auto"}});
+  } else {
+    roles.push_back({"inference", {"", "lina"}});
+  }
+  return roles;
+}
+
+// The role space of one layout: values that are exact no-ops or always refused there are left
+// out. parallel: unsharded experts have nothing to switch (every degree is 1, parallel.cpp), so
+// p2 and tutel_router only where experts are sharded; parm_auto only with mp or esp > 1 and
+// unsharded experts, ta_moe and faster_moe_hir only with unsharded experts and esp = 1 (the
+// strategies refuse them otherwise).
+std::vector<Role> layout_roles(const std::vector<Role>& all, const TuneLayout& l) {
+  std::vector<Role> out = all;
+  for (Role& role : out) {
+    if (role.key == "parallel") {
+      role.values = {""};
+      if (l.experts_per_gpu < 0) role.values = {"", "p2", "tutel_router"};
+    }
+    if (role.key == "schedule" && (l.experts_per_gpu < 1 || (l.par.mp < 2 && l.par.esp < 2)))
+      std::erase(role.values, "parm_auto");
+    // Topology-aware routing (TA-MoE, FasterMoE's hierarchy) needs unsharded experts, esp = 1.
+    if (role.key == "routing" && (l.experts_per_gpu < 1 || l.par.esp > 1)) role.values = {""};
+  }
+  return out;
+}
+
+int space_size(const std::vector<Role>& roles) {
+  int n = 1;
+  for (const Role& role : roles) n *= static_cast<int>(role.values.size());
+  return n;
+}
+
+using Choice = std::vector<int>;  // value index per role
+
+std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const std::string& name) {
+  std::string out = "{name: " + name;
+  for (std::size_t i = 0; i < roles.size(); ++i)
+    if (!roles[i].values[c[i]].empty()) out += ", " + roles[i].key + ": " + roles[i].values[c[i]];
+  return out + "}";
+}
+
+std::string par_yaml(const ParallelismSpec& p) {
+  return fmt::format("{{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.ep, p.esp, p.mp, p.dp,
+                     name_of(p.layout));
+}
+
+YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
+  YAML::Node t = YAML::Clone(tree);
+  const SourceLocation where{"--set", 0, 0};
+  for (const std::string& s : sets) {
+    auto [key, value] = parse_set_edit(s);
+    set_key_path(t, key, value, where);
+  }
+  return t;
+}
+
+}  // namespace
+
+// Every layout of P GPUs for the scenario's model (see tune.hpp). mp and esp stay inside a node
+// (tensor and expert-shard groups are intra-node in every system the strategies come from).
+std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
+  const int P = sc.num_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
+  const ParallelismSpec& p0 = sc.parallelism;
+  // Global batch in sequences: P / mp replicas of batch_per_gpu (MP ranks share their tokens).
+  const std::int64_t global = static_cast<std::int64_t>(P / p0.mp) * sc.model.batch_per_gpu;
+  const bool inference = sc.model.mode == Mode::kInference;
+  std::vector<TuneLayout> out;
+  for (int mp : divisors(g)) {
+    if (mp > 8 || sc.model.model_dim % mp != 0 || (inference && mp > 1)) continue;
+    if (global * mp % P != 0) continue;
+    const int batch = static_cast<int>(global * mp / P);
+    for (int esp : divisors(g)) {
+      if (esp > 8 || sc.model.hidden_dim % esp != 0 || (inference && esp > 1)) continue;
+      for (MpLayout lay : {MpLayout::kDisjoint, MpLayout::kOverlapped}) {
+        if (lay == MpLayout::kOverlapped && mp == 1) continue;  // the same as disjoint
+        const std::int64_t fixed = lay == MpLayout::kOverlapped ? esp : esp * mp;
+        if (P % fixed != 0) continue;
+        const int rest = static_cast<int>(P / fixed);
+        for (int ep : divisors(rest)) {
+          ParallelismSpec par;
+          par.ep = ep;
+          par.esp = esp;
+          par.mp = mp;
+          par.dp = rest / ep;
+          par.layout = lay;
+          if (lay == MpLayout::kOverlapped && (ep * esp) % mp != 0) continue;
+          int epg = 0;
+          if (E % ep == 0) {
+            epg = E / ep;
+          } else if (ep % E == 0 && esp == 1) {
+            epg = -(ep / E);
+          } else {
+            continue;
+          }
+          TuneLayout l;
+          l.par = par;
+          l.batch_per_gpu = batch;
+          l.experts_per_gpu = epg;
+          l.edits = {"parallelism=" + par_yaml(par), fmt::format("model.batch_per_gpu={}", batch),
+                     fmt::format("model.experts_per_gpu={}", epg)};
+          l.is_scenario = par.ep == p0.ep && par.esp == p0.esp && par.mp == p0.mp &&
+                          par.dp == p0.dp && par.layout == p0.layout &&
+                          batch == sc.model.batch_per_gpu;
+          out.push_back(std::move(l));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+class Search {
+ public:
+  Search(const YAML::Node& tree, const std::string& path, const std::vector<std::string>& sets,
+         const TuneOptions& opts)
+      : path_(path), opts_(opts), t0_(Clock::now()) {
+    tree_ = edited(tree, sets);  // the user's --set edits first; YAML `experts` goes below
+    base_ = parse_scenario(YAML::Clone(tree_), path_);
+    // The layouts set experts_per_gpu; a file giving `experts` would then have both.
+    if (tree_["model"] && tree_["model"]["experts"]) tree_["model"].remove("experts");
+    topo_ = simulation_topology(base_);
+    roles_ = role_space(base_);
+    iterations_ = opts.iterations.value_or(base_.workload.iterations);
+  }
+
+  TuneResult run() {
+    TuneResult r;
+    r.scenario = path_;
+    r.gpus = base_.num_gpus();
+    r.screen_engine = opts_.screen_engine;
+    r.rerun_engine = opts_.rerun_engine;
+    layouts(r);
+    screen(r);
+    rerun(r);
+    return r;
+  }
+
+  const YAML::Node& tree() const { return tree_; }
+
+ private:
+  double left() const { return opts_.budget_s - since(t0_); }
+
+  void say(const std::string& line) const {
+    if (opts_.progress) std::fprintf(stderr, "tune: %s\n", line.c_str());
+  }
+
+  Scenario scenario_of(const TuneLayout& l, const std::string& stack) const {
+    std::vector<std::string> edits = l.edits;
+    edits.push_back("strategies=[" + stack + "]");
+    return parse_scenario(edited(tree_, edits), path_);
+  }
+
+  // Layout li with every stack of the role space as its strategies ("s<index>", mixed radix over
+  // the roles, the first role slowest): parsed once per layout, so a run costs no YAML parse.
+  // nullptr when the loader refuses some stack statically (then each stack is parsed alone).
+  const Scenario* layout_scenario(const TuneResult& r, int li) {
+    auto it = layout_sc_.find(li);
+    if (it != layout_sc_.end()) return it->second.get();
+    std::string list = "strategies=[";
+    const std::vector<Role>& rl = roles(r, li);
+    Choice c(rl.size(), 0);
+    for (int i = 0; i < space_size(rl); ++i) {
+      list += (i ? ", " : "") + stack_yaml(rl, c, fmt::format("s{}", i));
+      next(rl, c);
+    }
+    list += "]";
+    std::unique_ptr<Scenario> sc;
+    try {
+      std::vector<std::string> edits = r.layouts[li].edits;
+      edits.push_back(list);
+      sc = std::make_unique<Scenario>(parse_scenario(edited(tree_, edits), path_));
+      // The stacks move out: a strategy run copies its scenario (Lina's packing), and 324
+      // strategies with their key locations would be copied along every time.
+      specs_[li] = std::move(sc->strategies);
+      sc->strategies.assign(1, specs_[li].front());
+      std::erase_if(sc->locations,
+                    [](const auto& kv) { return kv.first.rfind("strategies[", 0) == 0; });
+    } catch (const InputError&) {
+      sc = nullptr;
+    }
+    return layout_sc_.emplace(li, std::move(sc)).first->second.get();
+  }
+
+  const std::vector<Role>& roles(const TuneResult& r, int li) {
+    auto it = lroles_.find(li);
+    if (it == lroles_.end()) it = lroles_.emplace(li, layout_roles(roles_, r.layouts[li])).first;
+    return it->second;
+  }
+
+  static int index_of(const std::vector<Role>& rl, const Choice& c) {
+    int i = 0;
+    for (std::size_t k = 0; k < rl.size(); ++k)
+      i = i * static_cast<int>(rl[k].values.size()) + c[k];
+    return i;
+  }
+
+  // Advances c in mixed radix (last role fastest); false after the last combination.
+  static bool next(const std::vector<Role>& rl, Choice& c) {
+    std::size_t k = rl.size();
+    while (k > 0) {
+      --k;
+      if (++c[k] < static_cast<int>(rl[k].values.size())) return true;
+      c[k] = 0;
+    }
+    return false;
+  }
+
+  // One run of a stack on layout li with `engine`; nullopt when the stack cannot apply.
+  std::optional<RunSummary> run_spec(const Scenario& sc, const StrategySpec& spec,
+                                     const std::string& engine, int iterations = 0) {
+    const sim::EngineConfig cfg = engine_config_from(sc, engine);
+    strategies::Backend backend = [&](const Plan& plan) {
+      return sim::run_plan(plan, *topo_, cfg);
+    };
+    const auto t = Clock::now();
+    try {
+      strategies::StackRun run = strategies::run_stack(
+          sc, spec, *topo_, backend, iterations > 0 ? iterations : iterations_, &cache_);
+      return summarize(run, "cluster", topo_->num_gpus(), since(t));
+    } catch (const InputError& e) {
+      // "strategy 's17', role routing: ..." -> "role routing: ...", so one reason counts once.
+      std::string msg = e.message();
+      if (msg.rfind("strategy '", 0) == 0)
+        if (auto at = msg.find("', "); at != std::string::npos) msg = msg.substr(at + 3);
+      ++refusals_[msg];
+      return std::nullopt;
+    }
+  }
+
+  std::optional<RunSummary> run_one(TuneResult& r, int li, const std::string& stack,
+                                    const std::string& engine) {
+    const Scenario sc = scenario_of(r.layouts[li], stack);
+    return run_spec(sc, sc.strategies.at(0), engine);
+  }
+
+  void layouts(TuneResult& r) {
+    std::vector<TuneLayout> all;
+    if (opts_.search_layouts) all = tune_layouts(base_);
+    bool has_own = false;
+    for (const auto& l : all) has_own = has_own || l.is_scenario;
+    if (!has_own) {  // the scenario's own layout is always a candidate
+      TuneLayout own;
+      own.par = base_.parallelism;
+      own.batch_per_gpu = base_.model.batch_per_gpu;
+      own.experts_per_gpu = base_.model.experts_per_gpu;
+      own.edits = {"parallelism=" + par_yaml(own.par),
+                   fmt::format("model.batch_per_gpu={}", own.batch_per_gpu),
+                   fmt::format("model.experts_per_gpu={}", own.experts_per_gpu)};
+      own.is_scenario = true;
+      all.insert(all.begin(), own);
+    }
+    const double gpu_bytes = topo_->gpu().memory.value();
+    for (auto& l : all) {
+      const Scenario sc = scenario_of(l, "{name: baseline}");
+      const strategies::Decision d;
+      l.memory_bytes =
+          strategies::estimate_memory(
+              sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)))
+              .total_bytes();
+      if (gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes) ++r.layouts_fit;
+    }
+    r.layouts = std::move(all);
+    for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li)
+      r.stacks_in_space += space_size(roles(r, li));
+    say(fmt::format("{} GPUs; {} layouts ({} fit the {}'s {:.0f} GiB), {} stacks in all", r.gpus,
+                    r.layouts.size(), r.layouts_fit, topo_->gpu().name, gpu_bytes / (1 << 30),
+                    r.stacks_in_space));
+  }
+
+  void add(TuneResult& r, int li, const std::string& stack, const std::string& roles,
+           const RunSummary& s) {
+    if (!s.fits_memory()) {  // e.g. Lina's packing on a layout that fits only unpacked
+      ++r.over_memory;
+      return;
+    }
+    TuneRow row;
+    row.layout = li;
+    row.stack_yaml = stack;
+    row.roles = roles;
+    row.screen = s;
+    if (best_ < 0 || s.step_mean_s < rows_[best_].screen.step_mean_s) {
+      best_ = static_cast<int>(rows_.size());
+      r.time_to_best_s = since(t0_);
+    }
+    rows_.push_back(std::move(row));
+  }
+
+  // Evaluates choice c on layout li (memoised); +inf when inapplicable or over memory.
+  double eval(TuneResult& r, int li, const Choice& c) {
+    const std::vector<Role>& rl = roles(r, li);
+    const int idx = index_of(rl, c);
+    const auto key = std::make_pair(li, idx);
+    if (auto it = seen_.find(key); it != seen_.end()) return it->second;
+    ++r.evaluated;
+    double t = INFINITY;
+    const std::string stack = stack_yaml(rl, c, "tuned");
+    const Scenario* all = layout_scenario(r, li);
+    std::optional<Scenario> alone;
+    if (!all) {
+      try {
+        alone = scenario_of(r.layouts[li], stack);
+      } catch (const InputError&) {
+        ++r.inapplicable;
+        seen_[key] = t;
+        return t;
+      }
+    }
+    const Scenario& sc = all ? *all : *alone;
+    const StrategySpec& spec = all ? specs_.at(li).at(idx) : sc.strategies.at(0);
+    if (auto s = run_spec(sc, spec, opts_.screen_engine)) {
+      t = s->fits_memory() ? s->step_mean_s : INFINITY;
+      add(r, li, stack, describe_roles(spec), *s);
+    } else {
+      ++r.inapplicable;
+    }
+    seen_[key] = t;
+    return t;
+  }
+
+  // The layout screen's probe of choice c: one iteration when the scenario runs several (the
+  // layout's order only; the ranked rows all run the scenario's iterations), else eval itself.
+  double probe(TuneResult& r, int li, const Choice& c) {
+    if (iterations_ <= 1) return eval(r, li, c);
+    ++r.probes;
+    const std::vector<Role>& rl = roles(r, li);
+    const Scenario* all = layout_scenario(r, li);
+    std::optional<RunSummary> s;
+    if (all) {
+      s = run_spec(*all, specs_.at(li).at(index_of(rl, c)), opts_.screen_engine, 1);
+    } else {
+      try {
+        s = run_one(r, li, stack_yaml(rl, c, "tuned"), opts_.screen_engine);
+      } catch (const InputError&) {
+      }
+    }
+    return s && s->fits_memory() ? s->step_mean_s : INFINITY;
+  }
+
+  // Screening order: the scenario's layout, then one layout of each family (mp, esp, disjoint /
+  // overlapped) in turn, each family's by ep from the largest, so a budget that stops the screen
+  // early has still seen every family.
+  std::vector<int> screen_order(const TuneResult& r) const {
+    std::map<std::tuple<int, int, int>, std::vector<int>> families;
+    for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li) {
+      const ParallelismSpec& p = r.layouts[li].par;
+      families[{p.mp, p.esp, static_cast<int>(p.layout)}].push_back(li);
+    }
+    for (auto& [key, list] : families)
+      std::stable_sort(list.begin(), list.end(),
+                       [&](int a, int b) { return r.layouts[a].par.ep > r.layouts[b].par.ep; });
+    std::vector<int> out;
+    for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li)
+      if (r.layouts[li].is_scenario) out.push_back(li);
+    for (std::size_t round = 0; out.size() < r.layouts.size(); ++round)
+      for (auto& [key, list] : families)
+        if (round < list.size() && !r.layouts[list[round]].is_scenario) out.push_back(list[round]);
+    return out;
+  }
+
+  // Coordinate descent from the baseline: each role in turn takes its best value given the
+  // others; repeats until a full pass changes nothing (at most 3 passes).
+  void descend(TuneResult& r, int li, double stop_at) {
+    const std::vector<Role>& rl = roles(r, li);
+    Choice c(rl.size(), 0);
+    double best = eval(r, li, c);
+    for (int pass = 0; pass < 3; ++pass) {
+      bool changed = false;
+      for (std::size_t k = 0; k < rl.size(); ++k)
+        for (int v = 0; v < static_cast<int>(rl[k].values.size()); ++v) {
+          if (v == c[k] || left() < stop_at) continue;
+          Choice d = c;
+          d[k] = v;
+          const double t = eval(r, li, d);
+          if (t < best * (1 - 1e-9)) {
+            best = t;
+            c = d;
+            changed = true;
+          }
+        }
+      if (!changed) break;
+    }
+    if (left() < stop_at) r.complete = false;
+  }
+
+  void exhaustive(TuneResult& r, int li, double stop_at) {
+    const std::vector<Role>& rl = roles(r, li);
+    Choice c(rl.size(), 0);
+    do {
+      if (left() < stop_at) {
+        r.complete = false;
+        return;
+      }
+      eval(r, li, c);
+    } while (next(rl, c));
+  }
+
+  void screen(TuneResult& r) {
+    const auto t = Clock::now();
+    // The re-run keeps a share of the budget when it is a different engine: what top + 1 runs
+    // cost at the price of the scenario's baseline on that engine (run first: it is the
+    // reference of the re-run speedups), with a margin, at most half the budget.
+    const bool reruns = opts_.rerun_engine != opts_.screen_engine;
+    int own = 0;
+    for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li)
+      if (r.layouts[li].is_scenario) own = li;
+    double keep = 0;
+    if (reruns) {
+      const auto tb = Clock::now();
+      r.baseline_rerun = run_one(r, own, "{name: baseline}", opts_.rerun_engine);
+      // Pipelined stacks cost a few times the baseline's events on flow: a margin of 3.
+      keep = std::min(0.5 * opts_.budget_s,
+                      std::max(0.1 * opts_.budget_s, 3.0 * (opts_.top + 1) * since(tb)));
+      say(fmt::format("baseline on {}: {:.3f} ms ({:.2f} s); {:.1f} s kept for the re-runs",
+                      opts_.rerun_engine,
+                      r.baseline_rerun ? r.baseline_rerun->step_mean_s * 1e3 : NAN, since(tb),
+                      keep));
+    }
+    // (1) Every fitting layout with the baseline stack (and Parm where it applies).
+    const double gpu_bytes = topo_->gpu().memory.value();
+    std::vector<std::pair<double, int>> order;
+    int unscreened = 0;
+    for (int li : screen_order(r)) {
+      const std::vector<Role>& rl = roles(r, li);
+      Choice base(rl.size(), 0), parm = base;
+      for (std::size_t k = 0; k < rl.size(); ++k)
+        for (std::size_t v = 0; v < rl[k].values.size(); ++v)
+          if (rl[k].values[v] == "parm_auto") parm[k] = static_cast<int>(v);
+      const TuneLayout& l = r.layouts[li];
+      if (l.is_scenario) {  // the reference of every speedup, fitting or not
+        if (auto s = run_one(r, li, "{name: baseline}", opts_.screen_engine))
+          r.baseline_screen = *s;
+        else
+          throw InputError(fmt::format("{}: the scenario's own layout cannot run the baseline "
+                                       "stack, so tune has no reference to compare with",
+                                       path_));
+        if (!r.baseline_screen.fits_memory())
+          r.notes.push_back(fmt::format("the scenario's own layout does not fit the GPU memory "
+                                        "({} GiB of {} GiB); speedups are still against it",
+                                        gib(r.baseline_screen.memory_bytes),
+                                        gib(r.baseline_screen.gpu_memory_bytes)));
+      }
+      if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
+      // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
+      if (!l.is_scenario && since(t) > 0.4 * (opts_.budget_s - keep)) {
+        ++unscreened;
+        r.complete = false;
+        continue;
+      }
+      double best = probe(r, li, base);
+      if (parm != base) best = std::min(best, probe(r, li, parm));
+      if (std::isfinite(best)) order.emplace_back(best, li);
+    }
+    if (unscreened > 0)
+      r.notes.push_back(fmt::format("budget: {} fitting layouts were not screened (screening takes "
+                                    "one layout of each mp / esp / layout family in turn, largest "
+                                    "ep first; a larger --budget screens them)",
+                                    unscreened));
+    std::stable_sort(order.begin(), order.end());
+    say(fmt::format("layouts screened: {} ran, best {:.3f} ms ({}), {:.1f} s{}", order.size(),
+                    order.empty() ? 0.0 : order[0].first * 1e3,
+                    order.empty() ? "-" : r.layouts[order[0].second].describe(), since(t),
+                    iterations_ > 1 ? " (1-iteration probes)" : ""));
+    // (2) Stack search on the best layouts while the budget lasts.
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (left() < keep) {
+        r.complete = r.complete && i == order.size();
+        if (i < order.size()) r.notes.push_back(fmt::format(
+                                  "budget: {} of {} layouts got no stack search", order.size() - i,
+                                  order.size()));
+        break;
+      }
+      const int li = order[i].second;
+      const int before = r.evaluated;
+      // Exhaustive when the space fits half of what is left at the cost seen so far per run.
+      const double per_run = r.evaluated > 0 ? since(t) / r.evaluated : 0.0;
+      const bool all = per_run * space_size(roles(r, li)) < 0.5 * (left() - keep);
+      if (all) {
+        exhaustive(r, li, keep);
+      } else {
+        descend(r, li, keep);
+      }
+      if (i == 0) r.search = all ? "exhaustive" : "coordinate descent";
+      ++r.layouts_searched;
+      say(fmt::format("layout {}/{} {}: {} ({} runs), best so far {:.3f} ms, {:.0f} s left",
+                      i + 1, order.size(), r.layouts[li].describe(),
+                      all ? "exhaustive" : "coordinate descent", r.evaluated - before,
+                      best_ >= 0 ? rows_[best_].screen.step_mean_s * 1e3 : 0.0,
+                      std::max(0.0, left())));
+    }
+    r.screen_wall_s = since(t);
+    // Why stacks were refused, most frequent first (the strategies' own error messages).
+    std::vector<std::pair<int, std::string>> why;
+    for (const auto& [msg, n] : refusals_) why.emplace_back(-n, msg);
+    std::sort(why.begin(), why.end());
+    for (std::size_t i = 0; i < why.size() && i < 3; ++i)
+      r.notes.push_back(fmt::format("{} stack runs refused: {}", -why[i].first, why[i].second));
+  }
+
+  void rerun(TuneResult& r) {
+    // Distinct candidates, best first: one per (layout, decisions) — several stacks often take
+    // the same decisions (a2a auto choosing linear).
+    std::vector<int> idx(rows_.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
+    // Ties: the stack with fewer roles set first (lina on dp = 1 changes nothing, for one).
+    auto roles_set = [](const TuneRow& row) {
+      return row.roles == "baseline" ? 0 : std::count(row.roles.begin(), row.roles.end(), '=');
+    };
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+      if (rows_[a].screen.step_mean_s != rows_[b].screen.step_mean_s)
+        return rows_[a].screen.step_mean_s < rows_[b].screen.step_mean_s;
+      return roles_set(rows_[a]) < roles_set(rows_[b]);
+    });
+    // One row per (layout, step time): stacks that tie on a layout run the same plan in effect
+    // (a2a auto choosing linear, a schedule with nothing to schedule).
+    for (int i : idx) {
+      if (static_cast<int>(r.ranked.size()) >= opts_.top) break;
+      const TuneRow& row = rows_[i];
+      const double t = row.screen.step_mean_s;
+      const bool dup = std::any_of(r.ranked.begin(), r.ranked.end(), [&](const TuneRow& x) {
+        return x.layout == row.layout && std::fabs(x.screen.step_mean_s - t) <= 1e-9 * t;
+      });
+      if (!dup) r.ranked.push_back(row);
+    }
+    const auto t = Clock::now();
+    if (opts_.rerun_engine != opts_.screen_engine && !r.ranked.empty()) {
+      std::size_t done = 0;
+      for (auto& row : r.ranked) {
+        // Every re-run costs about what the first did; stop when the next would overrun.
+        const double per = done > 0 ? since(t) / static_cast<double>(done + 1) : 0.0;
+        if (done > 0 && left() < per) break;
+        row.rerun = run_one(r, row.layout, row.stack_yaml, opts_.rerun_engine);
+        ++done;
+        say(fmt::format("re-run {}/{} on {}: {:.3f} ms", done, r.ranked.size(),
+                        opts_.rerun_engine, row.rerun ? row.rerun->step_mean_s * 1e3 : NAN));
+      }
+      if (done < r.ranked.size()) {
+        r.notes.push_back(fmt::format("budget: {} of the {} best were not re-run on {} (ranked by "
+                                      "{} below them)",
+                                      r.ranked.size() - done, r.ranked.size(), opts_.rerun_engine,
+                                      opts_.screen_engine));
+        r.complete = false;
+      }
+      // Re-run rows first, by their re-run time; the rest after, by the screen time.
+      std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const TuneRow& a, const TuneRow& b) {
+        if (a.rerun.has_value() != b.rerun.has_value()) return a.rerun.has_value();
+        return a.time_s() < b.time_s();
+      });
+    }
+    r.rerun_wall_s = since(t);
+    const RunSummary* base = r.baseline_rerun ? &*r.baseline_rerun : &r.baseline_screen;
+    for (auto& row : r.ranked) {
+      const RunSummary& s = row.rerun && r.baseline_rerun ? *row.rerun : row.screen;
+      const RunSummary& b = row.rerun && r.baseline_rerun ? *base : r.baseline_screen;
+      const double speedup = s.step_mean_s > 0 ? b.step_mean_s / s.step_mean_s : 0.0;
+      row.screen.speedup = speedup;
+      if (row.rerun) row.rerun->speedup = speedup;
+    }
+  }
+
+  std::string path_;
+  TuneOptions opts_;
+  Clock::time_point t0_;
+  YAML::Node tree_;
+  Scenario base_;
+  std::unique_ptr<topology::Topology> topo_;
+  std::vector<Role> roles_;
+  std::map<int, std::vector<Role>> lroles_;
+  int iterations_ = 1;
+  workload::SampleCache cache_;
+  std::map<int, std::unique_ptr<Scenario>> layout_sc_;
+  std::map<int, std::vector<StrategySpec>> specs_;
+  std::map<std::pair<int, int>, double> seen_;
+  std::vector<TuneRow> rows_;
+  int best_ = -1;
+  std::map<std::string, int> refusals_;
+};
+
+}  // namespace
+
+std::string TuneLayout::describe() const {
+  return fmt::format("ep={} esp={} mp={} dp={}{} B={}", par.ep, par.esp, par.mp, par.dp,
+                     par.mp > 1 ? fmt::format(" {}", name_of(par.layout)) : "", batch_per_gpu);
+}
+
+TuneResult tune(const YAML::Node& tree, const std::string& path,
+                const std::vector<std::string>& sets, const TuneOptions& opts) {
+  Search s(tree, path, sets, opts);
+  return s.run();
+}
+
+std::string tuned_scenario_yaml(const YAML::Node& tree, const std::string& path,
+                                const std::vector<std::string>& sets, const TuneResult& result,
+                                const TuneRow& row) {
+  YAML::Node t = edited(tree, sets);
+  if (t["model"] && t["model"]["experts"]) t["model"].remove("experts");
+  const TuneLayout& l = result.layouts.at(row.layout);
+  std::vector<std::string> edits = l.edits;
+  edits.push_back("strategies=[{name: baseline}, " + row.stack_yaml + "]");
+  t = edited(t, edits);
+  // Paths in the file are relative to it; the emitted file may live elsewhere.
+  const Scenario sc = parse_scenario(YAML::Clone(t), path);
+  if (!sc.cluster.calibration_path.empty())
+    t["cluster"]["calibration"] = std::filesystem::absolute(sc.cluster.calibration_path).string();
+  if (!sc.workload.routing.trace_path.empty())
+    t["workload"]["routing"]["trace"] =
+        std::filesystem::absolute(sc.workload.routing.trace_path).string();
+  YAML::Emitter em;
+  em << t;
+  std::ostringstream out;
+  out << fmt::format(
+      "# Written by `moesim tune {}`: the best stack found ({}) on layout {}.\n"
+      "# Predicted step time: {:.3f} ms on {} ({:.2f}x the scenario's baseline).\n"
+      "# `moesim simulate` on this file runs the baseline stack on this layout and the tuned one.\n",
+      path, row.roles, l.describe(), row.time_s() * 1e3,
+      row.rerun ? result.rerun_engine : result.screen_engine,
+      row.rerun ? row.rerun->speedup : row.screen.speedup);
+  out << em.c_str() << "\n";
+  return out.str();
+}
+
+void print_tune(const TuneResult& r) {
+  fmt::print("# moesim tune {}: {} GPUs; {} layouts ({} fit in memory, {} searched), {} stacks in all; "
+             "{} runs on {} ({} inapplicable, {} over memory){}, {} re-run on {}\n",
+             r.scenario, r.gpus, r.layouts.size(), r.layouts_fit, r.layouts_searched,
+             r.stacks_in_space, r.evaluated, r.screen_engine, r.inapplicable, r.over_memory,
+             r.probes > 0 ? fmt::format(" + {} one-iteration layout probes", r.probes) : "",
+             std::count_if(r.ranked.begin(), r.ranked.end(),
+                           [](const TuneRow& x) { return x.rerun.has_value(); }),
+             r.rerun_engine);
+  const bool rerun = r.baseline_rerun.has_value();
+  fmt::print("# baseline (the scenario's layout and {{name: baseline}}): {:.3f} ms on {}{}\n",
+             r.baseline_screen.step_mean_s * 1e3, r.screen_engine,
+             rerun ? fmt::format(", {:.3f} ms on {}", r.baseline_rerun->step_mean_s * 1e3,
+                                 r.rerun_engine)
+                   : "");
+  fmt::print("{:<4} {:>10} {:>10} {:>8} {:>9}  {:<36} {}\n", "rank",
+             fmt::format("{}(ms)", r.screen_engine.substr(0, 5)),
+             rerun ? fmt::format("{}(ms)", r.rerun_engine.substr(0, 5)) : std::string("-"),
+             "speedup", "mem(GiB)", "layout", "stack (why: decisions; a2a / compute / exposed ms)");
+  int rank = 0;
+  for (const TuneRow& row : r.ranked) {
+    const RunSummary& s = row.rerun ? *row.rerun : row.screen;
+    fmt::print("{:<4} {:>10.3f} {:>10} {:>7.2f}x {:>9}  {:<36} {}\n", ++rank,
+               row.screen.step_mean_s * 1e3,
+               row.rerun ? fmt::format("{:.3f}", row.rerun->step_mean_s * 1e3) : std::string("-"),
+               s.speedup, gib(row.screen.memory_bytes), r.layouts[row.layout].describe(),
+               fmt::format("{}; {}; {:.2f} / {:.2f} / {:.2f}", row.roles, s.decisions,
+                           s.a2a_mean_s * 1e3, s.compute_mean_s * 1e3,
+                           s.exposed_comm_mean_s * 1e3));
+  }
+  fmt::print("# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running; best "
+             "found after {:.1f} s; {}\n",
+             r.search.empty() ? "-" : r.search, r.screen_wall_s, r.rerun_wall_s, r.time_to_best_s,
+             r.complete ? "complete" : "cut short by --budget");
+  for (const auto& n : r.notes) fmt::print("# note: {}\n", n);
+}
+
+std::string tune_json(const TuneResult& r) {
+  using nlohmann::json;
+  auto summary = [](const RunSummary& s) {
+    return json{{"step_time_s", s.step_mean_s},
+                {"a2a_s", s.a2a_mean_s},
+                {"compute_s", s.compute_mean_s},
+                {"exposed_comm_s", s.exposed_comm_mean_s},
+                {"decisions", s.decisions},
+                {"memory_bytes", s.memory_bytes}};
+  };
+  json j;
+  j["scenario"] = r.scenario;
+  j["gpus"] = r.gpus;
+  j["screen_engine"] = r.screen_engine;
+  j["rerun_engine"] = r.rerun_engine;
+  j["space"] = {{"layouts", r.layouts.size()},
+                {"layouts_fit_memory", r.layouts_fit},
+                {"layouts_searched", r.layouts_searched},
+                {"stacks", r.stacks_in_space},
+                {"evaluated", r.evaluated},
+                {"layout_probes", r.probes},
+                {"inapplicable", r.inapplicable},
+                {"over_memory", r.over_memory}};
+  j["search"] = {{"best_layout", r.search},
+                 {"complete", r.complete},
+                 {"screen_wall_s", r.screen_wall_s},
+                 {"rerun_wall_s", r.rerun_wall_s},
+                 {"time_to_best_s", r.time_to_best_s},
+                 {"runs_per_s", r.screen_wall_s > 0 ? r.evaluated / r.screen_wall_s : 0.0}};
+  j["baseline"] = {{"screen", summary(r.baseline_screen)}};
+  if (r.baseline_rerun) j["baseline"]["rerun"] = summary(*r.baseline_rerun);
+  json rows = json::array();
+  int rank = 0;
+  for (const TuneRow& row : r.ranked) {
+    const TuneLayout& l = r.layouts[row.layout];
+    json x{{"rank", ++rank},
+           {"parallelism",
+            {{"ep", l.par.ep},
+             {"esp", l.par.esp},
+             {"mp", l.par.mp},
+             {"dp", l.par.dp},
+             {"layout", std::string(name_of(l.par.layout))}}},
+           {"batch_per_gpu", l.batch_per_gpu},
+           {"experts_per_gpu", l.experts_per_gpu},
+           {"stack", row.stack_yaml},
+           {"roles", row.roles},
+           {"screen", summary(row.screen)},
+           {"speedup", row.rerun ? row.rerun->speedup : row.screen.speedup}};
+    if (row.rerun) x["rerun"] = summary(*row.rerun);
+    rows.push_back(std::move(x));
+  }
+  j["ranked"] = std::move(rows);
+  j["notes"] = r.notes;
+  return j.dump(2);
+}
+
+std::string tune_csv(const TuneResult& r) {
+  std::ostringstream o;
+  o << "rank,ep,esp,mp,dp,layout,batch_per_gpu,experts_per_gpu,roles,screen_step_s,rerun_step_s,"
+       "speedup,memory_bytes,decisions\n";
+  int rank = 0;
+  for (const TuneRow& row : r.ranked) {
+    const TuneLayout& l = r.layouts[row.layout];
+    o << fmt::format("{},{},{},{},{},{},{},{},\"{}\",{},{},{},{},\"{}\"\n", ++rank, l.par.ep,
+                     l.par.esp, l.par.mp, l.par.dp, name_of(l.par.layout), l.batch_per_gpu,
+                     l.experts_per_gpu, row.roles, row.screen.step_mean_s,
+                     row.rerun ? fmt::format("{}", row.rerun->step_mean_s) : std::string(""),
+                     row.rerun ? row.rerun->speedup : row.screen.speedup, row.screen.memory_bytes,
+                     row.screen.decisions);
+  }
+  return o.str();
+}
+
+}  // namespace moesim::app

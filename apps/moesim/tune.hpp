@@ -1,0 +1,105 @@
+// `moesim tune`: searches the strategy stacks (routing x a2a x layout x pipeline x parallel x
+// schedule) and the parallel layouts (ep / esp / mp / dp, disjoint or overlapped) of a scenario's
+// model on its cluster, and ranks what it finds (docs/tune.md).
+//
+// The model stays the scenario's: the expert count E, the global batch (the dense data-parallel
+// replicas P / mp times batch_per_gpu sequences) and every model dimension. A layout changes
+// parallelism, model.experts_per_gpu (E / ep, or -ep / E for sharded experts) and
+// model.batch_per_gpu (the same global batch spread over P / mp replicas). Every candidate is the
+// scenario's YAML tree with --set-style edits, parsed by the same loader, so the emitted file
+// (`--emit`) is exactly what was simulated.
+//
+// Search: (1) every layout whose memory estimate fits the GPU runs the baseline stack (and
+// parm_auto where mp or esp > 1) on the screening engine (analytical); (2) the best layouts, in
+// that order, get a stack search: exhaustive when the whole role space fits the remaining budget,
+// else coordinate descent (one role at a time, every value, from the baseline, until no role
+// improves); (3) the best distinct candidates are re-run on the re-run engine (flow) and ranked by
+// it. Deterministic for a seed when the search completes within the budget (the result says).
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/moesim/report.hpp"
+#include "core/scenario.hpp"
+
+namespace moesim::app {
+
+struct TuneOptions {
+  double budget_s = 60;                 // wall-clock budget of the whole search
+  std::string screen_engine = "analytical";
+  std::string rerun_engine = "flow";    // == screen_engine: no re-run
+  int top = 10;                         // candidates re-run and printed
+  std::optional<int> iterations;        // absent: the scenario's workload.iterations
+  bool search_layouts = true;           // false: only the scenario's own layout
+  bool progress = true;                 // a line on stderr per phase / layout
+};
+
+/// One parallel layout: the degrees, and the scenario edits that give it.
+struct TuneLayout {
+  ParallelismSpec par;
+  int batch_per_gpu = 0;
+  int experts_per_gpu = 0;
+  std::vector<std::string> edits;  // "KEY=VALUE" (--set syntax)
+  double memory_bytes = 0;         // the layout's estimate with the baseline stack
+  bool is_scenario = false;        // the scenario's own layout
+  std::string describe() const;    // "ep=16 esp=1 mp=2 dp=1 layout=overlapped B=8"
+};
+
+/// One evaluated (layout, stack).
+struct TuneRow {
+  int layout = 0;          // index into TuneResult::layouts
+  std::string stack_yaml;  // the strategies entry, "{name: tuned, routing: ta_moe, a2a: 2dh}"
+  std::string roles;       // describe_roles of the stack ("baseline" when none)
+  RunSummary screen;       // on the screening engine
+  std::optional<RunSummary> rerun;
+  double time_s() const { return rerun ? rerun->step_mean_s : screen.step_mean_s; }
+};
+
+struct TuneResult {
+  std::string scenario;  // source file
+  int gpus = 0;
+  std::string screen_engine, rerun_engine;
+  std::vector<TuneLayout> layouts;  // every layout of the space (fitting or not)
+  int layouts_fit = 0;              // whose memory estimate fits the GPU
+  int layouts_searched = 0;         // that got a stack search
+  int stacks_in_space = 0;          // (layout, stack) combinations of the whole space
+  int evaluated = 0;                // (layout, stack) runs on the screening engine
+  int probes = 0;                   // 1-iteration layout probes (scenarios of several iterations)
+  int inapplicable = 0;             // stacks a layout refused (InputError from the strategy)
+  int over_memory = 0;              // runs whose memory estimate exceeds the GPU (not ranked)
+  std::string search;               // "exhaustive" / "coordinate descent" (of the best layout)
+  bool complete = true;             // false: the budget cut the search short
+  double screen_wall_s = 0, rerun_wall_s = 0, time_to_best_s = 0;
+  RunSummary baseline_screen;  // the scenario's own layout and baseline stack
+  std::optional<RunSummary> baseline_rerun;
+  std::vector<TuneRow> ranked;     // the best, re-run when re-running, best first
+  std::vector<std::string> notes;  // what was skipped and why
+};
+
+/// Every parallel layout of the scenario's GPUs for its model: mp and esp dividing the GPUs per
+/// node (at most 8, dividing model_dim / hidden_dim), disjoint and (mp > 1) overlapped, every ep
+/// dividing the rest with E / ep or ep / E whole (sharded experts only with esp = 1), and the
+/// global batch whole on P / mp replicas. Inference: mp = esp = 1.
+std::vector<TuneLayout> tune_layouts(const Scenario& sc);
+
+/// Runs the search on the scenario `tree` (read from `path`, with `sets` applied first).
+/// InputError for a scenario that does not validate.
+TuneResult tune(const YAML::Node& tree, const std::string& path,
+                const std::vector<std::string>& sets, const TuneOptions& opts);
+
+/// The scenario file of row `row`: the scenario's YAML with the row's layout and
+/// `strategies: [{name: baseline}, <the tuned stack>]`, relative paths made absolute, and a
+/// header comment saying where it came from.
+std::string tuned_scenario_yaml(const YAML::Node& tree, const std::string& path,
+                                const std::vector<std::string>& sets, const TuneResult& result,
+                                const TuneRow& row);
+
+void print_tune(const TuneResult& result);
+std::string tune_json(const TuneResult& result);
+std::string tune_csv(const TuneResult& result);
+
+}  // namespace moesim::app

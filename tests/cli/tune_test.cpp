@@ -1,0 +1,251 @@
+// `moesim tune` (apps/moesim/tune.hpp): the layout space counted by hand, the stacks the tuner
+// must find where the answer is known (one node: no 2DH; a slow inter-node link: topology-aware
+// routing or 2DH, or all of EP inside a node), determinism, and the emitted scenario reproducing
+// the reported time through `moesim simulate`.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "apps/moesim/tune.hpp"
+#include "core/error.hpp"
+#include "core/scenario_loader.hpp"
+
+namespace moesim::app {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kBinary = MOESIM_BINARY;
+
+struct RunOutput {
+  int exit_code = -1;
+  std::string out;
+};
+
+RunOutput run(const std::string& args) {
+  const std::string cmd = fmt::format("'{}' {} 2>&1", kBinary, args);
+  RunOutput r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path temp_dir() {
+  const fs::path d =
+      fs::temp_directory_path() /
+      fmt::format("moesim_tune_{}_{}",
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name(), getpid());
+  fs::create_directories(d);
+  return d;
+}
+
+// nodes x gpn GPUs, 4 experts per node-worth of GPUs, one MoE block, small dims.
+std::string scenario_yaml(int nodes, int gpn, const std::string& inter, int experts,
+                          const std::string& mode = "training", int batch = 4) {
+  return fmt::format(R"(name: tune-test
+cluster:
+  gpu: a100-sxm-80gb
+  nodes: {}
+  gpus_per_node: {}
+  intra_node: {{kind: nvswitch, bandwidth: 300GB/s, latency: 1us}}
+  inter_node: {}
+model:
+  mode: {}
+  layers: 1
+  moe_every: 1
+  batch_per_gpu: {}
+  seq_len: 512
+  model_dim: 1024
+  hidden_dim: 2048
+  experts: {}
+  top_k: 2
+  capacity_factor: 1.0
+  dtype: fp16
+workload:
+  routing: {{distribution: uniform, seed: 1}}
+  iterations: 1
+engine: {{network: flow}}
+strategies:
+  - {{name: baseline}}
+)",
+                     nodes, gpn, inter, mode, batch, experts);
+}
+
+const char* kNoInter = "{kind: none}";
+
+TEST(TuneLayouts, CountedByHandOnFourGpus) {
+  // 1 node x 4 GPUs, E = 4, B = 4 on 4 replicas (16 sequences). By mp (B = 16 mp / 4):
+  //  mp 1: esp 1 -> ep 1, 2, 4; esp 2 -> ep 1, 2; esp 4 -> ep 1: 6.
+  //  mp 2: disjoint esp 1 -> ep 1, 2; esp 2 -> ep 1; overlapped (mp | ep esp) esp 1 -> ep 2, 4;
+  //        esp 2 -> ep 1, 2; esp 4 -> ep 1: 8.
+  //  mp 4: disjoint esp 1 -> ep 1; overlapped esp 1 -> ep 4; esp 2 -> ep 2; esp 4 -> ep 1: 4.
+  const Scenario sc = parse_scenario_string(scenario_yaml(1, 4, kNoInter, 4), "t.yaml");
+  const auto ls = tune_layouts(sc);
+  ASSERT_EQ(ls.size(), 18u);
+  int per_mp[5] = {0, 0, 0, 0, 0}, own = 0;
+  for (const auto& l : ls) {
+    ++per_mp[l.par.mp];
+    EXPECT_EQ(l.par.product(), 4) << l.describe();
+    EXPECT_EQ(l.batch_per_gpu, 4 * l.par.mp) << l.describe();  // the global batch is kept
+    EXPECT_EQ(l.experts_per_gpu * l.par.ep, 4) << l.describe();  // E is kept
+    if (l.par.overlapped()) {
+      EXPECT_EQ(l.par.ep * l.par.esp % l.par.mp, 0) << l.describe();
+    }
+    own += l.is_scenario ? 1 : 0;
+  }
+  EXPECT_EQ(per_mp[1], 6);
+  EXPECT_EQ(per_mp[2], 8);
+  EXPECT_EQ(per_mp[4], 4);
+  EXPECT_EQ(own, 1);  // ep 4 x dp 1, the scenario's resolved layout
+  // Inference runs neither MP nor ESP (inference session): ep 1, 2, 4 only.
+  const Scenario inf =
+      parse_scenario_string(scenario_yaml(1, 4, kNoInter, 4, "inference"), "t.yaml");
+  EXPECT_EQ(tune_layouts(inf).size(), 3u);
+  // 2 experts on 4 GPUs: ep 4 shards each expert over 2 GPUs (experts_per_gpu -2), only at esp 1.
+  const Scenario sharded = parse_scenario_string(scenario_yaml(1, 4, kNoInter, 2), "t.yaml");
+  bool found = false;
+  for (const auto& l : tune_layouts(sharded)) {
+    if (l.experts_per_gpu < 0) {
+      EXPECT_EQ(l.par.esp, 1);
+      EXPECT_EQ(l.experts_per_gpu, -(l.par.ep / 2));
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TuneOptions screening_only() {
+  TuneOptions o;
+  o.budget_s = 600;  // never reached on these sizes: the search completes
+  o.rerun_engine = "analytical";
+  o.progress = false;
+  return o;
+}
+
+TEST(Tune, OneNodeNeverPicks2dhAndKeepsTheModel) {
+  const std::string yaml = scenario_yaml(1, 8, kNoInter, 8);
+  const YAML::Node tree = YAML::Load(yaml);
+  TuneOptions o = screening_only();
+  const TuneResult r = tune(tree, "t.yaml", {}, o);
+  ASSERT_TRUE(r.complete);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.evaluated, r.stacks_in_space);  // exhaustive everywhere
+  for (const auto& row : r.ranked) {
+    EXPECT_THAT(row.screen.decisions, ::testing::Not(::testing::HasSubstr("2dh")));
+    EXPECT_LE(row.screen.step_mean_s, r.baseline_screen.step_mean_s * (1 + 1e-12));
+  }
+  // Ranked best first, and the best beats (or ties) the scenario's baseline.
+  for (std::size_t i = 1; i < r.ranked.size(); ++i)
+    EXPECT_LE(r.ranked[i - 1].time_s(), r.ranked[i].time_s());
+  EXPECT_GE(r.ranked[0].screen.speedup, 1.0);
+}
+
+TEST(Tune, SlowInterNodeLinkMakesTheTunerAvoidOrShapeTheInterNodeAllToAll) {
+  // 4 nodes x 4 GPUs, fast NVSwitch inside, a 10 Gb/s NIC per node: EP over all 16 GPUs pays
+  // the slow link in every all-to-all.
+  const std::string yaml = scenario_yaml(
+      4, 4, "{kind: switch, nic_bandwidth: 10Gb/s, nics_per_node: 1, latency: 5us}", 16);
+  const YAML::Node tree = YAML::Load(yaml);
+  // On the scenario's layout (ep = 16) the best stack routes topology-aware or runs 2DH.
+  TuneOptions keep = screening_only();
+  keep.search_layouts = false;
+  const TuneResult fixed = tune(tree, "t.yaml", {}, keep);
+  ASSERT_FALSE(fixed.ranked.empty());
+  ASSERT_EQ(fixed.layouts.size(), 1u);
+  const std::string& best = fixed.ranked[0].roles;
+  EXPECT_TRUE(best.find("ta_moe") != std::string::npos ||
+              best.find("faster_moe_hir") != std::string::npos ||
+              fixed.ranked[0].screen.decisions.find("a2a=2dh") != std::string::npos)
+      << best << " / " << fixed.ranked[0].screen.decisions;
+  EXPECT_GT(fixed.ranked[0].screen.speedup, 1.2);
+  // With the layout free as well, the answer is at least as fast.
+  const TuneResult free = tune(tree, "t.yaml", {}, screening_only());
+  ASSERT_FALSE(free.ranked.empty());
+  EXPECT_LE(free.ranked[0].time_s(), fixed.ranked[0].time_s() * (1 + 1e-12));
+}
+
+TEST(Tune, DeterministicWhenComplete) {
+  const YAML::Node tree = YAML::Load(scenario_yaml(2, 4, "{kind: switch, nic_bandwidth: "
+                                                         "100Gb/s, nics_per_node: 1, latency: "
+                                                         "2us}",
+                                                   8));
+  const TuneResult a = tune(tree, "t.yaml", {}, screening_only());
+  const TuneResult b = tune(tree, "t.yaml", {}, screening_only());
+  ASSERT_TRUE(a.complete && b.complete);
+  ASSERT_EQ(a.ranked.size(), b.ranked.size());
+  for (std::size_t i = 0; i < a.ranked.size(); ++i) {
+    EXPECT_EQ(a.ranked[i].stack_yaml, b.ranked[i].stack_yaml);
+    EXPECT_EQ(a.ranked[i].layout, b.ranked[i].layout);
+    EXPECT_EQ(a.ranked[i].screen.step_mean_s, b.ranked[i].screen.step_mean_s);
+  }
+}
+
+TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
+  const fs::path d = temp_dir();
+  {
+    std::ofstream(d / "s.yaml") << scenario_yaml(
+        2, 4, "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}", 8);
+  }
+  const std::string s = (d / "s.yaml").string(), best = (d / "out" / "best.yaml").string();
+  fs::create_directories(d / "out");
+  const RunOutput t = run(fmt::format("tune '{}' --budget 120s --top 3 --engine flow -q --json "
+                                      "'{}' --emit '{}'",
+                                      s, (d / "t.json").string(), best));
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  std::ifstream js(d / "t.json");
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_FALSE(j["ranked"].empty());
+  const auto& top = j["ranked"][0];
+  ASSERT_TRUE(top.contains("rerun")) << j.dump(1);
+  const double reported = top["rerun"]["step_time_s"].get<double>();
+  // The emitted file validates and `simulate` on flow gives the tuned stack's reported time.
+  const RunOutput v = run(fmt::format("validate '{}'", best));
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  const RunOutput sim = run(fmt::format("simulate '{}' --engine flow --json '{}' -q", best,
+                                        (d / "sim.json").string()));
+  ASSERT_EQ(sim.exit_code, 0) << sim.out;
+  std::ifstream ss(d / "sim.json");
+  const auto sj = nlohmann::json::parse(ss);
+  double simulated = -1;
+  for (const auto& run_j : sj["runs"])
+    if (run_j["strategy"] == "tuned") simulated = run_j["step_time_s"].get<double>();
+  ASSERT_GT(simulated, 0) << sj.dump(1).substr(0, 2000);
+  EXPECT_NEAR(simulated, reported, 1e-9 * reported);
+  fs::remove_all(d);
+}
+
+TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {
+  const fs::path d = temp_dir();
+  const std::string q = "'" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/quickstart.yaml").string() +
+                        "'";
+  auto e = run("tune " + q + " --engine warp -q");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_THAT(e.out, ::testing::HasSubstr("--engine: found 'warp', expected auto, analytical"));
+  e = run("tune " + q + " --budget 10GB -q");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_THAT(e.out, ::testing::HasSubstr("--budget"));
+  e = run("tune " + q + " --top 0 -q");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  e = run("tune " + q + " -q --emit '" + (d / "nope" / "x.yaml").string() + "'");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_THAT(e.out, ::testing::HasSubstr("--emit"));
+  EXPECT_FALSE(fs::exists(d / "nope"));
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace moesim::app

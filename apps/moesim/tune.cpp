@@ -390,7 +390,25 @@ class Search {
       ++r.inapplicable;
     }
     seen_[key] = t;
+    tick(r);
     return t;
+  }
+
+  // A progress line every 2 s: runs, rate, the best so far and the ETA (the rest of the space at
+  // the rate so far, at most what is left of the budget).
+  void tick(const TuneResult& r) {
+    if (!opts_.progress || since(last_tick_) < 2.0) return;
+    last_tick_ = Clock::now();
+    const double rate = r.evaluated / std::max(1e-9, since(t0_));
+    const double rest = (r.stacks_in_space - r.evaluated) / std::max(rate, 1e-9);
+    say(fmt::format("{} of {} runs ({:.0f}/s), best {}, ETA {:.0f} s", r.evaluated,
+                    r.stacks_in_space, rate,
+                    best_ >= 0 ? fmt::format("{:.3f} ms ({}; {})", rows_[best_].screen.step_mean_s *
+                                                                       1e3,
+                                             r.layouts[rows_[best_].layout].describe(),
+                                             rows_[best_].roles)
+                               : std::string("-"),
+                    std::min(rest, std::max(0.0, left()))));
   }
 
   // The layout screen's probe of choice c: one iteration when the scenario runs several (the
@@ -548,7 +566,8 @@ class Search {
       const int li = order[i].second;
       const int before = r.evaluated;
       // Exhaustive when the space fits half of what is left at the cost seen so far per run.
-      const double per_run = r.evaluated > 0 ? since(t) / r.evaluated : 0.0;
+      const int runs = r.evaluated + r.probes;
+      const double per_run = runs > 0 ? since(t) / runs : 0.0;
       const bool all = per_run * space_size(roles(r, li)) < 0.5 * (left() - keep);
       if (all) {
         exhaustive(r, li, keep);
@@ -649,6 +668,7 @@ class Search {
   std::vector<TuneRow> rows_;
   int best_ = -1;
   std::map<std::string, int> refusals_;
+  Clock::time_point last_tick_ = Clock::now();
 };
 
 }  // namespace

@@ -215,6 +215,10 @@ class Search {
 
  private:
   double left() const { return opts_.budget_s - since(t0_); }
+  // Mean wall time of a run so far; a run is started only when it should end before the budget
+  // less `reserve` (a 4,096-GPU run takes seconds: checking only the time left overran by one).
+  double run_mean() const { return runs_ > 0 ? run_s_ / runs_ : 0.0; }
+  bool room(double reserve) const { return left() - run_mean() >= reserve; }
 
   void say(const std::string& line) const {
     if (opts_.progress) std::fprintf(stderr, "tune: %s\n", line.c_str());
@@ -289,6 +293,16 @@ class Search {
       return sim::run_plan(plan, *topo_, cfg);
     };
     const auto t = Clock::now();
+    struct Count {  // screening runs count towards run_mean(), refused ones too
+      Search& s;
+      Clock::time_point t;
+      bool on;
+      ~Count() {
+        if (!on) return;
+        s.run_s_ += since(t);
+        ++s.runs_;
+      }
+    } count{*this, t, engine == opts_.screen_engine};
     try {
       strategies::StackRun run = strategies::run_stack(
           sc, spec, *topo_, backend, iterations > 0 ? iterations : iterations_, &cache_);
@@ -401,7 +415,7 @@ class Search {
     last_tick_ = Clock::now();
     const double rate = r.evaluated / std::max(1e-9, since(t0_));
     const double rest = (r.stacks_in_space - r.evaluated) / std::max(rate, 1e-9);
-    say(fmt::format("{} of {} runs ({:.0f}/s), best {}, ETA {:.0f} s", r.evaluated,
+    say(fmt::format("{} of {} runs ({:.2g}/s), best {}, ETA {:.0f} s", r.evaluated,
                     r.stacks_in_space, rate,
                     best_ >= 0 ? fmt::format("{:.3f} ms ({}; {})", rows_[best_].screen.step_mean_s *
                                                                        1e3,
@@ -461,7 +475,7 @@ class Search {
       bool changed = false;
       for (std::size_t k = 0; k < rl.size(); ++k)
         for (int v = 0; v < static_cast<int>(rl[k].values.size()); ++v) {
-          if (v == c[k] || left() < stop_at) continue;
+          if (v == c[k] || !room(stop_at)) continue;
           Choice d = c;
           d[k] = v;
           const double t = eval(r, li, d);
@@ -473,14 +487,14 @@ class Search {
         }
       if (!changed) break;
     }
-    if (left() < stop_at) r.complete = false;
+    if (!room(stop_at)) r.complete = false;
   }
 
   void exhaustive(TuneResult& r, int li, double stop_at) {
     const std::vector<Role>& rl = roles(r, li);
     Choice c(rl.size(), 0);
     do {
-      if (left() < stop_at) {
+      if (!room(stop_at)) {
         r.complete = false;
         return;
       }
@@ -535,7 +549,8 @@ class Search {
       }
       if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
       // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
-      if (!l.is_scenario && since(t) > 0.4 * (opts_.budget_s - keep)) {
+      if (!l.is_scenario && (since(t) + run_mean() > 0.4 * (opts_.budget_s - keep) ||
+                             !room(keep))) {
         ++unscreened;
         r.complete = false;
         continue;
@@ -556,7 +571,7 @@ class Search {
                     iterations_ > 1 ? " (1-iteration probes)" : ""));
     // (2) Stack search on the best layouts while the budget lasts.
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (left() < keep) {
+      if (!room(keep)) {
         r.complete = r.complete && i == order.size();
         if (i < order.size()) r.notes.push_back(fmt::format(
                                   "budget: {} of {} layouts got no stack search", order.size() - i,
@@ -661,7 +676,9 @@ class Search {
   std::vector<Role> roles_;
   std::map<int, std::vector<Role>> lroles_;
   int iterations_ = 1;
-  workload::SampleCache cache_;
+  // Layouts of one mp share the tokens per GPU, so their routing samples are the same: keep a
+  // few iterations' worth (k P E 4 bytes each: 134 MB at 4,096 GPUs x 4,096 experts, top-2).
+  workload::SampleCache cache_{std::size_t{1} << 30};
   std::map<int, std::unique_ptr<Scenario>> layout_sc_;
   std::map<int, std::vector<StrategySpec>> specs_;
   std::map<std::pair<int, int>, double> seen_;
@@ -669,6 +686,8 @@ class Search {
   int best_ = -1;
   std::map<std::string, int> refusals_;
   Clock::time_point last_tick_ = Clock::now();
+  double run_s_ = 0;
+  int runs_ = 0;
 };
 
 }  // namespace

@@ -36,8 +36,7 @@ void run_tune(const TuneArgs& a) {
   check_output_paths({{"--json", a.json_path}, {"--csv", a.csv_path}, {"--emit", a.emit_path}});
   TuneOptions o;
   o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
-  if (a.engine != "auto" && a.engine != "analytical" && a.engine != "flow" &&
-      a.engine != "simgrid")
+  if (a.engine != "auto" && a.engine != "analytical" && a.engine != "flow" && a.engine != "simgrid")
     throw InputError(fmt::format(
         "--engine: found '{}', expected auto, analytical, flow or simgrid (the engine the best "
         "candidates are re-run on; screening is analytical; analytical = no re-run)",
@@ -58,10 +57,11 @@ void run_tune(const TuneArgs& a) {
     o.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : "analytical";
     r = tune(tree, path, a.sets, o);
     if (gpus > kAutoFlowGpus)
-      r.notes.push_back(fmt::format("no flow re-run: --engine auto re-runs on flow up to {} GPUs "
-                                    "(one flow step of {} GPUs can take minutes); --engine flow "
-                                    "forces it",
-                                    kAutoFlowGpus, gpus));
+      r.notes.push_back(
+          fmt::format("no flow re-run: --engine auto re-runs on flow up to {} GPUs "
+                      "(one flow step of {} GPUs can take minutes); --engine flow "
+                      "forces it",
+                      kAutoFlowGpus, gpus));
   } else {
     r = tune(tree, path, a.sets, o);
   }

@@ -217,8 +217,15 @@ class Search {
   double left() const { return opts_.budget_s - since(t0_); }
   // Mean wall time of a run so far; a run is started only when it should end before the budget
   // less `reserve` (a 4,096-GPU run takes seconds: checking only the time left overran by one).
-  double run_mean() const { return runs_ > 0 ? run_s_ / runs_ : 0.0; }
-  bool room(double reserve) const { return left() - run_mean() >= reserve; }
+  // Predicted cost of the next run, per iteration (so the 1-iteration layout probes predict the
+  // full runs too): twice the mean, at most the dearest so far. The mean alone overran a
+  // 4,096-GPU budget by a pipelined stack's run; the dearest alone (a layout's first run pays its
+  // topology caches) stopped a third early.
+  double run_cost(int iterations = 0) const {
+    const double per = iters_ > 0 ? std::min(max_per_iter_s_, 2.0 * run_s_ / iters_) : 0.0;
+    return per * (iterations > 0 ? iterations : iterations_);
+  }
+  bool room(double reserve) const { return left() - run_cost() >= reserve; }
 
   void say(const std::string& line) const {
     if (opts_.progress) std::fprintf(stderr, "tune: %s\n", line.c_str());
@@ -293,16 +300,18 @@ class Search {
       return sim::run_plan(plan, *topo_, cfg);
     };
     const auto t = Clock::now();
-    struct Count {  // screening runs count towards run_mean(), refused ones too
+    struct Count {  // screening runs count towards run_cost(), refused ones too
       Search& s;
       Clock::time_point t;
       bool on;
+      int iterations;
       ~Count() {
         if (!on) return;
+        s.max_per_iter_s_ = std::max(s.max_per_iter_s_, since(t) / iterations);
         s.run_s_ += since(t);
-        ++s.runs_;
+        s.iters_ += iterations;
       }
-    } count{*this, t, engine == opts_.screen_engine};
+    } count{*this, t, engine == opts_.screen_engine, iterations > 0 ? iterations : iterations_};
     try {
       strategies::StackRun run = strategies::run_stack(
           sc, spec, *topo_, backend, iterations > 0 ? iterations : iterations_, &cache_);
@@ -415,14 +424,12 @@ class Search {
     last_tick_ = Clock::now();
     const double rate = r.evaluated / std::max(1e-9, since(t0_));
     const double rest = (r.stacks_in_space - r.evaluated) / std::max(rate, 1e-9);
-    say(fmt::format("{} of {} runs ({:.2g}/s), best {}, ETA {:.0f} s", r.evaluated,
-                    r.stacks_in_space, rate,
-                    best_ >= 0 ? fmt::format("{:.3f} ms ({}; {})", rows_[best_].screen.step_mean_s *
-                                                                       1e3,
-                                             r.layouts[rows_[best_].layout].describe(),
-                                             rows_[best_].roles)
-                               : std::string("-"),
-                    std::min(rest, std::max(0.0, left()))));
+    say(fmt::format(
+        "{} of {} runs ({:.2g}/s), best {}, ETA {:.0f} s", r.evaluated, r.stacks_in_space, rate,
+        best_ >= 0 ? fmt::format("{:.3f} ms ({}; {})", rows_[best_].screen.step_mean_s * 1e3,
+                                 r.layouts[rows_[best_].layout].describe(), rows_[best_].roles)
+                   : std::string("-"),
+        std::min(rest, std::max(0.0, left()))));
   }
 
   // The layout screen's probe of choice c: one iteration when the scenario runs several (the
@@ -518,10 +525,9 @@ class Search {
       // Pipelined stacks cost a few times the baseline's events on flow: a margin of 3.
       keep = std::min(0.5 * opts_.budget_s,
                       std::max(0.1 * opts_.budget_s, 3.0 * (opts_.top + 1) * since(tb)));
-      say(fmt::format("baseline on {}: {:.3f} ms ({:.2f} s); {:.1f} s kept for the re-runs",
-                      opts_.rerun_engine,
-                      r.baseline_rerun ? r.baseline_rerun->step_mean_s * 1e3 : NAN, since(tb),
-                      keep));
+      say(fmt::format(
+          "baseline on {}: {:.3f} ms ({:.2f} s); {:.1f} s kept for the re-runs", opts_.rerun_engine,
+          r.baseline_rerun ? r.baseline_rerun->step_mean_s * 1e3 : NAN, since(tb), keep));
     }
     // (1) Every fitting layout with the baseline stack (and Parm where it applies).
     const double gpu_bytes = topo_->gpu().memory.value();
@@ -538,19 +544,20 @@ class Search {
         if (auto s = run_one(r, li, "{name: baseline}", opts_.screen_engine))
           r.baseline_screen = *s;
         else
-          throw InputError(fmt::format("{}: the scenario's own layout cannot run the baseline "
-                                       "stack, so tune has no reference to compare with",
-                                       path_));
+          throw InputError(
+              fmt::format("{}: the scenario's own layout cannot run the baseline "
+                          "stack, so tune has no reference to compare with",
+                          path_));
         if (!r.baseline_screen.fits_memory())
-          r.notes.push_back(fmt::format("the scenario's own layout does not fit the GPU memory "
-                                        "({} GiB of {} GiB); speedups are still against it",
-                                        gib(r.baseline_screen.memory_bytes),
-                                        gib(r.baseline_screen.gpu_memory_bytes)));
+          r.notes.push_back(fmt::format(
+              "the scenario's own layout does not fit the GPU memory "
+              "({} GiB of {} GiB); speedups are still against it",
+              gib(r.baseline_screen.memory_bytes), gib(r.baseline_screen.gpu_memory_bytes)));
       }
       if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
       // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
-      if (!l.is_scenario && (since(t) + run_mean() > 0.4 * (opts_.budget_s - keep) ||
-                             !room(keep))) {
+      if (!l.is_scenario &&
+          (since(t) + run_cost(1) > 0.4 * (opts_.budget_s - keep) || left() - run_cost(1) < keep)) {
         ++unscreened;
         r.complete = false;
         continue;
@@ -560,10 +567,11 @@ class Search {
       if (std::isfinite(best)) order.emplace_back(best, li);
     }
     if (unscreened > 0)
-      r.notes.push_back(fmt::format("budget: {} fitting layouts were not screened (screening takes "
-                                    "one layout of each mp / esp / layout family in turn, largest "
-                                    "ep first; a larger --budget screens them)",
-                                    unscreened));
+      r.notes.push_back(
+          fmt::format("budget: {} fitting layouts were not screened (screening takes "
+                      "one layout of each mp / esp / layout family in turn, largest "
+                      "ep first; a larger --budget screens them)",
+                      unscreened));
     std::stable_sort(order.begin(), order.end());
     say(fmt::format("layouts screened: {} ran, best {:.3f} ms ({}), {:.1f} s{}", order.size(),
                     order.empty() ? 0.0 : order[0].first * 1e3,
@@ -573,9 +581,9 @@ class Search {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (!room(keep)) {
         r.complete = r.complete && i == order.size();
-        if (i < order.size()) r.notes.push_back(fmt::format(
-                                  "budget: {} of {} layouts got no stack search", order.size() - i,
-                                  order.size()));
+        if (i < order.size())
+          r.notes.push_back(fmt::format("budget: {} of {} layouts got no stack search",
+                                        order.size() - i, order.size()));
         break;
       }
       const int li = order[i].second;
@@ -591,8 +599,8 @@ class Search {
       }
       if (i == 0) r.search = all ? "exhaustive" : "coordinate descent";
       ++r.layouts_searched;
-      say(fmt::format("layout {}/{} {}: {} ({} runs), best so far {:.3f} ms, {:.0f} s left",
-                      i + 1, order.size(), r.layouts[li].describe(),
+      say(fmt::format("layout {}/{} {}: {} ({} runs), best so far {:.3f} ms, {:.0f} s left", i + 1,
+                      order.size(), r.layouts[li].describe(),
                       all ? "exhaustive" : "coordinate descent", r.evaluated - before,
                       best_ >= 0 ? rows_[best_].screen.step_mean_s * 1e3 : 0.0,
                       std::max(0.0, left())));
@@ -640,14 +648,14 @@ class Search {
         if (done > 0 && left() < per) break;
         row.rerun = run_one(r, row.layout, row.stack_yaml, opts_.rerun_engine);
         ++done;
-        say(fmt::format("re-run {}/{} on {}: {:.3f} ms", done, r.ranked.size(),
-                        opts_.rerun_engine, row.rerun ? row.rerun->step_mean_s * 1e3 : NAN));
+        say(fmt::format("re-run {}/{} on {}: {:.3f} ms", done, r.ranked.size(), opts_.rerun_engine,
+                        row.rerun ? row.rerun->step_mean_s * 1e3 : NAN));
       }
       if (done < r.ranked.size()) {
-        r.notes.push_back(fmt::format("budget: {} of the {} best were not re-run on {} (ranked by "
-                                      "{} below them)",
-                                      r.ranked.size() - done, r.ranked.size(), opts_.rerun_engine,
-                                      opts_.screen_engine));
+        r.notes.push_back(fmt::format(
+            "budget: {} of the {} best were not re-run on {} (ranked by "
+            "{} below them)",
+            r.ranked.size() - done, r.ranked.size(), opts_.rerun_engine, opts_.screen_engine));
         r.complete = false;
       }
       // Re-run rows first, by their re-run time; the rest after, by the screen time.
@@ -686,8 +694,9 @@ class Search {
   int best_ = -1;
   std::map<std::string, int> refusals_;
   Clock::time_point last_tick_ = Clock::now();
-  double run_s_ = 0;
-  int runs_ = 0;
+  double max_per_iter_s_ = 0;  // of the screening runs
+  double run_s_ = 0;           // their wall time
+  int iters_ = 0;              // and iterations
 };
 
 }  // namespace
@@ -725,7 +734,8 @@ std::string tuned_scenario_yaml(const YAML::Node& tree, const std::string& path,
   out << fmt::format(
       "# Written by `moesim tune {}`: the best stack found ({}) on layout {}.\n"
       "# Predicted step time: {:.3f} ms on {} ({:.2f}x the scenario's baseline).\n"
-      "# `moesim simulate` on this file runs the baseline stack on this layout and the tuned one.\n",
+      "# `moesim simulate` on this file runs the baseline stack on this layout and the tuned "
+      "one.\n",
       path, row.roles, l.describe(), row.time_s() * 1e3,
       row.rerun ? result.rerun_engine : result.screen_engine,
       row.rerun ? row.rerun->speedup : row.screen.speedup);
@@ -734,20 +744,21 @@ std::string tuned_scenario_yaml(const YAML::Node& tree, const std::string& path,
 }
 
 void print_tune(const TuneResult& r) {
-  fmt::print("# moesim tune {}: {} GPUs; {} layouts ({} fit in memory, {} searched), {} stacks in all; "
-             "{} runs on {} ({} inapplicable, {} over memory){}, {} re-run on {}\n",
-             r.scenario, r.gpus, r.layouts.size(), r.layouts_fit, r.layouts_searched,
-             r.stacks_in_space, r.evaluated, r.screen_engine, r.inapplicable, r.over_memory,
-             r.probes > 0 ? fmt::format(" + {} one-iteration layout probes", r.probes) : "",
-             std::count_if(r.ranked.begin(), r.ranked.end(),
-                           [](const TuneRow& x) { return x.rerun.has_value(); }),
-             r.rerun_engine);
+  fmt::print(
+      "# moesim tune {}: {} GPUs; {} layouts ({} fit in memory, {} searched), {} stacks in all; "
+      "{} runs on {} ({} inapplicable, {} over memory){}, {} re-run on {}\n",
+      r.scenario, r.gpus, r.layouts.size(), r.layouts_fit, r.layouts_searched, r.stacks_in_space,
+      r.evaluated, r.screen_engine, r.inapplicable, r.over_memory,
+      r.probes > 0 ? fmt::format(" + {} one-iteration layout probes", r.probes) : "",
+      std::count_if(r.ranked.begin(), r.ranked.end(),
+                    [](const TuneRow& x) { return x.rerun.has_value(); }),
+      r.rerun_engine);
   const bool rerun = r.baseline_rerun.has_value();
-  fmt::print("# baseline (the scenario's layout and {{name: baseline}}): {:.3f} ms on {}{}\n",
-             r.baseline_screen.step_mean_s * 1e3, r.screen_engine,
-             rerun ? fmt::format(", {:.3f} ms on {}", r.baseline_rerun->step_mean_s * 1e3,
-                                 r.rerun_engine)
-                   : "");
+  fmt::print(
+      "# baseline (the scenario's layout and {{name: baseline}}): {:.3f} ms on {}{}\n",
+      r.baseline_screen.step_mean_s * 1e3, r.screen_engine,
+      rerun ? fmt::format(", {:.3f} ms on {}", r.baseline_rerun->step_mean_s * 1e3, r.rerun_engine)
+            : "");
   fmt::print("{:<4} {:>10} {:>10} {:>8} {:>9}  {:<36} {}\n", "rank",
              fmt::format("{}(ms)", r.screen_engine.substr(0, 5)),
              rerun ? fmt::format("{}(ms)", r.rerun_engine.substr(0, 5)) : std::string("-"),
@@ -755,30 +766,27 @@ void print_tune(const TuneResult& r) {
   int rank = 0;
   for (const TuneRow& row : r.ranked) {
     const RunSummary& s = row.rerun ? *row.rerun : row.screen;
-    fmt::print("{:<4} {:>10.3f} {:>10} {:>7.2f}x {:>9}  {:<36} {}\n", ++rank,
-               row.screen.step_mean_s * 1e3,
-               row.rerun ? fmt::format("{:.3f}", row.rerun->step_mean_s * 1e3) : std::string("-"),
-               s.speedup, gib(row.screen.memory_bytes), r.layouts[row.layout].describe(),
-               fmt::format("{}; {}; {:.2f} / {:.2f} / {:.2f}", row.roles, s.decisions,
-                           s.a2a_mean_s * 1e3, s.compute_mean_s * 1e3,
-                           s.exposed_comm_mean_s * 1e3));
+    fmt::print(
+        "{:<4} {:>10.3f} {:>10} {:>7.2f}x {:>9}  {:<36} {}\n", ++rank, row.screen.step_mean_s * 1e3,
+        row.rerun ? fmt::format("{:.3f}", row.rerun->step_mean_s * 1e3) : std::string("-"),
+        s.speedup, gib(row.screen.memory_bytes), r.layouts[row.layout].describe(),
+        fmt::format("{}; {}; {:.2f} / {:.2f} / {:.2f}", row.roles, s.decisions, s.a2a_mean_s * 1e3,
+                    s.compute_mean_s * 1e3, s.exposed_comm_mean_s * 1e3));
   }
-  fmt::print("# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running; best "
-             "found after {:.1f} s; {}\n",
-             r.search.empty() ? "-" : r.search, r.screen_wall_s, r.rerun_wall_s, r.time_to_best_s,
-             r.complete ? "complete" : "cut short by --budget");
+  fmt::print(
+      "# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running; best "
+      "found after {:.1f} s; {}\n",
+      r.search.empty() ? "-" : r.search, r.screen_wall_s, r.rerun_wall_s, r.time_to_best_s,
+      r.complete ? "complete" : "cut short by --budget");
   for (const auto& n : r.notes) fmt::print("# note: {}\n", n);
 }
 
 std::string tune_json(const TuneResult& r) {
   using nlohmann::json;
   auto summary = [](const RunSummary& s) {
-    return json{{"step_time_s", s.step_mean_s},
-                {"a2a_s", s.a2a_mean_s},
-                {"compute_s", s.compute_mean_s},
-                {"exposed_comm_s", s.exposed_comm_mean_s},
-                {"decisions", s.decisions},
-                {"memory_bytes", s.memory_bytes}};
+    return json{{"step_time_s", s.step_mean_s},  {"a2a_s", s.a2a_mean_s},
+                {"compute_s", s.compute_mean_s}, {"exposed_comm_s", s.exposed_comm_mean_s},
+                {"decisions", s.decisions},      {"memory_bytes", s.memory_bytes}};
   };
   json j;
   j["scenario"] = r.scenario;

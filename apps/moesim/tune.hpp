@@ -29,13 +29,13 @@
 namespace moesim::app {
 
 struct TuneOptions {
-  double budget_s = 60;                 // wall-clock budget of the whole search
+  double budget_s = 60;  // wall-clock budget of the whole search
   std::string screen_engine = "analytical";
-  std::string rerun_engine = "flow";    // == screen_engine: no re-run
-  int top = 10;                         // candidates re-run and printed
-  std::optional<int> iterations;        // absent: the scenario's workload.iterations
-  bool search_layouts = true;           // false: only the scenario's own layout
-  bool progress = true;                 // a line on stderr per phase / layout
+  std::string rerun_engine = "flow";  // == screen_engine: no re-run
+  int top = 10;                       // candidates re-run and printed
+  std::optional<int> iterations;      // absent: the scenario's workload.iterations
+  bool search_layouts = true;         // false: only the scenario's own layout
+  bool progress = true;               // a line on stderr per phase / layout
 };
 
 /// One parallel layout: the degrees, and the scenario edits that give it.

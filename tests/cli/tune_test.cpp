@@ -2,6 +2,8 @@
 // must find where the answer is known (one node: no 2DH; a slow inter-node link: topology-aware
 // routing or 2DH, or all of EP inside a node), determinism, and the emitted scenario reproducing
 // the reported time through `moesim simulate`.
+#include "apps/moesim/tune.hpp"
+
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,7 +18,6 @@
 #include <sstream>
 #include <string>
 
-#include "apps/moesim/tune.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
 
@@ -100,7 +101,7 @@ TEST(TuneLayouts, CountedByHandOnFourGpus) {
   for (const auto& l : ls) {
     ++per_mp[l.par.mp];
     EXPECT_EQ(l.par.product(), 4) << l.describe();
-    EXPECT_EQ(l.batch_per_gpu, 4 * l.par.mp) << l.describe();  // the global batch is kept
+    EXPECT_EQ(l.batch_per_gpu, 4 * l.par.mp) << l.describe();    // the global batch is kept
     EXPECT_EQ(l.experts_per_gpu * l.par.ep, 4) << l.describe();  // E is kept
     if (l.par.overlapped()) {
       EXPECT_EQ(l.par.ep * l.par.esp % l.par.mp, 0) << l.describe();
@@ -179,9 +180,10 @@ TEST(Tune, SlowInterNodeLinkMakesTheTunerAvoidOrShapeTheInterNodeAllToAll) {
 }
 
 TEST(Tune, DeterministicWhenComplete) {
-  const YAML::Node tree = YAML::Load(scenario_yaml(2, 4, "{kind: switch, nic_bandwidth: "
-                                                         "100Gb/s, nics_per_node: 1, latency: "
-                                                         "2us}",
+  const YAML::Node tree = YAML::Load(scenario_yaml(2, 4,
+                                                   "{kind: switch, nic_bandwidth: "
+                                                   "100Gb/s, nics_per_node: 1, latency: "
+                                                   "2us}",
                                                    8));
   const TuneResult a = tune(tree, "t.yaml", {}, screening_only());
   const TuneResult b = tune(tree, "t.yaml", {}, screening_only());
@@ -202,9 +204,10 @@ TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
   }
   const std::string s = (d / "s.yaml").string(), best = (d / "out" / "best.yaml").string();
   fs::create_directories(d / "out");
-  const RunOutput t = run(fmt::format("tune '{}' --budget 120s --top 3 --engine flow -q --json "
-                                      "'{}' --emit '{}'",
-                                      s, (d / "t.json").string(), best));
+  const RunOutput t =
+      run(fmt::format("tune '{}' --budget 120s --top 3 --engine flow -q --json "
+                      "'{}' --emit '{}'",
+                      s, (d / "t.json").string(), best));
   ASSERT_EQ(t.exit_code, 0) << t.out;
   std::ifstream js(d / "t.json");
   const auto j = nlohmann::json::parse(js);
@@ -215,8 +218,8 @@ TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
   // The emitted file validates and `simulate` on flow gives the tuned stack's reported time.
   const RunOutput v = run(fmt::format("validate '{}'", best));
   ASSERT_EQ(v.exit_code, 0) << v.out;
-  const RunOutput sim = run(fmt::format("simulate '{}' --engine flow --json '{}' -q", best,
-                                        (d / "sim.json").string()));
+  const RunOutput sim = run(
+      fmt::format("simulate '{}' --engine flow --json '{}' -q", best, (d / "sim.json").string()));
   ASSERT_EQ(sim.exit_code, 0) << sim.out;
   std::ifstream ss(d / "sim.json");
   const auto sj = nlohmann::json::parse(ss);
@@ -230,8 +233,8 @@ TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
 
 TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {
   const fs::path d = temp_dir();
-  const std::string q = "'" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/quickstart.yaml").string() +
-                        "'";
+  const std::string q =
+      "'" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/quickstart.yaml").string() + "'";
   auto e = run("tune " + q + " --engine warp -q");
   EXPECT_EQ(e.exit_code, 2) << e.out;
   EXPECT_THAT(e.out, ::testing::HasSubstr("--engine: found 'warp', expected auto, analytical"));

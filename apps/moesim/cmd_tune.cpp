@@ -27,13 +27,16 @@ struct TuneArgs {
   std::string budget = "60s";
   std::string engine = "auto";
   std::optional<std::string> top, iterations;
-  std::string json_path, csv_path, emit_path;
+  std::string json_path, csv_path, emit_path, state_path;
   bool keep_layout = false;
   bool quiet = false;
 };
 
 void run_tune(const TuneArgs& a) {
-  check_output_paths({{"--json", a.json_path}, {"--csv", a.csv_path}, {"--emit", a.emit_path}});
+  check_output_paths({{"--json", a.json_path},
+                      {"--csv", a.csv_path},
+                      {"--emit", a.emit_path},
+                      {"--state", a.state_path}});
   TuneOptions o;
   o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
   if (a.engine != "auto" && a.engine != "analytical" && a.engine != "flow" && a.engine != "simgrid")
@@ -46,6 +49,7 @@ void run_tune(const TuneArgs& a) {
   if (auto v = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag))
     o.iterations = static_cast<int>(*v);
   o.search_layouts = !a.keep_layout;
+  o.state_path = a.state_path;
   o.progress = !a.quiet;
   const std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   const YAML::Node tree = load_yaml_file(path);
@@ -99,6 +103,10 @@ void register_tune(CLI::App& app) {
   cmd->add_option("--emit", a->emit_path,
                   "Write the best candidate as a scenario file (its layout, and strategies: "
                   "[baseline, tuned])");
+  cmd->add_option("--state", a->state_path,
+                  "Keep every run in this file and reuse the runs it already has: the same "
+                  "command goes on where a search the budget cut short stopped (refused when the "
+                  "file was written for another scenario, engine, iteration count or version)");
   cmd->add_flag("--keep-layout", a->keep_layout,
                 "Search the strategy stacks on the scenario's own parallel layout only");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <tuple>
 
 #include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
@@ -197,6 +199,7 @@ class Search {
     topo_ = simulation_topology(base_);
     roles_ = role_space(base_);
     iterations_ = opts.iterations.value_or(base_.workload.iterations);
+    load_state();
   }
 
   TuneResult run() {
@@ -208,6 +211,8 @@ class Search {
     layouts(r);
     screen(r);
     rerun(r);
+    r.resumed = resumed_;
+    save_state();
     return r;
   }
 
@@ -215,6 +220,88 @@ class Search {
 
  private:
   double left() const { return opts_.budget_s - since(t0_); }
+
+  // --state: what a search is (the scenario after --set, the engines, the iterations, the layout
+  // search, the version). A file written by another search is refused: its runs are not these.
+  std::string fingerprint() const {
+    YAML::Emitter em;
+    em << tree_;
+    const std::string what =
+        fmt::format("{}\n{}\n{}\n{}\n{}\n{}", MOESIM_VERSION, em.c_str(), opts_.screen_engine,
+                    opts_.rerun_engine, iterations_, opts_.search_layouts);
+    return fmt::format("{:016x}", std::hash<std::string>{}(what));
+  }
+
+  void load_state() {
+    if (opts_.state_path.empty() || !std::filesystem::exists(opts_.state_path)) return;
+    nlohmann::json j;
+    try {
+      std::ifstream in(opts_.state_path);
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw InputError(
+          fmt::format("--state {}: not a tune state file ({}); delete it or name "
+                      "another file",
+                      opts_.state_path, e.what()));
+    }
+    if (!j.is_object() || j.value("fingerprint", "") != fingerprint())
+      throw InputError(fmt::format(
+          "--state {}: written by another search (the scenario after --set, the engines, the "
+          "iterations, --keep-layout or the moesim version differ), so its runs are not this "
+          "search's; delete it or name another file",
+          opts_.state_path));
+    for (const auto& [k, v] : j.at("runs").items()) {
+      Stored st;
+      st.ok = v.at("ok").get<bool>();
+      if (st.ok) {
+        RunSummary& x = st.summary;
+        x.step_mean_s = v.at("step_mean_s");
+        x.step_p50_s = v.at("step_p50_s");
+        x.step_p95_s = v.at("step_p95_s");
+        x.moe_layer_mean_s = v.at("moe_layer_mean_s");
+        x.a2a_mean_s = v.at("a2a_mean_s");
+        x.allreduce_mean_s = v.at("allreduce_mean_s");
+        x.compute_mean_s = v.at("compute_mean_s");
+        x.exposed_comm_mean_s = v.at("exposed_comm_mean_s");
+        x.decisions = v.at("decisions");
+        x.memory_bytes = v.at("memory_bytes");
+        x.gpu_memory_bytes = v.at("gpu_memory_bytes");
+      } else {
+        st.refusal = v.at("refusal");
+      }
+      state_[k] = std::move(st);
+    }
+    say(fmt::format("{} runs read from {}", state_.size(), opts_.state_path));
+  }
+
+  void save_state() const {
+    if (opts_.state_path.empty()) return;
+    nlohmann::json runs = nlohmann::json::object();
+    for (const auto& [k, st] : state_) {
+      if (!st.ok) {
+        runs[k] = {{"ok", false}, {"refusal", st.refusal}};
+        continue;
+      }
+      const RunSummary& x = st.summary;
+      runs[k] = {{"ok", true},
+                 {"step_mean_s", x.step_mean_s},
+                 {"step_p50_s", x.step_p50_s},
+                 {"step_p95_s", x.step_p95_s},
+                 {"moe_layer_mean_s", x.moe_layer_mean_s},
+                 {"a2a_mean_s", x.a2a_mean_s},
+                 {"allreduce_mean_s", x.allreduce_mean_s},
+                 {"compute_mean_s", x.compute_mean_s},
+                 {"exposed_comm_mean_s", x.exposed_comm_mean_s},
+                 {"decisions", x.decisions},
+                 {"memory_bytes", x.memory_bytes},
+                 {"gpu_memory_bytes", x.gpu_memory_bytes}};
+    }
+    const nlohmann::json j{{"moesim_version", MOESIM_VERSION},
+                           {"scenario", path_},
+                           {"fingerprint", fingerprint()},
+                           {"runs", std::move(runs)}};
+    write_file_atomic(opts_.state_path, [&](std::ostream& os) { os << j.dump() << "\n"; });
+  }
   // Mean wall time of a run so far; a run is started only when it should end before the budget
   // less `reserve` (a 4,096-GPU run takes seconds: checking only the time left overran by one).
   // Predicted cost of the next run, per iteration (so the 1-iteration layout probes predict the
@@ -292,9 +379,25 @@ class Search {
     return false;
   }
 
-  // One run of a stack on layout li with `engine`; nullopt when the stack cannot apply.
+  // One run of a stack with `engine`; nullopt when the stack cannot apply. `key` names the run
+  // in the --state file: a run the file already has is not run again.
   std::optional<RunSummary> run_spec(const Scenario& sc, const StrategySpec& spec,
-                                     const std::string& engine, int iterations = 0) {
+                                     const std::string& engine, const std::string& key,
+                                     int iterations = 0) {
+    const std::string k =
+        fmt::format("{}|{}|{}", key, engine, iterations > 0 ? iterations : iterations_);
+    if (auto it = state_.find(k); it != state_.end()) {
+      ++resumed_;
+      if (!it->second.ok) ++refusals_[it->second.refusal];
+      return it->second.ok ? std::optional<RunSummary>(it->second.summary) : std::nullopt;
+    }
+    auto out = run_fresh(sc, spec, engine, iterations, k);
+    return out;
+  }
+
+  std::optional<RunSummary> run_fresh(const Scenario& sc, const StrategySpec& spec,
+                                      const std::string& engine, int iterations,
+                                      const std::string& k) {
     const sim::EngineConfig cfg = engine_config_from(sc, engine);
     strategies::Backend backend = [&](const Plan& plan) {
       return sim::run_plan(plan, *topo_, cfg);
@@ -315,21 +418,28 @@ class Search {
     try {
       strategies::StackRun run = strategies::run_stack(
           sc, spec, *topo_, backend, iterations > 0 ? iterations : iterations_, &cache_);
-      return summarize(run, "cluster", topo_->num_gpus(), since(t));
+      RunSummary sum = summarize(run, "cluster", topo_->num_gpus(), since(t));
+      state_[k] = Stored{true, sum, ""};
+      return sum;
     } catch (const InputError& e) {
       // "strategy 's17', role routing: ..." -> "role routing: ...", so one reason counts once.
       std::string msg = e.message();
       if (msg.rfind("strategy '", 0) == 0)
         if (auto at = msg.find("', "); at != std::string::npos) msg = msg.substr(at + 3);
       ++refusals_[msg];
+      state_[k] = Stored{false, {}, msg};
       return std::nullopt;
     }
   }
 
   std::optional<RunSummary> run_one(TuneResult& r, int li, const std::string& stack,
-                                    const std::string& engine) {
+                                    const std::string& engine, int iterations = 0) {
     const Scenario sc = scenario_of(r.layouts[li], stack);
-    return run_spec(sc, sc.strategies.at(0), engine);
+    return run_spec(sc, sc.strategies.at(0), engine, run_key(r, li, stack), iterations);
+  }
+
+  static std::string run_key(const TuneResult& r, int li, const std::string& stack) {
+    return r.layouts[li].describe() + "|" + stack;
   }
 
   void layouts(TuneResult& r) {
@@ -406,7 +516,7 @@ class Search {
     }
     const Scenario& sc = all ? *all : *alone;
     const StrategySpec& spec = all ? specs_.at(li).at(idx) : sc.strategies.at(0);
-    if (auto s = run_spec(sc, spec, opts_.screen_engine)) {
+    if (auto s = run_spec(sc, spec, opts_.screen_engine, run_key(r, li, stack))) {
       t = s->fits_memory() ? s->step_mean_s : INFINITY;
       add(r, li, stack, describe_roles(spec), *s);
     } else {
@@ -420,6 +530,11 @@ class Search {
   // A progress line every 2 s: runs, rate, the best so far and the ETA (the rest of the space at
   // the rate so far, at most what is left of the budget).
   void tick(const TuneResult& r) {
+    // The state file is rewritten every 10 s, so a killed search keeps most of its runs.
+    if (!opts_.state_path.empty() && since(last_save_) >= 10.0) {
+      save_state();
+      last_save_ = Clock::now();
+    }
     if (!opts_.progress || since(last_tick_) < 2.0) return;
     last_tick_ = Clock::now();
     const double rate = r.evaluated / std::max(1e-9, since(t0_));
@@ -440,11 +555,13 @@ class Search {
     const std::vector<Role>& rl = roles(r, li);
     const Scenario* all = layout_scenario(r, li);
     std::optional<RunSummary> s;
+    const std::string stack = stack_yaml(rl, c, "tuned");
     if (all) {
-      s = run_spec(*all, specs_.at(li).at(index_of(rl, c)), opts_.screen_engine, 1);
+      s = run_spec(*all, specs_.at(li).at(index_of(rl, c)), opts_.screen_engine,
+                   run_key(r, li, stack), 1);
     } else {
       try {
-        s = run_one(r, li, stack_yaml(rl, c, "tuned"), opts_.screen_engine);
+        s = run_one(r, li, stack, opts_.screen_engine, 1);
       } catch (const InputError&) {
       }
     }
@@ -693,7 +810,15 @@ class Search {
   std::vector<TuneRow> rows_;
   int best_ = -1;
   std::map<std::string, int> refusals_;
+  struct Stored {
+    bool ok = false;
+    RunSummary summary;   // the fields tune reads (state_json)
+    std::string refusal;  // why the strategy refused, when !ok
+  };
+  std::map<std::string, Stored> state_;  // "layout|stack|engine|iterations" -> run
+  int resumed_ = 0;
   Clock::time_point last_tick_ = Clock::now();
+  Clock::time_point last_save_ = Clock::now();
   double max_per_iter_s_ = 0;  // of the screening runs
   double run_s_ = 0;           // their wall time
   int iters_ = 0;              // and iterations
@@ -799,6 +924,7 @@ std::string tune_json(const TuneResult& r) {
                 {"stacks", r.stacks_in_space},
                 {"evaluated", r.evaluated},
                 {"layout_probes", r.probes},
+                {"runs_from_state", r.resumed},
                 {"inapplicable", r.inapplicable},
                 {"over_memory", r.over_memory}};
   j["search"] = {{"best_layout", r.search},

@@ -36,6 +36,7 @@ struct TuneOptions {
   std::optional<int> iterations;      // absent: the scenario's workload.iterations
   bool search_layouts = true;         // false: only the scenario's own layout
   bool progress = true;               // a line on stderr per phase / layout
+  std::string state_path;             // --state: runs kept and reused across searches
 };
 
 /// One parallel layout: the degrees, and the scenario edits that give it.
@@ -69,6 +70,7 @@ struct TuneResult {
   int stacks_in_space = 0;          // (layout, stack) combinations of the whole space
   int evaluated = 0;                // (layout, stack) runs on the screening engine
   int probes = 0;                   // 1-iteration layout probes (scenarios of several iterations)
+  int resumed = 0;                  // runs taken from the --state file instead of run
   int inapplicable = 0;             // stacks a layout refused (InputError from the strategy)
   int over_memory = 0;              // runs whose memory estimate exceeds the GPU (not ranked)
   std::string search;               // "exhaustive" / "coordinate descent" (of the best layout)

@@ -196,6 +196,38 @@ TEST(Tune, DeterministicWhenComplete) {
   }
 }
 
+// --state keeps every run: the same search again runs nothing new and ranks the same; a state
+// file of another search (here another seed through --set) is refused with exit 2.
+TEST(TuneCli, StateFileResumesAndRefusesAnotherSearch) {
+  const fs::path d = temp_dir();
+  const YAML::Node tree = YAML::Load(scenario_yaml(
+      2, 4, "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}", 8));
+  TuneOptions o = screening_only();
+  o.rerun_engine = "flow";
+  o.top = 3;
+  o.state_path = (d / "state.json").string();
+  const TuneResult first = tune(tree, "t.yaml", {}, o);
+  ASSERT_TRUE(first.complete);
+  EXPECT_EQ(first.resumed, 0);
+  ASSERT_TRUE(fs::exists(o.state_path));
+  const TuneResult again = tune(tree, "t.yaml", {}, o);
+  // Every screening run, the probes, the reference and the re-runs come from the file.
+  EXPECT_EQ(again.resumed, again.evaluated + again.probes + 2 + 3);
+  ASSERT_EQ(again.ranked.size(), first.ranked.size());
+  for (std::size_t i = 0; i < first.ranked.size(); ++i) {
+    EXPECT_EQ(again.ranked[i].stack_yaml, first.ranked[i].stack_yaml);
+    ASSERT_TRUE(again.ranked[i].rerun && first.ranked[i].rerun);
+    EXPECT_EQ(again.ranked[i].rerun->step_mean_s, first.ranked[i].rerun->step_mean_s);
+  }
+  try {
+    tune(tree, "t.yaml", {"workload.routing.seed=7"}, o);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("written by another search"));
+  }
+  fs::remove_all(d);
+}
+
 TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
   const fs::path d = temp_dir();
   {

@@ -200,8 +200,7 @@ TEST(Tune, DeterministicWhenComplete) {
 // file of another search (here another seed through --set) is refused with exit 2.
 TEST(TuneCli, StateFileResumesAndRefusesAnotherSearch) {
   const fs::path d = temp_dir();
-  const YAML::Node tree = YAML::Load(scenario_yaml(
-      2, 4, "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}", 8));
+  const YAML::Node tree = YAML::Load(scenario_yaml(1, 4, kNoInter, 4));
   TuneOptions o = screening_only();
   o.rerun_engine = "flow";
   o.top = 3;

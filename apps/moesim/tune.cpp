@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <tuple>
 

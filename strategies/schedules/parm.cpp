@@ -154,10 +154,10 @@ class Emit {
     std::string text;
     OpRoleKind kind = OpRoleKind::kNone;
     int chunk = -1;
-    What(const char* t) : text(t) {}                     // NOLINT
-    What(std::string t) : text(std::move(t)) {}          // NOLINT
-    What(OpRoleKind k, std::size_t c = ~std::size_t{0})  // NOLINT
-        : kind(k), chunk(c == ~std::size_t{0} ? -1 : static_cast<int>(c)) {}
+    What(const char* t) : text(t) {}             // NOLINT
+    What(std::string t) : text(std::move(t)) {}  // NOLINT
+    What(OpRoleKind k) : kind(k) {}              // NOLINT: a per-layer step (no chunk)
+    What(OpRoleKind k, std::size_t c) : kind(k), chunk(static_cast<int>(c)) {}  // chunk c
   };
   OpTag tag(const What& w) const {
     if (w.kind == OpRoleKind::kNone)

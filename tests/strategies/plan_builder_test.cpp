@@ -20,6 +20,7 @@
 #include "sim/compute_model.hpp"
 #include "sim/engine.hpp"
 #include "strategies/runner.hpp"
+#include "strategy_test_util.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -888,14 +889,6 @@ OpRole role_from_label(const std::string& label) {
   return r;
 }
 
-RunResult roles_instant_backend(const Plan& p) {
-  RunResult r;
-  init_run_result(p, r);
-  for (size_t i = 0; i < r.start_s.size(); ++i) r.start_s[i] = 0, r.end_s[i] = 1e-3;
-  summarize_run(p, r);
-  return r;
-}
-
 // Every stack of every bundled scenario of <= 16 GPUs (the ones `moesim exec` runs in CI), as
 // built for execution: role and label agree on every op, and the roles cover every data path
 // (plain, routed, sharded, Parm S1 / S2, Lina's gradient micro-ops).
@@ -910,7 +903,7 @@ TEST(OpRoles, EveryDataStepOfTheBundledPlansCarriesTheRoleItsLabelNames) {
     const auto topo = topology::build_topology(sc.cluster);
     for (const auto& spec : sc.strategies) {
       SCOPED_TRACE(entry.path().filename().string() + " / " + spec.name);
-      const StackRun run = run_stack(sc, spec, *topo, roles_instant_backend, 1, nullptr, true);
+      const StackRun run = run_stack(sc, spec, *topo, testing::instant_backend, 1, nullptr, true);
       ++plans;
       for (const Op& op : run.last_plan.plan.ops()) {
         const OpRole want = role_from_label(op.label);

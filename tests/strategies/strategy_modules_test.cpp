@@ -201,14 +201,7 @@ TEST(TutelRouter, P2ForFewTokensOrLargeHiddenP1ForManyTokens) {
   EXPECT_EQ(degree(1.0, 1, 16384), 4);  // large hidden: P2
 }
 
-// A backend that runs nothing: every op takes 1 ms from t = 0 (for decision-only tests).
-RunResult instant_backend(const Plan& p) {
-  RunResult r;
-  init_run_result(p, r);
-  for (size_t i = 0; i < r.start_s.size(); ++i) r.start_s[i] = 0, r.end_s[i] = 1e-3;
-  summarize_run(p, r);
-  return r;
-}
+using testing::instant_backend;
 
 TEST(TutelRouter, FlipsAsTheCapacityFactorChangesDuringARun) {
   const Scenario sc = sharded(1.0, 1, 512, 8192, "  - {name: t, parallel: tutel_router}");

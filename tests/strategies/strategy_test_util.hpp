@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "core/plan.hpp"
+#include "core/run_result.hpp"
 #include "core/scenario.hpp"
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
@@ -77,6 +79,16 @@ inline sim::EngineConfig engine_config(const Scenario& sc) {
   cfg.compute.interference = sc.engine.interference;
   cfg.precision = sc.model.dtype;
   return cfg;
+}
+
+/// A backend that runs nothing: every op takes 1 ms from t = 0 (for tests of decisions and plan
+/// structure, where no timing matters).
+inline RunResult instant_backend(const Plan& p) {
+  RunResult r;
+  init_run_result(p, r);
+  for (size_t i = 0; i < r.start_s.size(); ++i) r.start_s[i] = 0, r.end_s[i] = 1e-3;
+  summarize_run(p, r);
+  return r;
 }
 
 }  // namespace moesim::strategies::testing

@@ -333,8 +333,9 @@ TEST(ScenarioErrors, OverlappedLayout) {
               HasSubstr("parallelism.mp: found mp = 4, expected a divisor of ep*esp = 2*1 = 2"));
   EXPECT_THAT(err("{ep: 2, esp: 1, dp: 1, layout: overlapped}"),
               HasSubstr("parallelism.dp: ep*esp*dp = 2*1*1 = 2, expected P = 4"));
-  EXPECT_THAT(err("{ep: 2, layout: shared}"),
-              HasSubstr("parallelism.layout: found 'shared', expected one of disjoint or overlapped"));
+  EXPECT_THAT(
+      err("{ep: 2, layout: shared}"),
+      HasSubstr("parallelism.layout: found 'shared', expected one of disjoint or overlapped"));
 }
 
 TEST(ScenarioLoader, InlineGpuMap) {

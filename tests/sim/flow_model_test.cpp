@@ -174,6 +174,24 @@ TEST(FlowModel, LinearAllToAllOnOneSwitch) {
   for (double x : bytes) EXPECT_NEAR(x, 3 * b, 1e-6 * b);
 }
 
+TEST(FlowModel, ThousandsFinishingTogetherLeaveTheRestExact) {
+  // 72 GPUs on one switch, each sends b to peers of its own parity and 2 b to the others: 35 and
+  // 36 flows per uplink and downlink. Phase 1: all 71 share every link at bw/71, and the 2,520
+  // b-flows finish together at 71 b / bw (thousands at one event: the by-id bulk finish). Phase 2:
+  // the 36 others per link run at bw/36 for their last b: 36 b / bw more.
+  constexpr int kGpus = 72;
+  const double bw = 10 * kGB, b = 1e6;
+  StarTopology topo(kGpus, bw, 1 * kUs);
+  FlowModel model(topo);
+  std::vector<Transfer> batch;
+  for (int s = 0; s < kGpus; ++s) {
+    for (int d = 0; d < kGpus; ++d) batch.push_back({s, d, (s + d) % 2 == 0 ? b : 2 * b});
+  }
+  expect_time(run_one(model, batch), 2 * kUs + (71 + 36) * b / bw);
+  EXPECT_EQ(model.stats().flows, kGpus * (kGpus - 1));
+  for (double x : model.link_bytes()) EXPECT_NEAR(x, (35 + 2 * 36) * b, 1e-6 * b);
+}
+
 TEST(FlowModel, UnequalFlowsFollowMaxMinPiecewise) {
   // Links (GB/s): up0 10, up1 2, down2 4, down3 10. Flows A 0->2 (6 GB), B 1->2 (5 GB),
   // C 1->3 (1 GB); route latency L = 2 us.

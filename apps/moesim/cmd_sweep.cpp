@@ -18,6 +18,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/html_report.hpp"
+#include "apps/moesim/mpi_launch.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/plot.hpp"
@@ -25,12 +26,6 @@
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
-
-#ifdef MOESIM_HAVE_EXEC
-#include <mpi.h>
-
-#include "exec/mpi_communicator.hpp"
-#endif
 
 namespace moesim::app {
 
@@ -46,63 +41,6 @@ struct SweepArgs {
   bool quiet = false;
   bool restart = false;
 };
-
-// The number of processes mpirun started this one among, or 1 when it was started without a
-// launcher: MPI is only initialised under one, so a plain `moesim sweep` never needs it.
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    if (const char* v = std::getenv(var)) {
-      int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
-
-#ifdef MOESIM_HAVE_EXEC
-// Sweep messages over MPI_COMM_WORLD. Every call comes from the thread that initialised MPI
-// (run_sweep keeps MPI on its main thread), so MPI_THREAD_FUNNELED is enough.
-class MpiSweepTransport : public SweepTransport {
- public:
-  explicit MpiSweepTransport(const exec::MpiSession& s) : rank_(s.rank()), size_(s.size()) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  bool synced() const { return synced_; }
-
-  void broadcast(std::string& text) override {
-    unsigned long long n = text.size();
-    MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
-    text.resize(n);
-    MPI_CHECK(MPI_Bcast(text.data(), checked(n), MPI_CHAR, 0, MPI_COMM_WORLD));
-    synced_ = true;
-  }
-  void send_to_root(const std::string& text) override {
-    MPI_CHECK(MPI_Send(text.data(), checked(text.size()), MPI_CHAR, 0, kTag, MPI_COMM_WORLD));
-  }
-  std::optional<std::string> try_receive() override {
-    int flag = 0;
-    MPI_Status st;
-    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTag, MPI_COMM_WORLD, &flag, &st));
-    if (!flag) return std::nullopt;
-    int n = 0;
-    MPI_Get_count(&st, MPI_CHAR, &n);
-    std::string text(static_cast<std::size_t>(n), '\0');
-    MPI_CHECK(
-        MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-    return text;
-  }
-
- private:
-  static constexpr int kTag = 8;
-  static int checked(std::size_t n) {
-    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw RuntimeError(fmt::format("sweep message of {} bytes exceeds MPI's int count", n));
-    return static_cast<int>(n);
-  }
-  int rank_, size_;
-  bool synced_ = false;
-};
-#endif
 
 // Numeric value of an axis value ("4", "1.5", "100Gb/s" -> 100), or nullopt.
 std::optional<double> numeric(const std::string& v) {
@@ -272,48 +210,7 @@ void register_sweep(CLI::App& app) {
   // Hidden: how good the ETA is (one line per finished point: elapsed, done, total, ETA).
   cmd->add_option("--eta-log", a->eta_log_path, "")->group("");
   cmd->callback([a] {
-    const int world = launcher_world_size();
-    if (world <= 1) {
-      // Ctrl-C stops the points in flight; run_sweep says what was kept; exit 130 (main.cpp).
-      // Under mpirun, mpirun owns SIGINT (it ends every rank).
-      const InterruptHandler on_ctrl_c;
-      run_sweep_command(*a, nullptr);
-      return;
-    }
-#ifdef MOESIM_HAVE_EXEC
-    // Under mpirun: points are spread over the ranks and gathered on rank 0. Any failure ends
-    // the whole job (MPI_Abort): a rank left waiting for the others would hang.
-    int code = 0;
-    {
-      exec::MpiSession session(nullptr, nullptr);
-      MpiSweepTransport transport(session);
-      try {
-        run_sweep_command(*a, &transport);
-      } catch (const std::exception& e) {
-        code = dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
-        if (session.rank() != 0 && !transport.synced()) {
-          // Before rank 0's list of points: rank 0 meets the same input and reports it (and
-          // aborts this rank); if it gets past, the error is this rank's own.
-          std::string ignored;
-          transport.broadcast(ignored);
-        }
-        if (session.rank() == 0)
-          std::fprintf(stderr, "moesim: error: %s\n", e.what());
-        else
-          std::fprintf(stderr, "moesim: error: rank %d: %s\n", session.rank(), e.what());
-        std::fflush(stderr);
-        std::fflush(stdout);
-        exec::MpiSession::abort_all(code);
-      }
-    }  // MPI_Finalize
-    std::fflush(stdout);
-#else
-    throw InputError(fmt::format(
-        "this moesim was built without MPI, so it cannot share a sweep among the {} processes "
-        "mpirun started (each would run all of it): run it without mpirun, or rebuild with "
-        "libopenmpi-dev installed",
-        world));
-#endif
+    run_spread("a sweep", [&](SweepTransport* transport) { run_sweep_command(*a, transport); });
   });
 }
 

@@ -1,6 +1,7 @@
-// `moesim tune SCENARIO.yaml [--budget 60s] [--engine flow] [--top 10] [--json F] [--csv F]
-//              [--emit best.yaml] [--keep-layout] [--iterations N] [--set KEY=VALUE]...`:
-// the best strategy stacks and parallel layouts for the scenario's model on its cluster
+// `moesim tune SCENARIO.yaml [--budget 60s] [--engine flow] [--top 10] [--jobs N] [--json F]
+//              [--csv F] [--emit best.yaml] [--keep-layout] [--iterations N] [--set KEY=VALUE]...`:
+// the best strategy stacks and parallel layouts for the scenario's model on its cluster; under
+// `mpirun -np N` the runs are spread over the ranks (each with --jobs threads)
 // (apps/moesim/tune.hpp, docs/tune.md).
 #include <fmt/format.h>
 
@@ -8,6 +9,7 @@
 #include <memory>
 
 #include "apps/moesim/commands.hpp"
+#include "apps/moesim/mpi_launch.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/tune.hpp"
@@ -26,13 +28,13 @@ struct TuneArgs {
   std::vector<std::string> sets;
   std::string budget = "60s";
   std::string engine = "auto";
-  std::optional<std::string> top, iterations;
+  std::optional<std::string> top, iterations, jobs;
   std::string json_path, csv_path, emit_path, state_path;
   bool keep_layout = false;
   bool quiet = false;
 };
 
-void run_tune(const TuneArgs& a) {
+void run_tune(const TuneArgs& a, SweepTransport* transport) {
   check_output_paths({{"--json", a.json_path},
                       {"--csv", a.csv_path},
                       {"--emit", a.emit_path},
@@ -51,6 +53,9 @@ void run_tune(const TuneArgs& a) {
   o.search_layouts = !a.keep_layout;
   o.state_path = a.state_path;
   o.progress = !a.quiet;
+  if (auto v = parse_int_flag("--jobs", a.jobs, 0, 4096)) o.jobs = static_cast<int>(*v);
+  o.transport = transport;
+  const bool root = !transport || transport->rank() == 0;
   const std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   const YAML::Node tree = load_yaml_file(path);
   TuneResult r;
@@ -60,7 +65,7 @@ void run_tune(const TuneArgs& a) {
     const int gpus = parse_scenario_with(YAML::Clone(tree), path, a.sets).num_gpus();
     o.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : "analytical";
     r = tune(tree, path, a.sets, o);
-    if (gpus > kAutoFlowGpus)
+    if (gpus > kAutoFlowGpus && root)
       r.notes.push_back(
           fmt::format("no flow re-run: --engine auto re-runs on flow up to {} GPUs "
                       "(one flow step of {} GPUs can take minutes); --engine flow "
@@ -69,6 +74,7 @@ void run_tune(const TuneArgs& a) {
   } else {
     r = tune(tree, path, a.sets, o);
   }
+  if (!root) return;  // rank 0 has the result and writes every output
   print_tune(r);
   if (!a.json_path.empty())
     write_file_atomic(a.json_path, [&](std::ostream& os) { os << tune_json(r) << "\n"; });
@@ -111,7 +117,12 @@ void register_tune(CLI::App& app) {
                 "Search the strategy stacks on the scenario's own parallel layout only");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
   add_set_option(cmd, &a->sets);
-  cmd->callback([a] { run_tune(*a); });
+  cmd->add_option("--jobs,-j", a->jobs,
+                  "Runs in parallel (per rank under mpirun), in [0, 4096] (default or 0: one per "
+                  "core); the result does not depend on it when the search completes");
+  cmd->callback([a] {
+    run_spread("a tune search", [&](SweepTransport* transport) { run_tune(*a, transport); });
+  });
 }
 
 }  // namespace moesim::app

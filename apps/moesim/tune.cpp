@@ -2,18 +2,24 @@
 #include "apps/moesim/tune.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "apps/moesim/engine_setup.hpp"
@@ -186,11 +192,62 @@ std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
 
 namespace {
 
+// One run as the search keeps it (the --state file, messages between ranks).
+struct Stored {
+  bool ok = false;
+  RunSummary summary;      // the fields tune reads (stored_json)
+  std::string refusal;     // why the strategy refused, when !ok
+  bool from_file = false;  // read from --state (counted as resumed when used)
+};
+
+nlohmann::json stored_json(const Stored& st) {
+  if (!st.ok) return {{"ok", false}, {"refusal", st.refusal}};
+  const RunSummary& x = st.summary;
+  return {{"ok", true},
+          {"step_mean_s", x.step_mean_s},
+          {"step_p50_s", x.step_p50_s},
+          {"step_p95_s", x.step_p95_s},
+          {"moe_layer_mean_s", x.moe_layer_mean_s},
+          {"a2a_mean_s", x.a2a_mean_s},
+          {"allreduce_mean_s", x.allreduce_mean_s},
+          {"compute_mean_s", x.compute_mean_s},
+          {"exposed_comm_mean_s", x.exposed_comm_mean_s},
+          {"decisions", x.decisions},
+          {"memory_bytes", x.memory_bytes},
+          {"gpu_memory_bytes", x.gpu_memory_bytes}};
+}
+
+Stored stored_of(const nlohmann::json& v) {
+  Stored st;
+  st.ok = v.at("ok").get<bool>();
+  if (!st.ok) {
+    st.refusal = v.at("refusal");
+    return st;
+  }
+  RunSummary& x = st.summary;
+  x.step_mean_s = v.at("step_mean_s");
+  x.step_p50_s = v.at("step_p50_s");
+  x.step_p95_s = v.at("step_p95_s");
+  x.moe_layer_mean_s = v.at("moe_layer_mean_s");
+  x.a2a_mean_s = v.at("a2a_mean_s");
+  x.allreduce_mean_s = v.at("allreduce_mean_s");
+  x.compute_mean_s = v.at("compute_mean_s");
+  x.exposed_comm_mean_s = v.at("exposed_comm_mean_s");
+  x.decisions = v.at("decisions");
+  x.memory_bytes = v.at("memory_bytes");
+  x.gpu_memory_bytes = v.at("gpu_memory_bytes");
+  return st;
+}
+
 class Search {
  public:
   Search(const YAML::Node& tree, const std::string& path, const std::vector<std::string>& sets,
          const TuneOptions& opts)
-      : path_(path), opts_(opts), t0_(Clock::now()) {
+      : path_(path), opts_(opts), t0_(Clock::now()), tp_(opts.transport) {
+    jobs_ = opts.jobs > 0 ? opts.jobs
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    workers_ = jobs_ * (tp_ ? tp_->size() : 1);
+    if (tp_ && tp_->rank() != 0) opts_.progress = false;
     tree_ = edited(tree, sets);  // the user's --set edits first; YAML `experts` goes below
     base_ = parse_scenario(YAML::Clone(tree_), path_);
     // The layouts set experts_per_gpu; a file giving `experts` would then have both.
@@ -198,7 +255,7 @@ class Search {
     topo_ = simulation_topology(base_);
     roles_ = role_space(base_);
     iterations_ = opts.iterations.value_or(base_.workload.iterations);
-    load_state();
+    if (!tp_ || tp_->rank() == 0) load_state();
   }
 
   TuneResult run() {
@@ -211,7 +268,12 @@ class Search {
     screen(r);
     rerun(r);
     r.resumed = resumed_;
+    r.workers = workers_;
     save_state();
+    if (tp_) {  // the other ranks' serve() ends
+      std::string done = R"({"done":true})";
+      tp_->broadcast(done);
+    }
     return r;
   }
 
@@ -250,24 +312,8 @@ class Search {
           "search's; delete it or name another file",
           opts_.state_path));
     for (const auto& [k, v] : j.at("runs").items()) {
-      Stored st;
-      st.ok = v.at("ok").get<bool>();
-      if (st.ok) {
-        RunSummary& x = st.summary;
-        x.step_mean_s = v.at("step_mean_s");
-        x.step_p50_s = v.at("step_p50_s");
-        x.step_p95_s = v.at("step_p95_s");
-        x.moe_layer_mean_s = v.at("moe_layer_mean_s");
-        x.a2a_mean_s = v.at("a2a_mean_s");
-        x.allreduce_mean_s = v.at("allreduce_mean_s");
-        x.compute_mean_s = v.at("compute_mean_s");
-        x.exposed_comm_mean_s = v.at("exposed_comm_mean_s");
-        x.decisions = v.at("decisions");
-        x.memory_bytes = v.at("memory_bytes");
-        x.gpu_memory_bytes = v.at("gpu_memory_bytes");
-      } else {
-        st.refusal = v.at("refusal");
-      }
+      Stored st = stored_of(v);
+      st.from_file = true;
       state_[k] = std::move(st);
     }
     say(fmt::format("{} runs read from {}", state_.size(), opts_.state_path));
@@ -276,25 +322,7 @@ class Search {
   void save_state() const {
     if (opts_.state_path.empty()) return;
     nlohmann::json runs = nlohmann::json::object();
-    for (const auto& [k, st] : state_) {
-      if (!st.ok) {
-        runs[k] = {{"ok", false}, {"refusal", st.refusal}};
-        continue;
-      }
-      const RunSummary& x = st.summary;
-      runs[k] = {{"ok", true},
-                 {"step_mean_s", x.step_mean_s},
-                 {"step_p50_s", x.step_p50_s},
-                 {"step_p95_s", x.step_p95_s},
-                 {"moe_layer_mean_s", x.moe_layer_mean_s},
-                 {"a2a_mean_s", x.a2a_mean_s},
-                 {"allreduce_mean_s", x.allreduce_mean_s},
-                 {"compute_mean_s", x.compute_mean_s},
-                 {"exposed_comm_mean_s", x.exposed_comm_mean_s},
-                 {"decisions", x.decisions},
-                 {"memory_bytes", x.memory_bytes},
-                 {"gpu_memory_bytes", x.gpu_memory_bytes}};
-    }
+    for (const auto& [k, st] : state_) runs[k] = stored_json(st);
     const nlohmann::json j{{"moesim_version", MOESIM_VERSION},
                            {"scenario", path_},
                            {"fingerprint", fingerprint()},
@@ -378,59 +406,209 @@ class Search {
     return false;
   }
 
+  std::string state_key(const std::string& key, const std::string& engine, int iterations) const {
+    return fmt::format("{}|{}|{}", key, engine, iterations > 0 ? iterations : iterations_);
+  }
+
   // One run of a stack with `engine`; nullopt when the stack cannot apply. `key` names the run
-  // in the --state file: a run the file already has is not run again.
+  // in the --state file: a run the file already has (or a prefetch() ran) is not run again.
   std::optional<RunSummary> run_spec(const Scenario& sc, const StrategySpec& spec,
                                      const std::string& engine, const std::string& key,
                                      int iterations = 0) {
-    const std::string k =
-        fmt::format("{}|{}|{}", key, engine, iterations > 0 ? iterations : iterations_);
-    if (auto it = state_.find(k); it != state_.end()) {
+    const std::string k = state_key(key, engine, iterations);
+    auto it = state_.find(k);
+    if (it == state_.end()) {
+      Outcome o = run_job(sc, spec, engine, iterations);
+      note_cost(engine, iterations, o.wall_s);
+      it = state_.emplace(k, std::move(o.stored)).first;
+    } else if (it->second.from_file) {
       ++resumed_;
-      if (!it->second.ok) ++refusals_[it->second.refusal];
-      return it->second.ok ? std::optional<RunSummary>(it->second.summary) : std::nullopt;
     }
-    auto out = run_fresh(sc, spec, engine, iterations, k);
-    return out;
+    const Stored& st = it->second;
+    if (!st.ok) ++refusals_[st.refusal];
+    return st.ok ? std::optional<RunSummary>(st.summary) : std::nullopt;
   }
 
-  std::optional<RunSummary> run_fresh(const Scenario& sc, const StrategySpec& spec,
-                                      const std::string& engine, int iterations,
-                                      const std::string& k) {
+  struct Outcome {
+    Stored stored;
+    double wall_s = 0;
+  };
+
+  // One run. Workers call it concurrently: it reads the topology and the scenario only, and the
+  // sample cache is thread-safe.
+  Outcome run_job(const Scenario& sc, const StrategySpec& spec, const std::string& engine,
+                  int iterations) {
     const sim::EngineConfig cfg = engine_config_from(sc, engine);
     strategies::Backend backend = [&](const Plan& plan) {
       return sim::run_plan(plan, *topo_, cfg);
     };
     const auto t = Clock::now();
-    struct Count {  // screening runs count towards run_cost(), refused ones too
-      Search& s;
-      Clock::time_point t;
-      bool on;
-      int iterations;
-      ~Count() {
-        if (!on) return;
-        s.max_per_iter_s_ = std::max(s.max_per_iter_s_, since(t) / iterations);
-        s.run_s_ += since(t);
-        s.iters_ += iterations;
-      }
-    } count{*this, t, engine == opts_.screen_engine, iterations > 0 ? iterations : iterations_};
+    Outcome out;
     try {
       strategies::StackRun run = strategies::run_stack(
           sc, spec, *topo_, backend, iterations > 0 ? iterations : iterations_, &cache_);
-      RunSummary sum = summarize(run, "cluster", topo_->num_gpus(), since(t));
-      state_[k] = Stored{true, sum, ""};
-      return sum;
+      out.stored = Stored{true, summarize(run, "cluster", topo_->num_gpus(), since(t)), ""};
     } catch (const InputError& e) {
       // "strategy 's17', role routing: ..." -> "role routing: ...", so one reason counts once.
       std::string msg = e.message();
       if (msg.rfind("strategy '", 0) == 0)
         if (auto at = msg.find("', "); at != std::string::npos) msg = msg.substr(at + 3);
-      ++refusals_[msg];
-      state_[k] = Stored{false, {}, msg};
-      return std::nullopt;
+      out.stored = Stored{false, {}, msg};
+    }
+    out.wall_s = since(t);
+    return out;
+  }
+
+  // Screening runs, refused ones too, are what run_cost() predicts the next one from.
+  void note_cost(const std::string& engine, int iterations, double wall_s) {
+    if (engine != opts_.screen_engine) return;
+    const int iters = iterations > 0 ? iterations : iterations_;
+    max_per_iter_s_ = std::max(max_per_iter_s_, wall_s / iters);
+    run_s_ += wall_s;
+    iters_ += iters;
+  }
+
+  // --- Spreading runs over threads and ranks -------------------------------------------------
+  // The search stays one sequential walk (the same decisions whatever the worker count): before
+  // a group of runs it will ask for independently (a chunk of layout probes, of an exhaustive
+  // space, one role's values in a descent, a chunk of re-runs), prefetch() runs the group on
+  // every worker, and the walk then finds each in state_, as it would a resumed run.
+
+  // One run the walk will ask for. `spec` indexes specs_[layout] (the layout's parsed stacks),
+  // -1: the stack is parsed alone.
+  struct Job {
+    int layout = 0;
+    std::string stack;
+    int spec = -1;
+    std::string engine;
+    int iterations = 0;  // 0: the search's
+  };
+
+  static nlohmann::json job_json(const Job& j) {
+    return {j.layout, j.stack, j.spec, j.engine, j.iterations};
+  }
+  static Job job_of(const nlohmann::json& v) {
+    return Job{v.at(0).get<int>(), v.at(1).get<std::string>(), v.at(2).get<int>(),
+               v.at(3).get<std::string>(), v.at(4).get<int>()};
+  }
+
+  void prefetch(TuneResult& r, const std::vector<Job>& wanted) {
+    if (workers_ <= 1) return;  // one worker: the walk runs each when it asks, same results
+    std::vector<Job> jobs;
+    std::set<std::string> keys;
+    for (const Job& j : wanted) {
+      const std::string k = state_key(run_key(r, j.layout, j.stack), j.engine, j.iterations);
+      if (state_.count(k) == 0 && keys.insert(k).second) jobs.push_back(j);
+    }
+    if (jobs.empty()) return;
+    if (tp_) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const Job& j : jobs) list.push_back(job_json(j));
+      std::string text = nlohmann::json{{"jobs", std::move(list)}}.dump();
+      tp_->broadcast(text);
+    }
+    std::vector<std::optional<Outcome>> out = run_share(r, jobs);
+    r.runs_per_rank.resize(tp_ ? static_cast<std::size_t>(tp_->size()) : 1);
+    for (const auto& o : out) r.runs_per_rank[0] += o ? 1 : 0;
+    // The other ranks' shares: one message each.
+    for (int got = 0; tp_ && got < tp_->size() - 1;) {
+      auto text = tp_->try_receive();
+      if (!text) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      ++got;
+      const auto msg = nlohmann::json::parse(*text);
+      const int from = msg.at("rank").get<int>();
+      if (from <= 0 || from >= tp_->size())
+        throw RuntimeError(fmt::format("tune: a message from rank {} of {}", from, tp_->size()));
+      r.runs_per_rank[static_cast<std::size_t>(from)] += static_cast<int>(msg.at("results").size());
+      for (const auto& v : msg.at("results")) {
+        const auto i = v.at(0).get<std::size_t>();
+        if (i >= jobs.size()) throw RuntimeError("tune: a rank's result for an unknown run");
+        out[i] = Outcome{stored_of(v.at(1)), v.at(2).get<double>()};
+      }
+    }
+    for (std::size_t i = 0; i < jobs.size(); ++i) {  // in job order: deterministic
+      if (!out[i]) continue;  // its stack does not parse alone: the walk meets that itself
+      const Job& j = jobs[i];
+      note_cost(j.engine, j.iterations, out[i]->wall_s);
+      state_[state_key(run_key(r, j.layout, j.stack), j.engine, j.iterations)] =
+          std::move(out[i]->stored);
     }
   }
 
+  // This rank's jobs (every size-th from its rank), on opts_.jobs threads. The scenarios are
+  // parsed here on the calling thread (YAML trees are not shared between threads).
+  std::vector<std::optional<Outcome>> run_share(const TuneResult& r, const std::vector<Job>& jobs) {
+    const std::size_t ranks = tp_ ? static_cast<std::size_t>(tp_->size()) : 1;
+    const std::size_t rank = tp_ ? static_cast<std::size_t>(tp_->rank()) : 0;
+    std::vector<std::size_t> mine;
+    std::vector<std::pair<const Scenario*, const StrategySpec*>> what;
+    std::deque<Scenario> alone;
+    for (std::size_t i = rank; i < jobs.size(); i += ranks) {
+      const Job& j = jobs[i];
+      if (j.spec >= 0) {
+        const Scenario* all = layout_scenario(r, j.layout);
+        if (!all) continue;
+        what.emplace_back(all, &specs_.at(j.layout).at(static_cast<std::size_t>(j.spec)));
+      } else {
+        try {
+          alone.push_back(scenario_of(r.layouts.at(static_cast<std::size_t>(j.layout)), j.stack));
+        } catch (const InputError&) {
+          continue;
+        }
+        what.emplace_back(&alone.back(), &alone.back().strategies.at(0));
+      }
+      mine.push_back(i);
+    }
+    std::vector<std::optional<Outcome>> out(jobs.size());
+    std::atomic<std::size_t> next{0};
+    std::exception_ptr error;
+    std::mutex mu;
+    auto work = [&] {
+      try {
+        for (std::size_t x; (x = next.fetch_add(1)) < mine.size();) {
+          const Job& j = jobs[mine[x]];
+          out[mine[x]] = run_job(*what[x].first, *what[x].second, j.engine, j.iterations);
+        }
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        next.store(mine.size());
+      }
+    };
+    std::vector<std::thread> pool;
+    const std::size_t threads = std::min(static_cast<std::size_t>(jobs_), mine.size());
+    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    if (error) std::rethrow_exception(error);
+    return out;
+  }
+
+ public:
+  // Ranks > 0 under mpirun: run the share of every group rank 0 broadcasts, until it says done.
+  void serve() {
+    TuneResult r;
+    layouts(r);
+    for (;;) {
+      std::string text;
+      tp_->broadcast(text);
+      const auto msg = nlohmann::json::parse(text);
+      if (msg.contains("done")) return;
+      std::vector<Job> jobs;
+      for (const auto& v : msg.at("jobs")) jobs.push_back(job_of(v));
+      const std::vector<std::optional<Outcome>> out = run_share(r, jobs);
+      nlohmann::json results = nlohmann::json::array();
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (out[i]) results.push_back({i, stored_json(out[i]->stored), out[i]->wall_s});
+      tp_->send_to_root(
+          nlohmann::json{{"rank", tp_->rank()}, {"results", std::move(results)}}.dump());
+    }
+  }
+
+ private:
   std::optional<RunSummary> run_one(TuneResult& r, int li, const std::string& stack,
                                     const std::string& engine, int iterations = 0) {
     const Scenario sc = scenario_of(r.layouts[li], stack);
@@ -588,6 +766,46 @@ class Search {
     return out;
   }
 
+  // Whether choice c on layout li has its screening run already (evaluated, prefetched, resumed).
+  bool ready(const TuneResult& r, int li, const Choice& c, int iterations = 0) {
+    const std::vector<Role>& rl = roles(r, li);
+    if (iterations == 0 && seen_.count({li, index_of(rl, c)})) return true;
+    const std::string key = run_key(r, li, stack_yaml(rl, c, "tuned"));
+    return state_.count(state_key(key, opts_.screen_engine, iterations)) > 0;
+  }
+
+  Job choice_job(const TuneResult& r, int li, const Choice& c, int iterations) {
+    const std::vector<Role>& rl = roles(r, li);
+    return Job{li, stack_yaml(rl, c, "tuned"), layout_scenario(r, li) ? index_of(rl, c) : -1,
+               opts_.screen_engine, iterations};
+  }
+
+  void prefetch_choices(TuneResult& r, int li, const std::vector<Choice>& cs, std::size_t from,
+                        std::size_t to) {
+    if (workers_ <= 1) return;
+    std::vector<Job> jobs;
+    for (std::size_t i = from; i < to; ++i)
+      if (!ready(r, li, cs[i])) jobs.push_back(choice_job(r, li, cs[i], 0));
+    prefetch(r, jobs);
+  }
+
+  // The layout screen's choices of layout li: the baseline stack, and parm_auto where it applies.
+  std::vector<Choice> probe_choices(const TuneResult& r, int li) {
+    const std::vector<Role>& rl = roles(r, li);
+    Choice base(rl.size(), 0), parm = base;
+    for (std::size_t k = 0; k < rl.size(); ++k)
+      for (std::size_t v = 0; v < rl[k].values.size(); ++v)
+        if (rl[k].values[v] == "parm_auto") parm[k] = static_cast<int>(v);
+    if (parm == base) return {base};
+    return {base, parm};
+  }
+
+  bool probed(const TuneResult& r, int li) {
+    for (const Choice& c : probe_choices(r, li))
+      if (!ready(r, li, c, iterations_ > 1 ? 1 : 0)) return false;
+    return true;
+  }
+
   // Coordinate descent from the baseline: each role in turn takes its best value given the
   // others; repeats until a full pass changes nothing (at most 3 passes).
   void descend(TuneResult& r, int li, double stop_at) {
@@ -596,11 +814,16 @@ class Search {
     double best = eval(r, li, c);
     for (int pass = 0; pass < 3; ++pass) {
       bool changed = false;
-      for (std::size_t k = 0; k < rl.size(); ++k)
+      for (std::size_t k = 0; k < rl.size(); ++k) {
+        std::vector<Choice> alts;  // role k's other values, independent of each other
         for (int v = 0; v < static_cast<int>(rl[k].values.size()); ++v) {
-          if (v == c[k] || !room(stop_at)) continue;
-          Choice d = c;
-          d[k] = v;
+          if (v == c[k]) continue;
+          alts.push_back(c);
+          alts.back()[k] = v;
+        }
+        if (room(stop_at)) prefetch_choices(r, li, alts, 0, alts.size());
+        for (const Choice& d : alts) {
+          if (!ready(r, li, d) && !room(stop_at)) continue;
           const double t = eval(r, li, d);
           if (t < best * (1 - 1e-9)) {
             best = t;
@@ -608,6 +831,7 @@ class Search {
             changed = true;
           }
         }
+      }
       if (!changed) break;
     }
     if (!room(stop_at)) r.complete = false;
@@ -615,14 +839,23 @@ class Search {
 
   void exhaustive(TuneResult& r, int li, double stop_at) {
     const std::vector<Role>& rl = roles(r, li);
+    std::vector<Choice> all;
     Choice c(rl.size(), 0);
-    do {
-      if (!room(stop_at)) {
-        r.complete = false;
-        return;
+    do all.push_back(c);
+    while (next(rl, c));
+    // Several runs per worker and chunk: run times differ (pipelined stacks cost more), and a
+    // chunk waits for its slowest worker.
+    const auto chunk = static_cast<std::size_t>(workers_ > 1 ? 4 * workers_ : 1);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (i % chunk == 0) {  // one worker: a check before every run, as the runs are sequential
+        if (!room(stop_at)) {
+          r.complete = false;
+          return;
+        }
+        prefetch_choices(r, li, all, i, std::min(all.size(), i + chunk));
       }
-      eval(r, li, c);
-    } while (next(rl, c));
+      eval(r, li, all[i]);
+    }
   }
 
   void screen(TuneResult& r) {
@@ -649,12 +882,25 @@ class Search {
     const double gpu_bytes = topo_->gpu().memory.value();
     std::vector<std::pair<double, int>> order;
     int unscreened = 0;
-    for (int li : screen_order(r)) {
-      const std::vector<Role>& rl = roles(r, li);
-      Choice base(rl.size(), 0), parm = base;
-      for (std::size_t k = 0; k < rl.size(); ++k)
-        for (std::size_t v = 0; v < rl[k].values.size(); ++v)
-          if (rl[k].values[v] == "parm_auto") parm[k] = static_cast<int>(v);
+    // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
+    auto screen_room = [&] {
+      return since(t) + run_cost(1) <= 0.4 * (opts_.budget_s - keep) &&
+             left() - run_cost(1) >= keep;
+    };
+    const std::vector<int> sorder = screen_order(r);
+    const auto chunk = static_cast<std::size_t>(workers_);
+    for (std::size_t i = 0; i < sorder.size(); ++i) {
+      const int li = sorder[i];
+      if (workers_ > 1 && i % chunk == 0 && screen_room()) {  // the next chunk's probes at once
+        std::vector<Job> jobs;
+        for (std::size_t x = i; x < std::min(sorder.size(), i + chunk); ++x) {
+          const TuneLayout& lx = r.layouts[sorder[x]];
+          if (lx.is_scenario || (gpu_bytes > 0 && lx.memory_bytes > gpu_bytes)) continue;
+          for (const Choice& c : probe_choices(r, sorder[x]))
+            jobs.push_back(choice_job(r, sorder[x], c, iterations_ > 1 ? 1 : 0));
+        }
+        prefetch(r, jobs);
+      }
       const TuneLayout& l = r.layouts[li];
       if (l.is_scenario) {  // the reference of every speedup, fitting or not
         if (auto s = run_one(r, li, "{name: baseline}", opts_.screen_engine))
@@ -671,15 +917,13 @@ class Search {
               gib(r.baseline_screen.memory_bytes), gib(r.baseline_screen.gpu_memory_bytes)));
       }
       if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
-      // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
-      if (!l.is_scenario &&
-          (since(t) + run_cost(1) > 0.4 * (opts_.budget_s - keep) || left() - run_cost(1) < keep)) {
+      if (!l.is_scenario && !probed(r, li) && !screen_room()) {
         ++unscreened;
         r.complete = false;
         continue;
       }
-      double best = probe(r, li, base);
-      if (parm != base) best = std::min(best, probe(r, li, parm));
+      double best = INFINITY;
+      for (const Choice& c : probe_choices(r, li)) best = std::min(best, probe(r, li, c));
       if (std::isfinite(best)) order.emplace_back(best, li);
     }
     if (unscreened > 0)
@@ -757,11 +1001,20 @@ class Search {
     }
     const auto t = Clock::now();
     if (opts_.rerun_engine != opts_.screen_engine && !r.ranked.empty()) {
-      std::size_t done = 0;
+      std::size_t done = 0, chunks = 0;
+      const auto chunk = static_cast<std::size_t>(workers_);
       for (auto& row : r.ranked) {
-        // Every re-run costs about what the first did; stop when the next would overrun.
-        const double per = done > 0 ? since(t) / static_cast<double>(done + 1) : 0.0;
-        if (done > 0 && left() < per) break;
+        if (done % chunk == 0) {
+          // Every chunk of re-runs costs about what the first did; stop when the next would
+          // overrun.
+          const double per = chunks > 0 ? since(t) / static_cast<double>(chunks) : 0.0;
+          if (chunks > 0 && left() < per) break;
+          ++chunks;
+          std::vector<Job> jobs;
+          for (std::size_t x = done; x < std::min(r.ranked.size(), done + chunk); ++x)
+            jobs.push_back({r.ranked[x].layout, r.ranked[x].stack_yaml, -1, opts_.rerun_engine, 0});
+          prefetch(r, jobs);
+        }
         row.rerun = run_one(r, row.layout, row.stack_yaml, opts_.rerun_engine);
         ++done;
         say(fmt::format("re-run {}/{} on {}: {:.3f} ms", done, r.ranked.size(), opts_.rerun_engine,
@@ -809,13 +1062,11 @@ class Search {
   std::vector<TuneRow> rows_;
   int best_ = -1;
   std::map<std::string, int> refusals_;
-  struct Stored {
-    bool ok = false;
-    RunSummary summary;   // the fields tune reads (state_json)
-    std::string refusal;  // why the strategy refused, when !ok
-  };
   std::map<std::string, Stored> state_;  // "layout|stack|engine|iterations" -> run
   int resumed_ = 0;
+  SweepTransport* tp_ = nullptr;  // under mpirun: the ranks; rank 0 walks, the others serve()
+  int jobs_ = 1;                  // threads per rank
+  int workers_ = 1;               // threads of all ranks
   Clock::time_point last_tick_ = Clock::now();
   Clock::time_point last_save_ = Clock::now();
   double max_per_iter_s_ = 0;  // of the screening runs
@@ -833,6 +1084,10 @@ std::string TuneLayout::describe() const {
 TuneResult tune(const YAML::Node& tree, const std::string& path,
                 const std::vector<std::string>& sets, const TuneOptions& opts) {
   Search s(tree, path, sets, opts);
+  if (opts.transport && opts.transport->rank() != 0) {
+    s.serve();
+    return {};
+  }
   return s.run();
 }
 
@@ -898,10 +1153,14 @@ void print_tune(const TuneResult& r) {
                     s.compute_mean_s * 1e3, s.exposed_comm_mean_s * 1e3));
   }
   fmt::print(
-      "# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running; best "
-      "found after {:.1f} s; {}\n",
-      r.search.empty() ? "-" : r.search, r.screen_wall_s, r.rerun_wall_s, r.time_to_best_s,
-      r.complete ? "complete" : "cut short by --budget");
+      "# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running on {} "
+      "worker(s){}; best found after {:.1f} s; {}\n",
+      r.search.empty() ? "-" : r.search, r.screen_wall_s, r.rerun_wall_s, r.workers,
+      r.runs_per_rank.size() > 1
+          ? fmt::format(" ({} ranks; runs spread {})", r.runs_per_rank.size(),
+                        fmt::join(r.runs_per_rank, " + "))
+          : "",
+      r.time_to_best_s, r.complete ? "complete" : "cut short by --budget");
   for (const auto& n : r.notes) fmt::print("# note: {}\n", n);
 }
 
@@ -928,6 +1187,8 @@ std::string tune_json(const TuneResult& r) {
                 {"over_memory", r.over_memory}};
   j["search"] = {{"best_layout", r.search},
                  {"complete", r.complete},
+                 {"workers", r.workers},
+                 {"spread_runs_per_rank", r.runs_per_rank},
                  {"screen_wall_s", r.screen_wall_s},
                  {"rerun_wall_s", r.rerun_wall_s},
                  {"time_to_best_s", r.time_to_best_s},

@@ -28,6 +28,8 @@
 
 namespace moesim::app {
 
+class SweepTransport;
+
 struct TuneOptions {
   double budget_s = 60;  // wall-clock budget of the whole search
   std::string screen_engine = "analytical";
@@ -37,6 +39,10 @@ struct TuneOptions {
   bool search_layouts = true;         // false: only the scenario's own layout
   bool progress = true;               // a line on stderr per phase / layout
   std::string state_path;             // --state: runs kept and reused across searches
+  int jobs = 0;                       // threads (per rank); 0: one per hardware thread
+  // Under mpirun: the ranks. Rank 0 runs the search and prints; every other rank runs its share
+  // of each group of runs (tune() returns an empty result there). Null: this process alone.
+  SweepTransport* transport = nullptr;
 };
 
 /// One parallel layout: the degrees, and the scenario edits that give it.
@@ -73,6 +79,8 @@ struct TuneResult {
   int resumed = 0;                  // runs taken from the --state file instead of run
   int inapplicable = 0;             // stacks a layout refused (InputError from the strategy)
   int over_memory = 0;              // runs whose memory estimate exceeds the GPU (not ranked)
+  int workers = 1;                  // threads of all ranks that ran the search
+  std::vector<int> runs_per_rank;   // runs spread over workers, by the rank that ran them
   std::string search;               // "exhaustive" / "coordinate descent" (of the best layout)
   bool complete = true;             // false: the budget cut the search short
   double screen_wall_s = 0, rerun_wall_s = 0, time_to_best_s = 0;

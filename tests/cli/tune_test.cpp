@@ -196,6 +196,39 @@ TEST(Tune, DeterministicWhenComplete) {
   }
 }
 
+// Threads change when runs happen, never what the search finds: the same rows, times, counts and
+// re-runs with one worker and with three.
+TEST(Tune, ThreadsRankTheSameAsOneWorker) {
+  const YAML::Node tree = YAML::Load(scenario_yaml(2, 4,
+                                                   "{kind: switch, nic_bandwidth: "
+                                                   "100Gb/s, nics_per_node: 1, latency: "
+                                                   "2us}",
+                                                   8));
+  TuneOptions o = screening_only();
+  o.rerun_engine = "flow";
+  o.top = 4;
+  o.jobs = 1;
+  const TuneResult one = tune(tree, "t.yaml", {}, o);
+  o.jobs = 3;
+  const TuneResult three = tune(tree, "t.yaml", {}, o);
+  ASSERT_TRUE(one.complete && three.complete);
+  EXPECT_EQ(one.workers, 1);
+  EXPECT_EQ(three.workers, 3);
+  EXPECT_EQ(one.evaluated, three.evaluated);
+  EXPECT_EQ(one.probes, three.probes);
+  EXPECT_EQ(one.inapplicable, three.inapplicable);
+  EXPECT_EQ(one.layouts_searched, three.layouts_searched);
+  ASSERT_EQ(one.ranked.size(), 4u);
+  ASSERT_EQ(one.ranked.size(), three.ranked.size());
+  for (std::size_t i = 0; i < one.ranked.size(); ++i) {
+    EXPECT_EQ(one.ranked[i].stack_yaml, three.ranked[i].stack_yaml);
+    EXPECT_EQ(one.ranked[i].layout, three.ranked[i].layout);
+    EXPECT_EQ(one.ranked[i].screen.step_mean_s, three.ranked[i].screen.step_mean_s);
+    ASSERT_TRUE(one.ranked[i].rerun && three.ranked[i].rerun);
+    EXPECT_EQ(one.ranked[i].rerun->step_mean_s, three.ranked[i].rerun->step_mean_s);
+  }
+}
+
 // --state keeps every run: the same search again runs nothing new and ranks the same; a state
 // file of another search (here another seed through --set) is refused with exit 2.
 TEST(TuneCli, StateFileResumesAndRefusesAnotherSearch) {
@@ -260,6 +293,79 @@ TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
   ASSERT_GT(simulated, 0) << sj.dump(1).substr(0, 2000);
   EXPECT_NEAR(simulated, reported, 1e-9 * reported);
   fs::remove_all(d);
+}
+
+// `mpirun -np 2 moesim tune` spreads the runs over both ranks and ranks what one process ranks;
+// rank 0 alone prints and writes; an input error is reported once and exits 2.
+TEST(TuneCli, MpirunSpreadsRunsAndRanksTheSame) {
+#ifndef MOESIM_MPIEXEC
+  GTEST_SKIP() << "moesim built without MPI";
+#else
+  const fs::path d = temp_dir();
+  {
+    std::ofstream(d / "s.yaml") << scenario_yaml(
+        2, 4, "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}", 8);
+  }
+  const std::string s = (d / "s.yaml").string();
+  const RunOutput one =
+      run(fmt::format("tune '{}' --budget 300s --top 3 --engine flow --jobs 1 -q --json '{}'", s,
+                      (d / "one.json").string()));
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  // detect_leaks=0: OpenMPI's components leave allocations behind at MPI_Finalize (see the
+  // sweep's mpirun test); the search's own leaks are covered by the single-process runs.
+  const std::string mpirun = fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=detect_leaks=0 "
+      "{} -np 2 --oversubscribe '{}'",
+      MOESIM_MPIEXEC, kBinary);
+  auto under_mpirun = [&](const std::string& args) {
+    RunOutput r;
+    FILE* p = popen((mpirun + " " + args + " 2>&1").c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf{};
+    std::size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  const RunOutput two =
+      under_mpirun(fmt::format("tune '{}' --budget 300s --top 3 --engine flow --jobs 1 --json '{}'",
+                               s, (d / "two.json").string()));
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  std::size_t tables = 0;
+  for (std::size_t at = 0; (at = two.out.find("# moesim tune ", at)) != std::string::npos; ++at)
+    ++tables;
+  EXPECT_EQ(tables, 1u) << two.out;  // rank 0 alone prints
+  EXPECT_THAT(two.out, ::testing::HasSubstr("on 2 worker(s)"));
+  std::ifstream ja(d / "one.json"), jb(d / "two.json");
+  const auto a = nlohmann::json::parse(ja), b = nlohmann::json::parse(jb);
+  ASSERT_EQ(a["ranked"].size(), 3u);
+  ASSERT_EQ(a["ranked"].size(), b["ranked"].size());
+  for (std::size_t i = 0; i < a["ranked"].size(); ++i) {
+    EXPECT_EQ(a["ranked"][i]["stack"], b["ranked"][i]["stack"]);
+    EXPECT_EQ(a["ranked"][i]["parallelism"], b["ranked"][i]["parallelism"]);
+    EXPECT_EQ(a["ranked"][i]["screen"], b["ranked"][i]["screen"]);
+    EXPECT_EQ(a["ranked"][i]["rerun"], b["ranked"][i]["rerun"]);
+  }
+  EXPECT_EQ(a["space"], b["space"]);
+  EXPECT_EQ(b["search"]["workers"], 2);
+  // Both ranks ran their share of the spread runs (every other one).
+  const auto spread = b["search"]["spread_runs_per_rank"].get<std::vector<int> >();
+  ASSERT_EQ(spread.size(), 2u);
+  EXPECT_GT(spread[0], 0);
+  EXPECT_GT(spread[1], 0);
+  EXPECT_LE(std::abs(spread[0] - spread[1]), spread[0] / 2 + 2) << b["search"].dump();
+
+  const RunOutput bad = under_mpirun(fmt::format("tune '{}' --set model.hiden_dim=8 -q", s));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  std::size_t errors = 0;
+  for (std::size_t at = 0; (at = bad.out.find("moesim: error:", at)) != std::string::npos; ++at)
+    ++errors;
+  EXPECT_EQ(errors, 1u) << bad.out;
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("hiden_dim"));
+  fs::remove_all(d);
+#endif
 }
 
 TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {

@@ -1,5 +1,6 @@
 // `moesim tune SCENARIO.yaml [--budget 60s] [--engine flow] [--top 10] [--jobs N] [--json F]
-//              [--csv F] [--emit best.yaml] [--keep-layout] [--iterations N] [--set KEY=VALUE]...`:
+//              [--csv F] [--report F.html] [--emit best.yaml] [--keep-layout] [--iterations N]
+//              [--set KEY=VALUE]...`:
 // the best strategy stacks and parallel layouts for the scenario's model on its cluster; under
 // `mpirun -np N` the runs are spread over the ranks (each with --jobs threads)
 // (apps/moesim/tune.hpp, docs/tune.md).
@@ -9,6 +10,7 @@
 #include <memory>
 
 #include "apps/moesim/commands.hpp"
+#include "apps/moesim/html_report.hpp"
 #include "apps/moesim/mpi_launch.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
@@ -29,7 +31,7 @@ struct TuneArgs {
   std::string budget = "60s";
   std::string engine = "auto";
   std::optional<std::string> top, iterations, jobs;
-  std::string json_path, csv_path, emit_path, state_path;
+  std::string json_path, csv_path, emit_path, state_path, report_path;
   bool keep_layout = false;
   bool quiet = false;
 };
@@ -38,6 +40,7 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
   check_output_paths({{"--json", a.json_path},
                       {"--csv", a.csv_path},
                       {"--emit", a.emit_path},
+                      {"--report", a.report_path},
                       {"--state", a.state_path}});
   TuneOptions o;
   o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
@@ -80,6 +83,10 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
     write_file_atomic(a.json_path, [&](std::ostream& os) { os << tune_json(r) << "\n"; });
   if (!a.csv_path.empty())
     write_file_atomic(a.csv_path, [&](std::ostream& os) { os << tune_csv(r); });
+  if (!a.report_path.empty()) {
+    const Scenario sc = parse_scenario_with(YAML::Clone(tree), path, a.sets);
+    write_tune_report(a.report_path, TuneReport{&r, &sc});
+  }
   if (!a.emit_path.empty()) {
     if (r.ranked.empty())
       throw RuntimeError("--emit: no candidate ran (every layout over memory or inapplicable)");
@@ -106,6 +113,9 @@ void register_tune(CLI::App& app) {
                   "Iterations per run (default: the scenario's workload.iterations)");
   cmd->add_option("--json", a->json_path, "Write the search and the ranked candidates as JSON");
   cmd->add_option("--csv", a->csv_path, "Write the ranked candidates as CSV");
+  cmd->add_option("--report", a->report_path,
+                  "Self-contained HTML report: the ranked candidates as bars and a table with "
+                  "why each wins, every layout with its memory and screen time");
   cmd->add_option("--emit", a->emit_path,
                   "Write the best candidate as a scenario file (its layout, and strategies: "
                   "[baseline, tuned])");

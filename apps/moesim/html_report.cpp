@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -341,6 +343,152 @@ void write_sweep_report(const std::string& path, const SweepReport& r) {
     h += row(cells, false, 0);
   }
   h += "</table>\n";
+  h += page_end();
+  write_file_atomic(path, [&](std::ostream& os) { os << h; });
+}
+
+namespace {
+
+// Horizontal bars of step time, the reference first, as inline SVG (no plotting tool needed).
+std::string tune_bars(const TuneResult& r) {
+  struct Bar {
+    std::string label;
+    double s;
+    bool reference;
+  };
+  const bool rerun = r.baseline_rerun.has_value();
+  std::vector<Bar> bars;
+  bars.push_back({"reference (baseline)",
+                  rerun ? r.baseline_rerun->step_mean_s : r.baseline_screen.step_mean_s, true});
+  int rank = 0;
+  for (const TuneRow& row : r.ranked) {
+    std::string roles = row.roles;
+    if (roles.size() > 44) roles = roles.substr(0, 41) + "...";
+    bars.push_back({fmt::format("{}. {}", ++rank, roles), row.time_s(), false});
+  }
+  double top = 0;
+  for (const Bar& b : bars) top = std::max(top, b.s);
+  if (!(top > 0)) return "";
+  constexpr int kLabel = 330, kBar = 520, kRow = 22;
+  const int height = static_cast<int>(bars.size()) * kRow + 30;
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n",
+      kLabel + kBar + 110, height);
+  for (std::size_t i = 0; i < bars.size(); ++i) {
+    const Bar& b = bars[i];
+    const int y = static_cast<int>(i) * kRow + 8;
+    const double w = kBar * b.s / top;
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>"
+        "<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"/>"
+        "<text x=\"{:.1f}\" y=\"{}\">{} ms</text>\n",
+        kLabel - 6, y + 13, html_escape(b.label), kLabel, y, w, kRow - 6,
+        b.reference ? "#999" : (i == 1 ? "#2a7" : "#58c"), kLabel + w + 6, y + 13, ms(b.s));
+  }
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"{}\" fill=\"#666\">step time on {} (shorter is better)</text>\n", kLabel,
+      height - 6, html_escape(rerun ? r.rerun_engine : r.screen_engine));
+  return svg + "</svg>\n";
+}
+
+std::string gib_text(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024 * 1024)); }
+
+}  // namespace
+
+void write_tune_report(const std::string& path, const TuneReport& rep) {
+  MOESIM_ASSERT(rep.result && rep.scenario, "a tune report needs its result and scenario");
+  const TuneResult& r = *rep.result;
+  const Scenario& sc = *rep.scenario;
+  std::string h = page_start(fmt::format("moesim tune: {}", sc.name));
+  const bool rerun = r.baseline_rerun.has_value();
+  h += fmt::format(
+      "<p>Scenario <code>{}</code>, {} GPUs. Searched {} layouts ({} fit the GPU memory, {} got "
+      "a stack search) and {} stacks in all: {} runs on <b>{}</b> ({} inapplicable, {} over "
+      "memory){}, the best {} re-run on <b>{}</b>. {} worker(s){}; {:.1f} s screening, {:.1f} s "
+      "re-running; best found after {:.1f} s; the search {}.</p>\n",
+      html_escape(r.scenario), r.gpus, r.layouts.size(), r.layouts_fit, r.layouts_searched,
+      r.stacks_in_space, r.evaluated, html_escape(r.screen_engine), r.inapplicable, r.over_memory,
+      r.probes > 0 ? fmt::format(" + {} one-iteration layout probes", r.probes) : "",
+      std::count_if(r.ranked.begin(), r.ranked.end(),
+                    [](const TuneRow& x) { return x.rerun.has_value(); }),
+      html_escape(r.rerun_engine), r.workers,
+      r.runs_per_rank.size() > 1 ? fmt::format(" on {} ranks", r.runs_per_rank.size()) : "",
+      r.screen_wall_s, r.rerun_wall_s, r.time_to_best_s,
+      r.complete ? "completed" : "was cut short by the budget (see the notes)");
+  if (!r.ranked.empty()) {
+    const TuneRow& best = r.ranked.front();
+    h += fmt::format(
+        "<p class=\"best\">Best: {} on layout {}: {} ms, {} the scenario's baseline.</p>\n",
+        html_escape(best.roles), html_escape(r.layouts[best.layout].describe()), ms(best.time_s()),
+        speedup_text(best.rerun ? best.rerun->speedup : best.screen.speedup));
+    h += "<p class=\"note\">`moesim tune ... --emit best.yaml` writes it as a scenario that "
+         "`moesim simulate`, `compare` and `exec` run as is.</p>\n";
+  }
+  h += scenario_section(sc);
+  h += "<h2>Cluster</h2>\n<table>\n" + topology_header();
+  h += cluster_row(sc.cluster.name.empty() ? sc.name : sc.cluster.name, sc.cluster);
+  h += "</table>\n";
+
+  h += "<h2>Ranked candidates</h2>\n<div class=\"plot\">\n" + tune_bars(r) + "</div>\n";
+  h += "<table id=\"ranked\">\n";
+  h += row({"rank", fmt::format("{} (ms)", html_escape(r.screen_engine)),
+            rerun ? fmt::format("{} (ms)", html_escape(r.rerun_engine)) : std::string("-"),
+            "speedup", "memory (GiB)", "layout", "stack", "decisions (last iteration)",
+            "all-to-all (ms)", "compute (ms)", "exposed comm (ms)"},
+           true, 0);
+  h += row({"ref", ms(r.baseline_screen.step_mean_s),
+            rerun ? ms(r.baseline_rerun->step_mean_s) : std::string("-"), "1.00x",
+            gib_text(r.baseline_screen.memory_bytes), "the scenario's", "baseline",
+            html_escape(r.baseline_screen.decisions), ms(r.baseline_screen.a2a_mean_s),
+            ms(r.baseline_screen.compute_mean_s), ms(r.baseline_screen.exposed_comm_mean_s)},
+           false, 0);
+  int rank = 0;
+  for (const TuneRow& x : r.ranked) {
+    const RunSummary& s = x.rerun ? *x.rerun : x.screen;
+    h += row({std::to_string(++rank), ms(x.screen.step_mean_s),
+              x.rerun ? ms(x.rerun->step_mean_s) : std::string("-"), speedup_text(s.speedup),
+              gib_text(x.screen.memory_bytes), html_escape(r.layouts[x.layout].describe()),
+              "<code>" + html_escape(x.stack_yaml) + "</code>", html_escape(s.decisions),
+              ms(s.a2a_mean_s), ms(s.compute_mean_s), ms(s.exposed_comm_mean_s)},
+             false, 0);
+  }
+  h += "</table>\n";
+
+  // Layouts: screened ones by their screen time, then the rest.
+  std::vector<std::size_t> order(r.layouts.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](std::size_t i) {
+    const double t = r.layouts[i].screen_s;
+    return std::isnan(t) ? INFINITY : t;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+  const double gpu_bytes = sc.cluster.gpu.memory.value();
+  h += fmt::format(
+      "<h2>Layouts</h2>\n<p class=\"note\">Every layout of the space with the baseline stack's "
+      "memory estimate (the {}'s {} GiB) and its screen: the best of the baseline and parm_auto "
+      "{}.</p>\n<details><summary>{} layouts</summary>\n<table id=\"layouts\">\n",
+      html_escape(sc.cluster.gpu.name), gib_text(gpu_bytes),
+      r.probes > 0 ? "over one iteration" : "over the scenario's iterations", r.layouts.size());
+  h += row({"layout", "memory (GiB)", "fits", "screen (ms)", "stack search"}, true, 1);
+  for (std::size_t i : order) {
+    const TuneLayout& l = r.layouts[i];
+    const bool fits = gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes;
+    const std::string screen = std::isnan(l.screen_s)   ? (fits ? "not screened" : "-")
+                               : std::isinf(l.screen_s) ? "refused"
+                                                        : ms(l.screen_s);
+    h += row({html_escape(l.describe()) + (l.is_scenario ? " (the scenario's)" : ""),
+              gib_text(l.memory_bytes), fits ? "yes" : "no", screen,
+              l.search.empty() ? "-" : html_escape(l.search)},
+             false, 1);
+  }
+  h += "</table>\n</details>\n";
+  if (!r.notes.empty()) {
+    h += "<h2>Notes</h2>\n<ul>\n";
+    for (const auto& n : r.notes) h += "<li>" + html_escape(n) + "</li>\n";
+    h += "</ul>\n";
+  }
   h += page_end();
   write_file_atomic(path, [&](std::ostream& os) { os << h; });
 }

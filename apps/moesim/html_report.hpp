@@ -1,4 +1,4 @@
-// Self-contained HTML reports (`--report F.html` on compare and sweep): scenario and topology
+// Self-contained HTML reports (`--report F.html` on compare, sweep and tune): scenario and topology
 // summary, the comparison table, the plot inline (SVG embedded, PNG as a data URI), and the
 // decisions per iteration. No external CSS, scripts or images: the file can be mailed around.
 #pragma once
@@ -8,6 +8,7 @@
 
 #include "apps/moesim/report.hpp"
 #include "apps/moesim/sweep.hpp"
+#include "apps/moesim/tune.hpp"
 #include "core/scenario.hpp"
 #include "strategies/runner.hpp"
 
@@ -42,6 +43,16 @@ struct SweepReport {
 };
 
 void write_sweep_report(const std::string& path, const SweepReport& report);
+
+/// `moesim tune --report F.html`: the search (space, workers, budget), the scenario and cluster,
+/// the ranked candidates as bars against the reference and as a table with why each wins, and
+/// every layout with its memory estimate and screen time.
+struct TuneReport {
+  const TuneResult* result = nullptr;
+  const Scenario* scenario = nullptr;  // after --set: the model and cluster searched
+};
+
+void write_tune_report(const std::string& path, const TuneReport& report);
 
 /// &, <, >, " and ' escaped.
 std::string html_escape(const std::string& s);

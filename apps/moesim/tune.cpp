@@ -340,6 +340,13 @@ class Search {
     return per * (iterations > 0 ? iterations : iterations_);
   }
   bool room(double reserve) const { return left() - run_cost() >= reserve; }
+  // How many runs of `per_run_s` the workers finish within `wall_s` (a group runs ahead only as
+  // far as the budget goes: 8 runs of a 4,096-GPU scenario on 2 workers overran it by seconds).
+  std::size_t affordable(double wall_s, double per_run_s) const {
+    if (per_run_s <= 0) return std::numeric_limits<std::size_t>::max();
+    if (wall_s < per_run_s) return 0;
+    return static_cast<std::size_t>(wall_s / per_run_s) * static_cast<std::size_t>(workers_);
+  }
 
   void say(const std::string& line) const {
     if (opts_.progress) std::fprintf(stderr, "tune: %s\n", line.c_str());
@@ -821,7 +828,9 @@ class Search {
           alts.push_back(c);
           alts.back()[k] = v;
         }
-        if (room(stop_at)) prefetch_choices(r, li, alts, 0, alts.size());
+        if (room(stop_at))
+          prefetch_choices(r, li, alts, 0,
+                           std::min(alts.size(), affordable(left() - stop_at, run_cost())));
         for (const Choice& d : alts) {
           if (!ready(r, li, d) && !room(stop_at)) continue;
           const double t = eval(r, li, d);
@@ -852,7 +861,8 @@ class Search {
           r.complete = false;
           return;
         }
-        prefetch_choices(r, li, all, i, std::min(all.size(), i + chunk));
+        const std::size_t n = std::min(chunk, affordable(left() - stop_at, run_cost()));
+        prefetch_choices(r, li, all, i, std::min(all.size(), i + std::max<std::size_t>(n, 1)));
       }
       eval(r, li, all[i]);
     }
@@ -892,8 +902,10 @@ class Search {
     for (std::size_t i = 0; i < sorder.size(); ++i) {
       const int li = sorder[i];
       if (workers_ > 1 && i % chunk == 0 && screen_room()) {  // the next chunk's probes at once
+        const std::size_t fit = affordable(
+            std::min(0.4 * (opts_.budget_s - keep) - since(t), left() - keep), run_cost(1));
         std::vector<Job> jobs;
-        for (std::size_t x = i; x < std::min(sorder.size(), i + chunk); ++x) {
+        for (std::size_t x = i; x < std::min(sorder.size(), i + chunk) && jobs.size() < fit; ++x) {
           const TuneLayout& lx = r.layouts[sorder[x]];
           if (lx.is_scenario || (gpu_bytes > 0 && lx.memory_bytes > gpu_bytes)) continue;
           for (const Choice& c : probe_choices(r, sorder[x]))
@@ -924,6 +936,7 @@ class Search {
       }
       double best = INFINITY;
       for (const Choice& c : probe_choices(r, li)) best = std::min(best, probe(r, li, c));
+      r.layouts[li].screen_s = best;
       if (std::isfinite(best)) order.emplace_back(best, li);
     }
     if (unscreened > 0)
@@ -958,6 +971,7 @@ class Search {
         descend(r, li, keep);
       }
       if (i == 0) r.search = all ? "exhaustive" : "coordinate descent";
+      r.layouts[li].search = all ? "exhaustive" : "coordinate descent";
       ++r.layouts_searched;
       say(fmt::format("layout {}/{} {}: {} ({} runs), best so far {:.3f} ms, {:.0f} s left", i + 1,
                       order.size(), r.layouts[li].describe(),

@@ -19,6 +19,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,7 +54,11 @@ struct TuneLayout {
   std::vector<std::string> edits;  // "KEY=VALUE" (--set syntax)
   double memory_bytes = 0;         // the layout's estimate with the baseline stack
   bool is_scenario = false;        // the scenario's own layout
-  std::string describe() const;    // "ep=16 esp=1 mp=2 dp=1 layout=overlapped B=8"
+  // The layout screen: its best probe's step time (NaN: not screened, +inf: nothing ran), and
+  // the stack search it got ("" = none).
+  double screen_s = std::numeric_limits<double>::quiet_NaN();
+  std::string search;
+  std::string describe() const;  // "ep=16 esp=1 mp=2 dp=1 layout=overlapped B=8"
 };
 
 /// One evaluated (layout, stack).

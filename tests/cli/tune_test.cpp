@@ -368,6 +368,58 @@ TEST(TuneCli, MpirunSpreadsRunsAndRanksTheSame) {
 #endif
 }
 
+// --report: one self-contained page with the ranked candidates (bars and a row each, the
+// reference first) and every layout of the space.
+TEST(TuneCli, ReportShowsTheRankedCandidatesAndEveryLayout) {
+  const fs::path d = temp_dir();
+  {
+    std::ofstream(d / "s.yaml") << scenario_yaml(
+        2, 4, "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 1, latency: 2us}", 8);
+  }
+  const RunOutput t =
+      run(fmt::format("tune '{}' --budget 300s --top 3 --engine flow -q --json '{}' --report '{}'",
+                      (d / "s.yaml").string(), (d / "t.json").string(), (d / "r.html").string()));
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  std::ifstream js(d / "t.json");
+  const auto j = nlohmann::json::parse(js);
+  std::ifstream hs(d / "r.html");
+  std::stringstream ss;
+  ss << hs.rdbuf();
+  const std::string html = ss.str();
+  auto count = [&](const std::string& what, std::size_t from = 0,
+                   std::size_t to = std::string::npos) {
+    std::size_t n = 0;
+    for (std::size_t at = html.find(what, from); at < to; at = html.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(count("<script"), 0u);  // self-contained, nothing to run or fetch
+  EXPECT_EQ(count("http://", 0), count("http://www.w3.org/2000/svg"));
+  // The bars: the reference and the 3 candidates.
+  EXPECT_EQ(count("<rect "), 4u);
+  // The ranked table: a head row, the reference, the 3 candidates in the JSON's order.
+  const std::size_t ranked = html.find("<table id=\"ranked\">");
+  ASSERT_NE(ranked, std::string::npos);
+  const std::size_t ranked_end = html.find("</table>", ranked);
+  EXPECT_EQ(count("<tr>", ranked, ranked_end), 5u);
+  std::size_t at = ranked;
+  for (const auto& row : j["ranked"]) {
+    std::string stack = row["stack"].get<std::string>();
+    // html_escape leaves braces, colons and commas alone; the stacks have no quotes.
+    const std::size_t pos = html.find(stack, at);
+    ASSERT_NE(pos, std::string::npos) << stack;
+    EXPECT_LT(pos, ranked_end);
+    at = pos;
+  }
+  // Every layout of the space has a row (and a head row).
+  const std::size_t layouts = html.find("<table id=\"layouts\">");
+  ASSERT_NE(layouts, std::string::npos);
+  EXPECT_EQ(count("<tr>", layouts, html.find("</table>", layouts)),
+            j["space"]["layouts"].get<std::size_t>() + 1);
+  EXPECT_EQ(count("(the scenario's)", layouts), 1u);
+  fs::remove_all(d);
+}
+
 TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {
   const fs::path d = temp_dir();
   const std::string q =
@@ -383,6 +435,12 @@ TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {
   e = run("tune " + q + " -q --emit '" + (d / "nope" / "x.yaml").string() + "'");
   EXPECT_EQ(e.exit_code, 2) << e.out;
   EXPECT_THAT(e.out, ::testing::HasSubstr("--emit"));
+  e = run("tune " + q + " -q --report '" + (d / "nope" / "r.html").string() + "'");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_THAT(e.out, ::testing::HasSubstr("--report"));
+  e = run("tune " + q + " -q --jobs -1");
+  EXPECT_EQ(e.exit_code, 2) << e.out;
+  EXPECT_THAT(e.out, ::testing::HasSubstr("--jobs"));
   EXPECT_FALSE(fs::exists(d / "nope"));
   fs::remove_all(d);
 }

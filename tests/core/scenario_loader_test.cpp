@@ -821,6 +821,15 @@ TEST(ScenarioLoader, AliasBombAndDeepNestingAreRefused) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("deep.yaml:1:"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("nested deeper than 64 levels"));
   }
+  // yaml-cpp loops on some malformed text, emitting events without reading on (found by the
+  // fuzzer): stopped at once, at the place it loops.
+  try {
+    parse_yaml_string("# x\n,ba$*", "loop.yaml");
+    ADD_FAILURE() << "the parser loop was accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("loop.yaml:2:1"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("malformed YAML the parser cannot get past"));
+  }
   // 64 levels and a few aliases are fine: the bound is on expansion, not on using aliases.
   const std::string ok = "a: " + std::string(63, '[') + "1" + std::string(63, ']') +
                          "\nb: &b {x: 1, y: [1, 2]}\nc: [*b, *b, *b]\n";

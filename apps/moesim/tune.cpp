@@ -120,6 +120,11 @@ std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const st
   return out + "}";
 }
 
+// The baseline candidate: choice 0 of every layout's role space (each role at its baseline
+// value). The reference runs use this very stack, so the reference and the search's own baseline
+// candidate are one run, not two (the state key names the stack).
+const char* const kBaselineStack = "{name: tuned}";
+
 std::string par_yaml(const ParallelismSpec& p) {
   return fmt::format("{{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.ep, p.esp, p.mp, p.dp,
                      name_of(p.layout));
@@ -135,6 +140,19 @@ YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) 
   return t;
 }
 
+}  // namespace
+
+namespace {
+// A layout and the --set edits that give it.
+TuneLayout make_layout(const ParallelismSpec& par, int batch_per_gpu, int experts_per_gpu) {
+  TuneLayout l;
+  l.par = par;
+  l.batch_per_gpu = batch_per_gpu;
+  l.experts_per_gpu = experts_per_gpu;
+  l.edits = {"parallelism=" + par_yaml(par), fmt::format("model.batch_per_gpu={}", batch_per_gpu),
+             fmt::format("model.experts_per_gpu={}", experts_per_gpu)};
+  return l;
+}
 }  // namespace
 
 // Every layout of P GPUs for the scenario's model (see tune.hpp). mp and esp stay inside a node
@@ -173,12 +191,7 @@ std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
           } else {
             continue;
           }
-          TuneLayout l;
-          l.par = par;
-          l.batch_per_gpu = batch;
-          l.experts_per_gpu = epg;
-          l.edits = {"parallelism=" + par_yaml(par), fmt::format("model.batch_per_gpu={}", batch),
-                     fmt::format("model.experts_per_gpu={}", epg)};
+          TuneLayout l = make_layout(par, batch, epg);
           l.is_scenario = par.ep == p0.ep && par.esp == p0.esp && par.mp == p0.mp &&
                           par.dp == p0.dp && par.layout == p0.layout &&
                           batch == sc.model.batch_per_gpu;
@@ -632,13 +645,8 @@ class Search {
     bool has_own = false;
     for (const auto& l : all) has_own = has_own || l.is_scenario;
     if (!has_own) {  // the scenario's own layout is always a candidate
-      TuneLayout own;
-      own.par = base_.parallelism;
-      own.batch_per_gpu = base_.model.batch_per_gpu;
-      own.experts_per_gpu = base_.model.experts_per_gpu;
-      own.edits = {"parallelism=" + par_yaml(own.par),
-                   fmt::format("model.batch_per_gpu={}", own.batch_per_gpu),
-                   fmt::format("model.experts_per_gpu={}", own.experts_per_gpu)};
+      TuneLayout own =
+          make_layout(base_.parallelism, base_.model.batch_per_gpu, base_.model.experts_per_gpu);
       own.is_scenario = true;
       all.insert(all.begin(), own);
     }
@@ -880,7 +888,7 @@ class Search {
     double keep = 0;
     if (reruns) {
       const auto tb = Clock::now();
-      r.baseline_rerun = run_one(r, own, "{name: baseline}", opts_.rerun_engine);
+      r.baseline_rerun = run_one(r, own, kBaselineStack, opts_.rerun_engine);
       // Pipelined stacks cost a few times the baseline's events on flow: a margin of 3.
       keep = std::min(0.5 * opts_.budget_s,
                       std::max(0.1 * opts_.budget_s, 3.0 * (opts_.top + 1) * since(tb)));
@@ -915,7 +923,7 @@ class Search {
       }
       const TuneLayout& l = r.layouts[li];
       if (l.is_scenario) {  // the reference of every speedup, fitting or not
-        if (auto s = run_one(r, li, "{name: baseline}", opts_.screen_engine))
+        if (auto s = run_one(r, li, kBaselineStack, opts_.screen_engine))
           r.baseline_screen = *s;
         else
           throw InputError(

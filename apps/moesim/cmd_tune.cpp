@@ -23,8 +23,6 @@ namespace moesim::app {
 
 namespace {
 
-constexpr int kAutoFlowGpus = 1024;
-
 struct TuneArgs {
   std::string scenario;
   std::vector<std::string> sets;
@@ -61,22 +59,7 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
   const bool root = !transport || transport->rank() == 0;
   const std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   const YAML::Node tree = load_yaml_file(path);
-  TuneResult r;
-  if (o.rerun_engine == "auto") {
-    // One flow step of a 4,096-GPU scenario takes minutes (issue 13's table): above 1,024 GPUs
-    // auto re-runs nothing, and says so.
-    const int gpus = parse_scenario_with(YAML::Clone(tree), path, a.sets).num_gpus();
-    o.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : "analytical";
-    r = tune(tree, path, a.sets, o);
-    if (gpus > kAutoFlowGpus && root)
-      r.notes.push_back(
-          fmt::format("no flow re-run: --engine auto re-runs on flow up to {} GPUs "
-                      "(one flow step of {} GPUs can take minutes); --engine flow "
-                      "forces it",
-                      kAutoFlowGpus, gpus));
-  } else {
-    r = tune(tree, path, a.sets, o);
-  }
+  const TuneResult r = tune(tree, path, a.sets, o);
   if (!root) return;  // rank 0 has the result and writes every output
   print_tune(r);
   if (!a.json_path.empty())

@@ -266,6 +266,17 @@ class Search {
     // The layouts set experts_per_gpu; a file giving `experts` would then have both.
     if (tree_["model"] && tree_["model"]["experts"]) tree_["model"].remove("experts");
     topo_ = simulation_topology(base_);
+    if (opts_.rerun_engine == "auto") {
+      // One flow step of a 4,096-GPU scenario takes minutes (issue 13's table): above
+      // kAutoFlowGpus auto re-runs nothing, and says so.
+      const int gpus = base_.num_gpus();
+      opts_.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : opts_.screen_engine;
+      if (gpus > kAutoFlowGpus)
+        auto_note_ = fmt::format(
+            "no flow re-run: --engine auto re-runs on flow up to {} GPUs (one flow step of {} "
+            "GPUs can take minutes); --engine flow forces it",
+            kAutoFlowGpus, gpus);
+    }
     roles_ = role_space(base_);
     iterations_ = opts.iterations.value_or(base_.workload.iterations);
     if (!tp_ || tp_->rank() == 0) load_state();
@@ -282,6 +293,7 @@ class Search {
     rerun(r);
     r.resumed = resumed_;
     r.workers = workers_;
+    if (!auto_note_.empty()) r.notes.push_back(auto_note_);
     save_state();
     if (tp_) {  // the other ranks' serve() ends
       std::string done = R"({"done":true})";
@@ -1086,6 +1098,7 @@ class Search {
   std::map<std::string, int> refusals_;
   std::map<std::string, Stored> state_;  // "layout|stack|engine|iterations" -> run
   int resumed_ = 0;
+  std::string auto_note_;         // why --engine auto re-runs nothing
   SweepTransport* tp_ = nullptr;  // under mpirun: the ranks; rank 0 walks, the others serve()
   int jobs_ = 1;                  // threads per rank
   int workers_ = 1;               // threads of all ranks

@@ -31,16 +31,19 @@ namespace moesim::app {
 
 class SweepTransport;
 
+inline constexpr int kAutoFlowGpus = 1024;
+
 struct TuneOptions {
   double budget_s = 60;  // wall-clock budget of the whole search
   std::string screen_engine = "analytical";
-  std::string rerun_engine = "flow";  // == screen_engine: no re-run
-  int top = 10;                       // candidates re-run and printed
-  std::optional<int> iterations;      // absent: the scenario's workload.iterations
-  bool search_layouts = true;         // false: only the scenario's own layout
-  bool progress = true;               // a line on stderr per phase / layout
-  std::string state_path;             // --state: runs kept and reused across searches
-  int jobs = 0;                       // threads (per rank); 0: one per hardware thread
+  // == screen_engine: no re-run; "auto": flow up to kAutoFlowGpus GPUs, else none (with a note).
+  std::string rerun_engine = "flow";
+  int top = 10;                   // candidates re-run and printed
+  std::optional<int> iterations;  // absent: the scenario's workload.iterations
+  bool search_layouts = true;     // false: only the scenario's own layout
+  bool progress = true;           // a line on stderr per phase / layout
+  std::string state_path;         // --state: runs kept and reused across searches
+  int jobs = 0;                   // threads (per rank); 0: one per hardware thread
   // Under mpirun: the ranks. Rank 0 runs the search and prints; every other rank runs its share
   // of each group of runs (tune() returns an empty result there). Null: this process alone.
   SweepTransport* transport = nullptr;

@@ -590,10 +590,8 @@ double FlowModel::start_bound() {
 void FlowModel::solve(double keep_below) {
   ScopedTimer timer(stats_.solve_s);
   ++stats_.solves;
-  const std::size_t num_links = cap_.size();
   ++stamp_;
   const std::uint32_t stamp = stamp_;
-  const double now = sim_t_;
   // Max-min fairness is a sequence of levels: flows frozen below level x never cross a link that
   // saturates at or above x. So when the event leaves every rate below `keep_below` unchanged,
   // those flows keep their rates and only the others (a suffix of Segment::order, plus the flows
@@ -602,6 +600,82 @@ void FlowModel::solve(double keep_below) {
   const double keep_thr = keep_below * kKeepMargin;
   const bool partial = keep_thr > 0 && keep_below != kNever;
   if (partial) ++stats_.partial_solves;
+  double scan_entries = gather_resolved(partial, keep_thr, stamp);
+  build_active_links();
+  // A scan follows the routes of every flow being re-solved; the CSR visits only the bottleneck
+  // links' flows (kept ones included, skipped) but in scattered order. Building missing CSR
+  // lists costs about two passes over a segment's route entries.
+  double unbuilt_entries = 0;
+  for (const auto& g : segments_) {
+    if (g->num_moving > 0 && g->link_flows.empty()) {
+      unbuilt_entries += static_cast<double>(g->routes.size());
+    }
+  }
+  bool first_level = true;
+  while (!act_links_.empty()) {
+    progress_work(sim_t_, kProgressPollWeight);  // progress / Ctrl-C inside one long solve
+    ++stats_.levels;
+    const double share = min_share(act_share_, level_cand_);
+    if (first_level && partial && !(share >= keep_thr)) {
+      // The kept rates do not leave room for the rest as they should (rounding drift in load_):
+      // recompute from scratch, which is always exact. Nothing was assigned yet.
+      ++stats_.partial_fallbacks;
+      for (std::uint32_t l : solve_links_) in_links_[l] = 0;
+      for (auto& gp : segments_) {
+        for (std::uint32_t i : gp->resolve) gp->stamp[i] = stamp - 1;
+      }
+      solve(0.0);
+      return;
+    }
+    first_level = false;
+    MOESIM_ASSERT(share > 0 && std::isfinite(share), "max-min share must be positive");
+    // Links whose fair share is within kLevelTol of the minimum saturate at this level together:
+    // in exact arithmetic freezing flows at `share` leaves their share unchanged.
+    const double threshold = share * (1 + kLevelTol);
+    bottleneck_.clear();
+    double csr_entries = 0;
+    for (std::uint32_t a : level_cand_) {
+      if (act_share_[a] > threshold) continue;
+      const topology::LinkId l = act_links_[a];
+      bottleneck_.push_back(l);
+      saturated_[l] = 1;
+      for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
+    }
+    // Rent or buy: a level the CSR would serve more cheaply than a scan adds what it would save
+    // to csr_savings_, and the missing lists are built once the savings (over this and earlier
+    // solves) pay for them. A skewed batch (tens of levels per solve, over thousands of solves)
+    // builds them after a few solves; a symmetric all-to-all (a few levels, a dozen solves)
+    // scans and never spends their memory (0.5 GiB at 4,096 GPUs).
+    const double build_cost = 2 * unbuilt_entries;
+    bool use_csr = false;
+    if (csr_entries * 4 < scan_entries) {
+      if (build_cost == 0) {
+        use_csr = true;
+      } else {
+        csr_savings_ += scan_entries - csr_entries * 4;
+        use_csr = csr_savings_ >= build_cost;
+      }
+    }
+    if (use_csr) {
+      if (unbuilt_entries > 0) csr_savings_ = 0;
+      unbuilt_entries = 0;
+      rate_level_by_csr(share, stamp);
+    } else {
+      ++stats_.scan_levels;
+      scan_entries = rate_level_by_scan(share, stamp);
+    }
+    for (std::uint32_t l : bottleneck_) {
+      saturated_[l] = 0;
+      MOESIM_ASSERT(w_num_[l] < 0.5, "bottleneck link kept unassigned flows");
+    }
+    refresh_dirty_links();
+  }
+  finish_solve();
+}
+
+double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t stamp) {
+  const std::size_t num_links = cap_.size();
+  const double now = sim_t_;
   // The links the re-solved flows cross: only their residual capacity and count matter.
   solve_links_.clear();
   if (!partial) {
@@ -698,11 +772,14 @@ void FlowModel::solve(double keep_below) {
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
     }
   }
+  return resolved_entries;
+}
+
+void FlowModel::build_active_links() {
   // Level selection over a compact array of the active links' fair shares: a level is one
   // contiguous min pass (no division, no gather), and only the links a level changed (dirty) get
   // their share recomputed, or leave the array once no unassigned flow crosses them. (A heap was
   // slower: a level of an all-to-all changes most active links.)
-  auto share_of = [&](topology::LinkId l) { return std::max(w_rem_[l], 0.0) / w_cnt_[l]; };
   act_links_.clear();
   act_share_.clear();
   for (std::uint32_t l : solve_links_) {
@@ -712,164 +789,110 @@ void FlowModel::solve(double keep_below) {
       act_share_.push_back(share_of(l));
     }
   }
-  double share = 0;
-  auto assign = [&](Segment& g, std::uint32_t i) {
-    g.stamp[i] = stamp - 1;
-    g.rate[i] = share * g.weight;
-    g.assigned.push_back(i);
-    const double m = g.mult[i];
-    const double used = g.rate[i] * m;
-    const double wm = g.weight * m;
-    for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-      const topology::LinkId l = g.routes[k];
-      w_rem_[l] -= used;
-      w_cnt_[l] -= wm;
-      w_num_[l] -= m;
-      if (!dirty_[l]) {
-        dirty_[l] = 1;
-        dirty_links_.push_back(l);
-      }
-    }
-  };
+}
 
-  // A scan follows the routes of every flow being re-solved; the CSR visits only the bottleneck
-  // links' flows (kept ones included, skipped) but in scattered order. Building missing CSR
-  // lists costs about two passes over a segment's route entries.
-  double scan_entries = resolved_entries;
-  double unbuilt_entries = 0;
-  for (const auto& g : segments_) {
-    if (g->num_moving > 0 && g->link_flows.empty()) {
-      unbuilt_entries += static_cast<double>(g->routes.size());
+void FlowModel::assign(Segment& g, std::uint32_t i, double share, std::uint32_t stamp) {
+  g.stamp[i] = stamp - 1;
+  g.rate[i] = share * g.weight;
+  g.assigned.push_back(i);
+  const double m = g.mult[i];
+  const double used = g.rate[i] * m;
+  const double wm = g.weight * m;
+  for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+    const topology::LinkId l = g.routes[k];
+    w_rem_[l] -= used;
+    w_cnt_[l] -= wm;
+    w_num_[l] -= m;
+    if (!dirty_[l]) {
+      dirty_[l] = 1;
+      dirty_links_.push_back(l);
     }
   }
-  bool first_level = true;
-  while (!act_links_.empty()) {
-    progress_work(sim_t_, kProgressPollWeight);  // progress / Ctrl-C inside one long solve
-    ++stats_.levels;
-    share = min_share(act_share_, level_cand_);
-    if (first_level && partial && !(share >= keep_thr)) {
-      // The kept rates do not leave room for the rest as they should (rounding drift in load_):
-      // recompute from scratch, which is always exact. Nothing was assigned yet.
-      ++stats_.partial_fallbacks;
-      for (std::uint32_t l : solve_links_) in_links_[l] = 0;
-      for (auto& gp : segments_) {
-        for (std::uint32_t i : gp->resolve) gp->stamp[i] = stamp - 1;
+}
+
+void FlowModel::rate_level_by_csr(double share, std::uint32_t stamp) {
+  for (std::uint32_t l : bottleneck_) {
+    for (auto& gp : segments_) {
+      Segment& g = *gp;
+      if (g.resolve.empty()) continue;
+      ensure_csr(g);
+      // A link's flows are scattered over the segment (those into one destination, say), so
+      // each costs cache misses on its stamp, state and route: first list the unrated ones
+      // with their stamps prefetched ahead, then rate them with their routes prefetched.
+      const std::uint32_t jb = g.link_begin[l], je = g.link_begin[l + 1];
+      constexpr std::uint32_t kAhead = 16;
+      pick_.clear();
+      for (std::uint32_t j = jb; j < je; ++j) {
+        if (j + kAhead < je) {
+          const std::uint32_t a = g.link_flows[j + kAhead];
+          __builtin_prefetch(&g.stamp[a]);
+          __builtin_prefetch(&g.state[a]);
+        }
+        const std::uint32_t i = g.link_flows[j];
+        if (g.stamp[i] == stamp && is_moving(g.state[i])) pick_.push_back(i);
       }
-      solve(0.0);
-      return;
+      const std::size_t np = pick_.size();
+      for (std::size_t x = 0; x < np; ++x) {
+        if (x + 16 < np) {
+          const std::uint32_t a = pick_[x + 16];
+          __builtin_prefetch(&g.route_begin[a]);
+          __builtin_prefetch(&g.mult[a]);
+          __builtin_prefetch(&g.rate[a]);
+        }
+        if (x + 6 < np) __builtin_prefetch(&g.routes[g.route_begin[pick_[x + 6]]]);
+        assign(g, pick_[x], share, stamp);
+      }
     }
-    first_level = false;
-    MOESIM_ASSERT(share > 0 && std::isfinite(share), "max-min share must be positive");
-    // Links whose fair share is within kLevelTol of the minimum saturate at this level together:
-    // in exact arithmetic freezing flows at `share` leaves their share unchanged.
-    const double threshold = share * (1 + kLevelTol);
-    bottleneck_.clear();
-    double csr_entries = 0;
-    for (std::uint32_t a : level_cand_) {
-      if (act_share_[a] > threshold) continue;
-      const topology::LinkId l = act_links_[a];
-      bottleneck_.push_back(l);
-      saturated_[l] = 1;
-      for (const auto& g : segments_) csr_entries += g->link_begin[l + 1] - g->link_begin[l];
-    }
-    // Rent or buy: a level the CSR would serve more cheaply than a scan adds what it would save
-    // to csr_savings_, and the missing lists are built once the savings (over this and earlier
-    // solves) pay for them. A skewed batch (tens of levels per solve, over thousands of solves)
-    // builds them after a few solves; a symmetric all-to-all (a few levels, a dozen solves)
-    // scans and never spends their memory (0.5 GiB at 4,096 GPUs).
-    const double build_cost = 2 * unbuilt_entries;
-    bool use_csr = false;
-    if (csr_entries * 4 < scan_entries) {
-      if (build_cost == 0) {
-        use_csr = true;
+  }
+}
+
+double FlowModel::rate_level_by_scan(double share, std::uint32_t stamp) {
+  double scan_entries = 0;
+  for (auto& gp : segments_) {
+    Segment& g = *gp;
+    // Drops the flows rated (here or by earlier levels): the next scan visits only the rest.
+    std::size_t keep = 0;
+    for (std::uint32_t i : g.resolve) {
+      if (g.stamp[i] != stamp) continue;
+      bool hit = false;
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        if (saturated_[g.routes[k]]) {
+          hit = true;
+          break;
+        }
+      }
+      if (hit) {
+        assign(g, i, share, stamp);
       } else {
-        csr_savings_ += scan_entries - csr_entries * 4;
-        use_csr = csr_savings_ >= build_cost;
+        g.resolve[keep++] = i;
+        scan_entries += g.route_begin[i + 1] - g.route_begin[i];
       }
     }
-    if (use_csr) {
-      if (unbuilt_entries > 0) csr_savings_ = 0;
-      unbuilt_entries = 0;
-      for (std::uint32_t l : bottleneck_) {
-        for (auto& gp : segments_) {
-          Segment& g = *gp;
-          if (g.resolve.empty()) continue;
-          ensure_csr(g);
-          // A link's flows are scattered over the segment (those into one destination, say), so
-          // each costs cache misses on its stamp, state and route: first list the unrated ones
-          // with their stamps prefetched ahead, then rate them with their routes prefetched.
-          const std::uint32_t jb = g.link_begin[l], je = g.link_begin[l + 1];
-          constexpr std::uint32_t kAhead = 16;
-          pick_.clear();
-          for (std::uint32_t j = jb; j < je; ++j) {
-            if (j + kAhead < je) {
-              const std::uint32_t a = g.link_flows[j + kAhead];
-              __builtin_prefetch(&g.stamp[a]);
-              __builtin_prefetch(&g.state[a]);
-            }
-            const std::uint32_t i = g.link_flows[j];
-            if (g.stamp[i] == stamp && is_moving(g.state[i])) pick_.push_back(i);
-          }
-          const std::size_t np = pick_.size();
-          for (std::size_t x = 0; x < np; ++x) {
-            if (x + 16 < np) {
-              const std::uint32_t a = pick_[x + 16];
-              __builtin_prefetch(&g.route_begin[a]);
-              __builtin_prefetch(&g.mult[a]);
-              __builtin_prefetch(&g.rate[a]);
-            }
-            if (x + 6 < np) __builtin_prefetch(&g.routes[g.route_begin[pick_[x + 6]]]);
-            assign(g, pick_[x]);
-          }
-        }
-      }
-    } else {
-      ++stats_.scan_levels;
-      scan_entries = 0;
-      for (auto& gp : segments_) {
-        Segment& g = *gp;
-        // Drops the flows rated (here or by earlier levels): the next scan visits only the rest.
-        std::size_t keep = 0;
-        for (std::uint32_t i : g.resolve) {
-          if (g.stamp[i] != stamp) continue;
-          bool hit = false;
-          for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
-            if (saturated_[g.routes[k]]) {
-              hit = true;
-              break;
-            }
-          }
-          if (hit) {
-            assign(g, i);
-          } else {
-            g.resolve[keep++] = i;
-            scan_entries += g.route_begin[i + 1] - g.route_begin[i];
-          }
-        }
-        g.resolve.resize(keep);
-      }
-    }
-    for (std::uint32_t l : bottleneck_) {
-      saturated_[l] = 0;
-      MOESIM_ASSERT(w_num_[l] < 0.5, "bottleneck link kept unassigned flows");
-    }
-    for (std::uint32_t l : dirty_links_) {
-      dirty_[l] = 0;
-      const std::uint32_t a = act_pos_[l];
-      if (w_num_[l] > 0.5) {
-        act_share_[a] = share_of(l);
-        continue;
-      }
-      // Swap-remove from the active array.
-      const topology::LinkId last = act_links_.back();
-      act_links_[a] = last;
-      act_share_[a] = act_share_.back();
-      act_pos_[last] = a;
-      act_links_.pop_back();
-      act_share_.pop_back();
-    }
-    dirty_links_.clear();
+    g.resolve.resize(keep);
   }
+  return scan_entries;
+}
+
+void FlowModel::refresh_dirty_links() {
+  for (std::uint32_t l : dirty_links_) {
+    dirty_[l] = 0;
+    const std::uint32_t a = act_pos_[l];
+    if (w_num_[l] > 0.5) {
+      act_share_[a] = share_of(l);
+      continue;
+    }
+    // Swap-remove from the active array.
+    const topology::LinkId last = act_links_.back();
+    act_links_[a] = last;
+    act_share_[a] = act_share_.back();
+    act_pos_[last] = a;
+    act_links_.pop_back();
+    act_share_.pop_back();
+  }
+  dirty_links_.clear();
+}
+
+void FlowModel::finish_solve() {
   for (std::uint32_t l : solve_links_) {
     load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
     in_links_[l] = 0;

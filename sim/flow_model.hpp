@@ -48,6 +48,7 @@
 // past the engine's clock lets a later start_batch() at an earlier time rewind and replay exactly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -138,6 +139,21 @@ class FlowModel final : public NetworkModel {
   // Water-filling. Moving flows whose rate is below `keep_below` keep it (the event cannot change
   // it); the others are re-solved on the capacity left. keep_below <= 0: everything.
   void solve(double keep_below);
+  // solve()'s parts, in order. The flows to re-solve (Segment::resolve, by id, stamped) and the
+  // links they cross, with the capacity the kept flows leave; returns their route entries.
+  double gather_resolved(bool partial, double keep_thr, std::uint32_t stamp);
+  // The links unrated flows cross, with their fair shares (act_links_, act_share_).
+  void build_active_links();
+  // One level: rates the unrated flows crossing a bottleneck_ link at `share`, through the CSR
+  // lists or by a scan of the flows still unrated (returns their route entries).
+  void rate_level_by_csr(double share, std::uint32_t stamp);
+  double rate_level_by_scan(double share, std::uint32_t stamp);
+  void assign(Segment& g, std::uint32_t i, double share, std::uint32_t stamp);
+  // The links the level's rated flows cross: shares refreshed, links without unrated flows out.
+  void refresh_dirty_links();
+  // load_ from the residual capacities; rated flows into the rate orders and finish heaps.
+  void finish_solve();
+  double share_of(topology::LinkId l) const { return std::max(w_rem_[l], 0.0) / w_cnt_[l]; }
   // For the flows in started_: a level below which their arrival changes no rate. Adds their
   // copies to moving_cnt_.
   double start_bound();

@@ -53,6 +53,19 @@ const std::vector<GpuSpec>& catalog() {
       // NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: compute as H100 SXM; HBM3e
       // 4.8 TB/s; 141GB; NVLink 900 GB/s; PCIe Gen5 128 GB/s.
       make("h200-sxm", 67, 494.5, 989.5, 989.5, 1979, 4800, 141, 450, 64),
+      // H800 SXM (the H100 SXM for the Chinese market; DeepSeek-V3's cluster): compute, HBM3
+      // and memory as H100 SXM; NVLink cut to 400 GB/s (8 links instead of 18).
+      make("h800-sxm", 67, 494.5, 989.5, 989.5, 1979, 3350, 80, 200, 64),
+      // NVIDIA DGX B200 datasheet (8 x B200, 1,000 W each): FP8 72 PFLOPS* per system, i.e.
+      // 9,000* per GPU: dense FP8 4,500, FP16/BF16 2,250, TF32 1,100; FP32 80 TFLOPS;
+      // 1,440 GB HBM3e and 64 TB/s per system: 180GB and 8 TB/s per GPU; NVLink 5 1.8 TB/s;
+      // PCIe Gen5 x16 to the host and NICs.
+      make("b200", 80, 1100, 2250, 2250, 4500, 8000, 180, 900, 64),
+      // NVIDIA GB200 NVL72 datasheet (72 x B200 at 1,200 W, per GPU = rack / 72): FP8 720
+      // PFLOPS* -> 5,000 dense; FP16/BF16 360* -> 2,500; TF32 180* -> 1,250; FP32 90 (the
+      // 1,200 W part); 13.4 TB HBM3e, 576 TB/s -> 186GB and 8 TB/s; NVLink 5 1.8 TB/s. The NICs
+      // hang off PCIe Gen6 x16 (ConnectX-8): 256 GB/s bidirectional.
+      make("gb200", 90, 1250, 2500, 2500, 5000, 8000, 186, 900, 128),
       // NVIDIA Turing GPU Architecture whitepaper, Appendix A, GeForce RTX 2080 Ti (reference
       // 1545 MHz boost): FP32 13.4; FP16 tensor with FP32 accumulate 53.8 TFLOPS (no TF32, BF16
       // or FP8); GDDR6 616 GB/s; 11GB; NVLink bridge 2 links, 100 GB/s total; PCIe Gen3 x16.

@@ -15,7 +15,8 @@ using ::testing::HasSubstr;
 TEST(GpuCatalog, HasTheSixModelsWithPositiveFigures) {
   const auto names = gpu_names();
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm",
-                                                     "h200-sxm", "rtx-2080-ti", "rtx-4090"));
+                                                     "h200-sxm", "h800-sxm", "b200", "gb200",
+                                                     "rtx-2080-ti", "rtx-4090"));
   for (const auto& n : names) {
     const GpuSpec* g = find_gpu(n);
     ASSERT_NE(g, nullptr) << n;
@@ -46,6 +47,18 @@ TEST(GpuCatalog, SpecSheetFigures) {
   EXPECT_DOUBLE_EQ(h100->nvlink_bandwidth.value(), 450e9);
   EXPECT_GT(find_gpu("h200-sxm")->hbm_bandwidth, h100->hbm_bandwidth);
   EXPECT_GT(find_gpu("h200-sxm")->memory, h100->memory);
+
+  // H800: an H100 with 400 GB/s NVLink (200 GB/s per direction).
+  const GpuSpec* h800 = find_gpu("h800-sxm");
+  EXPECT_DOUBLE_EQ(h800->nvlink_bandwidth.value(), 200e9);
+  EXPECT_EQ(h800->peak.at(Dtype::kBf16), h100->peak.at(Dtype::kBf16));
+  // Blackwell: per-GPU shares of the system datasheets, dense.
+  const GpuSpec* b200 = find_gpu("b200");
+  EXPECT_DOUBLE_EQ(b200->peak.at(Dtype::kFp8).value(), 72e15 / 8 / 2);
+  EXPECT_DOUBLE_EQ(b200->nvlink_bandwidth.value(), 900e9);  // 1.8 TB/s bidirectional
+  EXPECT_DOUBLE_EQ(b200->memory.value(), 180.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(find_gpu("gb200")->peak.at(Dtype::kFp8).value(), 720e15 / 72 / 2);
+  EXPECT_GT(find_gpu("gb200")->peak.at(Dtype::kBf16), b200->peak.at(Dtype::kBf16));
 
   EXPECT_DOUBLE_EQ(find_gpu("rtx-4090")->nvlink_bandwidth.value(), 0);
   EXPECT_FALSE(find_gpu("rtx-2080-ti")->peak.count(Dtype::kBf16));

@@ -111,30 +111,30 @@ MoeBwdRef moe_bwd_ref(const Op& plan_op) {
   ref.block = op.block;
   ref.chunk = op.chunk;
   switch (op.kind) {
-    case MoeOpRef::kGate:
+    case OpRoleKind::kGate:
       ref.kind = MoeBwdRef::kGate;
       break;
-    case MoeOpRef::kEncode:
+    case OpRoleKind::kEncode:
       ref.kind = MoeBwdRef::kEncode;
       break;
-    case MoeOpRef::kDecode:
+    case OpRoleKind::kDecode:
       ref.kind = MoeBwdRef::kDecode;
       break;
-    case MoeOpRef::kDispatch:
+    case OpRoleKind::kDispatch:
       ref.kind = MoeBwdRef::kDispatch;
       break;
-    case MoeOpRef::kFc1:
+    case OpRoleKind::kFc1:
       ref.kind = MoeBwdRef::kFc1;
       break;
-    case MoeOpRef::kFc2:
+    case OpRoleKind::kFc2:
       ref.kind = MoeBwdRef::kFc2;
       break;
-    case MoeOpRef::kCombine:
+    case OpRoleKind::kCombine:
       ref.kind = MoeBwdRef::kCombine;
       break;
-    case MoeOpRef::kParamGather:  // not backward ops of the plain data path
-    case MoeOpRef::kPartialSum:
-    case MoeOpRef::kNone:
+    case OpRoleKind::kParamGather:  // not backward ops of the plain data path
+    case OpRoleKind::kPartialSum:
+    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
       ref = MoeBwdRef{};
       break;
   }

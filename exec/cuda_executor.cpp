@@ -343,7 +343,7 @@ void DevicePath::Impl::setup_scratch(const Plan& plan) {
     if (op.kind == OpKind::kCopy)
       copy = std::max(copy, static_cast<std::size_t>(std::ceil(op.copy().bytes.value())));
     if (op.kind != OpKind::kCompute || !op.compute().gemm) continue;
-    if (step_data_path && moe_op_ref(op).kind != MoeOpRef::kNone) continue;
+    if (step_data_path && moe_op_ref(op).kind != OpRoleKind::kNone) continue;
     const GemmShape& g = *op.compute().gemm;
     a = std::max(a, static_cast<std::size_t>(g.m * g.k * g.batch) * es);
     b = std::max(b, static_cast<std::size_t>(g.k * g.n * g.batch) * es);
@@ -415,7 +415,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       CUDA_OK(cudaMemcpy2DAsync(f, pitch, part, row, row, E, cudaMemcpyDeviceToDevice, st));
   };
   switch (ref.kind) {
-    case MoeOpRef::kGate: {
+    case OpRoleKind::kGate: {
       kernels::GateParams gp;
       gp.num_tokens = S;
       gp.model_dim = M;
@@ -429,10 +429,10 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       kcu::gate(cx, DType::kF32, gp, a.at(L.x32), a.at(L.gate_w), a.at<float>(L.logits), out);
       return;
     }
-    case MoeOpRef::kEncode:
+    case OpRoleKind::kEncode:
       kcu::encode(cx, dtype, routing(), M, a.at(L.xd), a.at(L.dispatched));
       return;
-    case MoeOpRef::kDispatch: {
+    case OpRoleKind::kDispatch: {
       const int j = ref.chunk;
       const std::size_t bytes = static_cast<std::size_t>(E) * L.plan.caps[j] * M * es;
       chunk_copy(j, true, a.at(L.dispatched), a.at(L.send[j]));
@@ -442,7 +442,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
                   collective_algo);
       return;
     }
-    case MoeOpRef::kFc1: {
+    case OpRoleKind::kFc1: {
       const int j = ref.chunk, c = L.plan.caps[j];
       if (!L.plan.has_a2a) chunk_copy(j, true, a.at(L.dispatched), a.at(L.in[j]));
       // Block (w, le) of the chunk: source position w's tokens for local expert le; one
@@ -458,7 +458,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
                       static_cast<std::size_t>(W) * dE * c * H);
       return;
     }
-    case MoeOpRef::kFc2: {
+    case OpRoleKind::kFc2: {
       const int j = ref.chunk, c = L.plan.caps[j];
       const long long blk_x = static_cast<long long>(dE) * c * M;
       const long long blk_h = static_cast<long long>(dE) * c * H;
@@ -470,7 +470,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       if (!L.plan.has_a2a) chunk_copy(j, false, a.at(L.expert_out), a.at(L.out[j]));
       return;
     }
-    case MoeOpRef::kCombine: {
+    case OpRoleKind::kCombine: {
       const int j = ref.chunk;
       const std::size_t bytes = static_cast<std::size_t>(E) * L.plan.caps[j] * M * es;
       CollectiveSpec spec = op.collective();
@@ -481,16 +481,16 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
       chunk_copy(j, false, a.at(L.expert_out), a.at(L.back[j]));
       return;
     }
-    case MoeOpRef::kDecode:
+    case OpRoleKind::kDecode:
       kcu::decode(cx, dtype, routing(), M, a.at(L.expert_out), a.at(L.y));
       return;
-    case MoeOpRef::kParamGather:
-    case MoeOpRef::kPartialSum:
+    case OpRoleKind::kParamGather:
+    case OpRoleKind::kPartialSum:
       // Only sharded-expert plans have these, and the GPU path runs those with scratch buffers
       // (data_path is false, so refs stay kNone): reaching here is a bug.
       MOESIM_ASSERT(false, "sharded-expert op on the GPU data path");
       return;
-    case MoeOpRef::kNone:
+    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
       return;
   }
 }
@@ -558,7 +558,7 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
 void DevicePath::Impl::issue(const Plan& plan, const Op& op, cudaStream_t st, int channel,
                              std::vector<std::int64_t>& collective_algo) {
   const MoeOpRef& ref = refs[op.id];
-  if (ref.kind != MoeOpRef::kNone) {
+  if (ref.kind != OpRoleKind::kNone) {
     moe_op(plan, op, ref, st, channel, collective_algo);
     return;
   }

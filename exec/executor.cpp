@@ -64,35 +64,19 @@ MoeOpRef moe_ref_of_pass(const Op& op, bool backward) {
   if (op.role.backward != backward) return ref;
   switch (op.role.kind) {
     case OpRoleKind::kGate:
-      ref.kind = MoeOpRef::kGate;
-      break;
     case OpRoleKind::kEncode:
-      ref.kind = MoeOpRef::kEncode;
-      break;
     case OpRoleKind::kDecode:
-      ref.kind = MoeOpRef::kDecode;
-      break;
     case OpRoleKind::kParamGather:
-      ref.kind = MoeOpRef::kParamGather;
-      break;
     case OpRoleKind::kPartialSum:
-      ref.kind = MoeOpRef::kPartialSum;
-      break;
     case OpRoleKind::kDispatch:
-      ref.kind = MoeOpRef::kDispatch;
-      break;
     case OpRoleKind::kFc1:
-      ref.kind = MoeOpRef::kFc1;
-      break;
     case OpRoleKind::kFc2:
-      ref.kind = MoeOpRef::kFc2;
-      break;
     case OpRoleKind::kCombine:
-      ref.kind = MoeOpRef::kCombine;
       break;
     default:
       return ref;  // Parm's steps and gradient syncs: not this grammar
   }
+  ref.kind = op.role.kind;
   ref.block = op.role.block;
   ref.chunk = op.role.chunk;
   return ref;
@@ -112,7 +96,7 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
   std::map<int, int> block_to_layer;
   for (const Op& op : plan.ops()) {
     MoeOpRef ref = moe_op_ref(op);
-    if (ref.kind == MoeOpRef::kNone) continue;
+    if (ref.kind == OpRoleKind::kNone) continue;
     if (!block_to_layer.count(ref.block)) {
       block_to_layer[ref.block] = static_cast<int>(layers.size());
       layers.emplace_back();
@@ -120,12 +104,12 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
       layers.back().block = ref.block;
     }
     MoeLayerPlan& L = layers[block_to_layer[ref.block]];
-    if (ref.kind == MoeOpRef::kFc1) {
+    if (ref.kind == OpRoleKind::kFc1) {
       const GemmShape& g = *op.compute().gemm;
       MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
       L.caps.push_back(static_cast<int>(g.m * g.batch / experts));
     }
-    if (ref.kind == MoeOpRef::kDispatch && !L.has_a2a) {
+    if (ref.kind == OpRoleKind::kDispatch && !L.has_a2a) {
       L.has_a2a = true;
       L.routed = op.collective().type == CollectiveType::kAllToAllv;
       const Grouping& grp = plan.grouping(op.collective().grouping);
@@ -462,7 +446,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   if (!layers_.empty() && run_backward_hook(plan, op)) return;
   MoeOpRef ref = !layers_.empty() ? moe_op_ref(op) : MoeOpRef{};
   Layer* L = nullptr;
-  if (ref.kind != MoeOpRef::kNone) {
+  if (ref.kind != OpRoleKind::kNone) {
     const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers_.size()), "MoE layer out of range");
     L = layers_[moe].get();
@@ -500,7 +484,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   };
 
   switch (ref.kind) {
-    case MoeOpRef::kGate: {
+    case OpRoleKind::kGate: {
       L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe,
                          token_key_rank(sc_.parallelism, comm_.rank()));  // MP ranks share tokens
       L->logits.assign(static_cast<size_t>(S) * E, 0);
@@ -520,13 +504,13 @@ void Executor::run_op(const Plan& plan, const Op& op) {
       kc::gate(ctx, kF32, gp, L->x.data(), L->gate_w.data(), L->logits.data(), out);
       return;
     }
-    case MoeOpRef::kEncode:
+    case OpRoleKind::kEncode:
       L->dispatched.assign(static_cast<size_t>(E) * L->capacity * M, 0);
       L->expert_out.assign(L->dispatched.size(), 0);
       kc::encode(ctx, kF32, routing(), M, L->x.data(), L->dispatched.data());
       return;
-    case MoeOpRef::kDispatch:
-    case MoeOpRef::kFc1: {
+    case OpRoleKind::kDispatch:
+    case OpRoleKind::kFc1: {
       const int j = ref.chunk, c = L->caps[j];
       // The chunk's send buffer (E, c, M): slots [offset, offset + c) of every expert. Expert e
       // lives on EP position e / dE, so destination d's block is contiguous, as all_to_all wants.
@@ -536,7 +520,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
                     &L->dispatched[(static_cast<size_t>(e) * L->capacity + L->offset[j]) * M],
                     sizeof(float) * c * M);
       auto& in = L->chunk_in[j];
-      if (ref.kind == MoeOpRef::kDispatch) {
+      if (ref.kind == OpRoleKind::kDispatch) {
         in.assign(packed.size(), 0);
         CollectiveSpec spec = op.collective();
         spec.bytes = Bytes(static_cast<double>(packed.size() * sizeof(float)));
@@ -565,7 +549,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
         }
       return;
     }
-    case MoeOpRef::kFc2: {
+    case OpRoleKind::kFc2: {
       const int j = ref.chunk, c = L->caps[j];
       L->chunk_out[j].assign(static_cast<size_t>(W) * dE * c * M, 0);
       for (int w = 0; w < W; ++w)
@@ -577,7 +561,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
       if (!L->has_a2a) scatter_chunk(j, L->chunk_out[j].data());
       return;
     }
-    case MoeOpRef::kCombine: {
+    case OpRoleKind::kCombine: {
       const int j = ref.chunk;
       const auto& out = L->chunk_out[j];
       std::vector<float> back(out.size());
@@ -598,13 +582,13 @@ void Executor::run_op(const Plan& plan, const Op& op) {
       scatter_chunk(j, back.data());
       return;
     }
-    case MoeOpRef::kDecode:
+    case OpRoleKind::kDecode:
       L->y.assign(static_cast<size_t>(S) * M, 0);
       kc::decode(ctx, kF32, routing(), M, L->expert_out.data(), L->y.data());
       return;
-    case MoeOpRef::kParamGather:  // sharded experts only (exec/sharded_path.cpp)
-    case MoeOpRef::kPartialSum:
-    case MoeOpRef::kNone:
+    case OpRoleKind::kParamGather:  // sharded experts only (exec/sharded_path.cpp)
+    case OpRoleKind::kPartialSum:
+    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
       break;
   }
   if (op.kind == OpKind::kCollective) run_collective(plan, op);

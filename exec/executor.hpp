@@ -86,20 +86,10 @@ struct MoeLayerPlan {
 /// What a forward MoE op of the plan does, read from its role (Op::role, set by the plan builder;
 /// no label is parsed).
 struct MoeOpRef {
-  // kParamGather ("param_allgather") and kPartialSum ("partial_sum") appear only with sharded
-  // experts (exec/sharded_path.hpp).
-  enum Kind {
-    kNone,
-    kGate,
-    kEncode,
-    kDispatch,
-    kFc1,
-    kFc2,
-    kCombine,
-    kDecode,
-    kParamGather,
-    kPartialSum
-  } kind = kNone;
+  // One of the plain, routed and sharded paths' steps (kGate ... kPartialSum of OpRoleKind;
+  // kParamGather and kPartialSum only with sharded experts, exec/sharded_path.hpp), else kNone:
+  // the plan's own kinds, not a second enum to map them into.
+  OpRoleKind kind = OpRoleKind::kNone;
   int block = -1;
   int chunk = -1;  // 0-based
 };

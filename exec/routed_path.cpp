@@ -173,7 +173,7 @@ std::vector<const Op*> dispatch_ops(const Plan& plan, int block) {
   std::vector<const Op*> ops;
   for (const Op& op : plan.ops()) {
     const MoeOpRef ref = moe_op_ref(op);
-    if (ref.block != block || ref.kind != MoeOpRef::kDispatch) continue;
+    if (ref.block != block || ref.kind != OpRoleKind::kDispatch) continue;
     if (static_cast<int>(ops.size()) <= ref.chunk)
       ops.resize(static_cast<std::size_t>(ref.chunk) + 1);
     ops[static_cast<std::size_t>(ref.chunk)] = &op;
@@ -314,7 +314,7 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
     return static_cast<std::size_t>(it - L.experts.begin());
   };
   switch (ref.kind) {
-    case MoeOpRef::kGate: {
+    case OpRoleKind::kGate: {
       // Gate GEMM in fp32 (the kernels), softmax over all E experts: the plan decided which
       // experts a token goes to, the gate decides how much each counts.
       L.x = make_tokens(s, seed, iteration, L.moe, token_rank);
@@ -332,7 +332,7 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
       }
       return -1;
     }
-    case MoeOpRef::kEncode:
+    case OpRoleKind::kEncode:
       // Send buffers of every chunk, packed by destination (in[j] holds them until dispatch).
       for (int j = 0; j < L.chunks; ++j) {
         std::vector<float>& buf = L.in[j];
@@ -344,14 +344,14 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
                         sizeof(float) * M);
       }
       return -1;
-    case MoeOpRef::kDispatch: {
+    case OpRoleKind::kDispatch: {
       const int j = ref.chunk;
       std::vector<float> recv(static_cast<std::size_t>(rows_of(L.received[j])) * M);
       const std::int64_t algo = exchange_rows(comm, cost, plan, op, L.in[j], recv, M);
       L.in[j] = std::move(recv);
       return algo;
     }
-    case MoeOpRef::kFc1: {
+    case OpRoleKind::kFc1: {
       const int j = ref.chunk;
       L.hidden[j].assign(static_cast<std::size_t>(rows_of(L.received[j])) * H, 0);
       std::size_t row = 0;
@@ -365,7 +365,7 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
       }
       return -1;
     }
-    case MoeOpRef::kFc2: {
+    case OpRoleKind::kFc2: {
       const int j = ref.chunk;
       L.out[j].assign(static_cast<std::size_t>(rows_of(L.received[j])) * M, 0);
       std::size_t row = 0;
@@ -376,14 +376,14 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
       }
       return -1;
     }
-    case MoeOpRef::kCombine: {
+    case OpRoleKind::kCombine: {
       // The transpose: expert outputs (packed by source) back to the tokens' GPUs (packed by
       // expert GPU, i.e. in the dispatch's send order).
       const int j = ref.chunk;
       L.back[j].assign(send_rows(L, j) * M, 0);
       return exchange_rows(comm, cost, plan, op, L.out[j], L.back[j], M);
     }
-    case MoeOpRef::kDecode: {
+    case OpRoleKind::kDecode: {
       L.y.assign(static_cast<std::size_t>(S) * M, 0);
       for (int j = 0; j < L.chunks; ++j) {
         std::size_t row = 0;
@@ -398,9 +398,9 @@ std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& c
       }
       return -1;
     }
-    case MoeOpRef::kParamGather:  // sharded experts only (exec/sharded_path.hpp): never routed
-    case MoeOpRef::kPartialSum:
-    case MoeOpRef::kNone:
+    case OpRoleKind::kParamGather:  // sharded experts only (exec/sharded_path.hpp): never routed
+    case OpRoleKind::kPartialSum:
+    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
       break;
   }
   return -1;

@@ -55,26 +55,26 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
   std::map<int, std::size_t> block_index;  // MoE layers in order of first appearance
   for (const Op& op : plan.ops()) {
     const MoeOpRef ref = moe_op_ref(op);
-    if (ref.kind == MoeOpRef::kNone) continue;
+    if (ref.kind == OpRoleKind::kNone) continue;
     if (!block_index.count(ref.block)) {
       block_index[ref.block] = blocks.size();
       blocks.push_back(BlockOps{ref.block, {}, {}, {}, nullptr, nullptr});
     }
     BlockOps& b = blocks[block_index[ref.block]];
     switch (ref.kind) {
-      case MoeOpRef::kDispatch:
+      case OpRoleKind::kDispatch:
         b.dispatch.push_back(&op);
         break;
-      case MoeOpRef::kFc1:
+      case OpRoleKind::kFc1:
         b.fc1.push_back(&op);
         break;
-      case MoeOpRef::kCombine:
+      case OpRoleKind::kCombine:
         b.combine.push_back(&op);
         break;
-      case MoeOpRef::kParamGather:
+      case OpRoleKind::kParamGather:
         b.gather = &op;
         break;
-      case MoeOpRef::kPartialSum:
+      case OpRoleKind::kPartialSum:
         b.partial_sum = &op;
         break;
       default:
@@ -274,7 +274,7 @@ struct ShardedPath::Impl {
   bool run_op(const Plan& plan, const Op& op, std::vector<std::int64_t>& collective_algo) {
     if (!active) return false;
     const MoeOpRef ref = moe_op_ref(op);
-    if (ref.kind == MoeOpRef::kNone) return false;
+    if (ref.kind == OpRoleKind::kNone) return false;
     const int moe = moe_layer_of_block(ref.block, sc.model.moe_every);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
     Layer& L = layers[moe];
@@ -283,10 +283,10 @@ struct ShardedPath::Impl {
     const int hq = shape.hidden_dim / rho;
     kc::Context ctx;
     switch (ref.kind) {
-      case MoeOpRef::kParamGather:
+      case OpRoleKind::kParamGather:
         param_gather(plan, op, L, collective_algo);
         return true;
-      case MoeOpRef::kGate: {
+      case OpRoleKind::kGate: {
         L.x = make_tokens(shape, sc.workload.routing.seed, iteration, L.moe,
                           token_key_rank(sc.parallelism, comm.rank()));
         L.logits.assign(static_cast<size_t>(S) * E, 0);
@@ -306,7 +306,7 @@ struct ShardedPath::Impl {
         kc::gate(ctx, kF32, gp, L.x.data(), L.gate_w.data(), L.logits.data(), out);
         return true;
       }
-      case MoeOpRef::kEncode: {
+      case OpRoleKind::kEncode: {
         std::vector<float> once(static_cast<size_t>(E) * C * M, 0);
         kc::encode(ctx, kF32, routing(L), M, L.x.data(), once.data());
         // rho copies of each expert's slots, one per hidden slice (P2 / intermediate repeat).
@@ -318,7 +318,7 @@ struct ShardedPath::Impl {
         L.expert_out.assign(L.dispatched.size(), 0);
         return true;
       }
-      case MoeOpRef::kDispatch: {
+      case OpRoleKind::kDispatch: {
         const int j = ref.chunk, cg = L.caps[j] / g, off = L.offset[j];
         // Destination p = x n + q g + i (EP order) gets slots [off + i cg, off + (i + 1) cg) of
         // copy q of expert x: W contiguous blocks of cg rows.
@@ -331,7 +331,7 @@ struct ShardedPath::Impl {
         all_to_all(plan, op, send, L.chunk_in[j], collective_algo);
         return true;
       }
-      case MoeOpRef::kFc1: {
+      case OpRoleKind::kFc1: {
         const int j = ref.chunk, rows = W * (L.caps[j] / g);
         MOESIM_ASSERT(L.w1.size() == static_cast<size_t>(M) * hq, "fc1 before its parameters");
         L.hidden[j].assign(static_cast<size_t>(rows) * hq, 0);
@@ -340,14 +340,14 @@ struct ShardedPath::Impl {
         for (float& v : L.hidden[j]) v = v > 0 ? v : 0;
         return true;
       }
-      case MoeOpRef::kFc2: {
+      case OpRoleKind::kFc2: {
         const int j = ref.chunk, rows = W * (L.caps[j] / g);
         L.chunk_out[j].assign(static_cast<size_t>(rows) * M, 0);
         if (rows > 0)
           kc::gemm(ctx, kF32, rows, M, hq, L.hidden[j].data(), L.w2.data(), L.chunk_out[j].data());
         return true;
       }
-      case MoeOpRef::kCombine: {
+      case OpRoleKind::kCombine: {
         const int j = ref.chunk, cg = L.caps[j] / g, off = L.offset[j];
         std::vector<float> back;
         // Row block w of chunk_out came from source w: the all_to_all returns it there.
@@ -359,7 +359,7 @@ struct ShardedPath::Impl {
         }
         return true;
       }
-      case MoeOpRef::kPartialSum: {
+      case OpRoleKind::kPartialSum: {
         const std::size_t per = static_cast<size_t>(C) * M;
         L.summed.assign(static_cast<size_t>(E) * per, 0);
         for (int x = 0; x < E; ++x)
@@ -370,13 +370,13 @@ struct ShardedPath::Impl {
           }
         return true;
       }
-      case MoeOpRef::kDecode:
+      case OpRoleKind::kDecode:
         L.y.assign(static_cast<size_t>(S) * M, 0);
         // rho = 1: expert_out is already (E, C, M).
         kc::decode(ctx, kF32, routing(L), M, rho > 1 ? L.summed.data() : L.expert_out.data(),
                    L.y.data());
         return true;
-      case MoeOpRef::kNone:
+      default:  // kNone (moe_op_ref lists no other kind)
         break;
     }
     return false;

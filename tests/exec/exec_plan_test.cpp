@@ -59,18 +59,18 @@ TEST(MoeRoles, ReadFromTheRoleAndLayerOfBlock) {
   Op op;
   op.role = OpRole{OpRoleKind::kFc2, false, 3, 1};
   MoeOpRef r = moe_op_ref(op);
-  EXPECT_EQ(r.kind, MoeOpRef::kFc2);
+  EXPECT_EQ(r.kind, OpRoleKind::kFc2);
   EXPECT_EQ(r.block, 3);
   EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(moe_bwd_op_ref(op).kind, MoeOpRef::kNone);
+  EXPECT_EQ(moe_bwd_op_ref(op).kind, OpRoleKind::kNone);
   op.role = OpRole{OpRoleKind::kGate, true, 0, -1};
-  EXPECT_EQ(moe_op_ref(op).kind, MoeOpRef::kNone);
-  EXPECT_EQ(moe_bwd_op_ref(op).kind, MoeOpRef::kGate);
+  EXPECT_EQ(moe_op_ref(op).kind, OpRoleKind::kNone);
+  EXPECT_EQ(moe_bwd_op_ref(op).kind, OpRoleKind::kGate);
   op.role = OpRole{OpRoleKind::kCombineSaa, false, 0, 0};  // Parm's step: not the plain path's
-  EXPECT_EQ(moe_op_ref(op).kind, MoeOpRef::kNone);
+  EXPECT_EQ(moe_op_ref(op).kind, OpRoleKind::kNone);
   Op labelled;
   labelled.label = "L1.fwd.dispatch.c3";
-  EXPECT_EQ(moe_op_ref(labelled).kind, MoeOpRef::kNone);
+  EXPECT_EQ(moe_op_ref(labelled).kind, OpRoleKind::kNone);
   EXPECT_EQ(role_label(OpRole{OpRoleKind::kDispatch, false, 1, 2}), "L1.fwd.dispatch.c3");
   EXPECT_EQ(role_label(OpRole{OpRoleKind::kParmLocalDump, true, 4, -1}), "L4.bwd.parm.local_dump");
   EXPECT_EQ(moe_layer_of_block(3, 2), 1);  // blocks 1, 3 hold MoE layers 0, 1

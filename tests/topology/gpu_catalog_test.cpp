@@ -12,7 +12,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(GpuCatalog, HasTheSixModelsWithPositiveFigures) {
+TEST(GpuCatalog, HasTheNineModelsWithPositiveFigures) {
   const auto names = gpu_names();
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("a100-sxm-80gb", "a100-sxm-40gb", "h100-sxm",
                                                      "h200-sxm", "h800-sxm", "b200", "gb200",

@@ -32,8 +32,9 @@ struct RunOutput {
   std::string out;
 };
 
-RunOutput run(const std::string& args) {
-  const std::string cmd = fmt::format("'{}' {} 2>&1", kBinary, args);
+// The binary with `args`; `launcher` (an mpirun command line) goes before it when given.
+RunOutput run(const std::string& args, const std::string& launcher = "") {
+  const std::string cmd = fmt::format("{} '{}' {} 2>&1", launcher, kBinary, args);
   RunOutput r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -316,19 +317,9 @@ TEST(TuneCli, MpirunSpreadsRunsAndRanksTheSame) {
   const std::string mpirun = fmt::format(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=detect_leaks=0 "
-      "{} -np 2 --oversubscribe '{}'",
-      MOESIM_MPIEXEC, kBinary);
-  auto under_mpirun = [&](const std::string& args) {
-    RunOutput r;
-    FILE* p = popen((mpirun + " " + args + " 2>&1").c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf{};
-    std::size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  };
+      "{} -np 2 --oversubscribe",
+      MOESIM_MPIEXEC);
+  auto under_mpirun = [&](const std::string& args) { return run(args, mpirun); };
   const RunOutput two =
       under_mpirun(fmt::format("tune '{}' --budget 300s --top 3 --engine flow --jobs 1 --json '{}'",
                                s, (d / "two.json").string()));

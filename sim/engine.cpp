@@ -331,8 +331,12 @@ class Engine {
     if (deps_left_[entry(q.op, q.pos)] > 0) return;
     if (gating_ && plan_.op(q.op).priority < 0) {
       const int r = static_cast<int>(k / static_cast<size_t>(S_));
-      if (reserve_[r] > 0) {  // a higher-priority op is waiting or running here: hold it back
+      // A yielding op starts only from wake_gated, after every event of the instant: an op that
+      // becomes ready in the same instant as a priority op (both fed by one finishing op) must
+      // not slip in because it happens to be visited first.
+      if (reserve_[r] > 0 || !waking_) {
         gated_[r].push_back(k);
+        if (!waking_) wake_.push_back(r);
         return;
       }
     }
@@ -714,6 +718,7 @@ class Engine {
   std::vector<int> reserve_;
   std::vector<std::vector<size_t>> gated_;
   std::vector<int> wake_;
+  bool waking_ = false;  // inside wake_gated: yielding ops may start
 
   // Runs after every event of one instant, so a priority op that becomes ready in the same
   // instant as another one finishes keeps the gate closed (no micro-op slips in between).
@@ -721,12 +726,14 @@ class Engine {
     if (wake_.empty()) return;
     std::vector<int> ranks;
     ranks.swap(wake_);
+    waking_ = true;
     for (int r : ranks) {
       if (reserve_[r] > 0) continue;
       std::vector<size_t> keys;
       keys.swap(gated_[r]);
       for (size_t k : keys) try_start(k);
     }
+    waking_ = false;
   }
   std::vector<std::vector<RunningCompute>> running_;
 };

@@ -505,6 +505,32 @@ TEST(EngineTest, PartitionedCollectiveRunsChunksBackToBack) {
   EXPECT_NEAR(r.collective(c)->wire_bytes, S, 1e-6);
 }
 
+// Lina's gate: `a` feeds both a yielding op `y` (priority -1, lower id, so visited first) and a
+// priority op `b` on another stream. `b` reserves the rank when it becomes ready, in the same
+// instant as `y`, so `y` waits until `b` has finished: start(y) = 2t, not t.
+TEST(EngineTest, YieldingOpReadyWithAPriorityOpWaitsForIt) {
+  StarTopology topo(1, 2);
+  Plan plan(1);
+  auto compute = plan.stream("compute");
+  auto grad = plan.stream("grad");
+  OpId a = plan.add_compute(RankSet::all(1), compute, flops_op(1e9), {}, "a");
+  OpId y = plan.add_compute(RankSet::all(1), grad, flops_op(1e9), {a}, "y");
+  OpId b = plan.add_compute(RankSet::all(1), compute, flops_op(1e9), {a}, "b");
+  plan.mutable_ops()[y].priority = -1;
+  plan.mutable_ops()[b].priority = 1;
+  FakeNetwork net(1e9);
+  RunResult r = run_plan(plan, topo, test_config(), net);
+  const double t = flops_time(1e9);
+  EXPECT_NEAR(r.op_start(b, 0), t, kEps);
+  EXPECT_NEAR(r.op_start(y, 0), 2 * t, kEps);
+  EXPECT_NEAR(r.makespan_s, 3 * t, kEps);
+  // Without the priority op the yielding one starts as soon as `a` is done.
+  plan.mutable_ops()[b].priority = 0;
+  RunResult free = run_plan(plan, topo, test_config(), net);
+  EXPECT_NEAR(free.op_start(y, 0), t, kEps);
+  EXPECT_NEAR(free.makespan_s, 2 * t, kEps);
+}
+
 TEST(EngineTest, ManyRanksAndGroupsFinish) {
   // 64 ranks in 8 EP groups of 8, two layers of compute + a2a + compute; every op must finish,
   // and the result must not depend on merging.

@@ -41,7 +41,15 @@ struct ModelSpec {
   int batch_per_gpu = 0;  // B, samples per GPU
   int seq_len = 0;        // L, tokens per sample
   int model_dim = 0;      // M
-  int hidden_dim = 0;     // H, expert FFN hidden size
+  int hidden_dim = 0;     // H, expert FFN hidden size (YAML `expert_hidden_dim` or `hidden_dim`)
+  // Dense FFN hidden size of the blocks without an MoE FFN (YAML `dense_hidden_dim`); 0 means the
+  // GPT/Megatron convention 4 M. Fine-grained MoE models use an expert H far below it (DeepSeek-V3:
+  // 2,048 per expert, 18,432 dense).
+  int dense_hidden_dim = 0;
+  // Shared experts (DeepSeek-MoE, DeepSeek-V2/V3): N always-active experts of width hidden_dim
+  // each, computed on every token beside the routed ones (one FFN of hidden N*H), their output
+  // added at the decode. Their weights are dense parameters (replicated, all-reduced over DP).
+  int shared_experts = 0;
   // Global experts E and local experts per GPU (the EP group is parallelism.ep GPUs). Exactly one
   // of `experts` / `experts_per_gpu` is written in the file; the loader fills both:
   // experts_per_gpu >= 1: E = experts_per_gpu * ep;
@@ -66,6 +74,10 @@ struct ModelSpec {
   int num_moe_layers() const { return layers / moe_every; }
   bool capacity_is_dropless() const { return capacity_factor <= 0.0; }
   int bytes_per_element() const { return dtype_bytes(dtype); }
+  /// The dense FFN's hidden size: dense_hidden_dim, or 4 M when it is not set.
+  std::int64_t dense_hidden() const {
+    return dense_hidden_dim > 0 ? dense_hidden_dim : 4 * static_cast<std::int64_t>(model_dim);
+  }
 };
 
 // ---------------------------------------------------------------------------------------------

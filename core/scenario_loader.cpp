@@ -86,7 +86,24 @@ constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 // every size the plan derives from them (tokens x dims x bytes, experts x capacity) inside int64
 // and the doubles' exact range; check_plan_sizes() bounds the products themselves.
 constexpr std::int64_t kMaxLayers = 1 << 16;
-constexpr std::int64_t kMaxDim = 1 << 20;                         // model_dim, hidden_dim
+constexpr std::int64_t kMaxDim = 1 << 20;  // model_dim, hidden_dim
+constexpr std::int64_t kMaxSharedExperts = 1024;
+// Every key of `model:` (parse_model and resolve_experts read the same map).
+const std::vector<std::string_view> kModelKeys = {"mode",
+                                                  "layers",
+                                                  "moe_every",
+                                                  "batch_per_gpu",
+                                                  "seq_len",
+                                                  "model_dim",
+                                                  "hidden_dim",
+                                                  "expert_hidden_dim",
+                                                  "dense_hidden_dim",
+                                                  "shared_experts",
+                                                  "experts",
+                                                  "experts_per_gpu",
+                                                  "top_k",
+                                                  "capacity_factor",
+                                                  "dtype"};
 constexpr std::int64_t kMaxExperts = 1 << 20;                     // E, experts_per_gpu
 constexpr std::int64_t kMaxTokensPerGpu = std::int64_t{1} << 31;  // S = batch_per_gpu x seq_len
 constexpr double kMaxCapacityFactor = 1024;  // |capacity factor|; dC = k f S / E slots
@@ -533,9 +550,7 @@ void attach_cluster_locations(ClusterSpec& c, const Context& ctx) {
 
 ModelSpec parse_model(const MapReader& root) {
   ModelSpec model;
-  MapReader m = root.get_map(
-      "model", {"mode", "layers", "moe_every", "batch_per_gpu", "seq_len", "model_dim",
-                "hidden_dim", "experts", "experts_per_gpu", "top_k", "capacity_factor", "dtype"});
+  MapReader m = root.get_map("model", kModelKeys);
   if (auto v = get_enum(m, "mode", mode_names())) model.mode = *v;
   if (auto v = m.get_int("layers", 1, kMaxLayers)) model.layers = to_int32(*v);
   if (auto v = m.get_int("moe_every", 1, kIntMax)) model.moe_every = to_int32(*v);
@@ -546,7 +561,15 @@ ModelSpec parse_model(const MapReader& root) {
   m.require("batch_per_gpu", "B, samples per GPU (an integer >= 1)");
   m.require("seq_len", "L, tokens per sample (an integer >= 1)");
   m.require("model_dim", "M, the model dimension (an integer >= 1)");
-  m.require("hidden_dim", "H, the expert hidden dimension (an integer >= 1)");
+  // `expert_hidden_dim` names the expert FFN's width beside `dense_hidden_dim`; `hidden_dim` is
+  // its older name, kept so that every existing scenario means what it meant.
+  if (m.has("hidden_dim") && m.has("expert_hidden_dim"))
+    m.fail("expert_hidden_dim",
+           "found both 'hidden_dim' and 'expert_hidden_dim' (the same H, the expert FFN's hidden "
+           "dimension), expected only one");
+  if (!m.has("expert_hidden_dim"))
+    m.require("hidden_dim",
+              "H, the expert hidden dimension (an integer >= 1; also written expert_hidden_dim)");
   model.batch_per_gpu = to_int32(*m.get_int("batch_per_gpu", 1, kIntMax));
   model.seq_len = to_int32(*m.get_int("seq_len", 1, kIntMax));
   // S = B x L tokens per GPU: the workload counts tokens in 32 bits and the plan multiplies S by
@@ -556,7 +579,18 @@ ModelSpec parse_model(const MapReader& root) {
                                   "(S = batch_per_gpu x seq_len tokens per GPU is at most 2^31)",
                                   model.seq_len, kMaxTokensPerGpu / model.batch_per_gpu));
   model.model_dim = to_int32(*m.get_int("model_dim", 1, kMaxDim));
-  model.hidden_dim = to_int32(*m.get_int("hidden_dim", 1, kMaxDim));
+  const char* h_key = m.has("expert_hidden_dim") ? "expert_hidden_dim" : "hidden_dim";
+  model.hidden_dim = to_int32(*m.get_int(h_key, 1, kMaxDim));
+  if (auto v = m.get_int("dense_hidden_dim", 1, kMaxDim)) model.dense_hidden_dim = to_int32(*v);
+  if (auto v = m.get_int("shared_experts", 0, kMaxSharedExperts)) {
+    // Their FFN is one GEMM pair of hidden N*H, so the product is bounded like a dimension.
+    if (*v * model.hidden_dim > kMaxDim)
+      m.fail("shared_experts",
+             fmt::format("found {}, expected an integer in [0, 2^20/H = {}] (N shared experts x "
+                         "H = {} is one FFN of hidden N*H, at most 2^20)",
+                         *v, kMaxDim / model.hidden_dim, model.hidden_dim));
+    model.shared_experts = to_int32(*v);
+  }
   if (m.has("experts") && m.has("experts_per_gpu"))
     m.fail("experts_per_gpu", "found both 'experts' and 'experts_per_gpu', expected only one");
   if (!m.has("experts") && !m.has("experts_per_gpu"))
@@ -652,9 +686,7 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
 
 // Fills experts / experts_per_gpu from whichever was given; checks top_k against E.
 void resolve_experts(const MapReader& root, ModelSpec& model, const ParallelismSpec& par) {
-  MapReader m = root.get_map(
-      "model", {"mode", "layers", "moe_every", "batch_per_gpu", "seq_len", "model_dim",
-                "hidden_dim", "experts", "experts_per_gpu", "top_k", "capacity_factor", "dtype"});
+  MapReader m = root.get_map("model", kModelKeys);
   const int ep = par.ep;
   if (m.has("experts_per_gpu")) {
     int d = model.experts_per_gpu;
@@ -915,6 +947,13 @@ StrategySpec parse_strategy(Context& ctx, const YAML::Node& node, const std::str
                                     "inference",
                                     name_of(s.inference), name_of(model.mode)));
 
+  if (model.shared_experts > 0 &&
+      (s.schedule == ScheduleRole::kParmS1 || s.schedule == ScheduleRole::kParmS2 ||
+       s.schedule == ScheduleRole::kParmAuto))
+    m.fail("schedule",
+           fmt::format("found '{}' with model.shared_experts = {}, expected another schedule: "
+                       "Parm's fused MoE layer has no shared experts",
+                       name_of(s.schedule), model.shared_experts));
   check_params_apply(m, "ta_moe", s.routing == RoutingRole::kTaMoe, "routing", "ta_moe");
   check_params_apply(m, "faster_moe_hir", s.routing == RoutingRole::kFasterMoeHir, "routing",
                      "faster_moe_hir");

@@ -15,11 +15,10 @@
 //    of the real expert gradients ("L{b}.grad.expert_allreduce[.m{i}]"); --check compares dX,
 //    dWgate, dW1 and dW2 with reference_backward. The GPU path and the routed, sharded and Parm
 //    layers keep running their backward on scratch buffers (no gradient is checked there);
-//  - every other op (attention, dense FFN, other backward, gradient buckets) with scratch buffers
-//  of the
-//    plan's sizes: collectives move real bytes, compute ops outside the MoE forward are timed
-//    as empty ops on the host path (their cost is what the simulator's compute model is for; the
-//    GPU path runs them as cuBLAS GEMMs).
+//  - every other op (attention, dense FFN, shared experts, other backward, gradient buckets) with
+//    scratch buffers of the plan's sizes: collectives move real bytes, compute ops outside the
+//    MoE forward are timed as empty ops on the host path (their cost is what the simulator's
+//    compute model is for; the GPU path runs them as cuBLAS GEMMs).
 // Streams are serialised on the host path (an in-order walk honours every dep and stream order);
 // the measured per-op times are gathered to every rank so each rank's strategy stack sees the same
 // RunResult and takes the same next decision.

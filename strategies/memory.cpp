@@ -35,9 +35,14 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
 
   MemoryEstimate est;
   est.capacity = capacity;
-  // Parameters (docs/model.md: attention 4 M^2 / mp, dense FFN 8 M^2 / mp, gate M E held by every
-  // rank of an MP index; an expert's 2 M H split over esp hidden slices and n shards).
-  est.dense_params = m.layers * 4 * M * M / mp + dense_layers * 8 * M * M / mp + moe_layers * M * E;
+  // Parameters (docs/model.md: attention 4 M^2 / mp, dense FFN 2 M Hd / mp with Hd =
+  // dense_hidden() (8 M^2 / mp at the default 4 M), gate M E held by every rank of an MP index; an
+  // expert's 2 M H split over esp hidden slices and n shards).
+  const double Hd = static_cast<double>(m.dense_hidden());
+  // Shared experts (N of width H, one FFN of hidden N H) are dense parameters of every MoE block.
+  const double Hs = static_cast<double>(m.shared_experts) * H;
+  est.dense_params = m.layers * 4 * M * M / mp + dense_layers * 2 * M * Hd / mp +
+                     moe_layers * (M * E + 2 * M * Hs / mp);
   est.expert_params = moe_layers * local * 2 * M * H / (esp * n);
   const double params = est.dense_params + est.expert_params;
   est.weights_bytes = params * b;
@@ -50,9 +55,9 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   // attention's QKV input (S M), Q, K, V (3 S M / mp) and the projection input (S M / mp); the
   // L x L scores are not kept (memory-efficient attention recomputes them in backward).
   const double attention = 2 * S * M + S * M + 4 * S * M / mp;
-  // Dense FFN (hidden 4M): fc1 input S M, fc1 output and fc2 input (the activation's input and
-  // output) 2 x S 4M / mp.
-  const double dense_ffn = S * M + 2 * S * 4 * M / mp;
+  // Dense FFN (hidden Hd): fc1 input S M, fc1 output and fc2 input (the activation's input and
+  // output) 2 x S Hd / mp.
+  const double dense_ffn = S * M + 2 * S * Hd / mp;
   // MoE FFN: gate input S' M (S' = S esp, the ESP-gathered tokens), gate probabilities S' E, the
   // received expert input R M, fc1 output and fc2 input 2 R H_s, the combined outputs R M the
   // gate-weight gradient needs. R = E dC esp rho rows per GPU (the padded buffer), H_s = H /
@@ -62,7 +67,9 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const double h_slice =
       static_cast<double>((m.hidden_dim + static_cast<std::int64_t>(esp * rho) - 1) /
                           static_cast<std::int64_t>(esp * rho));
-  const double moe_ffn = s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice;
+  // Shared experts: their fc1 output and fc2 input, 2 S N H / mp (their input is the gate's).
+  const double moe_ffn =
+      s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice + 2 * S * Hs / mp;
   if (training) {
     est.activations_bytes =
         (m.layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn) * b;

@@ -505,10 +505,11 @@ class Builder {
     return last;
   }
 
-  // Dense FFN with hidden 4M (GPT/Megatron convention), split mp ways, with its MP all-reduce.
+  // Dense FFN of hidden size model.dense_hidden() (4M unless dense_hidden_dim is set), split mp
+  // ways, with its MP all-reduce.
   OpId dense_ffn(int l, OpId prev, bool backward) {
     const double f = backward ? 2.0 : 1.0;
-    const std::int64_t Hd = div_up(4 * M_, mp_);
+    const std::int64_t Hd = div_up(sc_.model.dense_hidden(), mp_);
     const GemmShape fc1{S_, Hd, M_, 1};
     const GemmShape fc2{S_, M_, Hd, 1};
     const GemmShape& first = backward ? fc2 : fc1;
@@ -524,14 +525,43 @@ class Builder {
     return last;
   }
 
-  // Dense parameters of block l (per GPU): attention 4*M*M/mp, dense FFN 8*M*M/mp, gate M*E.
+  // The shared experts of MoE block l (model.shared_experts = N): one FFN of hidden N*H on the
+  // block's S tokens, split mp ways like the dense FFN, with its MP all-reduce. Forward fc1, fc2;
+  // backward fc2, fc1 at 2x the FLOPs. kNone when the model has none; else the last op.
+  OpId shared_experts(int l, OpId prev, bool backward) {
+    const int n = sc_.model.shared_experts;
+    if (n <= 0) return kNone;
+    const double f = backward ? 2.0 : 1.0;
+    const std::int64_t Hs = div_up(static_cast<std::int64_t>(n) * H_, mp_);
+    const GemmShape fc1{S_, Hs, M_, 1};
+    const GemmShape fc2{S_, M_, Hs, 1};
+    const GemmShape& first = backward ? fc2 : fc1;
+    const GemmShape& second = backward ? fc1 : fc2;
+    OpId a = gemm(ComputeClass::kGemm, first, f * first.flops(), deps_of({prev}),
+                  lbl(l, backward, backward ? "shared.fc2" : "shared.fc1"));
+    OpId last = gemm(ComputeClass::kGemm, second, f * second.flops(), deps_of({a}),
+                     lbl(l, backward, backward ? "shared.fc1" : "shared.fc2"));
+    if (mp_ > 1)
+      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
+                        lbl(l, backward, "shared.mp_allreduce"));
+    return last;
+  }
+
+  // Dense parameters of block l (per GPU): attention 4*M*M/mp, dense FFN 2*M*Hd/mp (Hd =
+  // model.dense_hidden(), 8*M*M/mp at the default 4M); an MoE block's gate M*E and shared experts
+  // 2*M*N*H/mp.
   double dense_param_bytes(int l) const {
     const double Mp = static_cast<double>(div_up(M_, mp_));
     double params = 4.0 * static_cast<double>(M_) * Mp;
     if (is_moe(l))
-      params += static_cast<double>(M_) * static_cast<double>(E_);
+      params += static_cast<double>(M_) * static_cast<double>(E_) +
+                2.0 * static_cast<double>(M_) *
+                    static_cast<double>(
+                        div_up(static_cast<std::int64_t>(sc_.model.shared_experts) * H_, mp_));
     else
-      params += 8.0 * static_cast<double>(M_) * Mp;
+      params += 2.0 * static_cast<double>(M_) *
+                static_cast<double>(div_up(sc_.model.dense_hidden(), mp_));
     return params * static_cast<double>(b_);
   }
 
@@ -690,6 +720,9 @@ class Builder {
       g = weight_move(s_comm_, inf->replan, deps_of({g}), lbl(l, false, "expert_replan"));
     OpId enc = kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity), deps_of({g}),
                       tag(l, false, OpRoleKind::kEncode));
+    // Shared experts on the compute stream right after the encode: they need only the block's
+    // input, so they run while the first dispatch is on the wire.
+    const OpId shared = shared_experts(l, prev, false);
     OpId last_combine = kNone, last_expert = kNone;
     for (size_t j = 0; j < dims.chunks.size(); ++j) {
       const std::int64_t cap = dims.chunks[j];
@@ -726,7 +759,7 @@ class Builder {
                              partial_sum_bytes(dims.capacity), deps_of({before_decode}),
                              tag(l, false, OpRoleKind::kPartialSum));
     OpId dec = kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
-                      deps_of({before_decode}), tag(l, false, OpRoleKind::kDecode));
+                      deps_of({before_decode, shared}), tag(l, false, OpRoleKind::kDecode));
     for (OpId id = first_id; id <= dec; ++id) ops.forward.push_back(id);
     index_.moe_layers.push_back(std::move(ops));
     return dec;
@@ -762,6 +795,12 @@ class Builder {
     if (rep_ > 1)
       in = note(kernel(ComputeClass::kElementwise, 0, partial_sum_bytes(dims.capacity),
                        deps_of({in}), tag(l, true, OpRoleKind::kPartialSum)));
+    // Shared experts' backward right after the decode's: it overlaps the first combine-backward
+    // all-to-all, as the forward overlaps the dispatch.
+    const auto first_shared = static_cast<OpId>(plan_.ops().size());
+    const OpId shared = shared_experts(l, dec, true);
+    if (shared != kNone)
+      for (OpId id = first_shared; id <= shared; ++id) ops.backward.push_back(id);
     OpId last_out = kNone, last_expert = kNone;
     for (size_t j = 0; j < dims.chunks.size(); ++j) {
       const std::int64_t cap = dims.chunks[j];
@@ -792,9 +831,9 @@ class Builder {
       last_out = out;
     }
     expert_gradient_sync(l, last_expert);
-    OpId enc =
-        note(kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity),
-                    deps_of({std::max(last_out, last_expert)}), tag(l, true, OpRoleKind::kEncode)));
+    OpId enc = note(kernel(ComputeClass::kEncode, 0, encode_bytes(dims.capacity),
+                           deps_of({std::max(last_out, last_expert), shared}),
+                           tag(l, true, OpRoleKind::kEncode)));
     const GemmShape gate{St, E_, M_, 1};
     OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
                           tag(l, true, OpRoleKind::kGate)));

@@ -1,5 +1,5 @@
-// `moesim list [--dir D]`: the bundled scenario library (scenarios/*.yaml, scenarios/sweeps/*.yaml,
-// scenarios/topologies/*.yaml) with each file's `description:`, so users find the experiment to
+// `moesim list [--dir D]`: the bundled scenario library (scenarios/*.yaml, scenarios/models/*.yaml,
+// scenarios/sweeps/*.yaml, scenarios/topologies/*.yaml) with each file's `description:`, so users find the experiment to
 // start from without opening every file.
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -72,6 +72,8 @@ void run_list(const ListArgs& a) {
   if (!fs::is_directory(root))
     throw InputError(fmt::format("--dir {}: not a folder", root.string()));
   list_folder(root, "Scenarios (run with `moesim simulate FILE` or `moesim compare FILE`)");
+  list_folder(root / "models",
+              "Model presets, published dimensions (run with `moesim simulate FILE`)");
   list_folder(root / "sweeps", "Sweeps (run with `moesim sweep FILE`)");
   list_folder(root / "topologies",
               "Topologies (use with `moesim compare SCENARIO --topology FILE`)");

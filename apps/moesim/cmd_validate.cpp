@@ -61,10 +61,13 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
              intra_kind_name(sc.cluster.intra.kind), inter_kind_name(sc.cluster.inter.kind));
   fmt::print("  topology     {} vertices, {} full-duplex links\n", topo.vertices().size(),
              topo.links().size() / 2);
+  // The dense FFN's width shows only where the model has dense FFN blocks.
+  const std::string dense_h =
+      m.layers > m.num_moe_layers() ? fmt::format(" dense H={}", m.dense_hidden()) : std::string();
   fmt::print(
-      "  model        {}, {} layer(s), MoE every {}; B={} L={} (S={} tokens/GPU) M={} H={}\n",
+      "  model        {}, {} layer(s), MoE every {}; B={} L={} (S={} tokens/GPU) M={} H={}{}\n",
       name_of(m.mode), m.layers, m.moe_every, m.batch_per_gpu, m.seq_len, m.tokens_per_gpu(),
-      m.model_dim, m.hidden_dim);
+      m.model_dim, m.hidden_dim, dense_h);
   std::string experts =
       m.experts_per_gpu < 0
           ? fmt::format("{} experts, each sharded over {} GPUs", m.experts, m.expert_shards())

@@ -106,7 +106,8 @@ std::string scenario_section(const Scenario& sc) {
                  m.mode == Mode::kTraining ? "training" : "inference", m.layers, m.moe_every));
   kv("tokens per GPU",
      fmt::format("B={} x L={} = {}", m.batch_per_gpu, m.seq_len, sc.tokens_per_gpu()));
-  kv("dimensions", fmt::format("M={} H={} {}", m.model_dim, m.hidden_dim, dtype_name(m.dtype)));
+  kv("dimensions", fmt::format("M={} H={} (dense FFN {}) {}", m.model_dim, m.hidden_dim,
+                               m.dense_hidden(), dtype_name(m.dtype)));
   kv("experts",
      fmt::format("E={} (top-{}, capacity factor {})", m.experts, m.top_k, m.capacity_factor));
   kv("parallelism",

@@ -112,14 +112,15 @@ TEST(Cli, TopoWritesDot) {
 
 TEST(Cli, EveryBundledScenarioValidates) {
   int seen = 0;
-  for (const auto& e : fs::directory_iterator(kSource + "/scenarios")) {
-    if (e.path().extension() != ".yaml") continue;
-    auto r = run(fmt::format("validate '{}'", e.path().string()));
-    EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.out;
-    EXPECT_NE(r.out.find(": valid"), std::string::npos) << r.out;
-    ++seen;
-  }
-  EXPECT_GE(seen, 10);
+  for (const std::string dir : {"/scenarios", "/scenarios/models"})
+    for (const auto& e : fs::directory_iterator(kSource + dir)) {
+      if (e.path().extension() != ".yaml") continue;
+      auto r = run(fmt::format("validate '{}'", e.path().string()));
+      EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.out;
+      EXPECT_NE(r.out.find(": valid"), std::string::npos) << r.out;
+      ++seen;
+    }
+  EXPECT_GE(seen, 12);
 }
 
 // Every file in tests/cli/bad starts with "# expect: <text>": validate must exit 2 with one line

@@ -766,6 +766,9 @@ TEST(SweepCli, ListShowsTheLibraryWithDescriptions) {
   EXPECT_NE(r.out.find("Topologies"), std::string::npos) << r.out;
   for (const auto& e : fs::directory_iterator(kSource + "/scenarios/topologies"))
     EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
+  EXPECT_NE(r.out.find("Model presets"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(kSource + "/scenarios/models"))
+    EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
 }
 
 // Every field of a CSV line but the last (wall_s, the wall-clock time of the row).

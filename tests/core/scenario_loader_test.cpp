@@ -620,6 +620,46 @@ TEST(ScenarioErrors, UnknownStrategyRoleValue) {
               HasSubstr("strategies[1].pipeline: found '0', expected an integer in [1, 1024]"));
 }
 
+// expert_hidden_dim is hidden_dim's other name; dense_hidden_dim defaults to 4 M.
+TEST(ScenarioLoader, ExpertAndDenseHiddenDims) {
+  const Scenario a = parse(kTiny);
+  EXPECT_EQ(a.model.hidden_dim, 32);
+  EXPECT_EQ(a.model.dense_hidden_dim, 0);
+  EXPECT_EQ(a.model.dense_hidden(), 64);  // 4 x model_dim 16
+  const Scenario b =
+      parse(tiny_with("  hidden_dim: 32\n", "  expert_hidden_dim: 24\n  dense_hidden_dim: 96\n"));
+  EXPECT_EQ(b.model.hidden_dim, 24);
+  EXPECT_EQ(b.model.dense_hidden(), 96);
+  EXPECT_THAT(
+      error_of(tiny_with("  hidden_dim: 32\n", "  hidden_dim: 32\n  expert_hidden_dim: 32\n")),
+      HasSubstr("model.expert_hidden_dim: found both 'hidden_dim' and "
+                "'expert_hidden_dim'"));
+  EXPECT_THAT(
+      error_of(tiny_with("  hidden_dim: 32\n", "  hidden_dim: 32\n  dense_hidden_dim: 0\n")),
+      HasSubstr("model.dense_hidden_dim: found 0, expected an integer in [1, "));
+  EXPECT_THAT(error_of(tiny_with("  hidden_dim: 32\n", "")),
+              HasSubstr("also written expert_hidden_dim"));
+}
+
+TEST(ScenarioLoader, SharedExperts) {
+  EXPECT_EQ(parse(kTiny).model.shared_experts, 0);
+  EXPECT_EQ(
+      parse(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n  shared_experts: 2\n"))
+          .model.shared_experts,
+      2);
+  EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n",
+                                 "  experts_per_gpu: 1\n  shared_experts: 40000\n")),
+              HasSubstr("model.shared_experts: found 40000, expected an integer in [0, 1024]"));
+  EXPECT_THAT(
+      error_of(tiny_with("  hidden_dim: 32\n  experts_per_gpu: 1\n",
+                         "  hidden_dim: 4096\n  experts_per_gpu: 1\n  shared_experts: 512\n")),
+      HasSubstr("model.shared_experts: found 512, expected an integer in [0, 2^20/H = 256]"));
+  EXPECT_THAT(
+      error_of(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n  shared_experts: 1\n") +
+               "  - {name: parm, schedule: parm_s1}\n"),
+      HasSubstr("schedule: found 'parm_s1' with model.shared_experts = 1"));
+}
+
 TEST(ScenarioErrors, MissingRequiredKey) {
   std::string e = error_of(tiny_with("  gpus_per_node: 2\n", ""));
   EXPECT_THAT(e, StartsWith("test.yaml:2:1: cluster.gpus_per_node: missing required key "

@@ -70,6 +70,32 @@ TEST(MemoryEstimate, TinyTrainingEveryPartByHand) {
   EXPECT_EQ(m.capacity, 2);
 }
 
+// dense_hidden_dim = 8 (instead of 4 M = 32) on the tiny model: the dense FFN's 2 M Hd = 128
+// parameters replace 8 M^2 = 512, and its activations S M + 2 S Hd = 96 replace 288 elements.
+TEST(MemoryEstimate, DenseHiddenDimSizesTheDenseFfn) {
+  const Scenario base = tiny();
+  Scenario sc = base;
+  sc.model.dense_hidden_dim = 8;
+  const MemoryEstimate a = estimate_memory(base, Decision{}, 2);
+  const MemoryEstimate b = estimate_memory(sc, Decision{}, 2);
+  EXPECT_DOUBLE_EQ(b.dense_params, 1040 - 512 + 128);
+  EXPECT_DOUBLE_EQ(b.expert_params, a.expert_params);
+  EXPECT_DOUBLE_EQ(b.activations_bytes, 1936 - (288 - 96) * 2);
+}
+
+// shared_experts = 2 on the tiny model (H 16): one MoE block gains 2 M (2 H) = 512 dense
+// parameters and 2 S (2 H) = 256 activation elements (fc1 output, fc2 input).
+TEST(MemoryEstimate, SharedExpertsAreDenseParameters) {
+  const Scenario base = tiny();
+  Scenario sc = base;
+  sc.model.shared_experts = 2;
+  const MemoryEstimate a = estimate_memory(base, Decision{}, 2);
+  const MemoryEstimate b = estimate_memory(sc, Decision{}, 2);
+  EXPECT_DOUBLE_EQ(b.dense_params, a.dense_params + 512);
+  EXPECT_DOUBLE_EQ(b.expert_params, a.expert_params);
+  EXPECT_DOUBLE_EQ(b.activations_bytes, a.activations_bytes + 256 * 2);
+}
+
 TEST(MemoryEstimate, InferenceHoldsWeightsAndOneBlock) {
   const MemoryEstimate m = estimate_memory(tiny("inference"), Decision{}, 2);
   EXPECT_DOUBLE_EQ(m.weights_bytes, 2592);

@@ -37,10 +37,12 @@ struct Cfg {
   int ep = 2, esp = 1, mp = 1;
   std::string dp = "auto";
   std::string layout = "disjoint";
+  std::string model_extra;  // more `model:` lines, e.g. "  dense_hidden_dim: 768\n"
 };
 
 Scenario make_scenario(const Cfg& c) {
-  std::string yaml = fmt::format(R"(
+  std::string yaml =
+      fmt::format(R"(
 name: plan-builder-test
 cluster:
   gpu: a100-sxm-80gb
@@ -60,13 +62,13 @@ model:
   top_k: {}
   capacity_factor: {}
   dtype: fp16
-parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}
+{}parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}
 strategies:
   - {{name: baseline}}
 )",
-                                 c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch,
-                                 c.seq, c.model_dim, c.hidden, c.experts_per_gpu, c.top_k,
-                                 c.capacity_factor, c.ep, c.esp, c.mp, c.dp, c.layout);
+                  c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch, c.seq, c.model_dim,
+                  c.hidden, c.experts_per_gpu, c.top_k, c.capacity_factor, c.model_extra, c.ep,
+                  c.esp, c.mp, c.dp, c.layout);
   return parse_scenario_string(yaml, "test.yaml");
 }
 
@@ -336,6 +338,74 @@ TEST(PlanBuilder, GemmShapesPlainVersusFlexible) {
   // Backward GEMMs: 2x.
   EXPECT_DOUBLE_EQ(find_op(flex.bp.plan, "L0.bwd.expert.fc1.c1").compute().flops.value(),
                    2 * flops);
+}
+
+// model.dense_hidden_dim sets the dense FFN's width apart from the experts' H (fine-grained MoE):
+// block 0's dense FFN is 768 wide (384 per MP rank), block 1's experts stay at H = 512.
+TEST(PlanBuilder, DenseHiddenDimSetsTheDenseFfnApartFromTheExperts) {
+  Cfg c;
+  c.gpn = 4;
+  c.layers = 2;
+  c.moe_every = 2;
+  c.mp = 2;
+  Built base = build(c);
+  c.model_extra = "  dense_hidden_dim: 768\n";
+  Built b = build(c);
+  const double S = 512, M = 256, Hd = 768, mp = 2;
+  auto flops = [&](const Built& x, const std::string& l) {
+    return find_op(x.bp.plan, l).compute().flops.value();
+  };
+  EXPECT_EQ(find_op(b.bp.plan, "L0.fwd.ffn.fc1").compute().gemm->n, 384);
+  EXPECT_EQ(find_op(b.bp.plan, "L0.fwd.ffn.fc2").compute().gemm->k, 384);
+  EXPECT_DOUBLE_EQ(flops(b, "L0.fwd.ffn.fc1") + flops(b, "L0.fwd.ffn.fc2"), 4 * S * M * Hd / mp);
+  // Without the key the dense FFN is 4M = 1,024 wide (512 per MP rank).
+  EXPECT_EQ(find_op(base.bp.plan, "L0.fwd.ffn.fc1").compute().gemm->n, 512);
+  // The experts do not change.
+  EXPECT_DOUBLE_EQ(flops(b, "L1.fwd.expert.fc1.c1"), flops(base, "L1.fwd.expert.fc1.c1"));
+  // The dense block's gradient bucket: attention 4 M (M/mp) + dense FFN 2 M (Hd/mp), fp16.
+  EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.grad.dense_allreduce").collective().bytes.value(),
+                   (4 * M * M / mp + 2 * M * Hd / mp) * 2);
+}
+
+// model.shared_experts = 2: one FFN of hidden 2 H = 1,024 beside the routed experts, on the
+// compute stream right after the encode (so it runs while the first dispatch is on the wire), the
+// decode waiting for it; backward at 2x the FLOPs; its 2 M (2 H) weights in the dense bucket.
+TEST(PlanBuilder, SharedExpertsRunBesideTheDispatch) {
+  Cfg c;  // 1 node x 2 GPUs, ep 2: S = 512, M = 256, H = 512
+  c.model_extra = "  shared_experts: 2\n";
+  Built b = build(c);
+  Built base = build(Cfg{});
+  const double S = 512, M = 256, Hs = 2 * 512;
+  const Op& fc1 = find_op(b.bp.plan, "L0.fwd.shared.fc1");
+  const Op& fc2 = find_op(b.bp.plan, "L0.fwd.shared.fc2");
+  EXPECT_EQ(fc1.compute().gemm->n, 1024);
+  EXPECT_DOUBLE_EQ(fc1.compute().flops.value() + fc2.compute().flops.value(), 4 * S * M * Hs);
+  EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.bwd.shared.fc1").compute().flops.value(),
+                   2 * fc1.compute().flops.value());
+  const Op& enc = find_op(b.bp.plan, "L0.fwd.encode");
+  const Op& disp = find_op(b.bp.plan, "L0.fwd.dispatch.c1");
+  const Op& expert = find_op(b.bp.plan, "L0.fwd.expert.fc1.c1");
+  EXPECT_EQ(fc1.stream, enc.stream);
+  EXPECT_GT(fc1.id, enc.id);     // after the encode on the compute stream,
+  EXPECT_LT(fc2.id, expert.id);  // before the first expert GEMM,
+  EXPECT_TRUE(std::find(fc1.deps.begin(), fc1.deps.end(), disp.id) == fc1.deps.end());
+  const Op& dec = find_op(b.bp.plan, "L0.fwd.decode");
+  EXPECT_TRUE(std::find(dec.deps.begin(), dec.deps.end(), fc2.id) != dec.deps.end());
+  // The dense bucket of the MoE block grows by the shared weights 2 M (2 H), fp16.
+  EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.grad.dense_allreduce").collective().bytes.value() -
+                       find_op(base.bp.plan, "L0.grad.dense_allreduce").collective().bytes.value(),
+                   2 * M * Hs * 2);
+  // On the engine the shared FFN overlaps the dispatch: it starts before the dispatch ends, and
+  // the layer's forward grows by less than the shared FFN takes.
+  const RunResult r =
+      sim::run_plan(b.bp.plan, *b.topo, engine_config(b.sc, sim::NetworkKind::kFlow));
+  const RunResult r0 =
+      sim::run_plan(base.bp.plan, *base.topo, engine_config(base.sc, sim::NetworkKind::kFlow));
+  EXPECT_LT(r.op_start(fc1.id, 0), r.op_end(disp.id, 0));
+  const double shared_s = r.op_end(fc2.id, 0) - r.op_start(fc1.id, 0);
+  const OpId dec0 = find_op(base.bp.plan, "L0.fwd.decode").id;
+  EXPECT_GT(shared_s, 0);
+  EXPECT_LT(r.op_end(dec.id, 0) - r0.op_end(dec0, 0), shared_s);
 }
 
 TEST(PlanBuilder, AttentionAndDenseFfnFlops) {

@@ -8,6 +8,7 @@
 // layers (topology, strategies) can raise InputError at the offending line.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -36,8 +37,11 @@ enum class Mode { kTraining, kInference };
 
 struct ModelSpec {
   Mode mode = Mode::kTraining;
-  int layers = 1;         // transformer blocks
-  int moe_every = 1;      // every n-th block's FFN is an MoE layer (blocks n, 2n, ...)
+  int layers = 1;     // transformer blocks
+  int moe_every = 1;  // every n-th block's FFN is an MoE layer (blocks n, 2n, ...)
+  // The first K blocks are dense (DeepSeek-V3's first_k_dense_replace = 3); moe_every counts from
+  // block K on: block l >= K is MoE when (l - K + 1) % moe_every == 0.
+  int first_dense_layers = 0;
   int batch_per_gpu = 0;  // B, samples per GPU
   int seq_len = 0;        // L, tokens per sample
   int model_dim = 0;      // M
@@ -70,8 +74,17 @@ struct ModelSpec {
   std::int64_t tokens_per_gpu() const {
     return static_cast<std::int64_t>(batch_per_gpu) * static_cast<std::int64_t>(seq_len);
   }
-  /// MoE layers in the model: blocks moe_every, 2*moe_every, ... up to `layers`.
-  int num_moe_layers() const { return layers / moe_every; }
+  /// MoE layers in the model: blocks K + moe_every - 1, K + 2*moe_every - 1, ... below `layers`
+  /// (K = first_dense_layers; 1-based: blocks moe_every, 2*moe_every, ... when K = 0).
+  int num_moe_layers() const { return std::max(0, layers - first_dense_layers) / moe_every; }
+  /// Whether block l (0-based) has an MoE FFN.
+  bool is_moe_block(int l) const {
+    return l >= first_dense_layers && (l - first_dense_layers + 1) % moe_every == 0;
+  }
+  /// The MoE layer index of block l (0-based, counting MoE blocks only); -1 for a dense block.
+  int moe_layer_of_block(int l) const {
+    return is_moe_block(l) ? (l - first_dense_layers + 1) / moe_every - 1 : -1;
+  }
   bool capacity_is_dropless() const { return capacity_factor <= 0.0; }
   int bytes_per_element() const { return dtype_bytes(dtype); }
   /// The dense FFN's hidden size: dense_hidden_dim, or 4 M when it is not set.

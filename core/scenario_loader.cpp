@@ -99,6 +99,7 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "expert_hidden_dim",
                                                   "dense_hidden_dim",
                                                   "shared_experts",
+                                                  "first_dense_layers",
                                                   "experts",
                                                   "experts_per_gpu",
                                                   "top_k",
@@ -554,10 +555,19 @@ ModelSpec parse_model(const MapReader& root) {
   if (auto v = get_enum(m, "mode", mode_names())) model.mode = *v;
   if (auto v = m.get_int("layers", 1, kMaxLayers)) model.layers = to_int32(*v);
   if (auto v = m.get_int("moe_every", 1, kIntMax)) model.moe_every = to_int32(*v);
-  if (model.moe_every > model.layers)
-    m.fail("moe_every", fmt::format("found {} with model.layers = {}, expected at most {} (the "
-                                    "model would have no MoE layer)",
-                                    model.moe_every, model.layers, model.layers));
+  if (auto v = m.get_int("first_dense_layers", 0, kMaxLayers))
+    model.first_dense_layers = to_int32(*v);
+  if (model.first_dense_layers >= model.layers)
+    m.fail("first_dense_layers",
+           fmt::format("found {} with model.layers = {}, expected at most {} (the model would have "
+                       "no MoE layer)",
+                       model.first_dense_layers, model.layers, model.layers - 1));
+  if (model.moe_every > model.layers - model.first_dense_layers)
+    m.fail("moe_every",
+           fmt::format("found {} with model.layers = {} and first_dense_layers = {}, expected at "
+                       "most {} (the model would have no MoE layer)",
+                       model.moe_every, model.layers, model.first_dense_layers,
+                       model.layers - model.first_dense_layers));
   m.require("batch_per_gpu", "B, samples per GPU (an integer >= 1)");
   m.require("seq_len", "L, tokens per sample (an integer >= 1)");
   m.require("model_dim", "M, the model dimension (an integer >= 1)");

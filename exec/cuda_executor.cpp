@@ -381,7 +381,7 @@ void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpe
 
 void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& ref, cudaStream_t st,
                               int channel, std::vector<std::int64_t>& collective_algo) {
-  const int moe = moe_layer_of_block(ref.block, sc.model.moe_every);
+  const int moe = sc.model.moe_layer_of_block(ref.block);
   MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
   DevLayer& L = layers[moe];
   const Arena& a = arenas[moe];

@@ -87,10 +87,6 @@ MoeOpRef moe_op_ref(const Op& op) { return moe_ref_of_pass(op, false); }
 
 MoeOpRef moe_bwd_op_ref(const Op& op) { return moe_ref_of_pass(op, true); }
 
-int moe_layer_of_block(int block, int moe_every) {
-  return (block + 1) / std::max(1, moe_every) - 1;
-}
-
 std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int experts) {
   std::vector<MoeLayerPlan> layers;
   std::map<int, int> block_to_layer;
@@ -447,7 +443,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   MoeOpRef ref = !layers_.empty() ? moe_op_ref(op) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != OpRoleKind::kNone) {
-    const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
+    const int moe = sc_.model.moe_layer_of_block(ref.block);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers_.size()), "MoE layer out of range");
     L = layers_[moe].get();
   }
@@ -600,7 +596,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
 bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
   const MoeBwdRef ref = moe_bwd_ref(op);
   if (ref.kind == MoeBwdRef::kNone) return false;
-  const int moe = moe_layer_of_block(ref.block, sc_.model.moe_every);
+  const int moe = sc_.model.moe_layer_of_block(ref.block);
   if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;
   Layer& L = *layers_[moe];
   if (L.rpath || L.block != ref.block || L.w1.empty()) return false;

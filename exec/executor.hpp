@@ -99,8 +99,6 @@ MoeOpRef moe_bwd_op_ref(const Op& op);
 /// (ncclAllReduce / ncclAllGather / ncclReduceScatter): the record then says "nccl"
 /// (CollectiveRecord::library_algo), not moesim's choice for the same call.
 inline constexpr std::int64_t kLibraryAlgo = -2;
-/// Block l holds MoE layer (l + 1) / moe_every - 1 (docs/model.md).
-int moe_layer_of_block(int block, int moe_every);
 /// The MoE layers of `plan` as rank `rank` runs them (chunk capacities from the expert fc1 GEMMs:
 /// c_j = m * batch / (W * dE) = m * batch / E in both the plain and the flexible layout when
 /// esp = rho = n = 1, docs/model.md; the EP layout from the dispatch all-to-all's grouping).

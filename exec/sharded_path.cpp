@@ -275,7 +275,7 @@ struct ShardedPath::Impl {
     if (!active) return false;
     const MoeOpRef ref = moe_op_ref(op);
     if (ref.kind == OpRoleKind::kNone) return false;
-    const int moe = moe_layer_of_block(ref.block, sc.model.moe_every);
+    const int moe = sc.model.moe_layer_of_block(ref.block);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
     Layer& L = layers[moe];
     const int S = shape.tokens, M = shape.model_dim, E = shape.experts, k = shape.top_k;

@@ -7,6 +7,7 @@
 // SimGrid counterpart because a route is just the list of links it crosses.
 #include "sim/simgrid_model.hpp"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <xbt/log.h>
 
@@ -124,6 +125,35 @@ sgres::Model* as_model(const std::shared_ptr<T>& p) {
   return reinterpret_cast<sgres::Model*>(p.get());
 }
 
+/// Fingerprint of a topology, to tell whether a later model may reuse the platform built for an
+/// earlier one: its address (the zone keeps a reference to it), GPU count and every link.
+std::vector<double> topology_fingerprint(const topology::Topology& topo) {
+  std::vector<double> f{static_cast<double>(reinterpret_cast<std::uintptr_t>(&topo)),
+                        static_cast<double>(topo.num_gpus())};
+  f.reserve(2 + 2 * topo.links().size());
+  for (const topology::Link& l : topo.links()) {
+    f.push_back(l.bandwidth.value());
+    f.push_back(l.latency.value());
+  }
+  return f;
+}
+
+/// The process's one SimGrid engine and platform (SimGrid 3.32 allows one engine per process).
+/// Built by the first SimgridModel and kept for the life of the process, so that later models on
+/// the same topology and mode (the strategies and iterations of one `moesim simulate`) run on it,
+/// each from the engine's clock at its creation as its time zero.
+struct SharedPlatform {
+  std::unique_ptr<sg4::Engine> engine;
+  TopologyZone* zone = nullptr;  // owned by SimGrid
+  std::vector<sg4::Host*> hosts;
+  std::vector<sgres::Model*> models;  // the ones that schedule our activities
+  SimgridMode mode = SimgridMode::kPerFlow;
+  double message_latency_s = 0;
+  std::vector<double> fingerprint;
+  bool in_use = false;  // a model is running on it (one at a time: completions go to `active`)
+};
+SharedPlatform* g_platform = nullptr;  // never freed: SimGrid's engine lives until exit
+
 }  // namespace
 
 struct SimgridModel::Impl {
@@ -143,10 +173,12 @@ struct SimgridModel::Impl {
   NetworkParams params;
   SenderMessages senders;  // per-batch message counts, when params.peer_cache > 0
   SimgridMode mode;
-  std::unique_ptr<sg4::Engine> engine;
-  TopologyZone* zone = nullptr;  // owned by SimGrid
-  std::vector<sg4::Host*> hosts;
-  std::vector<sgres::Model*> models;  // the ones that schedule our activities
+  SharedPlatform* pf = nullptr;
+  sg4::Engine* engine = nullptr;
+  std::vector<sg4::Host*>& hosts;
+  std::vector<sgres::Model*>& models;
+  // The engine's clock when this model was built: SimGrid time = base + model time.
+  double base = 0;
 
   double now = 0;
   double target = 0;  // the time advance_sg() is running to, for snapping completion times
@@ -171,13 +203,23 @@ struct SimgridModel::Impl {
 
   static Impl* active;  // the one model receiving SimGrid's completion signals
 
-  Impl(const topology::Topology& t, NetworkParams p, SimgridMode m) : topo(t), params(p), mode(m) {}
+  Impl(const topology::Topology& t, NetworkParams p, SharedPlatform& shared)
+      : topo(t),
+        params(p),
+        mode(shared.mode),
+        pf(&shared),
+        engine(shared.engine.get()),
+        hosts(shared.hosts),
+        models(shared.models),
+        base(sg4::Engine::get_clock()) {}
+
+  double clock() const { return sg4::Engine::get_clock() - base; }
 
   // ---- time ----
   void advance_sg(double t) {
     target = t;
     // run_until() must not be given a date in the past, even by one ulp.
-    const double goal = std::max(t, sg4::Engine::get_clock());
+    const double goal = std::max(base + t, sg4::Engine::get_clock());
     // Engine::run_until stops early when it lands within 1e-5 s of the goal (the loop condition
     // of EngineImpl::run), so repeat until the clock is there; each call makes progress.
     int guard = 0;
@@ -205,7 +247,7 @@ struct SimgridModel::Impl {
   }
 
   double completion_time_now() const {
-    const double c = sg4::Engine::get_clock();
+    const double c = clock();
     return std::abs(c - target) <= 1e-12 * std::max(1.0, std::abs(target)) ? target : c;
   }
 
@@ -391,7 +433,7 @@ struct SimgridModel::Impl {
         if (e >= 0 && (d < 0 || e < d)) d = e;
       }
       MOESIM_ASSERT(d >= 0, "simgrid: flows in flight but no next event (zero bandwidth?)");
-      t = std::min(t, std::max(now, c + d));
+      t = std::min(t, std::max(now, c - base + d));
     }
     return t;
   }
@@ -416,18 +458,36 @@ bool SimgridModel::engine_created() { return g_engine_created.load(); }
 
 SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
                            SimgridOptions options) {
-  if (g_engine_created.exchange(true)) {
-    throw RuntimeError(
-        "simgrid: this process already created a SimGrid engine; SimGrid 3.32 allows one per "
-        "process (run one SimgridModel per process)");
-  }
   SimgridMode mode = options.mode;
   if (mode == SimgridMode::kAuto) {
     mode = topo.num_gpus() <= options.auto_per_flow_max_gpus ? SimgridMode::kPerFlow
                                                              : SimgridMode::kPtask;
   }
-  impl_ = std::make_unique<Impl>(topo, params, mode);
-  Impl& im = *impl_;
+  if (g_platform != nullptr) {
+    // Reuse the platform: same topology object and links, same mode and message latency (the
+    // zone reports it in ptask mode), and no other model running on it.
+    SharedPlatform& pf = *g_platform;
+    if (pf.in_use || pf.mode != mode || pf.message_latency_s != params.message_latency_s ||
+        pf.fingerprint != topology_fingerprint(topo)) {
+      throw RuntimeError(fmt::format(
+          "simgrid: this process already built a SimGrid platform ({} mode{}); SimGrid 3.32 "
+          "allows one engine per process, so one process runs one topology and mode at a time "
+          "(here: {} mode on {} GPUs; run each topology in a moesim command of its own)",
+          resolved_simgrid_mode_name(pf.mode), pf.in_use ? ", still in use" : "",
+          resolved_simgrid_mode_name(mode), topo.num_gpus()));
+    }
+    pf.in_use = true;
+    impl_ = std::make_unique<Impl>(topo, params, pf);
+    Impl::active = impl_.get();
+    impl_->bytes_per_link.assign(topo.links().size(), 0.0);
+    return;
+  }
+  g_engine_created.store(true);
+  g_platform = new SharedPlatform;
+  SharedPlatform& pf = *g_platform;
+  pf.mode = mode;
+  pf.message_latency_s = params.message_latency_s;
+  pf.fingerprint = topology_fingerprint(topo);
 
   // SimGrid prints every configuration change at INFO level; only warnings matter here.
   xbt_log_control_set("root.thresh:warning");
@@ -436,7 +496,7 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
   // stay in force, so it is put back.
   struct sigaction sigint_before {};
   sigaction(SIGINT, nullptr, &sigint_before);
-  im.engine = std::make_unique<sg4::Engine>("moesim");
+  pf.engine = std::make_unique<sg4::Engine>("moesim");
   sigaction(SIGINT, &sigint_before, nullptr);
   // The plain fluid max-min model (see the header): no TCP window bound, no latency or bandwidth
   // correction factors, no reverse-direction cross traffic, no RTT-weighted sharing.
@@ -454,37 +514,36 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
   if (mode == SimgridMode::kPtask) sg4::Engine::set_config("host/model:ptask_L07");
 
   // The first zone created becomes the root and instantiates the models.
-  im.zone = new TopologyZone("moesim", topo, params.message_latency_s,
+  pf.zone = new TopologyZone("moesim", topo, params.message_latency_s,
                              /*report_latency=*/mode == SimgridMode::kPtask);
   const int p = topo.num_gpus();
-  im.hosts.reserve(p);
+  pf.hosts.reserve(p);
   std::vector<int> rank_of_netpoint;
   for (int g = 0; g < p; ++g) {
-    sg4::Host* h = im.zone->create_host(prefixed("gpu", g), std::vector<double>{1.0});
+    sg4::Host* h = pf.zone->create_host(prefixed("gpu", g), std::vector<double>{1.0});
     h->seal();
     const auto id = h->get_netpoint()->id();
     if (rank_of_netpoint.size() <= id) rank_of_netpoint.resize(id + 1, -1);
     rank_of_netpoint[id] = g;
-    im.hosts.push_back(h);
+    pf.hosts.push_back(h);
   }
-  im.zone->set_ranks(std::move(rank_of_netpoint));
+  pf.zone->set_ranks(std::move(rank_of_netpoint));
   std::vector<sgres::StandardLinkImpl*> links;
   links.reserve(topo.links().size());
   for (std::size_t l = 0; l < topo.links().size(); ++l) {
     const topology::Link& link = topo.links()[l];
     MOESIM_ASSERT(link.bandwidth.value() > 0, "simgrid: link with zero bandwidth");
     sg4::Link* sl =
-        im.zone->create_link(prefixed("l", l), std::vector<double>{link.bandwidth.value()});
+        pf.zone->create_link(prefixed("l", l), std::vector<double>{link.bandwidth.value()});
     sl->set_latency(link.latency.value());
     sl->seal();
     links.push_back(sl->get_impl());
   }
-  im.zone->set_links(std::move(links));
-  im.zone->seal();
-  im.bytes_per_link.assign(topo.links().size(), 0.0);
+  pf.zone->set_links(std::move(links));
+  pf.zone->seal();
 
-  sgres::Model* net = as_model(im.zone->get_network_model());
-  sgres::Model* host = as_model(im.zone->get_host_model());
+  sgres::Model* net = as_model(pf.zone->get_network_model());
+  sgres::Model* host = as_model(pf.zone->get_host_model());
   const std::string expect_net = mode == SimgridMode::kPtask ? "Network_Ptask" : "Network_CM02";
   const std::string expect_host = mode == SimgridMode::kPtask ? "Host_Ptask" : "Host_CLM03";
   if (net == nullptr || host == nullptr || net->get_name() != expect_net ||
@@ -492,20 +551,31 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
     throw RuntimeError("simgrid: unexpected SimGrid models (expected " + expect_net + " and " +
                        expect_host + ")");
   }
-  im.models = {net, host};
-
-  Impl::active = impl_.get();
+  pf.models = {net, host};
   sg4::Activity::on_completion_cb([](const sg4::Activity& a) {
     if (Impl::active != nullptr) Impl::active->on_activity_done(a);
   });
+
+  pf.in_use = true;
+  impl_ = std::make_unique<Impl>(topo, params, pf);
+  impl_->bytes_per_link.assign(topo.links().size(), 0.0);
+  Impl::active = impl_.get();
 }
 
 SimgridModel::~SimgridModel() {
-  Impl::active = nullptr;  // SimGrid may signal completions (cancellations) while shutting down
+  Impl::active = nullptr;  // SimGrid may signal completions (cancellations) from here on
   if (impl_) {
+    // A model destroyed mid-run (an error, Ctrl-C) leaves activities in SimGrid; cancelled, they
+    // take no bandwidth from the next model on the shared platform.
+    for (auto& [ptr, f] : impl_->inflight) {
+      try {
+        f.activity->cancel();
+      } catch (...) {  // already over: nothing to stop
+      }
+    }
     impl_->inflight.clear();
     impl_->finished.clear();
-    impl_->engine.reset();
+    impl_->pf->in_use = false;
   }
 }
 

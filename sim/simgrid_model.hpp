@@ -91,8 +91,10 @@ struct SimgridOptions {
 
 class SimgridModel final : public NetworkModel {
  public:
-  /// Builds the SimGrid engine and platform for `topo` (which must outlive the model). Throws
-  /// RuntimeError if this process already created a SimGrid engine.
+  /// Builds the SimGrid engine and platform for `topo` (which must outlive the model), or, when
+  /// this process built them already, runs on them from the engine's current clock as time zero:
+  /// SimGrid 3.32 allows one engine per process. Reuse needs the same Topology object (and links),
+  /// mode and message latency, and no other SimgridModel alive; otherwise throws RuntimeError.
   SimgridModel(const topology::Topology& topo, NetworkParams params, SimgridOptions options = {});
   ~SimgridModel() override;
   SimgridModel(const SimgridModel&) = delete;
@@ -114,7 +116,7 @@ class SimgridModel final : public NetworkModel {
   /// SimGrid activities (Comms or parallel tasks) started so far.
   std::int64_t num_activities_started() const;
 
-  /// True once this process has created a SimGrid engine (a second model cannot be built).
+  /// True once this process has created a SimGrid engine (later models must reuse its platform).
   static bool engine_created();
 
  private:

@@ -176,7 +176,7 @@ class Builder {
     check_decision();
     const ModelSpec& m = sc_.model;
     const bool training = m.mode == Mode::kTraining;
-    // Forward: blocks in order; block l has an MoE FFN when (l + 1) % moe_every == 0.
+    // Forward: blocks in order; block l has an MoE FFN when model.is_moe_block(l).
     OpId prev = kNone;
     int moe = 0;
     for (int l = 0; l < m.layers; ++l) {
@@ -202,7 +202,7 @@ class Builder {
   }
 
  private:
-  bool is_moe(int l) const { return (l + 1) % sc_.model.moe_every == 0; }
+  bool is_moe(int l) const { return sc_.model.is_moe_block(l); }
 
   void init() {
     const ModelSpec& m = sc_.model;

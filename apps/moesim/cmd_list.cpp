@@ -1,6 +1,6 @@
 // `moesim list [--dir D]`: the bundled scenario library (scenarios/*.yaml, scenarios/models/*.yaml,
-// scenarios/sweeps/*.yaml, scenarios/topologies/*.yaml) with each file's `description:`, so users find the experiment to
-// start from without opening every file.
+// scenarios/sweeps/*.yaml, scenarios/topologies/*.yaml) with each file's `description:`, so users
+// find the experiment to start from without opening every file.
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 

@@ -65,9 +65,11 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
   const std::string dense_h =
       m.layers > m.num_moe_layers() ? fmt::format(" dense H={}", m.dense_hidden()) : std::string();
   fmt::print(
-      "  model        {}, {} layer(s), MoE every {}; B={} L={} (S={} tokens/GPU) M={} H={}{}\n",
-      name_of(m.mode), m.layers, m.moe_every, m.batch_per_gpu, m.seq_len, m.tokens_per_gpu(),
-      m.model_dim, m.hidden_dim, dense_h);
+      "  model        {}, {} layer(s), MoE every {}{}; B={} L={} (S={} tokens/GPU) M={} H={}{}{}\n",
+      name_of(m.mode), m.layers, m.moe_every,
+      m.first_dense_layers > 0 ? fmt::format(" after {} dense", m.first_dense_layers) : "",
+      m.batch_per_gpu, m.seq_len, m.tokens_per_gpu(), m.model_dim, m.hidden_dim, dense_h,
+      m.shared_experts > 0 ? fmt::format(" + {} shared expert(s)", m.shared_experts) : "");
   std::string experts =
       m.experts_per_gpu < 0
           ? fmt::format("{} experts, each sharded over {} GPUs", m.experts, m.expert_shards())

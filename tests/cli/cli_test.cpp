@@ -123,6 +123,27 @@ TEST(Cli, EveryBundledScenarioValidates) {
   EXPECT_GE(seen, 12);
 }
 
+// Issue 18: the model presets simulate on every engine. Reduced to a few blocks and a smaller
+// cluster (the same EP group, fewer DP replicas) so that the three engines run in seconds; the
+// full presets' figures are in scenarios/README.md.
+TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
+  const std::vector<std::pair<std::string, std::string>> presets = {
+      {"mixtral-8x7b", "--set model.layers=2 --set cluster.nodes=2"},
+      {"qwen3-235b-a22b", "--set model.layers=2 --set cluster.nodes=8"},
+      {"deepseek-v3", "--set model.layers=5 --set cluster.nodes=8"}};
+  std::vector<std::string> engines = {"analytical", "flow"};
+#ifdef MOESIM_HAVE_SIMGRID
+  engines.push_back("simgrid");
+#endif
+  for (const auto& [name, edits] : presets)
+    for (const auto& engine : engines) {
+      auto r = run(fmt::format("simulate '{}/scenarios/models/{}.yaml' --engine {} {} --quiet",
+                               kSource, name, engine, edits));
+      EXPECT_EQ(r.exit_code, 0) << name << " " << engine << "\n" << r.out;
+      EXPECT_NE(r.out.find("fastest:"), std::string::npos) << name << " " << engine << r.out;
+    }
+}
+
 // Every file in tests/cli/bad starts with "# expect: <text>": validate must exit 2 with one line
 // naming the file and a line number, and containing <text>.
 TEST(Cli, BadInputExitsTwoWithLocation) {

@@ -73,8 +73,27 @@ TEST(MoeRoles, ReadFromTheRoleAndLayerOfBlock) {
   EXPECT_EQ(moe_op_ref(labelled).kind, OpRoleKind::kNone);
   EXPECT_EQ(role_label(OpRole{OpRoleKind::kDispatch, false, 1, 2}), "L1.fwd.dispatch.c3");
   EXPECT_EQ(role_label(OpRole{OpRoleKind::kParmLocalDump, true, 4, -1}), "L4.bwd.parm.local_dump");
-  EXPECT_EQ(moe_layer_of_block(3, 2), 1);  // blocks 1, 3 hold MoE layers 0, 1
-  EXPECT_EQ(moe_layer_of_block(0, 1), 0);
+  ModelSpec every2;
+  every2.layers = 4;
+  every2.moe_every = 2;
+  EXPECT_EQ(every2.moe_layer_of_block(3), 1);  // blocks 1, 3 hold MoE layers 0, 1
+  EXPECT_EQ(every2.moe_layer_of_block(2), -1);
+  ModelSpec every1;
+  EXPECT_EQ(every1.moe_layer_of_block(0), 0);
+  // DeepSeek-V3's shape: the first 3 blocks dense, then every block MoE.
+  ModelSpec ds;
+  ds.layers = 61;
+  ds.first_dense_layers = 3;
+  EXPECT_EQ(ds.num_moe_layers(), 58);
+  EXPECT_EQ(ds.moe_layer_of_block(2), -1);
+  EXPECT_EQ(ds.moe_layer_of_block(3), 0);
+  EXPECT_EQ(ds.moe_layer_of_block(60), 57);
+  // ... and with moe_every 2 after them: blocks 4, 6, 8 are MoE layers 0, 1, 2.
+  ds.moe_every = 2;
+  EXPECT_EQ(ds.num_moe_layers(), 29);
+  EXPECT_EQ(ds.moe_layer_of_block(3), -1);
+  EXPECT_EQ(ds.moe_layer_of_block(4), 0);
+  EXPECT_EQ(ds.moe_layer_of_block(8), 2);
 }
 
 TEST(MoeLabels, LayerPlanFromFc1Shapes) {

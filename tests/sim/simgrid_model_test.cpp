@@ -327,16 +327,42 @@ TEST(SimgridModel, AutoModePicksByGpuCount) {
   });
 }
 
-TEST(SimgridModel, OneEnginePerProcess) {
+// SimGrid 3.32 allows one engine per process: the first model builds it and its platform, later
+// models on the same topology and mode run on it from time zero (a strategy stack's iterations,
+// the strategies of one `moesim simulate`); anything else is refused with a message.
+TEST(SimgridModel, LaterModelsReuseThePlatform) {
   isolated([] {
     TwoGpus t;
     EXPECT_FALSE(SimgridModel::engine_created());
     {
       SimgridModel m(t.topo, {});
       EXPECT_TRUE(SimgridModel::engine_created());
-      m.start_batch(0, {{0, 1, 1e6}});  // destroyed while a flow is in flight
+      m.start_batch(0, {{0, 1, 1e6}});  // destroyed while a flow is in flight: cancelled
     }
-    EXPECT_THROW(SimgridModel(t.topo, {}), RuntimeError);
+    {
+      SimgridModel m(t.topo, {});
+      EXPECT_EQ(m.now(), 0);
+      // As on a fresh engine: the cancelled flow takes no bandwidth, time starts at zero.
+      const auto done = run_all(m, {{{0, 1, 1e6}}});
+      EXPECT_TIME(done[0], 1e-6 + 1e-3);
+      // One model at a time: completions go to the running one.
+      EXPECT_THROW(SimgridModel(t.topo, {}), RuntimeError);
+    }
+    {
+      SimgridModel m(t.topo, {});
+      const auto done = run_all(m, {{{0, 1, 2e6}}, {{1, 0, 1e6}}});
+      EXPECT_TIME(done[0], 1e-6 + 2e-3);
+      EXPECT_TIME(done[1], 1e-6 + 1e-3);
+    }
+    EXPECT_THROW(SimgridModel(t.topo, {}, {SimgridMode::kPtask}), RuntimeError);  // other mode
+    TwoGpus other;
+    try {
+      SimgridModel m(other.topo, {});
+      ADD_FAILURE() << "a second topology was accepted";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("one topology and mode at a time"), std::string::npos)
+          << e.what();
+    }
   });
 }
 

@@ -408,6 +408,20 @@ TEST(PlanBuilder, SharedExpertsRunBesideTheDispatch) {
   EXPECT_LT(r.op_end(dec.id, 0) - r0.op_end(dec0, 0), shared_s);
 }
 
+// first_dense_layers = 1 of 3 blocks: block 0 dense, blocks 1 and 2 MoE layers 0 and 1.
+TEST(PlanBuilder, FirstDenseLayersComeBeforeTheMoeBlocks) {
+  Cfg c;
+  c.layers = 3;
+  c.model_extra = "  first_dense_layers: 1\n";
+  Built b = build(c);
+  EXPECT_EQ(count_labels(b.bp.plan, "L0.fwd.ffn.fc1"), 1);
+  EXPECT_EQ(count_labels(b.bp.plan, "L0.fwd.gate"), 0);
+  EXPECT_EQ(count_labels(b.bp.plan, "L1.fwd.gate"), 1);
+  EXPECT_EQ(count_labels(b.bp.plan, "L2.fwd.gate"), 1);
+  EXPECT_EQ(count_labels(b.bp.plan, ".fwd.ffn.fc1"), 1);
+  ASSERT_EQ(b.bp.index.moe_layers.size(), 2u);
+}
+
 TEST(PlanBuilder, AttentionAndDenseFfnFlops) {
   // Two blocks, MoE every 2nd: block 0 dense FFN, block 1 MoE. mp = 2.
   Cfg c;

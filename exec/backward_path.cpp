@@ -102,40 +102,25 @@ const std::vector<int>* my_group(const Plan& plan, const Op& op, int rank) {
 MoeBwdRef moe_bwd_ref(const Op& plan_op) {
   MoeBwdRef ref;
   if (plan_op.role.kind == OpRoleKind::kExpertGradSync) {
-    ref.kind = MoeBwdRef::kExpertAllReduce;
+    ref.kind = OpRoleKind::kExpertGradSync;
     ref.block = plan_op.role.block;
     ref.micro = plan_op.role.chunk;
     return ref;
   }
   const MoeOpRef op = moe_bwd_op_ref(plan_op);
-  ref.block = op.block;
-  ref.chunk = op.chunk;
   switch (op.kind) {
     case OpRoleKind::kGate:
-      ref.kind = MoeBwdRef::kGate;
-      break;
     case OpRoleKind::kEncode:
-      ref.kind = MoeBwdRef::kEncode;
-      break;
     case OpRoleKind::kDecode:
-      ref.kind = MoeBwdRef::kDecode;
-      break;
     case OpRoleKind::kDispatch:
-      ref.kind = MoeBwdRef::kDispatch;
-      break;
     case OpRoleKind::kFc1:
-      ref.kind = MoeBwdRef::kFc1;
-      break;
     case OpRoleKind::kFc2:
-      ref.kind = MoeBwdRef::kFc2;
-      break;
     case OpRoleKind::kCombine:
-      ref.kind = MoeBwdRef::kCombine;
+      ref.kind = op.kind;
+      ref.block = op.block;
+      ref.chunk = op.chunk;
       break;
-    case OpRoleKind::kParamGather:  // not backward ops of the plain data path
-    case OpRoleKind::kPartialSum:
-    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
-      ref = MoeBwdRef{};
+    default:  // kNone, and kParamGather / kPartialSum: not backward ops of the plain data path
       break;
   }
   return ref;
@@ -177,7 +162,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
   const int W = lp.ep, dE = lp.local_experts;
   kc::Context ctx;
   switch (ref.kind) {
-    case MoeBwdRef::kDecode:
+    case OpRoleKind::kDecode:
       bl.dy = make_grad_output(s, seed, iteration, lp.moe, key_rank);
       bl.grad_expert_out.assign(static_cast<size_t>(E) * lp.capacity * M, 0.0f);
       bl.grad_weight.assign(static_cast<size_t>(S) * k, 0.0f);
@@ -185,7 +170,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
                           bl.grad_expert_out.data(), bl.grad_weight.data());
       bl.decoded = true;
       return -1;
-    case MoeBwdRef::kCombine: {
+    case OpRoleKind::kCombine: {
       // The combine's backward: the token owners send each expert its slots' dOut (the forward
       // dispatch's direction), received as (W, dE, c, M) on the expert side.
       MOESIM_ASSERT(bl.decoded, "backward combine before the backward decode");
@@ -193,7 +178,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       return exchange(comm, cost, plan, op, pack_chunk(bl.grad_expert_out, lp, j, E, M),
                       bl.chunk_dout[j]);
     }
-    case MoeBwdRef::kFc2: {
+    case OpRoleKind::kFc2: {
       MOESIM_ASSERT(bl.decoded, "backward fc2 before the backward decode");
       const int j = ref.chunk, c = lp.caps[j];
       if (!lp.has_a2a) bl.chunk_dout[j] = pack_chunk(bl.grad_expert_out, lp, j, E, M);  // W = 1
@@ -218,7 +203,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       std::vector<float>().swap(bl.chunk_dout[j]);  // done with it: keep the peak memory down
       return -1;
     }
-    case MoeBwdRef::kFc1: {
+    case OpRoleKind::kFc1: {
       const int j = ref.chunk, c = lp.caps[j];
       const auto& dh = bl.chunk_dhidden[j];
       MOESIM_ASSERT(dh.size() == static_cast<size_t>(W) * dE * c * H, "fc1 backward before fc2");
@@ -243,7 +228,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       ++bl.fc1_done;
       return -1;
     }
-    case MoeBwdRef::kDispatch: {
+    case OpRoleKind::kDispatch: {
       // The dispatch's backward: each expert's dIn back to the token owners (the forward
       // combine's direction), received as (E, c, M) = source position s's dE experts.
       const int j = ref.chunk;
@@ -255,13 +240,13 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       std::vector<float>().swap(bl.chunk_din[j]);
       return algo;
     }
-    case MoeBwdRef::kEncode:
+    case OpRoleKind::kEncode:
       bl.dx.assign(static_cast<size_t>(S) * M, 0.0f);
       kc::encode_backward(ctx, kF32, routing_of(fwd, s), M, bl.grad_dispatched.data(),
                           bl.dx.data());
       bl.encoded = true;
       return -1;
-    case MoeBwdRef::kGate: {
+    case OpRoleKind::kGate: {
       // Softmax backward of the kept choices' dWeight (the gate's weights are the softmax
       // probabilities over all E experts, not renormalised over the top k): g (E) = dWeight at
       // the chosen experts, dLogits = p (g - <p, g>); dWgate = x^T dLogits, dX += dLogits Wg^T.
@@ -292,7 +277,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       bl.gated = true;
       return -1;
     }
-    case MoeBwdRef::kExpertAllReduce: {
+    case OpRoleKind::kExpertGradSync: {
       // The real dW1 / dW2 of the local experts, flattened [dW1 of le 0.. | dW2 of le 0..];
       // Lina's micro-op i of n sums part i of it.
       MOESIM_ASSERT(bl.fc1_done == static_cast<int>(lp.caps.size()),
@@ -316,7 +301,7 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       const collectives::CostContext& cctx = cost;
       return static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
     }
-    case MoeBwdRef::kNone:
+    default:  // kNone: moe_bwd_ref gives no other kind
       break;
   }
   return -1;

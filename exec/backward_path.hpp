@@ -38,17 +38,9 @@ struct MoeLayerPlan;
 /// What a backward MoE op or expert-gradient collective does, read from its role (Op::role; the
 /// labels "L{block}.bwd.{what}[.c{j}]", "L{block}.grad.expert_allreduce[.m{i}]" are for people).
 struct MoeBwdRef {
-  enum Kind {
-    kNone,
-    kDecode,
-    kCombine,
-    kFc2,
-    kFc1,
-    kDispatch,
-    kEncode,
-    kGate,
-    kExpertAllReduce
-  } kind = kNone;
+  // kGate, kEncode, kDecode, kDispatch, kFc1, kFc2, kCombine (a backward op of the plain data
+  // path) or kExpertGradSync (the experts' DP all-reduce); kNone for every other op.
+  OpRoleKind kind = OpRoleKind::kNone;
   int block = -1;
   int chunk = -1;  // 0-based (combine, fc2, fc1, dispatch)
   int micro = -1;  // Lina's micro-op index of expert_allreduce, -1 for the whole all-reduce

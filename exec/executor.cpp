@@ -595,7 +595,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
 // (exec/backward_path.hpp); false for every other op (routed layers keep scratch buffers).
 bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
   const MoeBwdRef ref = moe_bwd_ref(op);
-  if (ref.kind == MoeBwdRef::kNone) return false;
+  if (ref.kind == OpRoleKind::kNone) return false;
   const int moe = sc_.model.moe_layer_of_block(ref.block);
   if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;
   Layer& L = *layers_[moe];

@@ -112,7 +112,7 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     if (host && op.kind == OpKind::kCompute &&
         !(data_path &&
           (exec::moe_op_ref(op).kind != OpRoleKind::kNone || exec::is_parm_data_op(op))) &&
-        !(backward && exec::moe_bwd_ref(op).kind != exec::MoeBwdRef::kNone))
+        !(backward && exec::moe_bwd_ref(op).kind != OpRoleKind::kNone))
       c = kNotRun;
     t[c] += sum / n;
   }

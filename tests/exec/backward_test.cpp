@@ -135,31 +135,31 @@ TEST(BackwardRoles, ReadFromTheRole) {
     return moe_bwd_ref(op);
   };
   auto r = ref(OpRoleKind::kFc2, true, 3, 1);
-  EXPECT_EQ(r.kind, MoeBwdRef::kFc2);
+  EXPECT_EQ(r.kind, OpRoleKind::kFc2);
   EXPECT_EQ(r.block, 3);
   EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(ref(OpRoleKind::kCombine, true, 0, 0).kind, MoeBwdRef::kCombine);
+  EXPECT_EQ(ref(OpRoleKind::kCombine, true, 0, 0).kind, OpRoleKind::kCombine);
   EXPECT_EQ(ref(OpRoleKind::kDispatch, true, 0, 3).chunk, 3);
-  EXPECT_EQ(ref(OpRoleKind::kDecode, true, 0, -1).kind, MoeBwdRef::kDecode);
-  EXPECT_EQ(ref(OpRoleKind::kEncode, true, 0, -1).kind, MoeBwdRef::kEncode);
-  EXPECT_EQ(ref(OpRoleKind::kGate, true, 0, -1).kind, MoeBwdRef::kGate);
+  EXPECT_EQ(ref(OpRoleKind::kDecode, true, 0, -1).kind, OpRoleKind::kDecode);
+  EXPECT_EQ(ref(OpRoleKind::kEncode, true, 0, -1).kind, OpRoleKind::kEncode);
+  EXPECT_EQ(ref(OpRoleKind::kGate, true, 0, -1).kind, OpRoleKind::kGate);
   r = ref(OpRoleKind::kExpertGradSync, true, 5, -1);
-  EXPECT_EQ(r.kind, MoeBwdRef::kExpertAllReduce);
+  EXPECT_EQ(r.kind, OpRoleKind::kExpertGradSync);
   EXPECT_EQ(r.block, 5);
   EXPECT_EQ(r.micro, -1);
   r = ref(OpRoleKind::kExpertGradSync, true, 5, 7);
-  EXPECT_EQ(r.kind, MoeBwdRef::kExpertAllReduce);
+  EXPECT_EQ(r.kind, OpRoleKind::kExpertGradSync);
   EXPECT_EQ(r.micro, 7);
   // Forward ops, other backward ops, other gradient collectives and ops with no role are not
   // this path's.
-  EXPECT_EQ(ref(OpRoleKind::kGate, false, 0, -1).kind, MoeBwdRef::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kNone, true, 0, -1).kind, MoeBwdRef::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kPartialSum, true, 0, -1).kind, MoeBwdRef::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kEspAllReduce, true, 0, 0).kind, MoeBwdRef::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kDenseGradSync, true, 0, -1).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kGate, false, 0, -1).kind, OpRoleKind::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kNone, true, 0, -1).kind, OpRoleKind::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kPartialSum, true, 0, -1).kind, OpRoleKind::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kEspAllReduce, true, 0, 0).kind, OpRoleKind::kNone);
+  EXPECT_EQ(ref(OpRoleKind::kDenseGradSync, true, 0, -1).kind, OpRoleKind::kNone);
   Op labelled;
   labelled.label = "L5.grad.expert_allreduce";
-  EXPECT_EQ(moe_bwd_ref(labelled).kind, MoeBwdRef::kNone);
+  EXPECT_EQ(moe_bwd_ref(labelled).kind, OpRoleKind::kNone);
 }
 
 }  // namespace

@@ -54,6 +54,13 @@ struct ModelSpec {
   // each, computed on every token beside the routed ones (one FFN of hidden N*H), their output
   // added at the decode. Their weights are dense parameters (replicated, all-reduced over DP).
   int shared_experts = 0;
+  // Vocabulary (0: no embedding or LM head, the step is the blocks alone). With V > 0 the step
+  // starts with the token embedding and ends with the LM head GEMM and the loss, split over mp
+  // (Megatron's vocab-parallel layers); tie_embeddings: one V x M matrix for both (GPT-2), whose
+  // gradient is complete only after the embedding's backward; untied (Mixtral, Qwen3, DeepSeek-V3):
+  // the LM head's gradient is all-reduced as soon as its backward ran, at the start of backward.
+  int vocab_size = 0;
+  bool tie_embeddings = true;
   // Global experts E and local experts per GPU (the EP group is parallelism.ep GPUs). Exactly one
   // of `experts` / `experts_per_gpu` is written in the file; the loader fills both:
   // experts_per_gpu >= 1: E = experts_per_gpu * ep;

@@ -88,6 +88,7 @@ constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr std::int64_t kMaxLayers = 1 << 16;
 constexpr std::int64_t kMaxDim = 1 << 20;  // model_dim, hidden_dim
 constexpr std::int64_t kMaxSharedExperts = 1024;
+constexpr std::int64_t kMaxVocab = 1 << 24;  // vocab_size
 // Every key of `model:` (parse_model and resolve_experts read the same map).
 const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "layers",
@@ -100,6 +101,8 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "dense_hidden_dim",
                                                   "shared_experts",
                                                   "first_dense_layers",
+                                                  "vocab_size",
+                                                  "tie_embeddings",
                                                   "experts",
                                                   "experts_per_gpu",
                                                   "top_k",
@@ -592,6 +595,8 @@ ModelSpec parse_model(const MapReader& root) {
   const char* h_key = m.has("expert_hidden_dim") ? "expert_hidden_dim" : "hidden_dim";
   model.hidden_dim = to_int32(*m.get_int(h_key, 1, kMaxDim));
   if (auto v = m.get_int("dense_hidden_dim", 1, kMaxDim)) model.dense_hidden_dim = to_int32(*v);
+  if (auto v = m.get_int("vocab_size", 0, kMaxVocab)) model.vocab_size = to_int32(*v);
+  if (auto v = m.get_bool("tie_embeddings")) model.tie_embeddings = *v;
   if (auto v = m.get_int("shared_experts", 0, kMaxSharedExperts)) {
     // Their FFN is one GEMM pair of hidden N*H, so the product is bounded like a dimension.
     if (*v * model.hidden_dim > kMaxDim)

@@ -41,8 +41,11 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const double Hd = static_cast<double>(m.dense_hidden());
   // Shared experts (N of width H, one FFN of hidden N H) are dense parameters of every MoE block.
   const double Hs = static_cast<double>(m.shared_experts) * H;
+  // Vocabulary: the V x M embedding, and as much again for an untied LM head, split over mp.
+  const double V = m.vocab_size;
   est.dense_params = m.layers * 4 * M * M / mp + dense_layers * 2 * M * Hd / mp +
-                     moe_layers * (M * E + 2 * M * Hs / mp);
+                     moe_layers * (M * E + 2 * M * Hs / mp) +
+                     (m.tie_embeddings ? 1 : 2) * V * M / mp;
   est.expert_params = moe_layers * local * 2 * M * H / (esp * n);
   const double params = est.dense_params + est.expert_params;
   est.weights_bytes = params * b;
@@ -70,14 +73,17 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   // Shared experts: their fc1 output and fc2 input, 2 S N H / mp (their input is the gate's).
   const double moe_ffn =
       s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice + 2 * S * Hs / mp;
+  // The LM head's input S M and its S V / mp logits (kept for the loss's backward).
+  const double head = V > 0 ? S * M + S * V / mp : 0;
   if (training) {
     est.activations_bytes =
-        (m.layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn) * b;
+        (m.layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn + head) * b;
   } else {
     // Inference keeps nothing for backward: the largest block in flight.
     double block = 0;
     if (dense_layers > 0) block = std::max(block, attention + dense_ffn);
     if (moe_layers > 0) block = std::max(block, attention + moe_ffn);
+    block = std::max(block, head);
     est.activations_bytes = block * b;
   }
 

@@ -179,18 +179,29 @@ class Builder {
     // Forward: blocks in order; block l has an MoE FFN when model.is_moe_block(l).
     OpId prev = kNone;
     int moe = 0;
+    if (m.vocab_size > 0) prev = embedding(prev, /*backward=*/false);
     for (int l = 0; l < m.layers; ++l) {
       prev = attention(l, prev, /*backward=*/false);
       prev = is_moe(l) ? moe_forward(l, moe++, prev) : dense_ffn(l, prev, false);
     }
+    if (m.vocab_size > 0) prev = lm_head(prev, /*backward=*/false);
     if (training) {
       // Backward mirrors forward, last block first. Each block's dense gradients are one bucket
       // all-reduced as soon as the block's backward is done (PyTorch DDP), on the "grad" stream,
       // so the next blocks' backward overlaps it.
+      if (m.vocab_size > 0) {
+        prev = lm_head(prev, /*backward=*/true);
+        if (!m.tie_embeddings) vocab_gradient_sync("lm_head.grad.allreduce", prev);
+      }
       for (int l = m.layers - 1; l >= 0; --l) {
         prev = is_moe(l) ? moe_backward(l, --moe, prev) : dense_ffn(l, prev, true);
         prev = attention(l, prev, /*backward=*/true);
         dense_gradient_sync(l, prev);
+      }
+      if (m.vocab_size > 0) {
+        prev = embedding(prev, /*backward=*/true);
+        // Tied: the one matrix's gradient (LM head + embedding) is complete only now.
+        vocab_gradient_sync("embed.grad.allreduce", prev);
       }
     }
     if (schedules::is_lina(dec_.schedule)) {
@@ -523,6 +534,59 @@ class Builder {
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
                         lbl(l, backward, "ffn.mp_allreduce"));
     return last;
+  }
+
+  // Token embedding (vocab-parallel over mp, Megatron): a row gather of S*M*b, then an MP
+  // all-reduce of S*M*b when mp > 1; backward: the scatter-add of the rows' gradients.
+  OpId embedding(OpId prev, bool backward) {
+    const double bytes = 2.0 * static_cast<double>(S_ * M_ * b_);
+    OpId last = kernel(ComputeClass::kElementwise, 0, bytes, deps_of({prev}),
+                       backward ? "embed.bwd" : "embed.fwd");
+    if (!backward && mp_ > 1)
+      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
+                        "embed.mp_allreduce");
+    return last;
+  }
+
+  // LM head S x M . M x V/mp and the loss over the S x V/mp logits (softmax cross-entropy: read
+  // and write the logits, ~5 FLOPs per logit; Megatron's vocab-parallel version all-reduces two
+  // floats per token over mp). Backward: the loss's gradient, then the GEMM at 2x the FLOPs.
+  OpId lm_head(OpId prev, bool backward) {
+    const std::int64_t Vp = div_up(static_cast<std::int64_t>(sc_.model.vocab_size), mp_);
+    const GemmShape head{S_, Vp, M_, 1};
+    const double logits = static_cast<double>(S_ * Vp);
+    const double loss_bytes = 2.0 * logits * static_cast<double>(b_);
+    if (backward) {
+      OpId g =
+          kernel(ComputeClass::kElementwise, 2 * logits, loss_bytes, deps_of({prev}), "loss.bwd");
+      return gemm(ComputeClass::kGemm, head, 2.0 * head.flops(), deps_of({g}), "lm_head.bwd");
+    }
+    OpId h = gemm(ComputeClass::kGemm, head, head.flops(), deps_of({prev}), "lm_head.fwd");
+    OpId last =
+        kernel(ComputeClass::kElementwise, 5 * logits, loss_bytes, deps_of({h}), "loss.fwd");
+    if (mp_ > 1)
+      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), 8.0 * static_cast<double>(S_), deps_of({last}),
+                        "loss.mp_allreduce");
+    return last;
+  }
+
+  // The V x M/mp embedding (or LM head) weights' gradient, all-reduced over the dense DP group
+  // like a block's dense bucket: tied, one all-reduce after the embedding's backward; untied, the
+  // LM head's right after its backward and the embedding's at the end.
+  void vocab_gradient_sync(const std::string& label, OpId after) {
+    if (groups_.dense_dp.group_size() <= 1) return;
+    const double bytes = static_cast<double>(sc_.model.vocab_size) *
+                         static_cast<double>(div_up(M_, mp_)) * static_cast<double>(b_);
+    const OpRole role{OpRoleKind::kDenseGradSync, true, -1, -1};
+    if (schedules::is_lina(dec_.schedule)) {
+      lina_allreduce(grouping(groups_.dense_dp), bytes, after, label, role);
+      return;
+    }
+    OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
+                         grouping(groups_.dense_dp), bytes, deps_of({after}), OpTag(label, role));
+    index_.gradient_sync.push_back(id);
   }
 
   // The shared experts of MoE block l (model.shared_experts = N): one FFN of hidden N*H on the

@@ -660,6 +660,19 @@ TEST(ScenarioLoader, SharedExperts) {
       HasSubstr("schedule: found 'parm_s1' with model.shared_experts = 1"));
 }
 
+TEST(ScenarioLoader, Vocabulary) {
+  EXPECT_EQ(parse(kTiny).model.vocab_size, 0);
+  EXPECT_TRUE(parse(kTiny).model.tie_embeddings);
+  const Scenario s = parse(tiny_with("  experts_per_gpu: 1\n",
+                                     "  experts_per_gpu: 1\n  vocab_size: 129280\n"
+                                     "  tie_embeddings: false\n"));
+  EXPECT_EQ(s.model.vocab_size, 129280);
+  EXPECT_FALSE(s.model.tie_embeddings);
+  EXPECT_THAT(
+      error_of(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n  vocab_size: -1\n")),
+      HasSubstr("model.vocab_size: found -1, expected an integer in [0, "));
+}
+
 TEST(ScenarioErrors, MissingRequiredKey) {
   std::string e = error_of(tiny_with("  gpus_per_node: 2\n", ""));
   EXPECT_THAT(e, StartsWith("test.yaml:2:1: cluster.gpus_per_node: missing required key "

@@ -96,6 +96,20 @@ TEST(MemoryEstimate, SharedExpertsAreDenseParameters) {
   EXPECT_DOUBLE_EQ(b.activations_bytes, a.activations_bytes + 256 * 2);
 }
 
+// vocab_size = 10 on the tiny model (M 8, S 4): tied, V M = 80 more dense parameters (160
+// untied); activations gain the LM head's input S M = 32 and logits S V = 40 elements.
+TEST(MemoryEstimate, VocabularyAddsEmbeddingAndLogits) {
+  const Scenario base = tiny();
+  Scenario sc = base;
+  sc.model.vocab_size = 10;
+  const MemoryEstimate a = estimate_memory(base, Decision{}, 2);
+  const MemoryEstimate b = estimate_memory(sc, Decision{}, 2);
+  EXPECT_DOUBLE_EQ(b.dense_params, a.dense_params + 80);
+  EXPECT_DOUBLE_EQ(b.activations_bytes, a.activations_bytes + 72 * 2);
+  sc.model.tie_embeddings = false;
+  EXPECT_DOUBLE_EQ(estimate_memory(sc, Decision{}, 2).dense_params, a.dense_params + 160);
+}
+
 TEST(MemoryEstimate, InferenceHoldsWeightsAndOneBlock) {
   const MemoryEstimate m = estimate_memory(tiny("inference"), Decision{}, 2);
   EXPECT_DOUBLE_EQ(m.weights_bytes, 2592);

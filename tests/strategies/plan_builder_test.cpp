@@ -422,6 +422,37 @@ TEST(PlanBuilder, FirstDenseLayersComeBeforeTheMoeBlocks) {
   ASSERT_EQ(b.bp.index.moe_layers.size(), 2u);
 }
 
+// model.vocab_size = 1,000 over mp = 2: embedding first, LM head S x M . M x 500 and the loss
+// last, their backward first; tied, the one V x M/mp gradient is all-reduced after the
+// embedding's backward; untied, the LM head's right after its backward (the first gradient sync).
+TEST(PlanBuilder, VocabularyAddsEmbeddingLmHeadAndTheirGradients) {
+  Cfg c;
+  c.nodes = 2;
+  c.gpn = 4;
+  c.mp = 2;  // ep 2 x dp 2: dense_dp = the 4 ranks of one MP index
+  c.model_extra = "  vocab_size: 1000\n";
+  Built tied = build(c);
+  const double S = 512, M = 256, Vp = 500;
+  const Op& head = find_op(tied.bp.plan, "lm_head.fwd");
+  EXPECT_EQ(head.compute().gemm->n, 500);
+  EXPECT_DOUBLE_EQ(head.compute().flops.value(), 2 * S * M * Vp);
+  EXPECT_DOUBLE_EQ(find_op(tied.bp.plan, "lm_head.bwd").compute().flops.value(), 4 * S * M * Vp);
+  EXPECT_EQ(tied.bp.plan.ops().front().label, "embed.fwd");
+  EXPECT_EQ(count_labels(tied.bp.plan, "lm_head.grad.allreduce"), 0);
+  const Op& g = find_op(tied.bp.plan, "embed.grad.allreduce");
+  EXPECT_DOUBLE_EQ(g.collective().bytes.value(), 1000 * (M / 2) * 2);
+  EXPECT_EQ(tied.bp.plan.grouping(g.collective().grouping).name, "dense_dp");
+  EXPECT_EQ(tied.bp.index.gradient_sync.back(), g.id);  // the last gradient all-reduce
+
+  c.model_extra = "  vocab_size: 1000\n  tie_embeddings: false\n";
+  Built untied = build(c);
+  const Op& lm = find_op(untied.bp.plan, "lm_head.grad.allreduce");
+  EXPECT_EQ(untied.bp.index.gradient_sync.front(), lm.id);  // before every block's bucket
+  EXPECT_EQ(lm.deps, std::vector<OpId>{find_op(untied.bp.plan, "lm_head.bwd").id});
+  EXPECT_DOUBLE_EQ(lm.collective().bytes.value(), 1000 * (M / 2) * 2);
+  EXPECT_EQ(count_labels(untied.bp.plan, "embed.grad.allreduce"), 1);
+}
+
 TEST(PlanBuilder, AttentionAndDenseFfnFlops) {
   // Two blocks, MoE every 2nd: block 0 dense FFN, block 1 MoE. mp = 2.
   Cfg c;

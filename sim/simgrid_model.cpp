@@ -211,7 +211,8 @@ struct SimgridModel::Impl {
         engine(shared.engine.get()),
         hosts(shared.hosts),
         models(shared.models),
-        base(sg4::Engine::get_clock()) {}
+        base(sg4::Engine::get_clock()),
+        bytes_per_link(t.links().size(), 0.0) {}
 
   double clock() const { return sg4::Engine::get_clock() - base; }
 
@@ -479,7 +480,6 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
     pf.in_use = true;
     impl_ = std::make_unique<Impl>(topo, params, pf);
     Impl::active = impl_.get();
-    impl_->bytes_per_link.assign(topo.links().size(), 0.0);
     return;
   }
   g_engine_created.store(true);
@@ -558,7 +558,6 @@ SimgridModel::SimgridModel(const topology::Topology& topo, NetworkParams params,
 
   pf.in_use = true;
   impl_ = std::make_unique<Impl>(topo, params, pf);
-  impl_->bytes_per_link.assign(topo.links().size(), 0.0);
   Impl::active = impl_.get();
 }
 

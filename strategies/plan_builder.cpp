@@ -516,24 +516,30 @@ class Builder {
     return last;
   }
 
-  // Dense FFN of hidden size model.dense_hidden() (4M unless dense_hidden_dim is set), split mp
-  // ways, with its MP all-reduce.
-  OpId dense_ffn(int l, OpId prev, bool backward) {
+  // An FFN of total hidden size `hidden` on the block's S tokens, split mp ways, with its MP
+  // all-reduce: forward fc1, fc2; backward fc2, fc1 at 2x the FLOPs. Labels "{what}.fc1" etc.
+  OpId ffn(int l, OpId prev, bool backward, std::int64_t hidden, std::string_view what) {
     const double f = backward ? 2.0 : 1.0;
-    const std::int64_t Hd = div_up(sc_.model.dense_hidden(), mp_);
-    const GemmShape fc1{S_, Hd, M_, 1};
-    const GemmShape fc2{S_, M_, Hd, 1};
+    const std::int64_t Hp = div_up(hidden, mp_);
+    const GemmShape fc1{S_, Hp, M_, 1};
+    const GemmShape fc2{S_, M_, Hp, 1};
     const GemmShape& first = backward ? fc2 : fc1;
     const GemmShape& second = backward ? fc1 : fc2;
+    const std::string name(what);
     OpId a = gemm(ComputeClass::kGemm, first, f * first.flops(), deps_of({prev}),
-                  lbl(l, backward, backward ? "ffn.fc2" : "ffn.fc1"));
+                  lbl(l, backward, name + (backward ? ".fc2" : ".fc1")));
     OpId last = gemm(ComputeClass::kGemm, second, f * second.flops(), deps_of({a}),
-                     lbl(l, backward, backward ? "ffn.fc1" : "ffn.fc2"));
+                     lbl(l, backward, name + (backward ? ".fc1" : ".fc2")));
     if (mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
-                        lbl(l, backward, "ffn.mp_allreduce"));
+                        lbl(l, backward, name + ".mp_allreduce"));
     return last;
+  }
+
+  // Dense FFN of hidden size model.dense_hidden() (4M unless dense_hidden_dim is set).
+  OpId dense_ffn(int l, OpId prev, bool backward) {
+    return ffn(l, prev, backward, sc_.model.dense_hidden(), "ffn");
   }
 
   // Token embedding (vocab-parallel over mp, Megatron): a row gather of S*M*b, then an MP
@@ -579,37 +585,16 @@ class Builder {
     if (groups_.dense_dp.group_size() <= 1) return;
     const double bytes = static_cast<double>(sc_.model.vocab_size) *
                          static_cast<double>(div_up(M_, mp_)) * static_cast<double>(b_);
-    const OpRole role{OpRoleKind::kDenseGradSync, true, -1, -1};
-    if (schedules::is_lina(dec_.schedule)) {
-      lina_allreduce(grouping(groups_.dense_dp), bytes, after, label, role);
-      return;
-    }
-    OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
-                         grouping(groups_.dense_dp), bytes, deps_of({after}), OpTag(label, role));
-    index_.gradient_sync.push_back(id);
+    gradient_allreduce(groups_.dense_dp, bytes, after, label,
+                       OpRole{OpRoleKind::kDenseGradSync, true, -1, -1});
   }
 
   // The shared experts of MoE block l (model.shared_experts = N): one FFN of hidden N*H on the
-  // block's S tokens, split mp ways like the dense FFN, with its MP all-reduce. Forward fc1, fc2;
-  // backward fc2, fc1 at 2x the FLOPs. kNone when the model has none; else the last op.
+  // block's S tokens, like the dense FFN. kNone when the model has none; else the last op.
   OpId shared_experts(int l, OpId prev, bool backward) {
     const int n = sc_.model.shared_experts;
     if (n <= 0) return kNone;
-    const double f = backward ? 2.0 : 1.0;
-    const std::int64_t Hs = div_up(static_cast<std::int64_t>(n) * H_, mp_);
-    const GemmShape fc1{S_, Hs, M_, 1};
-    const GemmShape fc2{S_, M_, Hs, 1};
-    const GemmShape& first = backward ? fc2 : fc1;
-    const GemmShape& second = backward ? fc1 : fc2;
-    OpId a = gemm(ComputeClass::kGemm, first, f * first.flops(), deps_of({prev}),
-                  lbl(l, backward, backward ? "shared.fc2" : "shared.fc1"));
-    OpId last = gemm(ComputeClass::kGemm, second, f * second.flops(), deps_of({a}),
-                     lbl(l, backward, backward ? "shared.fc1" : "shared.fc2"));
-    if (mp_ > 1)
-      last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
-                        grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
-                        lbl(l, backward, "shared.mp_allreduce"));
-    return last;
+    return ffn(l, prev, backward, static_cast<std::int64_t>(n) * H_, "shared");
   }
 
   // Dense parameters of block l (per GPU): attention 4*M*M/mp, dense FFN 2*M*Hd/mp (Hd =
@@ -631,14 +616,19 @@ class Builder {
 
   void dense_gradient_sync(int l, OpId after) {
     if (groups_.dense_dp.group_size() <= 1) return;
+    gradient_allreduce(groups_.dense_dp, dense_param_bytes(l), after,
+                       fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false));
+  }
+
+  // One gradient's all-reduce on the grad stream: whole, or Lina's micro-ops.
+  void gradient_allreduce(const Grouping& g, double bytes, OpId after, const std::string& label,
+                          OpRole role) {
     if (schedules::is_lina(dec_.schedule)) {
-      lina_allreduce(grouping(groups_.dense_dp), dense_param_bytes(l), after,
-                     fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false));
+      lina_allreduce(grouping(g), bytes, after, label, role);
       return;
     }
-    OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
-                         grouping(groups_.dense_dp), dense_param_bytes(l), deps_of({after}),
-                         OpTag(fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false)));
+    OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, grouping(g),
+                         bytes, deps_of({after}), OpTag(label, role));
     index_.gradient_sync.push_back(id);
   }
 
@@ -935,15 +925,8 @@ class Builder {
       // Expert parameters one GPU owns: dE experts' H/esp slices, or a 1/n slice when sharded.
       const double bytes = 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ *
                            static_cast<double>(dE_) / (esp_ * n_);
-      if (schedules::is_lina(dec_.schedule)) {
-        lina_allreduce(grouping(groups_.dp), bytes, prev,
-                       fmt::format("L{}.grad.expert_allreduce", l), grad_role(l, true));
-        return;
-      }
-      OpId id = collective(s_grad_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
-                           grouping(groups_.dp), bytes, deps_of({prev}),
-                           OpTag(fmt::format("L{}.grad.expert_allreduce", l), grad_role(l, true)));
-      index_.gradient_sync.push_back(id);
+      gradient_allreduce(groups_.dp, bytes, prev, fmt::format("L{}.grad.expert_allreduce", l),
+                         grad_role(l, true));
     }
   }
 

@@ -159,6 +159,9 @@ struct RoutingWorkloadSpec {
   double stickiness = 0.4;
   int memory = 3;
   double batch_variation = 0.1;
+  // Node-limited routing (DeepSeek's device-limited routing): every token's experts lie on at most
+  // this many nodes of its EP group (0: no limit). docs/workload.md, "Node-limited routing".
+  int node_limit = 0;
 };
 
 enum class CapacityKind { kFixed, kTrace, kRandomWalk };

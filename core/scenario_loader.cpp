@@ -749,7 +749,7 @@ WorkloadSpec parse_workload(const MapReader& root) {
   if (auto v = m.get_int("iterations", 1, kMaxIterations)) w.iterations = to_int32(*v);
   if (m.has("routing")) {
     MapReader r = m.get_map("routing", {"distribution", "skew", "seed", "trace", "alpha",
-                                        "stickiness", "memory", "batch_variation"});
+                                        "stickiness", "memory", "batch_variation", "node_limit"});
     auto& rt = w.routing;
     if (auto v = get_enum(r, "distribution", routing_distribution_names())) rt.distribution = *v;
     if (r.has("skew")) rt.skew = number_in(r, "skew", 0, 100);
@@ -787,6 +787,15 @@ WorkloadSpec parse_workload(const MapReader& root) {
       if (!(*v >= 0 && *v < 1))
         r.fail("batch_variation", fmt::format("found {}, expected a number in [0, 1)", *v));
       rt.batch_variation = *v;
+    }
+    if (auto v = r.get_int("node_limit", 1, 64)) {
+      // The limit shapes how choices are drawn (or, on real GPUs, how the gate picks them): a
+      // trace already fixes the choices, and the correlated generator draws its own paths.
+      if (is_trace || rt.distribution == RoutingDistribution::kCorrelated)
+        r.fail("node_limit", fmt::format("'node_limit' applies to sampled routing (uniform, zipf, "
+                                         "dirichlet), but distribution is {}",
+                                         name_of(rt.distribution)));
+      rt.node_limit = to_int32(*v);
     }
   }
   if (m.has("capacity")) {

@@ -169,7 +169,7 @@ std::vector<double> dirichlet_popularity(int num_experts, double alpha, std::uin
 }
 
 ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, int top_k,
-                             std::int64_t tokens_per_gpu, Method method)
+                             std::int64_t tokens_per_gpu, Method method, NodeLimit node_limit)
     : num_experts_(static_cast<std::uint32_t>(num_experts)),
       top_k_(top_k),
       tokens_(tokens_per_gpu),
@@ -182,6 +182,31 @@ ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, in
                 "tokens per GPU must fit 32-bit counts");
   if (uniform_) p_.assign(num_experts_, 1.0 / num_experts_);
   MOESIM_ASSERT(p_.size() == num_experts_, "popularity needs one weight per expert");
+  if (!node_limit.node_of.empty()) {
+    MOESIM_ASSERT(node_limit.node_of.size() == num_experts_ && node_limit.limit >= 1,
+                  "a node limit needs one node per expert and a limit >= 1");
+    const std::uint32_t nodes =
+        *std::max_element(node_limit.node_of.begin(), node_limit.node_of.end()) + 1;
+    if (static_cast<std::uint32_t>(node_limit.limit) < nodes && top_k_ > 1) {
+      // Experts grouped by node (counting sort), for the exact fallback of draw_on_nodes.
+      node_begin_.assign(nodes + 1, 0);
+      for (const std::uint32_t n : node_limit.node_of) ++node_begin_[n + 1];
+      std::vector<std::uint32_t> sizes(node_begin_.begin() + 1, node_begin_.end());
+      std::sort(sizes.begin(), sizes.end());
+      std::uint32_t smallest = 0;  // experts on the `limit` smallest nodes
+      for (int i = 0; i < node_limit.limit; ++i) smallest += sizes[static_cast<std::size_t>(i)];
+      MOESIM_ASSERT(smallest >= static_cast<std::uint32_t>(top_k_),
+                    "every node_limit nodes must hold top_k experts");
+      for (std::uint32_t n = 0; n < nodes; ++n) node_begin_[n + 1] += node_begin_[n];
+      node_experts_.resize(num_experts_);
+      std::vector<std::uint32_t> fill(node_begin_.begin(), node_begin_.end() - 1);
+      for (std::uint32_t e = 0; e < num_experts_; ++e)
+        node_experts_[fill[node_limit.node_of[e]]++] = e;
+      node_of_ = std::move(node_limit.node_of);
+      node_limit_ = node_limit.limit;
+      method_ = Method::kTokens;
+    }
+  }
   // The pair method needs a second expert with weight for every first choice to move to.
   const auto positive = std::count_if(p_.begin(), p_.end(), [](double x) { return x > 0; });
   const bool pairs_ok = top_k_ <= 2 && (top_k_ == 1 || positive >= 2);
@@ -321,7 +346,79 @@ std::uint32_t ChoiceSampler::draw_excluding(Xoshiro256& rng, const std::uint32_t
     if (!is_chosen(e) && r-- == 0) return e;
 }
 
+std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t* chosen, int n,
+                                           const std::uint32_t* nodes, int num_nodes) const {
+  auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
+  auto allowed = [&](std::uint32_t e) {
+    return std::find(nodes, nodes + num_nodes, node_of_[e]) != nodes + num_nodes;
+  };
+  // Rejection, as draw_excluding: exact; ~E / (experts on the token's nodes) attempts for
+  // even popularity (2 for DeepSeek-V3's 4 of 8 nodes).
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const std::uint32_t e = draw(rng);
+    if (allowed(e) && !is_chosen(e)) return e;
+  }
+  // The same conditional law by a scan of the allowed nodes' experts only.
+  double mass = 0;
+  std::uint32_t available = 0;
+  for (int a = 0; a < num_nodes; ++a)
+    for (std::uint32_t x = node_begin_[nodes[a]]; x < node_begin_[nodes[a] + 1]; ++x) {
+      const std::uint32_t e = node_experts_[x];
+      if (is_chosen(e)) continue;
+      mass += p_[e];
+      ++available;
+    }
+  MOESIM_ASSERT(available > 0, "the token's nodes have no expert left");
+  if (mass > 1e-300) {
+    double u = rng.uniform() * mass;
+    std::uint32_t last = num_experts_;
+    for (int a = 0; a < num_nodes; ++a)
+      for (std::uint32_t x = node_begin_[nodes[a]]; x < node_begin_[nodes[a] + 1]; ++x) {
+        const std::uint32_t e = node_experts_[x];
+        if (is_chosen(e) || p_[e] <= 0) continue;
+        last = e;
+        if ((u -= p_[e]) < 0) return e;
+      }
+    if (last < num_experts_) return last;  // rounding at the end of the scan
+  }
+  // No mass left on the token's nodes: any of their untaken experts, evenly.
+  std::uint32_t r = rng.below(available);
+  for (int a = 0; a < num_nodes; ++a)
+    for (std::uint32_t x = node_begin_[nodes[a]]; x < node_begin_[nodes[a] + 1]; ++x) {
+      const std::uint32_t e = node_experts_[x];
+      if (!is_chosen(e) && r-- == 0) return e;
+    }
+  MOESIM_ASSERT(false, "unreachable: an available expert was counted");
+  return 0;
+}
+
+void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng,
+                                               std::span<std::uint32_t> counts) const {
+  // Choices in affinity order, each from p without the token's earlier choices; once they span
+  // `limit` nodes, the rest come from those nodes only: the token's top experts pick its nodes.
+  const std::size_t E = num_experts_;
+  std::uint32_t chosen[64];
+  std::uint32_t nodes[64];
+  for (std::int64_t t = 0; t < tokens_; ++t) {
+    int num_nodes = 0;
+    for (int j = 0; j < top_k_; ++j) {
+      const std::uint32_t e = j == 0 ? draw(rng)
+                              : num_nodes < node_limit_
+                                  ? draw_excluding(rng, chosen, j)
+                                  : draw_on_nodes(rng, chosen, j, nodes, num_nodes);
+      chosen[j] = e;
+      ++counts[static_cast<std::size_t>(j) * E + e];
+      if (std::find(nodes, nodes + num_nodes, node_of_[e]) == nodes + num_nodes)
+        nodes[num_nodes++] = node_of_[e];
+    }
+  }
+}
+
 void ChoiceSampler::sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const {
+  if (!node_of_.empty()) {
+    sample_tokens_node_limited(rng, counts);
+    return;
+  }
   const std::size_t E = num_experts_;
   std::uint32_t* c = counts.data();
   if (top_k_ == 1) {

@@ -21,6 +21,13 @@ std::vector<double> zipf_popularity(int num_experts, double skew, std::uint64_t 
 std::vector<double> dirichlet_popularity(int num_experts, double alpha, std::uint64_t seed,
                                          int iteration, int layer);
 
+/// Node-limited routing (workload.routing.node_limit, docs/workload.md): node_of[e] is the node
+/// (0..nodes-1) of expert e; a token's choices lie on at most `limit` nodes. Empty: no limit.
+struct NodeLimit {
+  std::vector<std::uint32_t> node_of;
+  int limit = 0;
+};
+
 /// Draws, for one GPU, the k distinct expert choices of each of its S tokens and counts them per
 /// choice rank: counts[j * E + e] = tokens whose (j+1)-th choice is expert e.
 class ChoiceSampler {
@@ -44,9 +51,12 @@ class ChoiceSampler {
   /// method is replaced (docs/workload.md).
   static constexpr std::int64_t kPairsMinRatio = 128;
 
-  /// popularity: p_e (sums to 1), or empty for uniform.
+  /// popularity: p_e (sums to 1), or empty for uniform. A node limit (non-empty node_of, limit
+  /// below the number of nodes) needs each token's choice set, so it samples by the token method
+  /// whatever `method` asks; every `limit` nodes must hold at least top_k experts.
   ChoiceSampler(std::vector<double> popularity, int num_experts, int top_k,
-                std::int64_t tokens_per_gpu, Method method = Method::kAuto);
+                std::int64_t tokens_per_gpu, Method method = Method::kAuto,
+                NodeLimit node_limit = {});
 
   /// Overwrites counts (size top_k * E) with one GPU's per-choice counts; each rank sums to S.
   void sample(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
@@ -60,6 +70,11 @@ class ChoiceSampler {
     return uniform_ ? rng.below(num_experts_) : alias_.sample(rng);
   }
   std::uint32_t draw_excluding(Xoshiro256& rng, const std::uint32_t* chosen, int n) const;
+  // A draw from p conditioned on not being chosen and lying on one of the token's `num_nodes`
+  // nodes (the limit reached).
+  std::uint32_t draw_on_nodes(Xoshiro256& rng, const std::uint32_t* chosen, int n,
+                              const std::uint32_t* nodes, int num_nodes) const;
+  void sample_tokens_node_limited(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_counts(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_pairs(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
@@ -71,6 +86,12 @@ class ChoiceSampler {
   bool uniform_;
   Method method_;
   std::vector<double> p_;  // popularity (filled with 1/E for uniform)
+  // Node limit (empty node_of_: none): experts of each node, node_experts_[node_begin_[n] ..
+  // node_begin_[n + 1]) in index order.
+  std::vector<std::uint32_t> node_of_;
+  int node_limit_ = 0;
+  std::vector<std::uint32_t> node_begin_;
+  std::vector<std::uint32_t> node_experts_;
   AliasTable alias_;
   // Count method: q[j * E + e] (rank weights) and cond[j * E + e] = q_e / sum_{e' >= e} q_e'.
   std::vector<double> q_;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -72,6 +73,11 @@ struct WorkloadGenerator::Impl {
   std::vector<double> walk;               // random walk factors of iterations 0..size-1
 
   std::vector<double> popularity(int iteration, int layer);
+  // Node-limited routing: the distinct expert-to-node partitions of the rows' EP groups and each
+  // row's index into them (null without a limit).
+  int node_limit = 0;
+  std::shared_ptr<const std::vector<std::vector<std::uint32_t>>> partitions;
+  std::shared_ptr<const std::vector<std::uint32_t>> row_partition;
   int threads = 0;  // 0: hardware concurrency
   bool keep_demanded = true;
   SampleCache* cache = nullptr;
@@ -128,6 +134,31 @@ void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uin
   }
 }
 
+std::vector<std::uint32_t> expert_nodes(const Scenario& sc, int gpu) {
+  const ParallelismSpec& p = sc.parallelism;
+  if (gpu < 0 || gpu >= sc.num_gpus() || p.ep < 1 || p.ranks_per_dp() < 1)
+    throw InputError(fmt::format("workload: no GPU {} in a layout of {} GPUs", gpu, sc.num_gpus()));
+  // The coordinates of `gpu` other than its EP position fix its EP group (docs/model.md).
+  const int d = gpu / p.ranks_per_dp();
+  const int s = p.esp_index(gpu);
+  const int t = p.overlapped() ? 0 : p.mp_index(gpu);
+  const auto placement = ExpertPlacement::of(sc.model);
+  const int gpn = std::max(1, sc.cluster.gpus_per_node);
+  std::vector<std::uint32_t> out(static_cast<std::size_t>(sc.num_experts()));
+  std::map<int, std::uint32_t> label;
+  for (int e = 0; e < sc.num_experts(); ++e) {
+    const int pos = placement.owner(e);
+    if (pos >= p.ep)
+      throw InputError(
+          sc.location_of("model.experts"), "model.experts",
+          fmt::format("expert {} would live on EP position {}, but ep = {}", e, pos, p.ep));
+    const int node = p.rank_of(d, pos, s, t) / gpn;
+    const auto it = label.try_emplace(node, static_cast<std::uint32_t>(label.size())).first;
+    out[static_cast<std::size_t>(e)] = it->second;
+  }
+  return out;
+}
+
 WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.num_gpus = scenario.num_gpus();
@@ -165,6 +196,46 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
                      fmt::format("found random_walk min {}, max {}, step {}, expected 0 < min <= "
                                  "max and step > 0",
                                  m.capacity.min, m.capacity.max, m.capacity.step));
+  if (m.routing.node_limit > 0) {
+    if (m.routing.distribution == RoutingDistribution::kTrace ||
+        m.routing.distribution == RoutingDistribution::kCorrelated)
+      throw InputError(scenario.location_of("workload.routing.node_limit"),
+                       "workload.routing.node_limit",
+                       "applies to sampled routing (uniform, zipf, dirichlet) only");
+    m.node_limit = m.routing.node_limit;
+    auto parts = std::make_shared<std::vector<std::vector<std::uint32_t>>>();
+    auto rows = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus));
+    std::map<std::vector<std::uint32_t>, std::uint32_t> index;
+    for (int gpu = 0; gpu < m.num_gpus; ++gpu) {
+      auto nodes = expert_nodes(scenario, gpu);
+      auto [it, added] = index.try_emplace(nodes, static_cast<std::uint32_t>(parts->size()));
+      if (added) parts->push_back(std::move(nodes));
+      (*rows)[static_cast<std::size_t>(gpu)] = it->second;
+    }
+    // Every token must find top_k experts on the nodes it may use: the `limit` nodes holding the
+    // fewest experts must hold k of them (a limit at or above an EP group's node count never
+    // binds).
+    for (const auto& part : *parts) {
+      std::vector<std::uint32_t> sizes;
+      for (const std::uint32_t n : part) {
+        if (n >= sizes.size()) sizes.resize(n + 1, 0);
+        ++sizes[n];
+      }
+      if (static_cast<std::size_t>(m.node_limit) >= sizes.size()) continue;
+      std::sort(sizes.begin(), sizes.end());
+      const std::uint32_t fewest =
+          std::accumulate(sizes.begin(), sizes.begin() + m.node_limit, std::uint32_t{0});
+      if (fewest < static_cast<std::uint32_t>(m.top_k))
+        throw InputError(
+            scenario.location_of("workload.routing.node_limit"), "workload.routing.node_limit",
+            fmt::format("found {}: an EP group spans {} nodes, and the {} holding the fewest "
+                        "experts hold {}, fewer than top_k = {}; expected a limit whose nodes "
+                        "hold at least top_k experts",
+                        m.node_limit, sizes.size(), m.node_limit, fewest, m.top_k));
+    }
+    m.partitions = std::move(parts);
+    m.row_partition = std::move(rows);
+  }
   m.zipf.resize(static_cast<std::size_t>(std::max(m.num_layers, 0)));
   if (m.routing.distribution == RoutingDistribution::kTrace)
     m.trace =
@@ -270,14 +341,27 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
                              m.routing.dirichlet_alpha,
                              m.routing.seed,
                              iteration,
-                             layer};
+                             layer,
+                             m.node_limit,
+                             m.partitions,
+                             m.row_partition};
       cached = m.cache->find(key);
       if (!cached)
         fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
                                                              k * E);
     }
-    std::optional<ChoiceSampler> sampler;
-    if (!cached) sampler.emplace(m.popularity(iteration, layer), m.num_experts, m.top_k, m.tokens);
+    // One sampler per expert-to-node partition (one without a node limit).
+    std::vector<ChoiceSampler> samplers;
+    if (!cached) {
+      const std::vector<double> p = m.popularity(iteration, layer);
+      if (!m.partitions) {
+        samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens);
+      } else {
+        for (const auto& part : *m.partitions)
+          samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens, ChoiceSampler::Method::kAuto,
+                                detail::NodeLimit{part, m.node_limit});
+      }
+    }
     // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
     // split the GPUs into contiguous blocks; per-thread maxima and drop counts are merged in
     // thread order. Small layers stay on the calling thread.
@@ -313,7 +397,8 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
           Xoshiro256 rng(
               substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
                             static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
-          sampler->sample(rng, counts);
+          samplers[m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0].sample(
+              rng, counts);
           m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
         }
       } catch (...) {
@@ -376,9 +461,19 @@ SampleCache::SampleCache(std::size_t max_bytes) : impl_(std::make_unique<Impl>()
 SampleCache::~SampleCache() = default;
 
 bool SampleCache::Key::operator<(const Key& o) const {
-  return std::tie(num_gpus, num_experts, top_k, tokens, distribution, skew, alpha, seed, iteration,
-                  layer) < std::tie(o.num_gpus, o.num_experts, o.top_k, o.tokens, o.distribution,
-                                    o.skew, o.alpha, o.seed, o.iteration, o.layer);
+  const auto scalars = [](const Key& k) {
+    return std::tie(k.num_gpus, k.num_experts, k.top_k, k.tokens, k.distribution, k.skew, k.alpha,
+                    k.seed, k.iteration, k.layer, k.node_limit);
+  };
+  if (scalars(*this) != scalars(o)) return scalars(*this) < scalars(o);
+  // Node-limited keys: the layouts, by content (generators of one scenario share the vectors).
+  static const std::vector<std::vector<std::uint32_t>> kNoParts;
+  static const std::vector<std::uint32_t> kNoRows;
+  const auto& pa = partitions ? *partitions : kNoParts;
+  const auto& pb = o.partitions ? *o.partitions : kNoParts;
+  if (pa != pb) return pa < pb;
+  return (row_partition ? *row_partition : kNoRows) <
+         (o.row_partition ? *o.row_partition : kNoRows);
 }
 
 std::int64_t SampleCache::hits() const {

@@ -72,6 +72,12 @@ struct ExpertPlacement {
   }
 };
 
+/// Node-limited routing (workload.routing.node_limit): the node of the GPU holding each expert
+/// (size E), as the EP group of GPU `gpu` places them (ExpertPlacement::owner; a sharded expert
+/// counts on its first shard's node), numbered 0, 1, ... in order of first appearance, so EP
+/// groups laid out alike get the same vector. Nodes are cluster.gpus_per_node consecutive ranks.
+std::vector<std::uint32_t> expert_nodes(const Scenario& scenario, int gpu);
+
 struct IterationWorkload {
   int index = 0;
   double capacity_factor = 0;
@@ -168,6 +174,11 @@ class SampleCache {
     double skew = 0, alpha = 0;
     std::uint64_t seed = 0;
     int iteration = 0, layer = 0;
+    // Node limit, and the rows' expert-to-node partitions (distinct vectors in row order, and
+    // each row's index into them): two layouts with one limit sample differently.
+    int node_limit = 0;
+    std::shared_ptr<const std::vector<std::vector<std::uint32_t>>> partitions;
+    std::shared_ptr<const std::vector<std::uint32_t>> row_partition;
     bool operator<(const Key& o) const;
   };
   using Counts = std::shared_ptr<const std::vector<std::uint32_t>>;

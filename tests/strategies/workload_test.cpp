@@ -232,6 +232,136 @@ TEST(ChoiceSampler, TokenMethodSecondChoiceMarginalIsExact) {
   }
 }
 
+TEST(ChoiceSampler, NodeLimitOfOnePairsTheExpertsOfANode) {
+  // 4 experts on 2 nodes ({0, 1}, {2, 3}), top-2, at most 1 node per token: the second choice is
+  // always the other expert of the first choice's node, so the second-choice counts are the
+  // first-choice counts with the partners swapped, exactly, whatever the popularity.
+  for (const bool uniform : {true, false}) {
+    const std::vector<double> p =
+        uniform ? std::vector<double>{} : std::vector<double>{0.6, 0.05, 0.3, 0.05};
+    detail::ChoiceSampler sampler(p, 4, 2, 1000, detail::ChoiceSampler::Method::kAuto,
+                                  detail::NodeLimit{{0, 0, 1, 1}, 1});
+    EXPECT_EQ(sampler.method(), detail::ChoiceSampler::Method::kTokens);
+    detail::Xoshiro256 rng(7);
+    std::vector<std::uint32_t> c(8);
+    sampler.sample(rng, c);
+    EXPECT_EQ(c[0] + c[1] + c[2] + c[3], 1000u);
+    EXPECT_EQ(c[4 + 1], c[0]);
+    EXPECT_EQ(c[4 + 0], c[1]);
+    EXPECT_EQ(c[4 + 3], c[2]);
+    EXPECT_EQ(c[4 + 2], c[3]);
+    EXPECT_GT(c[0], 0u);
+    EXPECT_GT(c[2], 0u);
+  }
+}
+
+TEST(ChoiceSampler, NodeLimitBoundsEveryTokensNodes) {
+  // 32 experts on 8 nodes, top-8: one token per draw, so its 8 counted experts are its choices.
+  // With a limit of 2 (and 3) no token spans more nodes; without one most tokens span 5+ nodes
+  // (the check can fail); the first choice's marginal is p either way (within 5 sigma).
+  std::vector<std::uint32_t> node_of(32);
+  for (std::uint32_t e = 0; e < 32; ++e) node_of[e] = e / 4;
+  std::vector<double> p(32);
+  for (int e = 0; e < 32; ++e) p[static_cast<std::size_t>(e)] = 1.0 / (e + 1);
+  const double total = std::accumulate(p.begin(), p.end(), 0.0);
+  for (double& x : p) x /= total;
+  for (const int limit : {0, 2, 3}) {
+    detail::ChoiceSampler sampler(p, 32, 8, 1, detail::ChoiceSampler::Method::kAuto,
+                                  limit ? detail::NodeLimit{node_of, limit} : detail::NodeLimit{});
+    std::vector<std::uint32_t> c(8 * 32);
+    std::vector<int> first(32, 0);
+    int max_nodes = 0;
+    const int trials = 20000;
+    for (int t = 0; t < trials; ++t) {
+      detail::Xoshiro256 rng(detail::substream_key(3, detail::Stream::kTokens, t));
+      sampler.sample(rng, c);
+      std::vector<int> per_expert(32, 0);
+      for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 32; ++e) per_expert[e] += c[static_cast<std::size_t>(j * 32 + e)];
+      std::vector<bool> node_used(8, false);
+      for (int e = 0; e < 32; ++e) {
+        ASSERT_LE(per_expert[e], 1) << "choices of a token are distinct";
+        if (per_expert[e]) node_used[node_of[e]] = true;
+        first[e] += static_cast<int>(c[static_cast<std::size_t>(e)]);
+      }
+      ASSERT_EQ(std::accumulate(per_expert.begin(), per_expert.end(), 0), 8);
+      const int nodes = static_cast<int>(std::count(node_used.begin(), node_used.end(), true));
+      if (limit) {
+        ASSERT_LE(nodes, limit) << "trial " << t;
+      }
+      max_nodes = std::max(max_nodes, nodes);
+    }
+    if (limit == 0) {
+      EXPECT_GE(max_nodes, 5);
+    } else {
+      EXPECT_EQ(max_nodes, limit);
+    }
+    for (int e = 0; e < 32; ++e) {
+      const double want = trials * p[static_cast<std::size_t>(e)];
+      EXPECT_NEAR(first[e], want, 5 * std::sqrt(want) + 1) << "limit " << limit << " expert " << e;
+    }
+  }
+}
+
+TEST(WorkloadGenerator, NodeLimitKeepsEachTokenOnOneNode) {
+  // 2 nodes x 2 GPUs, one expert per GPU, top-2, node_limit 1: every token sends its two copies
+  // to the two GPUs of one node, so each row sends as many tokens to GPU 0 as to GPU 1, and to
+  // GPU 2 as to GPU 3, and 2 S in all. The same rows without the limit differ.
+  Scenario sc = make_scenario(4, 4, 2, 500, 0.0);
+  sc.cluster.nodes = 2;
+  sc.cluster.gpus_per_node = 2;
+  EXPECT_EQ(expert_nodes(sc, 0), (std::vector<std::uint32_t>{0, 0, 1, 1}));
+  sc.workload.routing.node_limit = 1;
+  WorkloadGenerator gen(sc);
+  const LayerDispatch d = gen.next(0).layers[0];
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(d.at(i, 0), d.at(i, 1)) << i;
+    EXPECT_EQ(d.at(i, 2), d.at(i, 3)) << i;
+    EXPECT_EQ(d.gpu_sent(i), 1000) << i;
+  }
+  sc.workload.routing.node_limit = 0;
+  WorkloadGenerator free_gen(sc);
+  const LayerDispatch f = free_gen.next(0).layers[0];
+  int unequal = 0;
+  for (int i = 0; i < 4; ++i) unequal += f.at(i, 0) != f.at(i, 1);
+  EXPECT_GT(unequal, 0);
+}
+
+TEST(WorkloadGenerator, ExpertNodesFollowTheEpGroupOfTheRow) {
+  // 8 GPUs on 2 nodes of 4, ep 2 x mp 2 x dp 2 (disjoint: rank = (d*ep + e)*mp + t), 2 experts
+  // per GPU: GPU 5 (d 1, e 0, t 1) has EP group {5, 7}, both on node 1; GPU 1's group {1, 3} is
+  // on node 0; each numbers its one node 0. With gpus_per_node 2, GPU 5's group spans nodes 2 and
+  // 3, numbered 0 and 1.
+  Scenario sc = make_scenario(8, 4, 2, 16);
+  sc.cluster.nodes = 2;
+  sc.cluster.gpus_per_node = 4;
+  sc.model.experts_per_gpu = 2;
+  sc.parallelism.ep = 2;
+  sc.parallelism.mp = 2;
+  sc.parallelism.dp = 2;
+  EXPECT_EQ(expert_nodes(sc, 5), (std::vector<std::uint32_t>{0, 0, 0, 0}));
+  sc.cluster.nodes = 4;
+  sc.cluster.gpus_per_node = 2;
+  EXPECT_EQ(expert_nodes(sc, 5), (std::vector<std::uint32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(expert_nodes(sc, 1), (std::vector<std::uint32_t>{0, 0, 1, 1}));
+}
+
+TEST(WorkloadGenerator, NodeLimitTooSmallForTopKIsAnInputError) {
+  // 2 experts per node, top-4: one node cannot hold a token's 4 choices.
+  Scenario sc = make_scenario(4, 4, 4, 16, 0.0);
+  sc.cluster.nodes = 2;
+  sc.cluster.gpus_per_node = 2;
+  sc.workload.routing.node_limit = 1;
+  try {
+    WorkloadGenerator gen(sc);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than top_k = 4"), std::string::npos) << e.what();
+  }
+  sc.workload.routing.node_limit = 2;  // both nodes: the limit never binds
+  EXPECT_NO_THROW(WorkloadGenerator{sc});
+}
+
 TEST(ChoiceSampler, CountMethodRankWeights) {
   // Uniform: the approximation is exact (every rank uniform).
   detail::ChoiceSampler uniform({}, 16, 2, 1000, detail::ChoiceSampler::Method::kCounts);

@@ -416,12 +416,7 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
   };
   switch (ref.kind) {
     case OpRoleKind::kGate: {
-      kernels::GateParams gp;
-      gp.num_tokens = S;
-      gp.model_dim = M;
-      gp.num_experts = E;
-      gp.top_k = k;
-      gp.capacity = L.plan.capacity;
+      const kernels::GateParams gp = gate_params(shape, S, L.plan.capacity);
       kernels::RoutingOut out{a.at<std::int32_t>(L.expert), a.at<std::int32_t>(L.slot),
                               a.at<float>(L.weight), a.at<std::int32_t>(L.slot_entry),
                               a.at<std::int32_t>(L.count)};

@@ -201,6 +201,7 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
   const auto& md = sc.model;
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
+  std::tie(shape_.experts_per_group, shape_.group_limit) = node_limit_groups(sc, comm_.rank());
   // Unsharded experts: the plain data path, or exec/parm_path.hpp for plans with esp > 1 or
   // Parm's fused MP schedules (chosen per plan in run()). Sharded experts (esp = 1): the
   // sharded path (exec/sharded_path.hpp).
@@ -489,12 +490,7 @@ void Executor::run_op(const Plan& plan, const Op& op) {
       L->weight.assign(static_cast<size_t>(S) * k, 0);
       L->slot_entry.assign(static_cast<size_t>(E) * L->capacity, -1);
       L->expert_count.assign(E, 0);
-      kernels::GateParams gp;
-      gp.num_tokens = S;
-      gp.model_dim = M;
-      gp.num_experts = E;
-      gp.top_k = k;
-      gp.capacity = L->capacity;
+      const kernels::GateParams gp = gate_params(shape_, S, L->capacity);
       kernels::RoutingOut out{L->expert.data(), L->slot.data(), L->weight.data(),
                               L->slot_entry.data(), L->expert_count.data()};
       kc::gate(ctx, kF32, gp, L->x.data(), L->gate_w.data(), L->logits.data(), out);

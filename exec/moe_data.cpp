@@ -1,11 +1,14 @@
 #include "exec/moe_data.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "core/error.hpp"
+#include "strategies/workload/workload.hpp"
 
 namespace moesim::exec {
 
@@ -109,6 +112,36 @@ std::pair<double, double> reference_gate_row(const MoeShape& s, const std::vecto
 }
 }  // namespace
 
+std::pair<int, int> node_limit_groups(const Scenario& sc, int rank) {
+  const int limit = sc.workload.routing.node_limit;
+  if (limit <= 0) return {0, 0};
+  const std::vector<std::uint32_t> node = workload::expert_nodes(sc, rank);
+  const int E = static_cast<int>(node.size());
+  const int nodes = node.empty() ? 0 : static_cast<int>(node.back()) + 1;
+  // Equal blocks of consecutive experts: node n holds experts [n * E / nodes, (n + 1) * E / nodes).
+  bool blocks = nodes > 0 && E % nodes == 0;
+  for (int e = 0; blocks && e < E; ++e) blocks = static_cast<int>(node[e]) == e / (E / nodes);
+  if (!blocks)
+    throw InputError(sc.location_of("workload.routing.node_limit"), "workload.routing.node_limit",
+                     fmt::format("the EP group of rank {} places its {} experts on {} nodes in "
+                                 "blocks of different sizes; the real backend's node-limited gate "
+                                 "needs every node to hold the same number of consecutive experts",
+                                 rank, E, nodes));
+  return {E / nodes, limit};
+}
+
+kernels::GateParams gate_params(const MoeShape& s, int tokens, int capacity) {
+  kernels::GateParams gp;
+  gp.num_tokens = tokens;
+  gp.model_dim = s.model_dim;
+  gp.num_experts = s.experts;
+  gp.top_k = s.top_k;
+  gp.capacity = capacity;
+  gp.experts_per_group = s.experts_per_group;
+  gp.group_limit = s.group_limit;
+  return gp;
+}
+
 ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
                                    const std::vector<float>& gate_w, int capacity) {
   const int S = s.tokens, E = s.experts, k = s.top_k;
@@ -123,6 +156,28 @@ ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& 
     const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, logit);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
+    if (s.node_limit_binds()) {
+      // Node-limited gate: rank the groups by the sum of their ceil(k / limit) best logits (ties:
+      // lower group), keep the experts of the best `limit` groups, in the same logit order.
+      const int G = E / s.experts_per_group, r = (k + s.group_limit - 1) / s.group_limit;
+      std::vector<double> score(G, 0.0);
+      std::vector<int> taken(G, 0);
+      for (int e : order) {
+        const int g = e / s.experts_per_group;
+        if (taken[g] < r) {
+          score[g] += logit[e];
+          ++taken[g];
+        }
+      }
+      std::vector<int> groups(G);
+      std::iota(groups.begin(), groups.end(), 0);
+      std::stable_sort(groups.begin(), groups.end(),
+                       [&](int a, int b) { return score[a] > score[b]; });
+      std::vector<char> allowed(G, 0);
+      for (int a = 0; a < s.group_limit; ++a) allowed[groups[a]] = 1;
+      std::stable_partition(order.begin(), order.end(),
+                            [&](int e) { return allowed[e / s.experts_per_group] != 0; });
+    }
     for (int c = 0; c < k; ++c) {
       rr.expert[static_cast<size_t>(t) * k + c] = order[c];
       rr.prob[static_cast<size_t>(t) * k + c] =

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/scenario.hpp"
@@ -21,7 +22,26 @@ struct MoeShape {
   int hidden_dim = 0;  // H
   int experts = 0;     // E (global)
   int top_k = 1;       // k
+  // Node-limited routing (workload.routing.node_limit; kernels::GateParams): experts
+  // [g * experts_per_group, (g + 1) * experts_per_group) sit on node g of the EP group, and a
+  // token's choices come from at most group_limit of them. 0: no limit.
+  int experts_per_group = 0;
+  int group_limit = 0;
+  bool node_limit_binds() const {
+    return experts_per_group > 0 && group_limit > 0 && group_limit < top_k &&
+           group_limit < experts / experts_per_group;
+  }
 };
+
+/// The node-limit fields of MoeShape / GateParams for `sc` as rank `rank`'s EP group places the
+/// experts (workload::expert_nodes): {experts per node, node_limit}, or {0, 0} without a limit.
+/// Throws InputError when the group's nodes do not each hold the same number of consecutive
+/// experts (the kernels' groups are equal blocks of expert ids).
+std::pair<int, int> node_limit_groups(const Scenario& sc, int rank);
+
+/// The gate's parameters for `tokens` of this shape's tokens (S, or an MP group's share) and
+/// `capacity` slots per expert, node limit included: every data path's gate (host and GPU).
+kernels::GateParams gate_params(const MoeShape& s, int tokens, int capacity);
 
 /// Deterministic uniform floats in [-scale, scale] for stream (seed, a, b, c); element i of the
 /// stream does not depend on how many elements are drawn.

@@ -493,12 +493,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
       L.weight.assign(entries, 0);
       L.slot_entry.assign(static_cast<std::size_t>(E) * L.capacity, -1);
       L.expert_count.assign(E, 0);
-      kernels::GateParams gp;
-      gp.num_tokens = L.gate_tokens;
-      gp.model_dim = M;
-      gp.num_experts = E;
-      gp.top_k = k;
-      gp.capacity = L.capacity;
+      const kernels::GateParams gp = gate_params(shape_, L.gate_tokens, L.capacity);
       const std::vector<float> gate_w = make_gate_weights(shape_, seed, L.moe);
       kernels::RoutingOut out{L.expert.data(), L.slot.data(), L.weight.data(), L.slot_entry.data(),
                               L.expert_count.data()};

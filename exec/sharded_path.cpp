@@ -295,12 +295,7 @@ struct ShardedPath::Impl {
         L.weight.assign(static_cast<size_t>(S) * k, 0);
         L.slot_entry.assign(static_cast<size_t>(E) * C, -1);
         L.expert_count.assign(E, 0);
-        kernels::GateParams gp;
-        gp.num_tokens = S;
-        gp.model_dim = M;
-        gp.num_experts = E;
-        gp.top_k = k;
-        gp.capacity = C;
+        const kernels::GateParams gp = gate_params(shape, S, C);
         kernels::RoutingOut out{L.expert.data(), L.slot.data(), L.weight.data(),
                                 L.slot_entry.data(), L.expert_count.data()};
         kc::gate(ctx, kF32, gp, L.x.data(), L.gate_w.data(), L.logits.data(), out);

@@ -172,12 +172,13 @@ void gate(Context& ctx, DType dtype, const GateParams& params, const void* x, co
 void gate_from_logits(Context&, const GateParams& p, const float* logits, const RoutingOut& out) {
   check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
   if (p.top_k > p.num_experts) throw ArgumentError("kernels::gate: top_k > num_experts");
+  detail::check_group_limit(p);
   const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
   std::vector<float> top_prob(s);
   for (int t = 0; t < s; ++t) {
-    top_prob[t] =
-        rules::route_token(logits + std::size_t(t) * e, e, k, p.normalize_top_k,
-                           out.expert + std::size_t(t) * k, out.weight + std::size_t(t) * k);
+    top_prob[t] = rules::route_token(
+        logits + std::size_t(t) * e, e, k, p.normalize_top_k, out.expert + std::size_t(t) * k,
+        out.weight + std::size_t(t) * k, p.experts_per_group, p.group_limit);
   }
   // Capacity locations: choice level by choice level, tokens in priority order.
   std::vector<std::int32_t> order(s);

@@ -109,15 +109,15 @@ void check_routing(const Routing& r) {
 
 // One thread per token: kernels/rules.hpp route_token (softmax, top-k on the logits, weights),
 // with the token's choices in registers before they are stored.
-__global__ void topk_kernel(int s, int e, int k, bool normalize, const float* __restrict__ logits,
-                            int* __restrict__ expert, float* __restrict__ weight,
-                            float* __restrict__ top_prob) {
+__global__ void topk_kernel(int s, int e, int k, bool normalize, int group, int limit,
+                            const float* __restrict__ logits, int* __restrict__ expert,
+                            float* __restrict__ weight, float* __restrict__ top_prob) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= s) return;
   std::int32_t chosen[rules::kMaxTopK];
   float w[rules::kMaxTopK];
-  top_prob[t] =
-      rules::route_token(logits + static_cast<std::size_t>(t) * e, e, k, normalize, chosen, w);
+  top_prob[t] = rules::route_token(logits + static_cast<std::size_t>(t) * e, e, k, normalize,
+                                   chosen, w, group, limit);
   for (int c = 0; c < k; ++c) {
     expert[static_cast<std::size_t>(t) * k + c] = chosen[c];
     weight[static_cast<std::size_t>(t) * k + c] = w[c];
@@ -443,6 +443,7 @@ void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
                       const RoutingOut& out) {
   check_routing(Routing{p.num_tokens, p.top_k, p.num_experts, p.capacity});
   if (p.top_k > p.num_experts) throw ArgumentError("kernels::cuda::gate: top_k > num_experts");
+  detail::check_group_limit(p);
   const int s = p.num_tokens, e = p.num_experts, k = p.top_k;
   cudaStream_t stream = ctx.stream();
   if (s == 0) {
@@ -466,8 +467,9 @@ void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
   float* keys_out = reinterpret_cast<float*>(ws + n4);
   int* order_in = reinterpret_cast<int*>(ws + 2 * n4);
   int* order_out = reinterpret_cast<int*>(ws + 3 * n4);
-  topk_kernel<<<(s + 127) / 128, 128, 0, stream>>>(s, e, k, p.normalize_top_k, logits, out.expert,
-                                                   out.weight, top_prob);
+  topk_kernel<<<(s + 127) / 128, 128, 0, stream>>>(s, e, k, p.normalize_top_k, p.experts_per_group,
+                                                   p.group_limit, logits, out.expert, out.weight,
+                                                   top_prob);
   MOESIM_KCUDA_LAUNCHED();
   const int* order = nullptr;
   if (p.batch_prioritized) {

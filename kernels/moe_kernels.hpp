@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "kernels/errors.hpp"
 #include "kernels/rules.hpp"
@@ -142,7 +143,29 @@ struct GateParams {
   /// are renormalised to sum to 1 per token (GShard top-2 style). Dropped choices keep their
   /// weight value in `weight` (decode ignores them since their slot is -1).
   bool normalize_top_k = false;
+  /// Node-limited routing (rules::group_limit_binds): experts [g * experts_per_group, (g + 1) *
+  /// experts_per_group) sit on node g, and a token's choices come from at most group_limit nodes,
+  /// picked by the sum of their ceil(k / group_limit) largest logits. 0: no limit.
+  /// experts_per_group must divide E, and group_limit nodes must hold k experts.
+  int experts_per_group = 0;
+  int group_limit = 0;
 };
+
+namespace detail {
+/// Throws ArgumentError for a node limit the gate cannot apply (both gates call it).
+inline void check_group_limit(const GateParams& p) {
+  const int g = p.experts_per_group, m = p.group_limit;
+  if (g < 0 || m < 0 || (g > 0 && p.num_experts % g != 0))
+    throw ArgumentError("kernels: node-limited gate needs experts_per_group (" + std::to_string(g) +
+                        ") dividing E (" + std::to_string(p.num_experts) +
+                        ") and group_limit >= 0 (" + std::to_string(m) + ")");
+  if (rules::group_limit_binds(p.num_experts, p.top_k, g, m) &&
+      static_cast<long long>(g) * m < p.top_k)
+    throw ArgumentError("kernels: node-limited gate: " + std::to_string(m) + " groups of " +
+                        std::to_string(g) +
+                        " experts cannot hold top_k = " + std::to_string(p.top_k) + " choices");
+}
+}  // namespace detail
 
 /// Gate outputs (host pointers for cpu::, device pointers for cuda::). Sizes: S*k for expert,
 /// slot, weight; E*C for slot_entry; E for expert_count. slot_entry and expert_count may be null.

@@ -41,14 +41,67 @@ MOESIM_HOST_DEVICE float activate(Activation act, float x) {
   return x;
 }
 
+/// Node-limited routing (DeepSeek's device-limited routing, workload.routing.node_limit): with
+/// `group` >= 1, experts [g * group, (g + 1) * group) form group g (the experts of one node); a
+/// `limit` below both k and the number of groups makes the token pick `limit` groups first,
+/// by score = the sum of the group's ceil(k / limit) largest logits (added largest first; ties:
+/// the lower group), and then its k choices among those groups' experts only. The weights stay
+/// the softmax over all e experts. Otherwise (group or limit 0, or a limit that cannot bind)
+/// every expert is eligible. Group scores are sums of logits, not of probabilities, so that the
+/// CPU and the GPU, adding the same floats in the same order, pick the same groups.
+MOESIM_HOST_DEVICE bool group_limit_binds(int e, int k, int group, int limit) {
+  return group >= 1 && limit >= 1 && limit < k && e % group == 0 && limit < e / group;
+}
+
+/// The score of group g (see group_limit_binds): the sum of its r largest logits.
+MOESIM_HOST_DEVICE float group_score(const float* row, int g, int group, int r) {
+  std::int32_t taken[kMaxTopK];
+  float score = 0.0f;
+  for (int c = 0; c < r && c < group; ++c) {
+    int best = -1;
+    for (int j = g * group; j < (g + 1) * group; ++j) {
+      bool used = false;
+      for (int cc = 0; cc < c; ++cc) used = used || taken[cc] == j;
+      if (used) continue;
+      if (best < 0 || row[j] > row[best]) best = j;
+    }
+    taken[c] = best;
+    score += row[best];
+  }
+  return score;
+}
+
 /// One token's routing: softmax over its `e` logits, then its `k` choices (1 <= k <= min(e,
 /// kMaxTopK)): the k largest logits in descending order, the lower expert index first on ties
 /// (top-k on the logits, which the softmax preserves, so CPU and GPU choose alike). Writes
 /// expert[0..k) and weight[0..k) (the softmax probability of each choice, renormalised to sum to
 /// 1 over the k choices when `normalize`). Returns the top choice's probability before any
-/// renormalisation (the batch-prioritised capacity order sorts tokens by it).
+/// renormalisation (the batch-prioritised capacity order sorts tokens by it). `group` and `limit`:
+/// node-limited routing, above (the choices come from the token's groups only).
 MOESIM_HOST_DEVICE float route_token(const float* row, int e, int k, bool normalize,
-                                     std::int32_t* expert, float* weight) {
+                                     std::int32_t* expert, float* weight, int group = 0,
+                                     int limit = 0) {
+  // The token's groups when the limit binds (limit < k <= kMaxTopK, so they fit in registers).
+  const bool limited = group_limit_binds(e, k, group, limit);
+  std::int32_t groups[kMaxTopK];
+  if (limited) {
+    const int r = (k + limit - 1) / limit;
+    for (int a = 0; a < limit; ++a) {
+      int best = -1;
+      float best_score = 0.0f;
+      for (int g = 0; g < e / group; ++g) {
+        bool used = false;
+        for (int aa = 0; aa < a; ++aa) used = used || groups[aa] == g;
+        if (used) continue;
+        const float sc = group_score(row, g, group, r);
+        if (best < 0 || sc > best_score) {  // strict: the lower group keeps a tie
+          best = g;
+          best_score = sc;
+        }
+      }
+      groups[a] = best;
+    }
+  }
   float mx = row[0];
   for (int j = 1; j < e; ++j) mx = row[j] > mx ? row[j] : mx;
   float sum = 0.0f;
@@ -59,6 +112,11 @@ MOESIM_HOST_DEVICE float route_token(const float* row, int e, int k, bool normal
     for (int j = 0; j < e; ++j) {
       bool used = false;
       for (int cc = 0; cc < c; ++cc) used = used || expert[cc] == j;
+      if (limited) {
+        bool eligible = false;
+        for (int a = 0; a < limit; ++a) eligible = eligible || groups[a] == j / group;
+        used = used || !eligible;
+      }
       if (used) continue;
       if (best < 0 || row[j] > row[best]) best = j;  // strict: the lower index keeps a tie
     }

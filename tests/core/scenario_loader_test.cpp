@@ -777,6 +777,11 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
               HasSubstr("workload.routing.trace: found 'missing.csv'"));
   EXPECT_THAT(error_of(with("workload: {routing: {alpha: 2}}")),
               HasSubstr("'alpha' applies only to distribution dirichlet"));
+  EXPECT_THAT(error_of(with("workload: {routing: {node_limit: 0}}")),
+              HasSubstr("workload.routing.node_limit: found 0, expected an integer in [1, 64]"));
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: correlated, node_limit: 2}}")),
+              HasSubstr("workload.routing.node_limit: 'node_limit' applies to sampled routing "
+                        "(uniform, zipf, dirichlet), but distribution is correlated"));
   EXPECT_THAT(error_of(with("workload: {capacity: {kind: wobble}}")),
               HasSubstr("workload.capacity.kind: found 'wobble', expected one of fixed, trace or "
                         "random_walk"));

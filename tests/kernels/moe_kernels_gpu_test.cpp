@@ -174,6 +174,32 @@ TEST_F(KernelGpuTest, GateFromLogitsMatchesCpuExactly) {
   }
 }
 
+TEST_F(KernelGpuTest, NodeLimitedGateMatchesCpuExactly) {
+  // The node-limited top-k (rules::route_token with groups) on the device, against the CPU twin:
+  // 2,048 tokens, 64 experts on 8 nodes, top-8 from at most 4 (DeepSeek-V3's shape, scaled).
+  GateParams p;
+  p.num_tokens = 2048;
+  p.model_dim = 1;
+  p.num_experts = 64;
+  p.top_k = 8;
+  p.capacity = 200;
+  p.experts_per_group = 8;
+  p.group_limit = 4;
+  const std::vector<float> logits = random_floats(std::size_t(p.num_tokens) * 64, 47, -3, 3);
+  HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+  cpu::Context cctx;
+  cpu::gate_from_logits(cctx, p, logits.data(), want.out());
+  DeviceBuffer dl(logits);
+  DeviceRouting got(want);
+  ASSERT_CUDA(cudaMemset(got.expert.get(), 0x7f, want.expert.size() * 4));
+  cuda::gate_from_logits(ctx(), p, dl.get<float>(), got.out());
+  ctx().synchronize();
+  EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
+  EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
+  EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
+  expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
+}
+
 TEST_F(KernelGpuTest, GateWithCublasGemmAllDTypes) {
   for (DType d : kAllDTypes) {
     GateParams p = random_params(false);

@@ -6,11 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "tests/kernels/kernel_test_util.hpp"
 
@@ -198,6 +200,47 @@ TEST(KernelGate, TopKHandlesEightChoicesAndRejectsBadShapes) {
   p.top_k = 2;
   p.num_experts = 1;
   EXPECT_THROW(cpu::gate_from_logits(ctx, p, logits.data(), bad.out()), ArgumentError);
+}
+
+TEST(KernelGate, NodeLimitedGateKeepsEveryTokenOnItsNodes) {
+  // 64 tokens, 16 experts on 4 nodes of 4, top-4 from at most 2 nodes; random logits. Every
+  // token's choices lie on <= 2 nodes; without the limit some token's span 3+ (the check can
+  // fail), and the capacity rule is the same either way (slots by choice level).
+  GateParams p;
+  p.num_tokens = 64;
+  p.model_dim = 1;
+  p.num_experts = 16;
+  p.top_k = 4;
+  p.capacity = 64;
+  std::vector<float> logits(64 * 16);
+  std::uint32_t x = 12345;
+  for (float& v : logits) v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) / (1 << 24);
+  cpu::Context ctx;
+  int widest_free = 0;
+  for (const int limit : {0, 2}) {
+    p.experts_per_group = limit ? 4 : 0;
+    p.group_limit = limit;
+    HostRouting r(64, 4, 16, 64);
+    cpu::gate_from_logits(ctx, p, logits.data(), r.out());
+    for (int t = 0; t < 64; ++t) {
+      std::set<int> nodes;
+      for (int c = 0; c < 4; ++c) nodes.insert(r.expert[t * 4 + c] / 4);
+      if (limit) {
+        EXPECT_LE(nodes.size(), 2u) << "token " << t;
+      } else {
+        widest_free = std::max(widest_free, static_cast<int>(nodes.size()));
+      }
+    }
+    EXPECT_EQ(std::count(r.slot.begin(), r.slot.end(), -1), 0);
+  }
+  EXPECT_GE(widest_free, 3);
+  // Groups that do not divide E, or too few experts on `limit` groups for k, are refused.
+  HostRouting r(64, 4, 16, 64);
+  p.experts_per_group = 3;
+  EXPECT_THROW(cpu::gate_from_logits(ctx, p, logits.data(), r.out()), ArgumentError);
+  p.experts_per_group = 1;
+  p.group_limit = 3;
+  EXPECT_THROW(cpu::gate_from_logits(ctx, p, logits.data(), r.out()), ArgumentError);
 }
 
 TEST(KernelGate, BuildSlotIndexMatchesGateAndRejectsOutOfRange) {

@@ -30,6 +30,34 @@ TEST(KernelRules, ActivationValues) {
 
 // Logits (0, ln 3, ln 3, 0) over 4 experts: probabilities 1/8, 3/8, 3/8, 1/8. Experts 1 and 2
 // tie; the lower index comes first, then 2, then 0 (ties with 3: lower index).
+// Node-limited routing: 8 experts in 4 groups of 2, top-4.
+//   logits (9, 0 | 5, 4 | 6, 1 | 8, 2): groups' top-2 sums 9, 9, 7, 10.
+//   limit 2 (r = 2): groups 3 (10) and 0 (9, before group 1's tie) -> choices 0, 6, 7, 1.
+//   limit 3 (r = 2): groups 3, 0, 1 -> 0, 6, 2, 3. Without a limit: 0, 6, 4, 2.
+TEST(KernelRules, RouteTokenNodeLimitPicksGroupsByTheirBestLogits) {
+  const std::vector<float> row = {9, 0, 5, 4, 6, 1, 8, 2};
+  std::int32_t expert[kMaxTopK];
+  float weight[kMaxTopK];
+  EXPECT_FLOAT_EQ(group_score(row.data(), 1, 2, 2), 9.0f);
+  EXPECT_FLOAT_EQ(group_score(row.data(), 3, 2, 1), 8.0f);
+  route_token(row.data(), 8, 4, false, expert, weight, 2, 2);
+  EXPECT_EQ(std::vector<std::int32_t>(expert, expert + 4), (std::vector<std::int32_t>{0, 6, 7, 1}));
+  // The weights stay the softmax over all 8 experts.
+  double sum = 0;
+  for (float x : row) sum += std::exp(x - 9.0);
+  EXPECT_NEAR(weight[2], std::exp(2.0 - 9.0) / sum, 1e-7);
+  route_token(row.data(), 8, 4, false, expert, weight, 2, 3);
+  EXPECT_EQ(std::vector<std::int32_t>(expert, expert + 4), (std::vector<std::int32_t>{0, 6, 2, 3}));
+  route_token(row.data(), 8, 4, false, expert, weight);
+  EXPECT_EQ(std::vector<std::int32_t>(expert, expert + 4), (std::vector<std::int32_t>{0, 6, 4, 2}));
+  // A limit that cannot bind (>= k, or >= the groups) is no limit.
+  EXPECT_FALSE(group_limit_binds(8, 4, 2, 4));
+  EXPECT_FALSE(group_limit_binds(8, 8, 2, 4));
+  EXPECT_TRUE(group_limit_binds(8, 4, 2, 3));
+  route_token(row.data(), 8, 4, false, expert, weight, 2, 4);
+  EXPECT_EQ(std::vector<std::int32_t>(expert, expert + 4), (std::vector<std::int32_t>{0, 6, 4, 2}));
+}
+
 TEST(KernelRules, RouteTokenSoftmaxTopKAndTies) {
   const float l3 = std::log(3.0f);
   const std::vector<float> row = {0.0f, l3, l3, 0.0f};

@@ -202,6 +202,18 @@ ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, in
       std::vector<std::uint32_t> fill(node_begin_.begin(), node_begin_.end() - 1);
       for (std::uint32_t e = 0; e < num_experts_; ++e)
         node_experts_[fill[node_limit.node_of[e]]++] = e;
+      node_mass_.assign(nodes, 0.0);
+      if (!uniform_) node_alias_.resize(nodes);
+      for (std::uint32_t n = 0; n < nodes; ++n) {
+        std::vector<double> w;
+        for (std::uint32_t x = node_begin_[n]; x < node_begin_[n + 1]; ++x)
+          w.push_back(p_[node_experts_[x]]);
+        for (const double v : w) node_mass_[n] += v;
+        if (!uniform_ && node_mass_[n] > 0) node_alias_[n] = AliasTable(w);
+      }
+      node_size_ = node_begin_[1];
+      for (std::uint32_t n = 1; n < nodes; ++n)
+        if (node_begin_[n + 1] - node_begin_[n] != node_size_) node_size_ = 0;
       node_of_ = std::move(node_limit.node_of);
       node_limit_ = node_limit.limit;
       method_ = Method::kTokens;
@@ -349,14 +361,39 @@ std::uint32_t ChoiceSampler::draw_excluding(Xoshiro256& rng, const std::uint32_t
 std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t* chosen, int n,
                                            const std::uint32_t* nodes, int num_nodes) const {
   auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
-  auto allowed = [&](std::uint32_t e) {
-    return std::find(nodes, nodes + num_nodes, node_of_[e]) != nodes + num_nodes;
-  };
-  // Rejection, as draw_excluding: exact; ~E / (experts on the token's nodes) attempts for
-  // even popularity (2 for DeepSeek-V3's 4 of 8 nodes).
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    const std::uint32_t e = draw(rng);
-    if (allowed(e) && !is_chosen(e)) return e;
+  // A node by its mass among the token's nodes, then an expert of it by p: a draw from p
+  // restricted to those nodes; rejecting the token's earlier choices makes it the exact
+  // conditional law (few attempts: a token has at most k - 1 earlier choices).
+  if (uniform_ && node_size_ > 0) {  // equal nodes, every expert alike: a node, then one of it
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const std::uint32_t n = nodes[rng.below(static_cast<std::uint32_t>(num_nodes))];
+      const std::uint32_t e = node_experts_[node_begin_[n] + rng.below(node_size_)];
+      if (!is_chosen(e)) return e;
+    }
+  } else if (uniform_) {  // every expert of the token's nodes alike: one draw picks one of them
+    std::uint32_t count = 0;
+    for (int a = 0; a < num_nodes; ++a) count += node_begin_[nodes[a] + 1] - node_begin_[nodes[a]];
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      std::uint32_t x = rng.below(count);
+      int a = 0;
+      for (std::uint32_t size; x >= (size = node_begin_[nodes[a] + 1] - node_begin_[nodes[a]]);)
+        x -= size, ++a;
+      const std::uint32_t e = node_experts_[node_begin_[nodes[a]] + x];
+      if (!is_chosen(e)) return e;
+    }
+  }
+  double total = 0;
+  for (int a = 0; a < num_nodes; ++a) total += node_mass_[nodes[a]];
+  for (int attempt = 0; !uniform_ && total > 0 && attempt < 64; ++attempt) {
+    double u = rng.uniform() * total;
+    int a = 0;
+    while (a + 1 < num_nodes && (u -= node_mass_[nodes[a]]) >= 0) ++a;
+    while (node_mass_[nodes[a]] <= 0) --a;  // rounding past the end lands on a node with mass
+    const std::uint32_t n = nodes[a];
+    const std::uint32_t size = node_begin_[n + 1] - node_begin_[n];
+    const std::uint32_t x = uniform_ ? rng.below(size) : node_alias_[n].sample(rng);
+    const std::uint32_t e = node_experts_[node_begin_[n] + x];
+    if (!is_chosen(e)) return e;
   }
   // The same conditional law by a scan of the allowed nodes' experts only.
   double mass = 0;
@@ -396,21 +433,28 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng,
                                                std::span<std::uint32_t> counts) const {
   // Choices in affinity order, each from p without the token's earlier choices; once they span
   // `limit` nodes, the rest come from those nodes only: the token's top experts pick its nodes.
+  // Two loops and branch-free node bookkeeping: which phase a choice is in, and whether its node
+  // is new, are coin flips the branch predictor would miss (twice the sampling time).
   const std::size_t E = num_experts_;
   std::uint32_t chosen[64];
   std::uint32_t nodes[64];
+  std::vector<std::uint8_t> on(node_begin_.size() - 1, 0);  // nodes the token uses, as flags
+  int num_nodes = 0;
+  auto take = [&](int j, std::uint32_t e) {
+    chosen[j] = e;
+    ++counts[static_cast<std::size_t>(j) * E + e];
+    const std::uint32_t n = node_of_[e];
+    nodes[num_nodes] = n;
+    num_nodes += on[n] ^ 1;
+    on[n] = 1;
+  };
   for (std::int64_t t = 0; t < tokens_; ++t) {
-    int num_nodes = 0;
-    for (int j = 0; j < top_k_; ++j) {
-      const std::uint32_t e = j == 0 ? draw(rng)
-                              : num_nodes < node_limit_
-                                  ? draw_excluding(rng, chosen, j)
-                                  : draw_on_nodes(rng, chosen, j, nodes, num_nodes);
-      chosen[j] = e;
-      ++counts[static_cast<std::size_t>(j) * E + e];
-      if (std::find(nodes, nodes + num_nodes, node_of_[e]) == nodes + num_nodes)
-        nodes[num_nodes++] = node_of_[e];
-    }
+    num_nodes = 0;
+    take(0, draw(rng));
+    int j = 1;
+    for (; j < top_k_ && num_nodes < node_limit_; ++j) take(j, draw_excluding(rng, chosen, j));
+    for (; j < top_k_; ++j) take(j, draw_on_nodes(rng, chosen, j, nodes, num_nodes));
+    for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
   }
 }
 

@@ -92,6 +92,9 @@ class ChoiceSampler {
   int node_limit_ = 0;
   std::vector<std::uint32_t> node_begin_;
   std::vector<std::uint32_t> node_experts_;
+  std::uint32_t node_size_ = 0;         // experts per node when all nodes hold alike, else 0
+  std::vector<double> node_mass_;       // sum of p over each node's experts
+  std::vector<AliasTable> node_alias_;  // p within each node with mass (empty when uniform)
   AliasTable alias_;
   // Count method: q[j * E + e] (rank weights) and cond[j * E + e] = q_e / sum_{e' >= e} q_e'.
   std::vector<double> q_;

@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "core/error.hpp"
+#include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -35,6 +37,19 @@ std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<Strat
                                      bool progress, workload::SampleCache* cache,
                                      ProgressReporter* reporter) {
   std::vector<StackOutcome> out;
+  // Every stack samples the same counts for (iteration, layer) (the runner's generator keys them
+  // by the routing spec and the shape only), so a cache that holds all of them samples each once.
+  // The cache drops its oldest entries beyond its budget, and the stacks visit the layers in the
+  // same order, so one too small to hold the run would only cost memory: none then.
+  std::unique_ptr<workload::SampleCache> own_cache;
+  if (cache == nullptr && specs.size() > 1) {
+    const double bytes = static_cast<double>(iterations) * sc.model.num_moe_layers() *
+                         sc.num_gpus() * sc.model.top_k * sc.num_experts() * 4.0;
+    if (bytes > 0 && bytes <= static_cast<double>(kStacksCacheMaxBytes)) {
+      own_cache = std::make_unique<workload::SampleCache>(static_cast<std::size_t>(bytes) + 4096);
+      cache = own_cache.get();
+    }
+  }
   // run_stack calls the backend once per iteration: the reporter's units.
   strategies::Backend backend = [&](const Plan& plan) {
     if (reporter == nullptr) return sim::run_plan(plan, topo, cfg);

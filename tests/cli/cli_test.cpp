@@ -144,6 +144,36 @@ TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
     }
 }
 
+// simulate shares one sample cache among a scenario's strategies (apps/moesim/stacks.hpp): each
+// strategy's row must equal its row when it runs alone (its own sampling), with skewed routing,
+// drops (f = 1) and pipelined strategies (dC rounded to r) among them, over 2 iterations.
+TEST(Cli, StrategiesSharingSampledCountsMatchTheirRunsAlone) {
+  const std::string scen = kSource + "/scenarios/exec-host-4.yaml";
+  const std::string edits =
+      "--engine analytical --iterations 2 --set workload.routing.distribution=zipf "
+      "--set workload.routing.skew=1.2 --quiet";
+  auto all = run(fmt::format("simulate '{}' {}", scen, edits));
+  ASSERT_EQ(all.exit_code, 0) << all.out;
+  int compared = 0;
+  for (const std::string name : {"baseline", "2dh-r2", "pipemoe", "tutel"}) {
+    auto alone = run(fmt::format("simulate '{}' {} --strategy {}", scen, edits, name));
+    ASSERT_EQ(alone.exit_code, 0) << alone.out;
+    // The row up to the speedup column (alone prints "-" there).
+    auto row = [&](const std::string& out) {
+      const auto at = out.find("\n" + name + " ");
+      EXPECT_NE(at, std::string::npos) << out;
+      const std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+      std::istringstream is(line);
+      std::string cols, x;
+      for (int c = 0; c < 7 && is >> x; ++c) cols += x + " ";
+      return cols;
+    };
+    EXPECT_EQ(row(all.out), row(alone.out)) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+}
+
 // Every file in tests/cli/bad starts with "# expect: <text>": validate must exit 2 with one line
 // naming the file and a line number, and containing <text>.
 TEST(Cli, BadInputExitsTwoWithLocation) {

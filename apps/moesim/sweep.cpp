@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -1159,6 +1160,211 @@ void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
 
 }  // namespace
 
+// ---- run_sweep's parts (2) -------------------------------------------------------------------
+
+namespace {
+
+// The points left (todo) and their predicted costs: rank 0 finds them (find_work) and broadcasts
+// them; the other ranks wait for them before doing anything that can fail, so an input error is
+// reported once, by rank 0, which ends the job (rank 0 alone reads the CSV, which may not even
+// exist on the other machines).
+void broadcast_work(SweepTransport* tp, bool root, SweepWork& work) {
+  if (!tp) return;
+  if (root) {
+    nlohmann::json j;
+    j["todo"] = work.todo;
+    j["cost"] = work.cost;
+    std::string text = j.dump();
+    tp->broadcast(text);
+    return;
+  }
+  std::string text;
+  tp->broadcast(text);
+  auto j = nlohmann::json::parse(text);
+  work.todo = j.at("todo").get<std::vector<std::size_t>>();
+  work.cost = j.at("cost").get<std::vector<double>>();
+}
+
+// This rank's worker threads and, with several ranks, the main thread's traffic with them: the
+// state they share and what each of them runs. Every member function but run() runs on one
+// thread among several; the mutex guards `result`, `progress` and the outbox.
+class SweepWorkers {
+ public:
+  SweepWorkers(const SweepSpec& spec, const SweepOptions& opts,
+               const std::vector<SweepPoint>& points, const std::vector<std::size_t>& mine,
+               SweepTransport* tp, int rank, int ranks, int jobs, SweepProgress& progress,
+               SweepResult& result)
+      : spec_(spec),
+        opts_(opts),
+        points_(points),
+        mine_(mine),
+        tp_(tp),
+        rank_(rank),
+        ranks_(ranks),
+        jobs_(jobs),
+        progress_(progress),
+        result_(result),
+        active_(jobs) {}
+
+  /// Runs this rank's points on `jobs` threads. Alone, the calling thread is one of them; with
+  /// several ranks it talks to the other ranks instead (every MPI call stays on it). Returns the
+  /// first error of any thread (null when none).
+  std::exception_ptr run(const std::string& base_text) {
+    std::vector<std::thread> pool;
+    if (!tp_) {
+      for (int j = 1; j < jobs_; ++j) pool.emplace_back([&] { work(base_text); });
+      if (jobs_ > 0) work(base_text);
+    } else {
+      for (int j = 0; j < jobs_; ++j) pool.emplace_back([&] { work(base_text); });
+      try {
+        if (rank_ == 0) {
+          serve_ranks();
+        } else {
+          forward_to_root();
+        }
+      } catch (...) {
+        fail();
+      }
+    }
+    for (auto& t : pool) t.join();
+    return error_;
+  }
+
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  // One worker: takes the next of this rank's points until none is left or a thread failed.
+  // Each worker owns its YAML trees, scenario, topology and stacks: nothing is shared between
+  // points but the read-only spec and the sample cache.
+  void work(const std::string& base_text) {
+    try {
+      const YAML::Node base_tree = YAML::Load(base_text);
+      while (!stop_.load()) {
+        // Points too small to reach a poll of the event loops still stop here on Ctrl-C.
+        sim::throw_if_interrupted();
+        std::size_t k = next_.fetch_add(1);
+        if (k >= mine_.size()) break;
+        std::string engine;
+        std::vector<SweepRow> rows =
+            run_point(spec_, opts_, base_tree, points_[mine_[k]], sample_cache_, engine);
+        std::string message = rank_ == 0 ? std::string() : rows_message(rank_, rows);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (result_.engine.empty()) result_.engine = engine;
+        if (rank_ == 0) {
+          progress_.point_done(0, rows, result_);
+        } else {
+          outbox_.push_back(std::move(message));
+          for (auto& r : rows) result_.rows.push_back(std::move(r));
+          ++result_.points_run;
+          ++result_.points_per_rank.at(static_cast<std::size_t>(rank_));
+          outbox_cv_.notify_one();
+        }
+      }
+    } catch (...) {
+      fail();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.fetch_sub(1);
+    outbox_cv_.notify_one();
+  }
+
+  // Rank 0's main thread: the other ranks' rows into the progress record, until every rank said
+  // it is done and this rank's workers are (or a thread failed).
+  void serve_ranks() {
+    int finished_ranks = 0;
+    while (true) {
+      while (auto text = tp_->try_receive()) {
+        auto j = nlohmann::ordered_json::parse(*text);
+        if (j.contains("done")) {
+          ++finished_ranks;
+          continue;
+        }
+        auto rows = parse_rows_message(j);
+        const int from = j.at("rank").get<int>();
+        if (from <= 0 || from >= ranks_)
+          throw RuntimeError(fmt::format("sweep: a message from rank {} of {}", from, ranks_));
+        std::lock_guard<std::mutex> lock(mu_);
+        progress_.point_done(from, rows, result_);
+      }
+      if (stop_.load()) break;
+      if (active_.load() == 0 && finished_ranks == ranks_ - 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // Another rank's main thread: its workers' rows to rank 0 as they come, then "done".
+  void forward_to_root() {
+    while (true) {
+      std::vector<std::string> batch;
+      bool workers_left = true;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        outbox_cv_.wait_for(lock, std::chrono::milliseconds(100),
+                            [&] { return !outbox_.empty() || active_.load() == 0; });
+        batch.swap(outbox_);
+        workers_left = active_.load() > 0;
+      }
+      for (const auto& m : batch) tp_->send_to_root(m);
+      if (!workers_left) break;
+    }
+    if (!stop_.load()) tp_->send_to_root("{\"done\":true}");
+  }
+
+  // Keeps the first error (inside a catch block) and stops every thread at its next point.
+  void fail() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = std::current_exception();
+    stop_.store(true);
+  }
+
+  const SweepSpec& spec_;
+  const SweepOptions& opts_;
+  const std::vector<SweepPoint>& points_;
+  const std::vector<std::size_t>& mine_;
+  SweepTransport* const tp_;
+  const int rank_, ranks_, jobs_;
+  SweepProgress& progress_;
+  SweepResult& result_;
+  std::mutex mu_;
+  std::condition_variable outbox_cv_;
+  std::vector<std::string> outbox_;  // ranks > 0: messages for rank 0, sent by the main thread
+  std::atomic<std::size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> active_;
+  std::exception_ptr error_;
+  // Points that differ only in what the sampled counts do not depend on (model_dim, hidden_dim,
+  // capacity, the network, the stack) share the counts of one iteration and layer: sampling them
+  // once is exact (strategies/workload/workload.hpp, SampleCache) and is most of an analytical
+  // point's cost. Thread-safe; bounded by its byte budget.
+  workload::SampleCache sample_cache_;
+};
+
+// Rank 0, every point run: the rows in point order (strategies in the scenario's order), the
+// sorted CSV rewrite and the JSON file.
+void finish_on_root(const SweepSpec& spec, const SweepOptions& opts, const Scenario& base_sc,
+                    const std::vector<std::string>& strategy_names,
+                    const SweepFingerprint& fingerprint, SweepProgress& progress,
+                    const std::function<void(const std::vector<SweepRow>&)>& write_all,
+                    SweepResult& result) {
+  std::map<std::string, std::size_t> order;
+  for (std::size_t i = 0; i < strategy_names.size(); ++i) order[strategy_names[i]] = i;
+  std::stable_sort(result.rows.begin(), result.rows.end(),
+                   [&](const SweepRow& a, const SweepRow& b) {
+                     if (a.point != b.point) return a.point < b.point;
+                     return order[a.summary.strategy] < order[b.summary.strategy];
+                   });
+  if (!opts.csv_path.empty()) {
+    progress.close_csv();
+    write_all(result.rows);
+  }
+  if (result.engine.empty())
+    result.engine =
+        std::string(sim::network_kind_name(engine_config_from(base_sc, opts.engine).network));
+  if (!opts.json_path.empty()) write_sweep_json(spec, result, fingerprint, opts.json_path);
+}
+
+}  // namespace
+
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   SweepTransport* const tp =
@@ -1175,34 +1381,18 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   std::vector<std::string> strategy_names;
   SweepWork work;
 
-  // Other ranks wait for rank 0's list of the points left (rank 0 alone reads the CSV, which may
-  // not even exist on their machines) before doing anything that can fail: an input error is then
-  // reported once, by rank 0, which ends the job.
-  if (!root) {
-    std::string text;
-    tp->broadcast(text);
-    auto j = nlohmann::json::parse(text);
-    work.todo = j.at("todo").get<std::vector<std::size_t>>();
-    work.cost = j.at("cost").get<std::vector<double>>();
-  }
+  if (!root) broadcast_work(tp, root, work);  // waits for rank 0's list (see broadcast_work)
   if (root) validate_sweep(spec);
   const std::string base_text = read_text(spec.base_path);
   const Scenario base_sc = base_scenario(spec);
   for (const auto& s : select_strategies(base_sc, spec.strategies))
     strategy_names.push_back(s.name);
-
   SweepFingerprint fingerprint;
   if (root) {
     fingerprint = sweep_fingerprint(spec, opts.engine);
     work = find_work(spec, opts, points, cols, strategy_names, fingerprint, base_sc, base_text,
                      result);
-    if (tp) {
-      nlohmann::json j;
-      j["todo"] = work.todo;
-      j["cost"] = work.cost;
-      std::string text = j.dump();
-      tp->broadcast(text);
-    }
+    broadcast_work(tp, root, work);
   }
   const std::vector<std::size_t> mine = share_of_rank(work, ranks, rank);
 
@@ -1230,111 +1420,14 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
     write_all(result.rows);  // drops cut-short lines before appending
     progress.append_to(opts.csv_path);
   }
-
-  std::mutex mu;
-  std::condition_variable outbox_cv;
-  std::vector<std::string> outbox;  // ranks > 0: messages for rank 0, sent by the main thread
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> stop{false};
-  std::atomic<int> active{jobs};
-  std::exception_ptr error;
   if (root && opts.progress && result.points_skipped > 0)
     std::fprintf(stderr, "moesim sweep: %zu of %zu points already in %s, skipped\n",
                  result.points_skipped, points.size(), opts.csv_path.c_str());
 
-  // Points that differ only in what the sampled counts do not depend on (model_dim, hidden_dim,
-  // capacity, the network, the stack) share the counts of one iteration and layer: sampling them
-  // once is exact (strategies/workload/workload.hpp, SampleCache) and is most of an analytical
-  // point's cost. Thread-safe; bounded by its byte budget.
-  workload::SampleCache sample_cache;
-  auto worker = [&] {
-    try {
-      // Each worker owns its YAML trees, scenario, topology and stacks: nothing is shared
-      // between points but the read-only spec.
-      const YAML::Node base_tree = YAML::Load(base_text);
-      while (!stop.load()) {
-        // Points too small to reach a poll of the event loops still stop here on Ctrl-C.
-        sim::throw_if_interrupted();
-        std::size_t k = next.fetch_add(1);
-        if (k >= mine.size()) break;
-        std::string engine;
-        std::vector<SweepRow> rows =
-            run_point(spec, opts, base_tree, points[mine[k]], sample_cache, engine);
-        std::string message = root ? std::string() : rows_message(rank, rows);
-        std::lock_guard<std::mutex> lock(mu);
-        if (result.engine.empty()) result.engine = engine;
-        if (root) {
-          progress.point_done(0, rows, result);
-        } else {
-          outbox.push_back(std::move(message));
-          for (auto& r : rows) result.rows.push_back(std::move(r));
-          ++result.points_run;
-          ++result.points_per_rank.at(static_cast<std::size_t>(rank));
-          outbox_cv.notify_one();
-        }
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      stop.store(true);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    active.fetch_sub(1);
-    outbox_cv.notify_one();
-  };
-  std::vector<std::thread> pool;
-  if (!tp) {
-    for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-    if (jobs > 0) worker();
-  } else {
-    // The main thread talks to the other ranks (all MPI calls stay on it); workers compute.
-    for (int j = 0; j < jobs; ++j) pool.emplace_back(worker);
-    try {
-      if (root) {
-        int finished_ranks = 0;
-        while (true) {
-          while (auto text = tp->try_receive()) {
-            auto j = nlohmann::ordered_json::parse(*text);
-            if (j.contains("done")) {
-              ++finished_ranks;
-              continue;
-            }
-            auto rows = parse_rows_message(j);
-            const int from = j.at("rank").get<int>();
-            if (from <= 0 || from >= ranks)
-              throw RuntimeError(fmt::format("sweep: a message from rank {} of {}", from, ranks));
-            std::lock_guard<std::mutex> lock(mu);
-            progress.point_done(from, rows, result);
-          }
-          if (stop.load()) break;
-          if (active.load() == 0 && finished_ranks == ranks - 1) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-      } else {
-        while (true) {
-          std::vector<std::string> batch;
-          bool workers_left = true;
-          {
-            std::unique_lock<std::mutex> lock(mu);
-            outbox_cv.wait_for(lock, std::chrono::milliseconds(100),
-                               [&] { return !outbox.empty() || active.load() == 0; });
-            batch.swap(outbox);
-            workers_left = active.load() > 0;
-          }
-          for (const auto& m : batch) tp->send_to_root(m);
-          if (!workers_left) break;
-        }
-        if (!stop.load()) tp->send_to_root("{\"done\":true}");
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!error) error = std::current_exception();
-      stop.store(true);
-    }
-  }
-  for (auto& t : pool) t.join();
+  SweepWorkers workers(spec, opts, points, mine, tp, rank, ranks, jobs, progress, result);
+  const std::exception_ptr error = workers.run(base_text);
   if (root && !work.todo.empty()) {
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(workers.mutex());
     progress.print(true);
   }
   if (error) {
@@ -1345,27 +1438,8 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
       throw;
     }
   }
-  if (!root) {
-    result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return result;  // rank 0 writes everything
-  }
-
-  std::map<std::string, std::size_t> order;
-  for (std::size_t i = 0; i < strategy_names.size(); ++i) order[strategy_names[i]] = i;
-  std::stable_sort(result.rows.begin(), result.rows.end(),
-                   [&](const SweepRow& a, const SweepRow& b) {
-                     if (a.point != b.point) return a.point < b.point;
-                     return order[a.summary.strategy] < order[b.summary.strategy];
-                   });
-  if (!opts.csv_path.empty()) {
-    progress.close_csv();
-    write_all(result.rows);
-  }
-  if (result.engine.empty())
-    result.engine =
-        std::string(sim::network_kind_name(engine_config_from(base_sc, opts.engine).network));
-
-  if (!opts.json_path.empty()) write_sweep_json(spec, result, fingerprint, opts.json_path);
+  if (root)  // (the other ranks' rows reached rank 0, which writes everything)
+    finish_on_root(spec, opts, base_sc, strategy_names, fingerprint, progress, write_all, result);
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

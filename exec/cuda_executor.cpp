@@ -677,8 +677,12 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
                        cudaMemcpyDeviceToHost));
     long long dropped = 0;
     for (auto s : slot) dropped += s < 0 ? 1 : 0;
+    std::vector<float> logits(static_cast<std::size_t>(d.shape.tokens) * d.shape.experts);
+    CUDA_OK(cudaMemcpy(logits.data(), a.at(L.logits), logits.size() * sizeof(float),
+                       cudaMemcpyDeviceToHost));
     step.outputs.push_back(std::move(y));
     step.dropped.push_back(dropped);
+    step.logits.push_back(std::move(logits));
   }
   return step;
 }

@@ -51,6 +51,8 @@ struct DeviceStep {
   std::vector<double> times;                // (start, end) of every op of this rank, op id order
   std::vector<std::vector<float>> outputs;  // per MoE layer: y (S x M) converted to fp32
   std::vector<long long> dropped;           // per MoE layer: choices dropped by capacity
+  // Per MoE layer: the gate's logits (S x E, fp32), which --check decides on (GateLogits).
+  std::vector<std::vector<float>> logits;
 };
 
 class DevicePath {

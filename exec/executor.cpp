@@ -332,6 +332,7 @@ RunResult Executor::run(const Plan& plan) {
                                    [this] { session_.barrier("start of the step"); });
     mine = std::move(step.times);
     outputs_ = std::move(step.outputs);
+    device_logits_ = std::move(step.logits);
     dropped_ = std::move(step.dropped);
 #endif
   } else {
@@ -691,12 +692,22 @@ void Executor::check_layers() {
     const Layer* L = !parm_ && li < layers_.size() ? layers_[li].get() : nullptr;
     const std::vector<float> tokens =
         make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));
-    const auto ref =
-        parm_ ? parm_->reference(static_cast<int>(li), &drops)
-        : L && L->rpath
-            ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing, L->rpath->pos,
-                                     &drops)
-            : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second, &drops);
+    // The gate's own logits, where this rank has them (the host gate's, or the GPU's downloaded):
+    // the reference decides on them and checks them (GateLogits).
+    const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
+    GateLogits kernel;
+    if (device_ && li < device_logits_.size() && device_logits_[li].size() == num_logits)
+      kernel = {device_logits_[li].data(), tolerance_};
+    else if (!device_ && L && !L->rpath && L->logits.size() == num_logits)
+      kernel = {L->logits.data(), tolerance_};
+    long long logits_wrong = 0;
+    const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
+                     : L && L->rpath
+                         ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing,
+                                                  L->rpath->pos, &drops)
+                         : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second,
+                                                  &drops, kernel, &logits_wrong);
+    wrong += logits_wrong;
     for (std::size_t i = 0; i < per_rank; ++i) {
       const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;

@@ -195,6 +195,7 @@ class Executor {
   int iteration_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<float>> outputs_;
+  std::vector<std::vector<float>> device_logits_;  // per MoE layer: the GPU gate's (S x E)
   std::vector<std::vector<float>> gradients_;
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;

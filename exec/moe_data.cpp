@@ -143,17 +143,30 @@ kernels::GateParams gate_params(const MoeShape& s, int tokens, int capacity) {
 }
 
 ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
-                                   const std::vector<float>& gate_w, int capacity) {
+                                   const std::vector<float>& gate_w, int capacity,
+                                   GateLogits kernel) {
   const int S = s.tokens, E = s.experts, k = s.top_k;
   ReferenceRouting rr;
   rr.expert.resize(static_cast<size_t>(S) * k);
   rr.prob.resize(static_cast<size_t>(S) * k);
   rr.kept.assign(static_cast<size_t>(S) * k, 0);
   // Gate: softmax probabilities and the k best experts per token (ties: lower index).
-  std::vector<double> logit(E);
+  std::vector<double> ref_logit(E), kernel_logit(E);
   std::vector<int> order(E);
   for (int t = 0; t < S; ++t) {
-    const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, logit);
+    const auto [mx, sum] = reference_gate_row(s, tokens, gate_w, t, ref_logit);
+    // `logit`: what the decisions are taken on (see GateLogits).
+    const std::vector<double>* decide = &ref_logit;
+    if (kernel.logits) {
+      for (int e = 0; e < E; ++e) {
+        const double got = kernel.logits[static_cast<size_t>(t) * E + e];
+        if (!(std::fabs(got - ref_logit[e]) <= kernel.tolerance * (1 + std::fabs(ref_logit[e]))))
+          ++rr.logits_wrong;
+        kernel_logit[e] = got;
+      }
+      decide = &kernel_logit;
+    }
+    const std::vector<double>& logit = *decide;
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
     if (s.node_limit_binds()) {
@@ -181,7 +194,7 @@ ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& 
     for (int c = 0; c < k; ++c) {
       rr.expert[static_cast<size_t>(t) * k + c] = order[c];
       rr.prob[static_cast<size_t>(t) * k + c] =
-          static_cast<float>(std::exp(logit[order[c]] - mx) / sum);
+          static_cast<float>(std::exp(ref_logit[order[c]] - mx) / sum);
     }
   }
   // Capacity rule: all first choices in token order, then all second choices, ...
@@ -302,10 +315,12 @@ std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& 
 
 std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<float>& tokens,
                                           std::uint64_t seed, int layer, int capacity,
-                                          long long* dropped) {
+                                          long long* dropped, GateLogits kernel,
+                                          long long* logits_wrong) {
   const ReferenceRouting rr =
-      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity);
+      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity, kernel);
   if (dropped) *dropped = rr.dropped;
+  if (logits_wrong) *logits_wrong = rr.logits_wrong;
   std::vector<float> w1, w2;
   return reference_ffn(s, tokens, rr, [&](int e) {
     w1 = make_w1(s, seed, layer, e);

@@ -74,14 +74,28 @@ std::vector<float> make_w2_slice(const MoeShape& s, std::uint64_t seed, int laye
 /// The reference gate of one rank's tokens: per (token, choice) entry t*k + c the chosen expert,
 /// its softmax probability and whether it kept a capacity slot (all first choices in token order
 /// before any second choice, ...; at most `capacity` per expert).
+///
+/// The kernel's logits (GateLogits, optional): the discrete decisions (which experts, which
+/// nodes) are taken on them, and each is checked against the reference's own logit (|kernel -
+/// reference| <= tolerance x (1 + |reference|)). A GPU GEMM sums in another order, so a token
+/// whose k-th and (k+1)-th logits lie within rounding of each other could otherwise pick another
+/// expert than the reference and fail --check although both are right; a wrong logit still
+/// fails it (logits_wrong). Probabilities stay the reference's.
+struct GateLogits {
+  const float* logits =
+      nullptr;  // S x E, the kernel's gate output; null: decide on the reference's
+  double tolerance = 0;
+};
 struct ReferenceRouting {
   std::vector<int> expert;
   std::vector<float> prob;
   std::vector<char> kept;
   long long dropped = 0;
+  long long logits_wrong = 0;  // kernel logits beyond the tolerance (GateLogits given)
 };
 ReferenceRouting reference_routing(const MoeShape& s, const std::vector<float>& tokens,
-                                   const std::vector<float>& gate_w, int capacity);
+                                   const std::vector<float>& gate_w, int capacity,
+                                   GateLogits kernel = {});
 
 /// Reference output of one rank's layer: y (S x M) for `tokens`, capacity `capacity` slots per
 /// expert assigned all first choices (in token order) before any second choice; a choice beyond
@@ -95,10 +109,12 @@ std::vector<float> reference_layer(const MoeShape& s, const std::vector<float>& 
 
 /// reference_layer with the layer's seeded gate and expert weights (make_*), each expert's weights
 /// generated only while its tokens are processed: what --check runs on every rank for its own
-/// tokens.
+/// tokens. `kernel`: the gate's logits to decide on (GateLogits); `logits_wrong` receives how
+/// many of them the reference rejects.
 std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<float>& tokens,
                                           std::uint64_t seed, int layer, int capacity,
-                                          long long* dropped);
+                                          long long* dropped, GateLogits kernel = {},
+                                          long long* logits_wrong = nullptr);
 
 /// reference_layer_seeded for rows [first, first + count) of a routing unit: the gate and the
 /// capacity rule see all s.tokens rows of `tokens` (a schedule that gates several ranks' tokens

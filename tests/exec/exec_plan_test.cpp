@@ -119,6 +119,36 @@ TEST(MoeLabels, LayerPlanFromFc1Shapes) {
   EXPECT_EQ(layers[0].local_experts, 6);
 }
 
+// --check decides on the gate's own logits (GateLogits): one token, M = 1, x = 1, gate weights
+// (1, 1 + 2^-23, 0). The reference's logits put expert 1 first by 2^-23; a kernel whose GEMM gave
+// (1, 1, 0) ties them and picks expert 0 (lower index), which is right within rounding: the
+// reference follows it, with no logit counted wrong. A kernel logit off by 0.1 is counted wrong.
+TEST(MoeData, ReferenceDecidesOnTheKernelsLogitsAndChecksThem) {
+  MoeShape s{1, 1, 2, 3, 1};
+  const std::vector<float> x = {1.0f};
+  const std::vector<float> wg = {1.0f, 1.0f + 0x1p-23f, 0.0f};
+  const ReferenceRouting own = reference_routing(s, x, wg, 4);
+  EXPECT_EQ(own.expert, std::vector<int>{1});
+  const std::vector<float> tied = {1.0f, 1.0f, 0.0f};
+  const ReferenceRouting follow = reference_routing(s, x, wg, 4, {tied.data(), 1e-6});
+  EXPECT_EQ(follow.expert, std::vector<int>{0});
+  EXPECT_EQ(follow.logits_wrong, 0);
+  // Probabilities stay the reference's: expert 0's softmax weight over (1, 1 + 2^-23, 0).
+  const double e1 = std::exp(0x1p-23), sum = 1 + e1 + std::exp(-1.0);
+  EXPECT_NEAR(follow.prob[0], 1 / sum, 1e-7);
+  const std::vector<float> off = {1.0f, 1.1f, 0.0f};
+  const ReferenceRouting bad = reference_routing(s, x, wg, 4, {off.data(), 1e-6});
+  EXPECT_EQ(bad.logits_wrong, 1);
+  // The node-limited gate decides on them too: 4 experts in 2 groups, k = 2 from 1 group.
+  MoeShape n{1, 1, 2, 4, 2};
+  n.experts_per_group = 2;
+  n.group_limit = 1;
+  const std::vector<float> wg4 = {3.0f, 0.0f, 2.0f, 1.5f};  // groups' sums 3 and 3.5: group 1
+  EXPECT_EQ(reference_routing(n, x, wg4, 4).expert, (std::vector<int>{2, 3}));
+  const std::vector<float> k4 = {3.0f, 0.5f, 2.0f, 1.5f};  // 3.5 and 3.5: the lower group
+  EXPECT_EQ(reference_routing(n, x, wg4, 4, {k4.data(), 1.0}).expert, (std::vector<int>{0, 1}));
+}
+
 TEST(MoeData, HiddenSlicesAreColumnAndRowBlocksWhosePartialOutputsSumToTheExpert) {
   const MoeShape s{4, 3, 8, 2, 1};  // M = 3, H = 8
   const auto w1 = make_w1(s, 5, 0, 1), w2 = make_w2(s, 5, 0, 1);

@@ -97,20 +97,37 @@ int count_labels(const Plan& plan, const std::string& needle) {
 
 // ---- SAA ------------------------------------------------------------------------------------
 
+// An SAA all-to-all of `bytes` per rank over ranks 0-3 of the Parm scenario, all-gather blocks
+// of m = 2: the spec, call and algorithm the SAA tests lower.
+struct SaaCase {
+  explicit SaaCase(double bytes, bool spans_group = false)
+      : sc(parm_scenario({})),
+        topo(topology::build_topology(sc.cluster)),
+        algo(collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::kSaa)) {
+    spec.type = CollectiveType::kAllToAll;
+    spec.algo = CollectiveAlgo::kSaa;
+    spec.bytes = Bytes(bytes);
+    spec.sub_group = 2;
+    spec.saa_a2a_spans_group = spans_group;
+  }
+  std::vector<collectives::Phase> lower() const { return algo->lower(call, *topo); }
+  Scenario sc;
+  std::unique_ptr<topology::Topology> topo;
+  const collectives::Algorithm* algo;
+  CollectiveSpec spec;
+  std::vector<int> group = {0, 1, 2, 3};
+  collectives::CollectiveCall call{&spec, &group, 0, true};
+};
+
 TEST(Saa, LoweringOnTwoByTwo) {
   // 4 ranks: A = 2 all-to-all peers x m = 2 all-gather peers; S = 8 bytes (c = 4 per peer).
-  const Scenario sc = parm_scenario({});
-  const auto topo = topology::build_topology(sc.cluster);
-  const auto* algo = collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::kSaa);
-  ASSERT_NE(algo, nullptr);
-  CollectiveSpec spec;
-  spec.type = CollectiveType::kAllToAll;
-  spec.algo = CollectiveAlgo::kSaa;
-  spec.bytes = Bytes(8);
-  spec.sub_group = 2;
-  const std::vector<int> group = {0, 1, 2, 3};
-  collectives::CollectiveCall call{&spec, &group, 0, true};
-  const auto phases = algo->lower(call, *topo);
+  SaaCase t(8);
+  ASSERT_NE(t.algo, nullptr);
+  const auto& topo = t.topo;
+  const auto* algo = t.algo;
+  CollectiveSpec& spec = t.spec;
+  const collectives::CollectiveCall& call = t.call;
+  const auto phases = t.lower();
   // Own chunk copied; n = 2 slices: step 0 a2a slice 0, step 1 a2a slice 1 + forward of slice 0,
   // step 2 forward of slice 1.
   ASSERT_EQ(phases.size(), 4u);
@@ -149,19 +166,9 @@ TEST(Saa, LoweringOnTwoByTwo) {
 TEST(Saa, SpanningTheGroupLowersTheWholeAllToAllAndTheBlockAllGather) {
   // The overlapped layout's SAA on 4 ranks, m = 2: the all-to-all over all A = 4 ranks (c = 4 of
   // S = 16 bytes each, n = 4 slices of q = 1 byte), the all-gather over the blocks {0,1}, {2,3}.
-  const Scenario sc = parm_scenario({});
-  const auto topo = topology::build_topology(sc.cluster);
-  const auto* algo = collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::kSaa);
-  ASSERT_NE(algo, nullptr);
-  CollectiveSpec spec;
-  spec.type = CollectiveType::kAllToAll;
-  spec.algo = CollectiveAlgo::kSaa;
-  spec.bytes = Bytes(16);
-  spec.sub_group = 2;
-  spec.saa_a2a_spans_group = true;
-  const std::vector<int> group = {0, 1, 2, 3};
-  collectives::CollectiveCall call{&spec, &group, 0, true};
-  const auto phases = algo->lower(call, *topo);
+  SaaCase t(16, /*spans_group=*/true);
+  ASSERT_NE(t.algo, nullptr);
+  const auto phases = t.lower();
   // Own chunk, then steps k = 0..4: 12 all-to-all pieces while slices remain, 4 forwards from 1.
   ASSERT_EQ(phases.size(), 6u);
   EXPECT_EQ(phases[0].copies.size(), 4u);
@@ -234,21 +241,31 @@ TEST(Saa, OverlapBeatsSequentialAllToAllThenAllGather) {
 
 // ---- plan structure and validation -----------------------------------------------------------
 
+// Iteration 0 of `sc` and its Parm S1, S2 and baseline plans.
+struct ParmPlans {
+  explicit ParmPlans(const Scenario& sc)
+      : topo(topology::build_topology(sc.cluster)), work(workload::WorkloadGenerator(sc).next(0)) {
+    Decision d;
+    d.schedule = ScheduleRole::kParmS1;
+    s1 = build_step_plan(sc, *topo, work, d);
+    d.schedule = ScheduleRole::kParmS2;
+    s2 = build_step_plan(sc, *topo, work, d);
+    d.schedule = ScheduleRole::kParmBaseline;
+    base = build_step_plan(sc, *topo, work, d);
+  }
+  std::unique_ptr<topology::Topology> topo;
+  workload::IterationWorkload work;
+  BuiltPlan s1, s2, base;
+};
+
 TEST(ParmPlan, S1AndS2Structure) {
   ParmCfg c;
   c.mp = 2;
   c.esp = 2;
   const Scenario sc = parm_scenario(c);
-  const auto topo = topology::build_topology(sc.cluster);
-  workload::WorkloadGenerator gen(sc);
-  const auto work = gen.next(0);
-  Decision d;
-  d.schedule = ScheduleRole::kParmS1;
-  const BuiltPlan s1 = build_step_plan(sc, *topo, work, d);
-  d.schedule = ScheduleRole::kParmS2;
-  const BuiltPlan s2 = build_step_plan(sc, *topo, work, d);
-  d.schedule = ScheduleRole::kParmBaseline;
-  const BuiltPlan base = build_step_plan(sc, *topo, work, d);
+  const ParmPlans plans(sc);
+  const auto& work = plans.work;
+  const BuiltPlan &s1 = plans.s1, &s2 = plans.s2, &base = plans.base;
   // Baseline: ESP all-gather and all-reduce; S1 / S2: none, the fused all-to-all instead.
   EXPECT_EQ(count_labels(base.plan, "esp_allgather"), 1);
   EXPECT_EQ(count_labels(s1.plan, "esp_allgather"), 0);
@@ -298,16 +315,9 @@ TEST(ParmPlan, OverlappedLayout) {
   const Scenario sc = parm_scenario(c);
   ASSERT_EQ(sc.parallelism.ep, 8);
   ASSERT_EQ(sc.num_experts(), 16);
-  const auto topo = topology::build_topology(sc.cluster);
-  workload::WorkloadGenerator gen(sc);
-  const auto work = gen.next(0);
-  Decision d;
-  d.schedule = ScheduleRole::kParmS1;
-  const BuiltPlan s1 = build_step_plan(sc, *topo, work, d);
-  d.schedule = ScheduleRole::kParmS2;
-  const BuiltPlan s2 = build_step_plan(sc, *topo, work, d);
-  d.schedule = ScheduleRole::kParmBaseline;
-  const BuiltPlan base = build_step_plan(sc, *topo, work, d);
+  const ParmPlans plans(sc);
+  const auto& work = plans.work;
+  const BuiltPlan &s1 = plans.s1, &s2 = plans.s2, &base = plans.base;
   const std::int64_t cap = work.layers[0].capacity;
   const double y = 2.0 * 16 * static_cast<double>(cap) * 1024 * 2;  // esp * E * dC * M * b
   for (const BuiltPlan* bp : {&s1, &s2}) {
@@ -334,11 +344,8 @@ TEST(ParmPlan, OverlappedLayout) {
   // The disjoint layout of the same degrees keeps the expert MP all-reduce (experts replicated
   // over MP).
   c.layout = "disjoint";
-  const Scenario dj = parm_scenario(c);
-  d.schedule = ScheduleRole::kParmS1;
-  workload::WorkloadGenerator gen2(dj);
-  EXPECT_EQ(count_labels(build_step_plan(dj, *topo, gen2.next(0), d).plan, "expert_mp_allreduce"),
-            1);
+  const ParmPlans dj(parm_scenario(c));
+  EXPECT_EQ(count_labels(dj.s1.plan, "expert_mp_allreduce"), 1);
 }
 
 TEST(ParmPlan, RejectedWithoutMpOrEsp) {

@@ -67,7 +67,7 @@ enum class CollectiveType {
   kReduceScatter,
   kSendRecv
 };
-enum class CollectiveAlgo { kAuto, kLinear, k2dh, kRing, kTree, kHierarchical, kSaa };
+enum class CollectiveAlgo { kAuto, kLinear, k2dh, kRing, kTree, kHierarchical, kSaa, k3dh };
 
 std::string_view op_kind_name(OpKind k);
 std::string_view compute_class_name(ComputeClass c);

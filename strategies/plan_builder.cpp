@@ -280,9 +280,9 @@ class Builder {
           "plan builder: inference placement of {} MoE layers for {} (variable dispatch {})",
           dec_.inference->layers.size(), work_.layers.size(), dec_.variable_dispatch));
     if (dec_.a2a != CollectiveAlgo::kLinear && dec_.a2a != CollectiveAlgo::k2dh &&
-        dec_.a2a != CollectiveAlgo::kAuto)
+        dec_.a2a != CollectiveAlgo::k3dh && dec_.a2a != CollectiveAlgo::kAuto)
       throw InputError(where, "a2a",
-                       fmt::format("strategy role a2a: algorithm {}, expected linear or 2dh",
+                       fmt::format("strategy role a2a: algorithm {}, expected linear, 2dh or 3dh",
                                    collective_algo_name(dec_.a2a)));
     if (schedules::is_parm(dec_.schedule)) {
       const std::string why = schedules::parm_inapplicable_reason(sc_, rep_);
@@ -299,13 +299,16 @@ class Builder {
                                      "ranks: expected mp to divide them (or parm_s2 / parm_auto)",
                                      S_, B_, L_, mp_));
     }
-    if (dec_.a2a == CollectiveAlgo::k2dh && W_ > 1) {
-      const auto* algo =
-          collectives::find_algorithm(CollectiveType::kAllToAll, CollectiveAlgo::k2dh);
-      MOESIM_ASSERT(algo != nullptr, "2dh all_to_all is not registered");
+    if (dec_.a2a == CollectiveAlgo::k3dh && dec_.variable_dispatch)
+      throw InputError(where, "a2a",
+                       "strategy role a2a: 3dh is defined for the padded all_to_all, not for a "
+                       "routed all_to_allv dispatch");
+    if ((dec_.a2a == CollectiveAlgo::k2dh || dec_.a2a == CollectiveAlgo::k3dh) && W_ > 1) {
+      const auto* algo = collectives::find_algorithm(CollectiveType::kAllToAll, dec_.a2a);
+      MOESIM_ASSERT(algo != nullptr, "hierarchical all_to_all is not registered");
       CollectiveSpec spec;
       spec.type = CollectiveType::kAllToAll;
-      spec.algo = CollectiveAlgo::k2dh;
+      spec.algo = dec_.a2a;
       spec.bytes = Bytes(static_cast<double>(W_));
       for (size_t gi = 0; gi < groups_.ep.groups.size(); ++gi) {
         collectives::CollectiveCall call;
@@ -315,9 +318,9 @@ class Builder {
         call.with_layout = false;
         std::string why = algo->inapplicable_reason(call, topo_);
         if (!why.empty())
-          throw InputError(
-              where, "a2a",
-              fmt::format("strategy role a2a: 2dh cannot run on EP group {}: {}", gi, why));
+          throw InputError(where, "a2a",
+                           fmt::format("strategy role a2a: {} cannot run on EP group {}: {}",
+                                       collective_algo_name(dec_.a2a), gi, why));
       }
     }
   }

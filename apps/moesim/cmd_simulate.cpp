@@ -148,7 +148,7 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   auto algo = parse_collective_algo(a.algo);
   if (!algo)
     throw InputError(
-        fmt::format("--algo: found '{}', expected one of linear, 2dh, ring, tree, "
+        fmt::format("--algo: found '{}', expected one of linear, 2dh, 3dh, ring, tree, "
                     "hierarchical, auto",
                     a.algo));
   std::vector<Bytes> sizes;
@@ -345,7 +345,7 @@ void register_simulate(CLI::App& app) {
                   "send_recv");
   cmd->add_option("--size", a->sizes,
                   "Collective size per rank, e.g. 128MiB, at most 1024TiB (repeatable)");
-  cmd->add_option("--algo", a->algo, "linear, 2dh, ring, tree, hierarchical or auto");
+  cmd->add_option("--algo", a->algo, "linear, 2dh, 3dh, ring, tree, hierarchical or auto");
   cmd->add_option("--skew", a->skew,
                   "With --collective all_to_allv: uniform, zipf:S or dirichlet:A (default: the "
                   "scenario's workload.routing); --size is then the mean bytes each GPU sends");

@@ -161,6 +161,8 @@ enum CacheTag : int {
   kTagGrid,
   kTagFabricCuts,
   kTagUniformCut,
+  kTagLeafGrid,
+  kTagThreeDhA2a,
 };
 
 /// node_grid() of a group, cached (hierarchical algorithms ask on every applicable() and
@@ -199,6 +201,7 @@ std::shared_ptr<const TwoDhProfile> two_dh_profile(const CollectiveCall& call,
 // ---- Factories listed by registry.cpp (one per algorithm file) -------------------------------
 const Algorithm& linear_all_to_all();
 const Algorithm& two_dh_all_to_all();
+const Algorithm& three_dh_all_to_all();
 const Algorithm& linear_all_to_allv();
 const Algorithm& two_dh_all_to_allv();
 const Algorithm& ring_all_reduce();

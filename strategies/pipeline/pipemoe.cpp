@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "strategies/a2a_select.hpp"
 
 namespace moesim::strategies {
 
@@ -86,25 +87,11 @@ std::vector<PipeMoePass> pipemoe_passes(const CostModel& cost, std::int64_t capa
 
 void PipeMoeStrategy::decide(const StrategyContext& ctx, Decision& decision) {
   const int r_max = static_cast<int>(std::min<std::int64_t>(kMaxDegree, ctx.capacity));
-  std::vector<CollectiveAlgo> algos;
-  switch (ctx.spec.a2a) {
-    case A2aRole::kLinear:
-      algos = {CollectiveAlgo::kLinear};
-      break;
-    case A2aRole::k2dh:
-      algos = {CollectiveAlgo::k2dh};
-      break;
-    case A2aRole::kAuto:
-      algos = {CollectiveAlgo::kLinear};
-      if (ctx.cost.a2a_applicable(CollectiveAlgo::k2dh)) algos.push_back(CollectiveAlgo::k2dh);
-      break;
-  }
+  const std::vector<CollectiveAlgo> algos = a2a_candidates(ctx, decision);
   PipeMoeChoice best;
   best.predicted_s = std::numeric_limits<double>::infinity();
   CollectiveAlgo best_algo = algos.front();
   for (CollectiveAlgo algo : algos) {
-    if (algo == CollectiveAlgo::k2dh && !ctx.cost.a2a_applicable(algo))
-      throw_role_error(ctx, "a2a", "2dh cannot run on this EP group (not node-aligned)");
     Decision d = decision;
     d.a2a = algo;
     PipeMoeChoice c = pipemoe_optimal_degree(

@@ -390,9 +390,7 @@ std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t*
     while (a + 1 < num_nodes && (u -= node_mass_[nodes[a]]) >= 0) ++a;
     while (node_mass_[nodes[a]] <= 0) --a;  // rounding past the end lands on a node with mass
     const std::uint32_t n = nodes[a];
-    const std::uint32_t size = node_begin_[n + 1] - node_begin_[n];
-    const std::uint32_t x = uniform_ ? rng.below(size) : node_alias_[n].sample(rng);
-    const std::uint32_t e = node_experts_[node_begin_[n] + x];
+    const std::uint32_t e = node_experts_[node_begin_[n] + node_alias_[n].sample(rng)];
     if (!is_chosen(e)) return e;
   }
   // The same conditional law by a scan of the allowed nodes' experts only.
@@ -437,7 +435,7 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng,
   // is new, are coin flips the branch predictor would miss (twice the sampling time).
   const std::size_t E = num_experts_;
   std::uint32_t chosen[64];
-  std::uint32_t nodes[64];
+  std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
   std::vector<std::uint8_t> on(node_begin_.size() - 1, 0);  // nodes the token uses, as flags
   int num_nodes = 0;
   auto take = [&](int j, std::uint32_t e) {

@@ -392,6 +392,114 @@ TEST(TwoDh, NotApplicableGroupsAreRejectedWithAReason) {
 
 // ---- all_to_all(v) data and conservation --------------------------------------------------------
 
+// ---- 3DH -----------------------------------------------------------------------------------
+
+// A built fabric: `nodes` x `m` GPUs, fat tree (one NIC per GPU, leaves of `radix` ports, so
+// radix / (2 m) nodes per leaf) or rail-optimized (rail switches of `radix` ports).
+std::unique_ptr<topology::Topology> leaf_fabric(int nodes, int m, int radix, bool rails = false) {
+  ClusterSpec cs;
+  cs.gpu.name = "h100-sxm";
+  cs.gpu.hbm_bandwidth = BytesPerSecond(3e12);
+  cs.nodes = nodes;
+  cs.gpus_per_node = m;
+  cs.intra.kind = IntraKind::kNvswitch;
+  cs.intra.bandwidth = BytesPerSecond(450e9);
+  cs.inter.kind = rails ? InterKind::kRailOptimized : InterKind::kFatTree;
+  cs.inter.nic_bandwidth = BytesPerSecond(50e9);
+  cs.inter.nics_per_node = m;
+  cs.inter.switch_radix = radix;
+  return topology::build_topology(cs);
+}
+
+TEST(ThreeDh, LabelledChunksEndInStandardOrderWithOneMessagePerPeerAndLevel) {
+  // (nodes, m, radix): leaf groups of radix / (2 m) nodes; rail switches of radix / 2 nodes.
+  struct Case {
+    int nodes, m, radix;
+    bool rails;
+    int l;  // nodes per leaf group
+  };
+  for (const Case c : {Case{4, 2, 8, false, 2}, Case{8, 2, 8, false, 2}, Case{6, 1, 6, false, 3},
+                       Case{8, 4, 8, true, 4}}) {
+    const auto topo = leaf_fabric(c.nodes, c.m, c.radix, c.rails);
+    const int w = c.nodes * c.m, g = c.nodes / c.l;
+    ASSERT_EQ(topo->tier(0, c.m), 1) << "nodes 0 and 1 share a leaf";
+    ASSERT_GE(topo->tier(0, c.l * c.m), 2) << "node l is under another leaf";
+    const auto group = iota_group(w);
+    const auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::k3dh, 3.0 * w);
+    const CollectiveCall call = make_call(spec, group);
+    const Algorithm& algo = algo_of(CollectiveType::kAllToAll, CollectiveAlgo::k3dh);
+    ASSERT_EQ(algo.inapplicable_reason(call, *topo), "");
+    const auto phases = algo.lower(call, *topo);
+    // A copy and an exchange per level (no intra level with one GPU per node).
+    ASSERT_EQ(phases.size(), c.m > 1 ? 6u : 4u);
+    check_a2av_data(phases, group, uniform_matrix(w, 3));
+    // Messages per rank: m - 1 inside the node, l - 1 under the leaf, g - 1 across leaves; the
+    // leaf level never leaves its leaf and the last level never stays under one.
+    std::vector<int> sent(static_cast<size_t>(w), 0);
+    for (const Phase& ph : phases) {
+      for (const Transfer& t : ph.transfers) {
+        ++sent[static_cast<size_t>(t.src)];
+        if (ph.label == "leaf") {
+          EXPECT_EQ(topo->tier(t.src, t.dst), 1);
+        }
+        if (ph.label == "inter") {
+          EXPECT_GE(topo->tier(t.src, t.dst), 2);
+        }
+        if (ph.label == "intra") {
+          EXPECT_EQ(topo->tier(t.src, t.dst), 0);
+        }
+      }
+    }
+    for (int r = 0; r < w; ++r)
+      EXPECT_EQ(sent[static_cast<size_t>(r)], (c.m - 1) + (c.l - 1) + (g - 1));
+  }
+}
+
+TEST(ThreeDh, NotApplicableWithoutSeveralLeavesOfSeveralNodes) {
+  const Algorithm& algo = algo_of(CollectiveType::kAllToAll, CollectiveAlgo::k3dh);
+  const auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::k3dh, 1 << 20);
+  // One leaf for all 4 nodes; one node per leaf; 6 nodes in leaf groups of 4.
+  const auto one_leaf = leaf_fabric(4, 2, 16);
+  EXPECT_THAT(algo.inapplicable_reason(make_call(spec, iota_group(8)), *one_leaf),
+              ::testing::HasSubstr("share one leaf switch (use 2dh)"));
+  const auto per_node = leaf_fabric(4, 2, 4);
+  EXPECT_THAT(algo.inapplicable_reason(make_call(spec, iota_group(8)), *per_node),
+              ::testing::HasSubstr("under different leaf switches"));
+  const auto uneven = leaf_fabric(6, 1, 8);
+  EXPECT_THAT(algo.inapplicable_reason(make_call(spec, iota_group(6)), *uneven),
+              ::testing::HasSubstr("do not split into leaf groups of 4"));
+  EXPECT_THROW(algo.lower(make_call(spec, iota_group(6)), *uneven), InputError);
+}
+
+TEST(ThreeDh, AutoPicksItForSmallMessagesAcrossLeavesAndNotForLargeOnes) {
+  // 64 nodes x 8 GPUs on rails of 32 nodes (2 leaf groups): 7 + 31 + 1 messages per rank
+  // instead of 2DH's 7 + 63 and linear's 511; at 256 MiB its third copy and leaf bytes cost more.
+  const auto topo = leaf_fabric(64, 8, 64, /*rails=*/true);
+  const CostContext ctx{topo.get(), {1e-6, 1e-6}, BytesPerSecond(0)};
+  const auto group = iota_group(512);
+  auto time_of = [&](CollectiveAlgo a, double bytes) {
+    const auto spec = make_spec(CollectiveType::kAllToAll, a, bytes);
+    return find_algorithm(CollectiveType::kAllToAll, a)
+        ->analytical_time(make_call(spec, group), ctx)
+        .value();
+  };
+  const double mib = 1 << 20;
+  EXPECT_LT(time_of(CollectiveAlgo::k3dh, mib), time_of(CollectiveAlgo::k2dh, mib));
+  EXPECT_LT(time_of(CollectiveAlgo::k2dh, mib), time_of(CollectiveAlgo::kLinear, mib));
+  EXPECT_GT(time_of(CollectiveAlgo::k3dh, 256 * mib), time_of(CollectiveAlgo::kLinear, 256 * mib));
+  auto spec = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::kAuto, mib);
+  EXPECT_EQ(select_algorithm(make_call(spec, group), ctx).algo(), CollectiveAlgo::k3dh);
+  spec.bytes = Bytes(256 * mib);
+  EXPECT_NE(select_algorithm(make_call(spec, group), ctx).algo(), CollectiveAlgo::k3dh);
+  // The closed form is the lowering's own cost (scaled lines), at both sizes.
+  for (double bytes : {mib, 256 * mib}) {
+    const auto s3 = make_spec(CollectiveType::kAllToAll, CollectiveAlgo::k3dh, bytes);
+    const auto& algo = algo_of(CollectiveType::kAllToAll, CollectiveAlgo::k3dh);
+    const double generic = phases_time(algo.lower(make_call(s3, group), *topo), ctx).value();
+    EXPECT_NEAR(time_of(CollectiveAlgo::k3dh, bytes), generic, 1e-9 * generic);
+  }
+}
+
 TEST(LinearAllToAll, LowersToOnePhaseWithSelfCopyAndMovesDataCorrectly) {
   FakeCluster topo({.nodes = 2, .m = 3});
   const auto group = iota_group(6);
@@ -881,6 +989,8 @@ TEST(Analytical, FastPathsEqualTheGenericEvaluationOfTheLowering) {
           spec.matrix = matrix;
           spec.peer_offset = 1 + m;
           const CollectiveCall call = make_call(spec, group);
+          // 3dh needs several leaf switches (its own tests below); every other one runs here.
+          if (algo->algo() == CollectiveAlgo::k3dh) continue;
           ASSERT_TRUE(algo->applicable(call, topo));
           const double fast = algo->analytical_time(call, ctx).value();
           const double generic = phases_time(algo->lower(call, topo), ctx).value();
@@ -914,6 +1024,7 @@ TEST(Analytical, FastPathsEqualTheGenericEvaluationOnBuiltTopologies) {
       for (const Algorithm* algo : algorithms_for(type)) {
         const auto spec = make_spec(type, algo->algo(), 16 << 20);
         const CollectiveCall call = make_call(spec, group);
+        if (algo->algo() == CollectiveAlgo::k3dh) continue;  // one leaf: see the ThreeDh tests
         const double fast = algo->analytical_time(call, ctx).value();
         const double generic = phases_time(algo->lower(call, *topo), ctx).value();
         EXPECT_NEAR(fast, generic, 1e-9 * generic) << collective_algo_name(algo->algo());
@@ -946,6 +1057,7 @@ TEST(Analytical, MonotoneInSizeAndManySmallMessagesCostMore) {
         CollectiveType::kReduceScatter, CollectiveType::kSendRecv}) {
     for (const Algorithm* algo : algorithms_for(type)) {
       double prev = 0;
+      if (algo->algo() == CollectiveAlgo::k3dh) continue;  // one leaf: see the ThreeDh tests
       for (double size = 1024; size <= 1e9; size *= 4) {
         const auto spec = make_spec(type, algo->algo(), size);
         const CollectiveCall call = make_call(spec, group);
@@ -979,7 +1091,9 @@ TEST(Analytical, SizeZeroCostsNothing) {
       const auto spec = make_spec(type, algo->algo(), 0);
       const CollectiveCall call = make_call(spec, group);
       EXPECT_EQ(algo->analytical_time(call, ctx).value(), 0.0);
-      EXPECT_TRUE(algo->lower(call, topo).empty());
+      if (algo->applicable(call, topo)) {  // (3dh needs leaf groups: not on this topology)
+        EXPECT_TRUE(algo->lower(call, topo).empty());
+      }
     }
   }
 }

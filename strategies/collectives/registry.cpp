@@ -12,13 +12,12 @@ namespace {
 // Registry order is the tie-break order of `auto` (first wins on equal predicted time).
 const std::vector<const Algorithm*>& table() {
   static const std::vector<const Algorithm*> t = {
-      &detail::linear_all_to_all(),       &detail::two_dh_all_to_all(),
-      &detail::three_dh_all_to_all(),
-      &detail::linear_all_to_allv(),      &detail::two_dh_all_to_allv(),
-      &detail::ring_all_reduce(),         &detail::tree_all_reduce(),
-      &detail::hierarchical_all_reduce(), &detail::ring_all_gather(),
-      &detail::ring_reduce_scatter(),     &detail::send_recv(),
-      &detail::saa_all_to_all(),
+      &detail::linear_all_to_all(),   &detail::two_dh_all_to_all(),
+      &detail::three_dh_all_to_all(), &detail::linear_all_to_allv(),
+      &detail::two_dh_all_to_allv(),  &detail::ring_all_reduce(),
+      &detail::tree_all_reduce(),     &detail::hierarchical_all_reduce(),
+      &detail::ring_all_gather(),     &detail::ring_reduce_scatter(),
+      &detail::send_recv(),           &detail::saa_all_to_all(),
   };
   return t;
 }

@@ -228,9 +228,9 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
       if (fewest < static_cast<std::uint32_t>(m.top_k))
         throw InputError(
             scenario.location_of("workload.routing.node_limit"), "workload.routing.node_limit",
-            fmt::format("found {}: an EP group spans {} nodes, and the {} holding the fewest "
-                        "experts hold {}, fewer than top_k = {}; expected a limit whose nodes "
-                        "hold at least top_k experts",
+            fmt::format("found {}: an EP group spans {} nodes, and its {} node(s) with the "
+                        "fewest experts hold {} in all, fewer than top_k = {}; expected a limit "
+                        "whose nodes hold at least top_k experts",
                         m.node_limit, sizes.size(), m.node_limit, fewest, m.top_k));
     }
     m.partitions = std::move(parts);

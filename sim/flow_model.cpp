@@ -82,6 +82,7 @@ bool transfer_same(const Transfer& a, const Transfer& b) {
 // One batch: its flows in flat arrays, indexed by a local flow id.
 struct FlowModel::Segment {
   BatchId id = -1;
+  double start_s = 0;           // start_batch's time: event_tolerance is relative to t - start_s
   std::int64_t unfinished = 0;  // flow entries not done (pending or moving)
   std::int64_t num_moving = 0;  // flow entries moving
   // Latest exact finish time of its finished flows: with a coarse event_tolerance a flow is
@@ -293,6 +294,7 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   auto seg = std::make_unique<Segment>();
   Segment& g = *seg;
   g.id = id;
+  g.start_s = now_s;
   g.remaining.reserve(kept);
   g.mult.reserve(kept);
   g.route_begin.reserve(kept + 1);
@@ -455,11 +457,17 @@ std::vector<BatchId> FlowModel::process_event(double t) {
   std::vector<BatchId> completed;
   {
     ScopedTimer timer(stats_.advance_s);
-    const double slack_s = options_.event_tolerance * t;  // finishing within it: now
+    // Finishing (or starting) within the slack: now. The slack is relative to the time the batch
+    // has run, not to the absolute clock: late in a long run (a training step of seconds made of
+    // millisecond collectives) a slack of tolerance x t would release whole collectives early.
+    const auto slack_of = [&](const Segment& g) {
+      return options_.event_tolerance * std::max(0.0, t - g.start_s);
+    };
     sim_t_ = t;
     std::vector<std::int64_t> unfinished_before(segments_.size());
     for (std::size_t s = 0; s < segments_.size(); ++s) {
       Segment& g = *segments_[s];
+      const double slack_s = slack_of(g);
       unfinished_before[s] = g.unfinished;
       // Only the flows at the top of the finish heap can finish now; the others are untouched.
       auto due = [&](const Segment::Finish& f) { return f.time_s <= t + slack_s; };
@@ -517,6 +525,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
     started_.clear();
     for (auto& gp : segments_) {
       Segment& g = *gp;
+      const double slack_s = slack_of(g);
       while (g.next_group < g.groups.size() && g.groups[g.next_group].time_s <= t + slack_s) {
         for (std::uint32_t i : g.groups[g.next_group].flows) {
           if (g.remaining[i] <= 0) {  // zero-byte message: latency only

@@ -520,6 +520,25 @@ void append_ring_all_gather(std::vector<Phase>& phases, std::span<const std::vec
   add_ring_steps(phases, rings, r, chunk_bytes, ring_stride, labels.ag_step, 0, with_layout);
 }
 
+void fill_level_exchange(Phase& copy, Phase& exchange, const std::vector<int>& group, int dim,
+                         int stride, double chunk_bytes, bool with_layout) {
+  const int w = static_cast<int>(group.size()), other = w / dim;
+  const double c = chunk_bytes;
+  copy.stride_h = dim;
+  copy.stride_w = other;
+  copy.chunk_bytes = c;
+  copy.local_bytes = Bytes(2 * w * c);
+  exchange.local_bytes = Bytes(2 * other * c);
+  exchange.transfers.reserve(static_cast<size_t>(w) * (dim - 1));
+  for (int p = 0; p < w; ++p) {
+    const int own = (p / stride) % dim;
+    append_exchange(
+        exchange, group[p], own, dim, [&](int k) { return group[p + (k - own) * stride]; },
+        [&](int) { return other * c; }, [&](int k) { return k * other * c; },
+        [&](int) { return own * other * c; }, with_layout);
+  }
+}
+
 std::vector<Phase> two_dh_phases() {
   std::vector<Phase> phases(4);
   const auto set = [&](int i, Phase::Kind kind, std::string_view label, Buffer src, Buffer dst) {

@@ -250,6 +250,15 @@ void append_ring_all_gather(std::vector<Phase>& phases, std::span<const std::vec
                             double chunk_bytes, double ring_stride, const RingLabels& labels,
                             bool with_layout);
 
+/// One level of a hierarchical all_to_all (2dh, 3dh) over a group of W = group.size() positions
+/// of chunk_bytes each: `copy` becomes the stride copy T(dim, W / dim) that gathers each block,
+/// `exchange` the exchange along the level's `dim` positions (stride `stride` apart): position p,
+/// index own = (p / stride) % dim, sends block k (slots [k * other, k * other + other), other =
+/// W / dim) to the peer of index k, landing at the peer's block own. The caller sets kinds,
+/// labels and buffers.
+void fill_level_exchange(Phase& copy, Phase& exchange, const std::vector<int>& group, int dim,
+                         int stride, double chunk_bytes, bool with_layout);
+
 /// Indices of the four 2DH phases (buffer layout in collective.hpp).
 enum TwoDhPhaseIndex : int { kStrideCopy1 = 0, kIntra, kStrideCopy2, kInter };
 /// The four 2DH phases of all_to_all and all_to_allv with their kinds, labels and buffers

@@ -99,40 +99,25 @@ class ThreeDhAllToAll final : public Algorithm {
     const int w = m * l * g;
     const double size = call.spec->bytes.value();
     if (size <= 0) return {};
-    const double c = size / w;
-    const bool layout = call.with_layout;
     static constexpr std::string_view kCopyLabel[3] = {"stride_copy_1", "stride_copy_2",
                                                        "stride_copy_3"};
     static constexpr std::string_view kLevelLabel[3] = {"intra", "leaf", "inter"};
     const int dims[3] = {m, l, g}, strides[3] = {1, m, m * l};
     std::vector<Phase> phases;
     for (int level = 0; level < 3; ++level) {
-      const int dim = dims[level], other = w / dim, stride = strides[level];
-      if (dim == 1) continue;  // one rank per node: the intra level has nothing to exchange
+      if (dims[level] == 1) continue;  // one rank per node: the intra level has nothing to do
       Phase copy;
       copy.kind = Phase::Kind::kCopy;
       copy.label = kCopyLabel[level];
       copy.src = phases.empty() ? Buffer::kSend : Buffer::kRecv;
       copy.dst = Buffer::kScratch;
-      copy.stride_h = dim;
-      copy.stride_w = other;
-      copy.chunk_bytes = c;
-      copy.local_bytes = Bytes(2 * size);
-      phases.push_back(std::move(copy));
       Phase x;
       x.kind = Phase::Kind::kTransfers;
       x.label = kLevelLabel[level];
       x.src = Buffer::kScratch;
       x.dst = Buffer::kRecv;
-      x.local_bytes = Bytes(2 * other * c);
-      x.transfers.reserve(static_cast<size_t>(w) * (dim - 1));
-      for (int p = 0; p < w; ++p) {
-        const int own = (p / stride) % dim;
-        append_exchange(
-            x, grp[p], own, dim, [&](int k) { return grp[p + (k - own) * stride]; },
-            [&](int) { return other * c; }, [&](int k) { return k * other * c; },
-            [&](int) { return own * other * c; }, layout);
-      }
+      fill_level_exchange(copy, x, grp, dims[level], strides[level], size / w, call.with_layout);
+      phases.push_back(std::move(copy));
       phases.push_back(std::move(x));
     }
     return phases;

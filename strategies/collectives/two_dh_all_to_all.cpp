@@ -29,33 +29,12 @@ class TwoDhAllToAll final : public Algorithm {
     const int w = m * n;
     const double size = call.spec->bytes.value();
     if (size <= 0) return {};
-    const double c = size / w;
-    const bool layout = call.with_layout;
-
-    // Both levels are one exchange along a grid dimension of `dim` positions (intra: the node's
-    // m ranks, stride 1; inter: the n ranks of one local index, stride m) in blocks of
-    // other = W / dim chunks, preceded by the stride copy T(dim, other) that gathers each
-    // block: position p, index own along the dimension, sends block k (slots [k*other,
-    // k*other + other)) to the peer of index k, landing at the peer's block own.
+    // Both levels are one exchange along a grid dimension (intra: the node's m ranks, stride 1;
+    // inter: the n ranks of one local index, stride m), each after its stride copy
+    // (fill_level_exchange).
     std::vector<Phase> phases = two_dh_phases();
-    for (const bool inter_level : {false, true}) {
-      const int dim = inter_level ? n : m, other = w / dim, stride = inter_level ? m : 1;
-      Phase& copy = phases[inter_level ? kStrideCopy2 : kStrideCopy1];
-      copy.stride_h = dim;
-      copy.stride_w = other;
-      copy.chunk_bytes = c;
-      copy.local_bytes = Bytes(2 * size);
-      Phase& x = phases[inter_level ? kInter : kIntra];
-      x.local_bytes = Bytes(2 * other * c);
-      x.transfers.reserve(static_cast<size_t>(w) * (dim - 1));
-      for (int p = 0; p < w; ++p) {
-        const int own = (p / stride) % dim;
-        append_exchange(
-            x, g[p], own, dim, [&](int k) { return g[p + (k - own) * stride]; },
-            [&](int) { return other * c; }, [&](int k) { return k * other * c; },
-            [&](int) { return own * other * c; }, layout);
-      }
-    }
+    fill_level_exchange(phases[kStrideCopy1], phases[kIntra], g, m, 1, size / w, call.with_layout);
+    fill_level_exchange(phases[kStrideCopy2], phases[kInter], g, n, m, size / w, call.with_layout);
     return phases;
   }
 

@@ -635,6 +635,16 @@ ClusterSpec small_fat_tree(EcmpMode ecmp) {
   return c;
 }
 
+// A skewed all-to-allv among p GPUs as MoE routing makes it: every pair a different size (x 0.5 to
+// 1.5 of its base), destination d's experts drawing a Zipf(1) share (4 MB / (1 + d % 8)).
+std::vector<Transfer> zipf_all_to_allv(int p, std::mt19937& rng) {
+  std::uniform_real_distribution<double> noise(0.5, 1.5);
+  std::vector<Transfer> a2av;
+  for (int s = 0; s < p; ++s)
+    for (int d = 0; d < p; ++d) a2av.push_back({s, d, 4e6 / (1 + d % 8) * noise(rng)});
+  return a2av;
+}
+
 // Partial re-solves (flows finishing, flows starting while others move) on a built fat tree with
 // contended uplinks, checked against the reference; every ECMP mode.
 TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
@@ -849,11 +859,7 @@ TEST(FlowModel, PerCollectiveSharingLeavesALoneCollectiveUnchanged) {
   const auto topo = topology::build_topology(small_fat_tree(EcmpMode::kHash));
   const int p = topo->num_gpus();
   std::mt19937 rng(5);
-  std::uniform_real_distribution<double> noise(0.5, 1.5);
-  std::vector<Transfer> a2a;
-  for (int s = 0; s < p; ++s) {
-    for (int d = 0; d < p; ++d) a2a.push_back({s, d, 4e6 / (1 + d % 8) * noise(rng)});
-  }
+  const std::vector<Transfer> a2a = zipf_all_to_allv(p, rng);
   FlowModel per_flow(*topo);
   FlowModel per_coll(*topo, {}, FlowModelOptions{.sharing = FlowSharing::kPerCollective});
   const BatchId x = per_flow.start_batch(0, a2a);
@@ -875,15 +881,9 @@ TEST(FlowModel, EventToleranceErrorIsBoundedOnSkewedAllToAllv) {
       const auto topo = topology::build_topology(spec);
       const int p = topo->num_gpus();
       std::mt19937 rng(static_cast<unsigned>(oversub * 10) + static_cast<unsigned>(mode));
-      std::uniform_real_distribution<double> noise(0.5, 1.5);
-      std::vector<Transfer> a2av, ring;
-      for (int s = 0; s < p; ++s) {
-        for (int d = 0; d < p; ++d) {
-          // Destination d's experts draw a Zipf(1) share of the tokens.
-          a2av.push_back({s, d, 4e6 / (1 + d % 8) * noise(rng)});
-        }
-        ring.push_back({s, (s + 1) % p, 8e6});
-      }
+      const std::vector<Transfer> a2av = zipf_all_to_allv(p, rng);
+      std::vector<Transfer> ring;
+      for (int s = 0; s < p; ++s) ring.push_back({s, (s + 1) % p, 8e6});
       const std::vector<std::vector<Transfer>> batches = {a2av, ring, a2av};
       const std::vector<double> starts = {0.0, 2e-4, 5e-4};
       FlowModel exact(*topo);
@@ -911,10 +911,7 @@ TEST(FlowModel, EventToleranceIsRelativeToTheBatchNotTheClock) {
   const auto topo = topology::build_topology(small_fat_tree(EcmpMode::kHash));
   const int p = topo->num_gpus();
   std::mt19937 rng(5);
-  std::uniform_real_distribution<double> noise(0.5, 1.5);
-  std::vector<Transfer> a2av;
-  for (int s = 0; s < p; ++s)
-    for (int d = 0; d < p; ++d) a2av.push_back({s, d, 4e6 / (1 + d % 8) * noise(rng)});
+  const std::vector<Transfer> a2av = zipf_all_to_allv(p, rng);
   const std::vector<std::vector<Transfer>> batches = {a2av, a2av};
   const std::vector<double> starts = {1.0, 1.0 + 3e-4};
   FlowModel exact(*topo);

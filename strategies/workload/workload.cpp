@@ -466,7 +466,9 @@ bool SampleCache::Key::operator<(const Key& o) const {
                     k.seed, k.iteration, k.layer, k.node_limit);
   };
   if (scalars(*this) != scalars(o)) return scalars(*this) < scalars(o);
-  // Node-limited keys: the layouts, by content (generators of one scenario share the vectors).
+  // Node-limited keys: the layouts, by content (generators of one scenario share the vectors, so
+  // the same pointers are equal without comparing P entries).
+  if (partitions == o.partitions && row_partition == o.row_partition) return false;
   static const std::vector<std::vector<std::uint32_t>> kNoParts;
   static const std::vector<std::uint32_t> kNoRows;
   const auto& pa = partitions ? *partitions : kNoParts;

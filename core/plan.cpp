@@ -39,6 +39,15 @@ RankSet RankSet::list(std::vector<int> ranks) {
   return s;
 }
 
+RankSet RankSet::shifted(int offset) const {
+  RankSet s = *this;
+  if (list_.empty())
+    s.first_ += offset;
+  else
+    for (int& r : s.list_) r += offset;
+  return s;
+}
+
 bool RankSet::contains(int rank) const { return index_of(rank) >= 0; }
 
 int RankSet::index_of(int rank) const {

@@ -40,6 +40,8 @@ class RankSet {
   bool contains(int rank) const;
   /// Position of rank in the set, or -1.
   int index_of(int rank) const;
+  /// The same set with every rank plus `offset` (a pipeline stage's ops moved to its GPUs).
+  RankSet shifted(int offset) const;
   bool operator==(const RankSet& o) const;
 
  private:

@@ -178,6 +178,24 @@ const StrategySpec* Scenario::find_strategy(std::string_view wanted) const {
   return nullptr;
 }
 
+Scenario Scenario::stage_scenario() const {
+  if (parallelism.pp <= 1) return *this;
+  MOESIM_ASSERT(cluster.nodes % parallelism.pp == 0,
+                "pipeline stages must be whole nodes (the loader checks pp | nodes)");
+  Scenario out = *this;
+  out.cluster.nodes /= parallelism.pp;
+  out.parallelism.pp = 1;
+  return out;
+}
+
+std::pair<int, int> Scenario::stage_blocks(int stage) const {
+  const int pp = parallelism.pp;
+  MOESIM_ASSERT(stage >= 0 && stage < pp, "pipeline stage out of range");
+  const int base = model.layers / pp, extra = model.layers % pp;
+  const int first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
 SourceLocation Scenario::location_of(const std::string& key_path) const {
   if (auto it = locations.find(key_path); it != locations.end()) return it->second;
   return SourceLocation{source_file, 0, 0};

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/cluster_spec.hpp"
@@ -61,6 +62,11 @@ struct ModelSpec {
   // the LM head's gradient is all-reduced as soon as its backward ran, at the start of backward.
   int vocab_size = 0;
   bool tie_embeddings = true;
+  // Micro-batches per step (Megatron's gradient accumulation steps): a step runs m forward and
+  // backward passes of batch_per_gpu x seq_len tokens per GPU each and all-reduces the gradients
+  // once, after the last. With parallelism.pp > 1 they flow through the stages under a 1F1B
+  // schedule (strategies/plan_builder.hpp, "Pipeline stages").
+  int micro_batches = 1;
   // Global experts E and local experts per GPU (the EP group is parallelism.ep GPUs). Exactly one
   // of `experts` / `experts_per_gpu` is written in the file; the loader fills both:
   // experts_per_gpu >= 1: E = experts_per_gpu * ep;
@@ -111,6 +117,10 @@ struct ModelSpec {
 enum class MpLayout { kDisjoint, kOverlapped };
 
 struct ParallelismSpec {
+  // Pipeline stages (Megatron's pipeline-model-parallel size): the blocks are split into pp
+  // stages of P / pp GPUs each (whole nodes); ep / esp / mp / dp describe one stage, so their
+  // product is P / pp. Rank = stage * (P / pp) + the rank inside the stage.
+  int pp = 1;
   int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp), overlapped:
                 // P / (esp * dp))
   int esp = 1;  // expert-sharding-parallel group size (Parm)
@@ -316,6 +326,17 @@ struct Scenario {
   std::int64_t tokens_per_gpu() const { return model.tokens_per_gpu(); }  // S = B * L
   int num_experts() const { return model.experts; }                       // E
   int bytes_per_element() const { return model.bytes_per_element(); }
+
+  /// GPUs of one pipeline stage, P / pp (P without pipeline stages).
+  int stage_gpus() const { return num_gpus() / parallelism.pp; }
+  /// The scenario of one pipeline stage: the same model, workload and strategies on P / pp GPUs
+  /// (cluster.nodes / pp nodes) with pp = 1. Everything that reasons about one MoE layer (the
+  /// workload sampler, the strategies, the stage's plan) runs on it; the topology and the engine
+  /// keep the whole cluster. The scenario itself when pp = 1.
+  Scenario stage_scenario() const;
+  /// Blocks of pipeline stage s: [first, end). L blocks over pp stages as evenly as possible, the
+  /// L % pp extra blocks on the first stages (the last one also runs the LM head and the loss).
+  std::pair<int, int> stage_blocks(int stage) const;
 
   /// The strategy named `name`, or nullptr.
   const StrategySpec* find_strategy(std::string_view name) const;

@@ -107,13 +107,16 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "experts_per_gpu",
                                                   "top_k",
                                                   "capacity_factor",
-                                                  "dtype"};
+                                                  "dtype",
+                                                  "micro_batches"};
 constexpr std::int64_t kMaxExperts = 1 << 20;                     // E, experts_per_gpu
 constexpr std::int64_t kMaxTokensPerGpu = std::int64_t{1} << 31;  // S = batch_per_gpu x seq_len
 constexpr double kMaxCapacityFactor = 1024;  // |capacity factor|; dC = k f S / E slots
 // The bytes one GPU sends in one dispatch all-to-all (E x dC x M x bytes x esp x repeats).
 constexpr double kMaxA2aBytes = 1125899906842624.0;  // 2^50
 constexpr std::int64_t kMaxIterations = 1'000'000;   // the routing trace's limit, too
+// Micro-batches per step: the plan holds every one's ops (per pipeline stage), so bounded.
+constexpr std::int64_t kMaxMicroBatches = 4096;
 
 // A plain number in [lo, hi] ((lo, hi] when lo_open), with the range stated when out of it.
 double number_in(const MapReader& m, std::string_view key, double lo, double hi,
@@ -156,7 +159,12 @@ BytesPerSecond positive_rate(const MapReader& m, std::string_view key) {
   return BytesPerSecond(v);
 }
 
-std::string p_text(const ClusterSpec& c) {
+std::string p_text(const ClusterSpec& c, int pp = 1) {
+  if (pp > 1)
+    return fmt::format(
+        "P / pp = {} (cluster.nodes {} x cluster.gpus_per_node {} / parallelism.pp "
+        "{}: the GPUs of one pipeline stage)",
+        c.num_gpus() / pp, c.nodes, c.gpus_per_node, pp);
   return fmt::format("P = {} (cluster.nodes {} x cluster.gpus_per_node {})", c.num_gpus(), c.nodes,
                      c.gpus_per_node);
 }
@@ -623,6 +631,7 @@ ModelSpec parse_model(const MapReader& root) {
     model.capacity_factor =
         number_in(m, "capacity_factor", -kMaxCapacityFactor, kMaxCapacityFactor);
   if (auto v = get_enum(m, "dtype", dtype_table())) model.dtype = *v;
+  if (auto v = m.get_int("micro_batches", 1, kMaxMicroBatches)) model.micro_batches = to_int32(*v);
   return model;
 }
 
@@ -642,17 +651,30 @@ int int_or_auto(const MapReader& m, std::string_view key, int fallback) {
 }
 
 ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& cluster,
-                                  const Context& ctx) {
+                                  const ModelSpec& model, const Context& ctx) {
   ParallelismSpec par;
-  const int p = cluster.num_gpus();
   if (!root.has("parallelism")) {
     par.ep_auto = par.dp_auto = true;
-    par.ep = p;
+    par.ep = cluster.num_gpus();
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism", {"ep", "esp", "mp", "dp", "layout"});
+  MapReader m = root.get_map("parallelism", {"pp", "ep", "esp", "mp", "dp", "layout"});
   (void)ctx;
+  if (auto v = m.get_int("pp", 1, kMaxLayers)) {
+    par.pp = to_int32(*v);
+    // Stages are whole nodes: a stage's MoE groups then sit on the same node boundaries in every
+    // stage, so one stage's decisions (2dh / 3dh, the strategies' cost model) hold for all.
+    if (cluster.nodes % par.pp != 0)
+      m.fail("pp", fmt::format("found {}, expected a divisor of cluster.nodes = {} (every pipeline "
+                               "stage is whole nodes)",
+                               par.pp, cluster.nodes));
+    if (par.pp > model.layers)
+      m.fail("pp", fmt::format("found {}, expected at most model.layers = {} (every stage runs at "
+                               "least one block)",
+                               par.pp, model.layers));
+  }
+  const int p = cluster.num_gpus() / par.pp;
   par.ep = int_or_auto(m, "ep", 0);
   par.dp = int_or_auto(m, "dp", 0);
   if (auto v = m.get_int("esp", 1, kIntMax)) par.esp = to_int32(*v);
@@ -666,7 +688,7 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
   auto need_divide = [&](std::string_view key, std::int64_t fixed, std::string_view product) {
     if (fixed > p || p % fixed != 0)
       m.fail(key, fmt::format("{} = {} does not divide {}; expected {}", product, fixed,
-                              p_text(cluster), rule));
+                              p_text(cluster, par.pp), rule));
     return static_cast<int>(p / fixed);
   };
   const std::int64_t esp_mp = static_cast<std::int64_t>(par.esp) * (ov ? 1 : par.mp);
@@ -685,9 +707,9 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
       if (ov)
         m.fail("dp", fmt::format("ep*esp*dp = {}*{}*{} = {}, expected {} (layout overlapped: the "
                                  "mp ranks share those GPUs)",
-                                 par.ep, par.esp, par.dp, prod, p_text(cluster)));
+                                 par.ep, par.esp, par.dp, prod, p_text(cluster, par.pp)));
       m.fail("dp", fmt::format("ep*esp*mp*dp = {}*{}*{}*{} = {}, expected {}", par.ep, par.esp,
-                               par.mp, par.dp, prod, p_text(cluster)));
+                               par.mp, par.dp, prod, p_text(cluster, par.pp)));
     }
   }
   // Overlapped MP groups are blocks of mp consecutive ranks inside one DP index's ep*esp GPUs.
@@ -1295,7 +1317,7 @@ Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
   s.cluster = parse_cluster(m);
   s.cluster.name = s.name;
   s.model = parse_model(m);
-  s.parallelism = parse_parallelism(m, s.cluster, ctx);
+  s.parallelism = parse_parallelism(m, s.cluster, s.model, ctx);
   resolve_experts(m, s.model, s.parallelism);
   s.workload = parse_workload(m);
   check_plan_sizes(ctx, s);

@@ -13,15 +13,17 @@ int optimizer_bytes_per_param(Dtype dtype) {
   return dtype_bytes(dtype) < 4 ? 12 : 8;
 }
 
-MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decision,
-                               std::int64_t capacity) {
-  MOESIM_ASSERT(capacity >= 0, "capacity must be >= 0");
-  MOESIM_ASSERT(decision.expert_pack >= 1 && decision.parallel_degree >= 1,
-                "decision degrees must be >= 1");
-  // Lina's expert packing: the same job on fewer, fuller EP ranks (what the plan builder builds).
-  const Scenario sc = decision.expert_pack > 1
-                          ? schedules::packed_scenario(scenario, decision.expert_pack)
-                          : scenario;
+namespace {
+
+// What one pipeline stage holds (the whole model when pp = 1).
+struct StageShare {
+  int moe_layers = 0, dense_layers = 0;
+  bool embedding = true, head = true;
+  int in_flight = 1;  // micro-batches whose activations are kept at once (training)
+};
+
+MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std::int64_t capacity,
+                              const StageShare& part) {
   const auto& m = sc.model;
   const double M = m.model_dim, H = m.hidden_dim, E = m.experts;
   const double S = static_cast<double>(m.tokens_per_gpu());
@@ -29,8 +31,9 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const double n = m.expert_shards(), rho = decision.parallel_degree;
   const double local = m.local_experts();
   const double b = sc.bytes_per_element();
-  const int moe_layers = m.num_moe_layers();
-  const int dense_layers = m.layers - moe_layers;
+  const int moe_layers = part.moe_layers;
+  const int dense_layers = part.dense_layers;
+  const int layers = moe_layers + dense_layers;
   const bool training = m.mode == Mode::kTraining;
 
   MemoryEstimate est;
@@ -41,11 +44,15 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const double Hd = static_cast<double>(m.dense_hidden());
   // Shared experts (N of width H, one FFN of hidden N H) are dense parameters of every MoE block.
   const double Hs = static_cast<double>(m.shared_experts) * H;
-  // Vocabulary: the V x M embedding, and as much again for an untied LM head, split over mp.
+  // Vocabulary: the V x M embedding, and as much again for an untied LM head, split over mp. With
+  // pipeline stages the embedding sits on the first stage and the head on the last, each a V x M
+  // matrix even when tied (the last stage keeps its own copy, as Megatron does).
   const double V = m.vocab_size;
-  est.dense_params = m.layers * 4 * M * M / mp + dense_layers * 2 * M * Hd / mp +
-                     moe_layers * (M * E + 2 * M * Hs / mp) +
-                     (m.tie_embeddings ? 1 : 2) * V * M / mp;
+  const double vocab_copies = part.embedding && part.head
+                                  ? (m.tie_embeddings ? 1 : 2)
+                                  : (part.embedding ? 1 : 0) + (part.head ? 1 : 0);
+  est.dense_params = layers * 4 * M * M / mp + dense_layers * 2 * M * Hd / mp +
+                     moe_layers * (M * E + 2 * M * Hs / mp) + vocab_copies * V * M / mp;
   est.expert_params = moe_layers * local * 2 * M * H / (esp * n);
   const double params = est.dense_params + est.expert_params;
   est.weights_bytes = params * b;
@@ -74,10 +81,12 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const double moe_ffn =
       s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice + 2 * S * Hs / mp;
   // The LM head's input S M and its S V / mp logits (kept for the loss's backward).
-  const double head = V > 0 ? S * M + S * V / mp : 0;
+  const double head = V > 0 && part.head ? S * M + S * V / mp : 0;
   if (training) {
+    // Every micro-batch in flight keeps its own (1F1B: min(pp - s, m) on stage s).
     est.activations_bytes =
-        (m.layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn + head) * b;
+        part.in_flight *
+        (layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn + head) * b;
   } else {
     // Inference keeps nothing for backward: the largest block in flight.
     double block = 0;
@@ -99,6 +108,35 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
     est.buffers_bytes += training ? (moe_layers + 1) * gathered * b : gathered * b;
   }
   return est;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decision,
+                               std::int64_t capacity) {
+  MOESIM_ASSERT(capacity >= 0, "capacity must be >= 0");
+  MOESIM_ASSERT(decision.expert_pack >= 1 && decision.parallel_degree >= 1,
+                "decision degrees must be >= 1");
+  // Lina's expert packing: the same job on fewer, fuller EP ranks (what the plan builder builds).
+  const Scenario sc = decision.expert_pack > 1
+                          ? schedules::packed_scenario(scenario, decision.expert_pack)
+                          : scenario;
+  const auto& m = sc.model;
+  const int pp = sc.parallelism.pp;
+  MemoryEstimate worst;
+  // With pipeline stages every stage holds its own blocks; the estimate is the fullest stage's.
+  for (int stage = 0; stage < pp; ++stage) {
+    const auto [begin, end] = sc.stage_blocks(stage);
+    StageShare part;
+    for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? part.moe_layers : part.dense_layers);
+    part.embedding = stage == 0;
+    part.head = stage == pp - 1;
+    // 1F1B: stage s holds the activations of min(pp - s, m) micro-batches at its peak.
+    part.in_flight = std::min(pp - stage, m.micro_batches);
+    const MemoryEstimate est = estimate_share(sc, decision, capacity, part);
+    if (stage == 0 || est.total_bytes() > worst.total_bytes()) worst = est;
+  }
+  return worst;
 }
 
 std::int64_t nominal_capacity(const Scenario& sc, int multiple) {

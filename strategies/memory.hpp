@@ -4,15 +4,16 @@
 // users can drop configurations that do not fit (PipeMoE dropped those above an RTX 2080 Ti's
 // 11 GB). One place: `validate`, `simulate`, `compare`, `sweep` and the runner all call it.
 //
-// All figures are bytes per GPU (the largest rank's; every rank holds the same here: the padded
-// plan gives every rank the same shapes). The parts:
+// All figures are bytes per GPU (the largest rank's; every rank of a stage holds the same here:
+// the padded plan gives every rank the same shapes; with pipeline stages, the fullest stage's). The parts:
 //  - weights:     parameters held (dense and expert), in the model's dtype;
 //  - gradients:   one per parameter, same dtype (training);
 //  - optimizer:   Adam state per parameter (training): fp32 momentum and variance (8 bytes), plus
 //                 an fp32 master copy (4 bytes) when the dtype is narrower than fp32, i.e. the
 //                 ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter for fp16 mixed precision; no
 //                 ZeRO sharding beyond what the layout shards (esp, expert shards, mp);
-//  - activations: tensors kept for backward, every block (training), or one block in flight
+//  - activations: tensors kept for backward, every block (training; times the micro-batches in
+//                 flight on a pipeline stage, min(pp - s, m) under 1F1B), or one block in flight
 //                 (inference);
 //  - buffers:     the all-to-all send buffers of the MoE layer in flight, and for sharded experts
 //                 under P1 / intermediate degrees the gathered expert parameters (kept from

@@ -17,6 +17,7 @@
 #include "strategies/collectives/collective.hpp"
 #include "strategies/schedules/lina.hpp"
 #include "strategies/schedules/parm.hpp"
+#include "strategies/stage_schedule.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -167,48 +168,66 @@ struct MoeDims {
 
 class Builder {
  public:
+  // `sc` is the scenario of one pipeline stage (Scenario::stage_scenario) and `part` the blocks
+  // it runs; the whole model on all of sc's GPUs when part is the default.
   Builder(const Scenario& sc, const topology::Topology& topo,
-          const workload::IterationWorkload& work, const Decision& dec)
-      : sc_(sc), topo_(topo), work_(work), dec_(dec), plan_(sc.num_gpus()) {}
+          const workload::IterationWorkload& work, const Decision& dec, StagePart part = {})
+      : sc_(sc), topo_(topo), work_(work), dec_(dec), part_(part), plan_(sc.num_gpus()) {
+    if (part_.end_block < 0) part_.end_block = sc.model.layers;
+  }
 
-  BuiltPlan build() {
+  // The stage's forward (ops [0, bwd_begin)) then backward (ops [bwd_begin, end)); out.fwd_out /
+  // out.bwd_out are the last op of each pass (what the next stage's input waits for).
+  StagePlan build() {
     init();
     check_decision();
     const ModelSpec& m = sc_.model;
     const bool training = m.mode == Mode::kTraining;
+    const bool embed = m.vocab_size > 0 && part_.embedding;
+    const bool head = m.vocab_size > 0 && part_.head;
+    // A tied matrix whose embedding and LM head sit on different stages is two copies, each
+    // all-reduced over its own stage's DP group (Megatron adds a V x M/mp all-reduce between the
+    // first and the last stage to keep them equal; not modelled, docs/model.md).
+    const bool tied_here = m.tie_embeddings && part_.embedding && part_.head;
     // Forward: blocks in order; block l has an MoE FFN when model.is_moe_block(l).
     OpId prev = kNone;
     int moe = 0;
-    if (m.vocab_size > 0) prev = embedding(prev, /*backward=*/false);
-    for (int l = 0; l < m.layers; ++l) {
+    for (int l = 0; l < part_.first_block; ++l) moe += is_moe(l) ? 1 : 0;
+    moe_begin_ = moe;
+    if (embed) prev = embedding(prev, /*backward=*/false);
+    for (int l = part_.first_block; l < part_.end_block; ++l) {
       prev = attention(l, prev, /*backward=*/false);
       prev = is_moe(l) ? moe_forward(l, moe++, prev) : dense_ffn(l, prev, false);
     }
-    if (m.vocab_size > 0) prev = lm_head(prev, /*backward=*/false);
+    if (head) prev = lm_head(prev, /*backward=*/false);
+    StagePlan out;
+    out.fwd_out = prev;
+    out.bwd_begin = static_cast<OpId>(plan_.ops().size());
     if (training) {
       // Backward mirrors forward, last block first. Each block's dense gradients are one bucket
       // all-reduced as soon as the block's backward is done (PyTorch DDP), on the "grad" stream,
       // so the next blocks' backward overlaps it.
-      if (m.vocab_size > 0) {
+      if (head) {
         prev = lm_head(prev, /*backward=*/true);
-        if (!m.tie_embeddings) vocab_gradient_sync("lm_head.grad.allreduce", prev);
+        if (!tied_here) vocab_gradient_sync("lm_head.grad.allreduce", prev);
       }
-      for (int l = m.layers - 1; l >= 0; --l) {
+      for (int l = part_.end_block - 1; l >= part_.first_block; --l) {
         prev = is_moe(l) ? moe_backward(l, --moe, prev) : dense_ffn(l, prev, true);
         prev = attention(l, prev, /*backward=*/true);
         dense_gradient_sync(l, prev);
       }
-      if (m.vocab_size > 0) {
+      if (embed) {
         prev = embedding(prev, /*backward=*/true);
         // Tied: the one matrix's gradient (LM head + embedding) is complete only now.
         vocab_gradient_sync("embed.grad.allreduce", prev);
       }
     }
+    out.bwd_out = prev;
     if (schedules::is_lina(dec_.schedule)) {
       grad_before_.resize(index_.moe_layers.size(), 0);
       schedules::apply_lina(plan_, index_, dec_.schedule, grad_before_);
     }
-    BuiltPlan out{std::move(plan_), std::move(index_)};
+    out.built = BuiltPlan{std::move(plan_), std::move(index_)};
     return out;
   }
 
@@ -830,10 +849,12 @@ class Builder {
   // all-gather's backward]. Expert gradients: P1 reduce-scatter in the shard gather groups, then
   // all-reduce over dp (grad stream, launched as soon as the expert backward is done).
   OpId moe_backward(int l, int moe, OpId prev) {
-    PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(moe);
+    // index_ holds this stage's MoE layers, from moe_begin_ on.
+    PlanIndex::MoeLayerOps& ops = index_.moe_layers.at(static_cast<std::size_t>(moe - moe_begin_));
     if (grad_before_.size() < index_.moe_layers.size())
       grad_before_.resize(index_.moe_layers.size());
-    grad_before_[moe] = index_.gradient_sync.size();  // between_a2a: all-reduces before this layer
+    // between_a2a: all-reduces before this layer
+    grad_before_[static_cast<std::size_t>(moe - moe_begin_)] = index_.gradient_sync.size();
     if (schedules::is_fused_parm(dec_.schedule)) {
       const schedules::ParmBackward r =
           schedules::parm_backward(schedule_build(l, moe, &ops), dec_.schedule, prev);
@@ -952,6 +973,8 @@ class Builder {
   const topology::Topology& topo_;
   const workload::IterationWorkload& work_;
   const Decision& dec_;
+  StagePart part_;
+  int moe_begin_ = 0;  // global index of the stage's first MoE layer
   Plan plan_;
   PlanIndex index_;
   Groups groups_;
@@ -985,13 +1008,29 @@ int capacity_multiple(const Scenario& sc, const Decision& decision) {
   return static_cast<int>(multiple);
 }
 
+StagePlan build_stage_plan(const Scenario& stage_sc, const topology::Topology& topo,
+                           const workload::IterationWorkload& work, const Decision& decision,
+                           StagePart part) {
+  if (decision.expert_pack > 1) {  // Lina expert packing: the same job on fewer, fuller EP ranks
+    const Scenario packed = schedules::packed_scenario(stage_sc, decision.expert_pack);
+    return Builder(packed, topo, work, decision, part).build();
+  }
+  return Builder(stage_sc, topo, work, decision, part).build();
+}
+
 BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
                           const workload::IterationWorkload& work, const Decision& decision) {
-  if (decision.expert_pack > 1) {  // Lina expert packing: the same job on fewer, fuller EP ranks
-    const Scenario packed = schedules::packed_scenario(sc, decision.expert_pack);
-    return Builder(packed, topo, work, decision).build();
+  const int pp = sc.parallelism.pp;
+  if (pp == 1 && sc.model.micro_batches == 1)
+    return build_stage_plan(sc, topo, work, decision, StagePart{}).built;
+  const Scenario stage_sc = sc.stage_scenario();
+  std::vector<StagePlan> stages;
+  for (int s = 0; s < pp; ++s) {
+    const auto [first, end] = sc.stage_blocks(s);
+    stages.push_back(build_stage_plan(stage_sc, topo, work, decision,
+                                      StagePart{first, end, s == 0, s == pp - 1}));
   }
-  return Builder(sc, topo, work, decision).build();
+  return stitch_stages(sc, stages);
 }
 
 }  // namespace moesim::strategies

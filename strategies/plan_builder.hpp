@@ -3,7 +3,14 @@
 //
 // Rank map (documented contract, shared with exec/): rank = ((d * ep + e) * esp + s) * mp + t for
 // DP index d, EP index e, ESP index s, MP index t: MP varies fastest, so MP groups sit inside a
-// node when mp <= gpus_per_node.
+// node when mp <= gpus_per_node. With pipeline stages (parallelism.pp > 1) that is the rank inside
+// a stage, and the global rank is stage * (P / pp) + it (stages are blocks of whole nodes).
+//
+// Pipeline stages and micro-batches (model.micro_batches = m; strategies/stage_schedule.hpp): each
+// stage's plan is built once for one micro-batch (forward, then backward) on the stage scenario
+// (Scenario::stage_scenario), then instantiated m times on the stage's GPUs in 1F1B order, with
+// the activations and their gradients sent between neighbouring stages; the gradients are
+// all-reduced once, after the last micro-batch's backward.
 #pragma once
 
 #include <string>
@@ -40,6 +47,25 @@ struct BuiltPlan {
   PlanIndex index;
 };
 
+/// Blocks one pipeline stage runs, [first_block, end_block) (Scenario::stage_blocks; end_block -1:
+/// every block), and whether it holds the token embedding (first stage) and the LM head (last).
+struct StagePart {
+  int first_block = 0;
+  int end_block = -1;
+  bool embedding = true;
+  bool head = true;
+};
+
+/// One stage's plan for one micro-batch on the stage scenario's GPUs: its forward is ops
+/// [0, bwd_begin), its backward ops [bwd_begin, end); fwd_out / bwd_out are the last op of each
+/// pass (-1 when the pass is empty), what the neighbouring stage waits for.
+struct StagePlan {
+  BuiltPlan built;
+  OpId bwd_begin = 0;
+  OpId fwd_out = -1;
+  OpId bwd_out = -1;
+};
+
 /// The groups of `parallelism` under the rank map above (group order = increasing varying index):
 ///  ep:       fixed (d, s, t), e varies: the all-to-all group (W = ep).
 ///  esp:      fixed (d, e, t), s varies: the GPUs holding the H/esp slices of the same experts.
@@ -71,7 +97,14 @@ int capacity_multiple(const Scenario& sc, const Decision& decision);
 /// Builds the step. Throws InputError when the decision cannot apply (pipeline degree larger
 /// than the capacity, 2DH on groups that are not node-aligned, a parallel degree that does not
 /// divide the shard count) naming the strategy role at fault.
+/// `sc` is the whole scenario; with pp > 1 or m > 1 the plan is the stitched 1F1B plan of every
+/// stage and micro-batch (the workload then describes one stage: stage_scenario's GPUs).
 BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
                           const workload::IterationWorkload& work, const Decision& decision);
+
+/// One stage's plan (see StagePlan), on `stage_sc` (a Scenario::stage_scenario).
+StagePlan build_stage_plan(const Scenario& stage_sc, const topology::Topology& topo,
+                           const workload::IterationWorkload& work, const Decision& decision,
+                           StagePart part);
 
 }  // namespace moesim::strategies

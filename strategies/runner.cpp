@@ -65,8 +65,9 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
 
 }  // namespace
 
-Decision first_decision(const Scenario& sc, const StrategySpec& spec,
+Decision first_decision(const Scenario& whole, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity) {
+  const Scenario sc = whole.stage_scenario();  // strategies decide for one pipeline stage
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const std::vector<IterationRecord> history;
@@ -78,10 +79,14 @@ Decision first_decision(const Scenario& sc, const StrategySpec& spec,
   return decision;
 }
 
-StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology::Topology& topo,
+StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topology::Topology& topo,
                    const Backend& backend, int iterations, workload::SampleCache* cache,
                    bool for_execution) {
   if (iterations < 0) throw InputError("iterations must be >= 0");
+  // The workload, the strategies and the cost model describe one pipeline stage (its MoE groups
+  // are the same in every stage); the plan and the memory estimate the whole step (pp = 1: the
+  // same scenario).
+  const Scenario sc = whole.stage_scenario();
   MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
   workload::WorkloadGenerator generator(sc);
   generator.set_keep_demanded(false);  // the plan needs kept counts only (one P x E matrix less)
@@ -136,9 +141,9 @@ StackRun run_stack(const Scenario& sc, const StrategySpec& spec, const topology:
       decision.inference = session->place(work, placed);
       decision.variable_dispatch = true;
     }
-    BuiltPlan built = build_step_plan(sc, topo, work, decision);
+    BuiltPlan built = build_step_plan(whole, topo, work, decision);
     RunResult result = backend(built.plan);
-    IterationRecord rec = make_record(sc, i, f, decision, work, built, result);
+    IterationRecord rec = make_record(whole, i, f, decision, work, built, result);
     if (session) {
       rec.inference = placed;
       rec.decision.inference.reset();  // P x P matrices per layer: not kept per iteration

@@ -212,6 +212,16 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   const int iterations =
       iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
+  // The real backend runs one stage and one micro-batch: its data paths hold one copy of every
+  // layer's activations and have no stage-to-stage send (issue 18 left it to the simulator).
+  if (sc.parallelism.pp > 1 || sc.model.micro_batches > 1)
+    throw InputError(
+        sc.location_of(sc.parallelism.pp > 1 ? "parallelism.pp" : "model.micro_batches"),
+        sc.parallelism.pp > 1 ? "parallelism.pp" : "model.micro_batches",
+        fmt::format("found {} (pipeline stages / micro-batches), expected 1: `moesim "
+                    "exec` runs one stage and one micro-batch (simulate runs the 1F1B "
+                    "schedule); use --set parallelism.pp=1 --set model.micro_batches=1",
+                    sc.parallelism.pp > 1 ? sc.parallelism.pp : sc.model.micro_batches));
   if (session.size() != sc.num_gpus())
     throw InputError(fmt::format(
         "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "

@@ -40,7 +40,7 @@ struct Solved {
 // The target of the first EP group (all EP groups of a scenario see the same kind of fabric).
 Solved solve_first_group(const Scenario& sc, const topology::Topology& topo) {
   Solved s;
-  s.ranks = strategies::make_groups(sc).ep.groups.at(0);
+  s.ranks = strategies::make_groups(sc.stage_scenario()).ep.groups.at(0);
   const auto t0 = std::chrono::steady_clock::now();
   s.costs = routing::pair_costs(topo, s.ranks);
   const std::int64_t supply = sc.model.tokens_per_gpu() * sc.model.top_k;

@@ -116,8 +116,8 @@ std::string describe_routing(const RoutingWorkloadSpec& r) {
 // scenario's workload (experts placed as the scenario's model places them): the per-pair traffic
 // MoE routing makes, before any strategy reshapes it.
 ByteMatrix routed_token_matrix(const Scenario& sc, int gpus) {
-  Scenario s = sc;
-  s.model.capacity_factor = 0;  // dropless: drops would flatten the skew being measured
+  Scenario s = sc.stage_scenario();  // the routing model covers one pipeline stage
+  s.model.capacity_factor = 0;       // dropless: drops would flatten the skew being measured
   workload::WorkloadGenerator gen(s);
   gen.set_keep_demanded(false);
   const workload::LayerDispatch layer = gen.sample_layer(0, 0, 0.0);

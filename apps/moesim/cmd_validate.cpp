@@ -80,10 +80,23 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
           : (m.capacity_factor == 0 ? std::string("f=dropless")
                                     : fmt::format("f=dropless<={}", -m.capacity_factor));
   fmt::print("  experts      {}; top-{}; {}; {}\n", experts, m.top_k, cf, dtype_name(m.dtype));
+  const std::string per = p.pp > 1 ? "P / pp" : "P";
   fmt::print("  parallelism  ep={} esp={} mp={} dp={} layout={} ({})\n", p.ep, p.esp, p.mp, p.dp,
              name_of(p.layout),
-             p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = P"
-                            : "MP ranks on GPUs of their own: ep*esp*mp*dp = P");
+             p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = " + per
+                            : "MP ranks on GPUs of their own: ep*esp*mp*dp = " + per);
+  if (p.pp > 1 || m.micro_batches > 1) {
+    std::string stages;
+    for (int s = 0; s < p.pp; ++s) {
+      const auto [first, end] = sc.stage_blocks(s);
+      stages += fmt::format("{}{}", s == 0 ? "" : " ", end - first);
+    }
+    fmt::print(
+        "  pipeline     pp={} stage(s) of {} GPUs, blocks per stage [{}]; {} micro-batch(es) "
+        "per step, 1F1B; bubble (pp-1)/(m+pp-1) = {:.1f}% at equal stages\n",
+        p.pp, sc.stage_gpus(), stages, m.micro_batches,
+        100.0 * (p.pp - 1) / (m.micro_batches + p.pp - 1));
+  }
   fmt::print("  workload     {} routing (seed {}), {} iteration(s)\n",
              name_of(sc.workload.routing.distribution), sc.workload.routing.seed,
              sc.workload.iterations);
@@ -110,7 +123,7 @@ void register_validate(CLI::App& app) {
     // scenario's shape.
     auto topo = simulation_topology(sc);
     (void)engine_config_from(sc, "");
-    workload::WorkloadGenerator check_workload(sc);
+    workload::WorkloadGenerator check_workload(sc.stage_scenario());
     print_summary(sc, *topo);
   });
 }

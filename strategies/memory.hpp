@@ -5,7 +5,8 @@
 // 11 GB). One place: `validate`, `simulate`, `compare`, `sweep` and the runner all call it.
 //
 // All figures are bytes per GPU (the largest rank's; every rank of a stage holds the same here:
-// the padded plan gives every rank the same shapes; with pipeline stages, the fullest stage's). The parts:
+// the padded plan gives every rank the same shapes; with pipeline stages, the fullest stage's). The
+// parts:
 //  - weights:     parameters held (dense and expert), in the model's dtype;
 //  - gradients:   one per parameter, same dtype (training);
 //  - optimizer:   Adam state per parameter (training): fp32 momentum and variance (8 bytes), plus

@@ -684,7 +684,9 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
   par.dp_auto = par.dp == 0;
   // Overlapped: the MP ranks are the EP x ESP GPUs themselves, so mp is not a factor of P.
   const bool ov = par.overlapped();
-  const std::string_view rule = ov ? "ep*esp*dp = P (layout overlapped)" : "ep*esp*mp*dp = P";
+  const std::string per = par.pp > 1 ? "P / pp" : "P";
+  const std::string rule =
+      ov ? "ep*esp*dp = " + per + " (layout overlapped)" : "ep*esp*mp*dp = " + per;
   auto need_divide = [&](std::string_view key, std::int64_t fixed, std::string_view product) {
     if (fixed > p || p % fixed != 0)
       m.fail(key, fmt::format("{} = {} does not divide {}; expected {}", product, fixed,

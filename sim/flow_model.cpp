@@ -106,6 +106,11 @@ struct FlowModel::Segment {
   std::vector<topology::LinkId> routes;
   std::vector<std::uint32_t> link_begin;  // size num_links+1, into link_flows (CSR link -> flows)
   std::vector<std::uint32_t> link_flows;
+  std::vector<topology::LinkId> links;  // the distinct links its flows cross
+  // The current event finished or started some of its flows; the solve re-rates it (and what it
+  // reaches through shared links: `reached`).
+  bool touched = false;
+  bool reached = false;
   // Flows grouped by the absolute time at which they start moving, sorted by time.
   struct Group {
     double time_s = 0;
@@ -385,6 +390,9 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   g.link_begin.assign(num_links + 1, 0);
   for (topology::LinkId l : g.routes) ++g.link_begin[l + 1];
   std::partial_sum(g.link_begin.begin(), g.link_begin.end(), g.link_begin.begin());
+  for (std::size_t l = 0; l < num_links; ++l) {
+    if (g.link_begin[l + 1] > g.link_begin[l]) g.links.push_back(static_cast<topology::LinkId>(l));
+  }
   if (options_.sharing == FlowSharing::kPerCollective) {
     // Each batch (one phase of one collective) shares links as one party, as NCCL runs each
     // collective on channels of its own: all its flows weigh 1 / the copies of the batch on its
@@ -482,6 +490,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
         g.state[i] = kDone;
         --g.unfinished;
         --g.num_moving;
+        g.touched = true;
         changed = true;
       };
       std::size_t pops = 0;
@@ -537,6 +546,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
             g.t0[i] = t;
             ++g.num_moving;
             started_.push_back({&g, i});
+            g.touched = true;
             changed = true;
           }
         }
@@ -698,6 +708,8 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
     }
   }
   double resolved_entries = 0;
+  const bool split_components = partial && options_.split_components;
+  if (split_components) mark_reached();
   for (auto& gp : segments_) {
     Segment& g = *gp;
     g.resolve.clear();
@@ -705,6 +717,10 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
     if (g.num_moving == 0) {
       g.order.clear();
       g.finish.clear();
+      continue;
+    }
+    if (split_components && !g.reached) {  // the event cannot change its rates: all kept
+      ++stats_.kept_segments;
       continue;
     }
     std::size_t split = 0;
@@ -782,6 +798,40 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
     }
   }
   return resolved_entries;
+}
+
+void FlowModel::mark_reached() {
+  // Max-min rates decompose over the connected components of the flow-link graph: water-filling
+  // in one component never reads a link of another. The event changed only the touched segments'
+  // flows (finished ones released their links, started ones joined theirs), so only the segments
+  // connected to them through links (transitively) can change rate; the others keep every rate
+  // exactly. Segments are the unit (a segment's static link set covers every flow it ever had: a
+  // superset, so the reach is conservative). A segment without moving flows passes nothing on
+  // unless touched (its finished flows freed its links).
+  if (link_mark_.size() != cap_.size()) link_mark_.assign(cap_.size(), 0);
+  const std::uint32_t mark = ++mark_stamp_;
+  auto reach = [&](Segment& g) {
+    g.reached = true;
+    for (topology::LinkId l : g.links) link_mark_[l] = mark;
+  };
+  for (auto& gp : segments_) {
+    gp->reached = false;
+    if (gp->touched) reach(*gp);
+  }
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (auto& gp : segments_) {
+      Segment& g = *gp;
+      if (g.reached || g.num_moving == 0) continue;
+      for (topology::LinkId l : g.links) {
+        if (link_mark_[l] == mark) {
+          reach(g);
+          grew = true;
+          break;
+        }
+      }
+    }
+  }
 }
 
 void FlowModel::build_active_links() {
@@ -939,6 +989,7 @@ void FlowModel::finish_solve() {
     }
     g.resolve.clear();  // capacity kept: freeing and faulting it in again per solve cost more
     g.assigned.clear();
+    g.touched = false;
   }
   refresh_next_finish();
 }

@@ -36,6 +36,11 @@
 // bytes are brought up to date only when a flow's rate changes, finishes come from a per-segment
 // heap of finish times, and per-link byte counters are flushed only when a link's load changes,
 // so an event costs O(re-solved flows' route entries + levels x their links), not O(all flows).
+// And max-min rates decompose over the connected components of the flow-link graph: an event
+// re-solves only the batches it reaches from the batches it changed through shared links
+// (FlowModel::mark_reached); the others keep every rate. Concurrent collectives on disjoint parts
+// of the fabric (pipeline stages, DP replicas' MoE groups) then cost an event only their own
+// flows: a DeepSeek-V3 step (16 stages, 8 micro-batches) 15.6 -> 7.5 s, the same result.
 //
 // Cost: a symmetric collective has few levels and few events (6 for a 16.8 M-flow all-to-all).
 // Unbalanced routes (hash-ECMP collisions, skewed sizes) make nearly every flow finish at its own
@@ -68,6 +73,7 @@ struct FlowModelStats {
   std::int64_t solves = 0;             // max-min recomputations
   std::int64_t partial_solves = 0;     // of which re-solved only the flows an event can affect
   std::int64_t partial_fallbacks = 0;  // partial solves redone in full (rounding check failed)
+  std::int64_t kept_segments = 0;      // moving batches a partial solve left alone (unreachable)
   std::int64_t resolved_flows = 0;     // flow entries (re)rated over all solves
   std::int64_t levels = 0;             // water-filling levels over all solves
   std::int64_t scan_levels = 0;        // levels resolved by a sequential scan instead of the CSR
@@ -105,6 +111,10 @@ struct FlowModelOptions {
   /// EventToleranceErrorIsBounded...). Scenario key: engine.flow.event_tolerance.
   double event_tolerance = 1e-9;
   FlowSharing sharing = FlowSharing::kPerFlow;
+  /// Re-solve only the batches an event can reach through shared links (see solve()); false
+  /// re-solves every batch's flows above the event's level, as before. Exact either way; the
+  /// switch is for tests and benchmarks.
+  bool split_components = true;
 };
 
 class FlowModel final : public NetworkModel {
@@ -144,6 +154,9 @@ class FlowModel final : public NetworkModel {
   // solve()'s parts, in order. The flows to re-solve (Segment::resolve, by id, stamped) and the
   // links they cross, with the capacity the kept flows leave; returns their route entries.
   double gather_resolved(bool partial, double keep_thr, std::uint32_t stamp);
+  // Marks (Segment::reached) the segments the event's touched ones reach through shared links:
+  // the only ones whose rates it can change.
+  void mark_reached();
   // The links unrated flows cross, with their fair shares (act_links_, act_share_).
   void build_active_links();
   // One level: rates the unrated flows crossing a bottleneck_ link at `share`, through the CSR
@@ -220,6 +233,8 @@ class FlowModel final : public NetworkModel {
   std::vector<topology::LinkId> touched_;
   std::vector<topology::LinkId> solve_links_;  // links crossed by the flows being re-solved
   std::vector<std::uint8_t> in_links_;         // per link: in solve_links_
+  std::vector<std::uint32_t> link_mark_;       // per link: == mark_stamp_ when reached
+  std::uint32_t mark_stamp_ = 0;
 
   FlowModelStats stats_;
 };

@@ -110,8 +110,9 @@ std::string scenario_section(const Scenario& sc) {
                                m.dense_hidden(), dtype_name(m.dtype)));
   kv("experts",
      fmt::format("E={} (top-{}, capacity factor {})", m.experts, m.top_k, m.capacity_factor));
-  kv("parallelism",
-     fmt::format("ep={} esp={} mp={} dp={} layout={}", p.ep, p.esp, p.mp, p.dp, name_of(p.layout)));
+  kv("parallelism", fmt::format("{}ep={} esp={} mp={} dp={} layout={}",
+                                p.pp > 1 ? fmt::format("pp={} ", p.pp) : "", p.ep, p.esp, p.mp,
+                                p.dp, name_of(p.layout)));
   kv("workload", fmt::format("{} iteration(s), routing seed {}", sc.workload.iterations,
                              sc.workload.routing.seed));
   s += "</table>\n";

@@ -161,6 +161,15 @@ void ProgressReporter::maybe_print_locked() {
     const double in_current = in_unit_ ? now - finished_units_wall_s_ : 0;
     const double eta = std::max(mean * std::max(0, left - 1), mean * left - in_current);
     line += fmt::format(", ETA {}", wall_text(eta));
+  } else if (in_unit_ && have_sample_ && last_.ops_total > 0 && last_.ops_done > 0 &&
+             total_units_ > 0) {
+    // No unit finished yet (a one-iteration run): extrapolate from the op instances done in this
+    // one. Rough (events bunch up where collectives overlap), hence the "~".
+    const double in_current = now - finished_units_wall_s_;
+    const double unit =
+        in_current * static_cast<double>(last_.ops_total) / static_cast<double>(last_.ops_done);
+    const int left = std::max(0, total_units_ - units_done_ - 1);
+    line += fmt::format(", ETA ~{}", wall_text(std::max(0.0, unit - in_current) + unit * left));
   } else {
     line += ", ETA unknown";
   }

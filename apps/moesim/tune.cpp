@@ -126,8 +126,8 @@ std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const st
 const char* const kBaselineStack = "{name: tuned}";
 
 std::string par_yaml(const ParallelismSpec& p) {
-  return fmt::format("{{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.ep, p.esp, p.mp, p.dp,
-                     name_of(p.layout));
+  return fmt::format("{{pp: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.pp, p.ep, p.esp,
+                     p.mp, p.dp, name_of(p.layout));
 }
 
 YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
@@ -156,9 +156,10 @@ TuneLayout make_layout(const ParallelismSpec& par, int batch_per_gpu, int expert
 }  // namespace
 
 // Every layout of P GPUs for the scenario's model (see tune.hpp). mp and esp stay inside a node
-// (tensor and expert-shard groups are intra-node in every system the strategies come from).
+// (tensor and expert-shard groups are intra-node in every system the strategies come from). The
+// scenario's pipeline stages stay as they are: the layouts are those of one stage's P / pp GPUs.
 std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
-  const int P = sc.num_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
+  const int P = sc.stage_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
   const ParallelismSpec& p0 = sc.parallelism;
   // Global batch in sequences: P / mp replicas of batch_per_gpu (MP ranks share their tokens).
   const std::int64_t global = static_cast<std::int64_t>(P / p0.mp) * sc.model.batch_per_gpu;
@@ -177,6 +178,7 @@ std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
         const int rest = static_cast<int>(P / fixed);
         for (int ep : divisors(rest)) {
           ParallelismSpec par;
+          par.pp = p0.pp;
           par.ep = ep;
           par.esp = esp;
           par.mp = mp;

@@ -259,6 +259,22 @@ TEST(CalibrateCli, UnwritableOutputExitsTwoOnEveryRankBeforeTheRun) {
   fs::remove_all(d);
 }
 
+// The real backend runs one stage and one micro-batch: pipeline stages or micro-batches are
+// refused as invalid input naming the key, on every rank, before the rank count is compared.
+TEST(CalibrateCli, ExecRefusesPipelineStagesAndMicroBatches) {
+  const std::string q = std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-host-4.yaml";
+  for (const auto& [edit, key] :
+       {std::pair{"--set parallelism.pp=2 --set parallelism.ep=2", "parallelism.pp"},
+        std::pair{"--set model.micro_batches=2", "model.micro_batches"}}) {
+    const RunOutput r = run(fmt::format("{} exec '{}' {}", mpirun(2), q, edit));
+    EXPECT_EQ(r.exit_code, 2) << edit << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(fmt::format("{}: found 2 (pipeline stages / micro-batches), "
+                                             "expected 1",
+                                             key)))
+        << r.out;
+  }
+}
+
 TEST(CalibrateCli, WrongRankCountIsInvalidInput) {
   const RunOutput r = run(fmt::format("{} calibrate '{}/scenarios/exec-host-4.yaml' --quick",
                                       mpirun(2), MOESIM_SOURCE_DIR));

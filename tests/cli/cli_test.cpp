@@ -130,7 +130,10 @@ TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
   const std::vector<std::pair<std::string, std::string>> presets = {
       {"mixtral-8x7b", "--set model.layers=2 --set cluster.nodes=2"},
       {"qwen3-235b-a22b", "--set model.layers=2 --set cluster.nodes=8"},
-      {"deepseek-v3", "--set model.layers=5 --set cluster.nodes=8"}};
+      // Two stages of 4 nodes (EP 32), 2 micro-batches: the 1F1B plan on every engine.
+      {"deepseek-v3",
+       "--set model.layers=5 --set cluster.nodes=8 --set parallelism.pp=2 --set "
+       "parallelism.ep=32 --set model.micro_batches=2"}};
   std::vector<std::string> engines = {"analytical", "flow"};
 #ifdef MOESIM_HAVE_SIMGRID
   engines.push_back("simgrid");

@@ -698,6 +698,45 @@ TEST(FlowModel, MatchesNaiveReferenceOnBuiltFatTrees) {
   }
 }
 
+// Skewed all-to-allvs of MoE groups on disjoint nodes (pipeline stages, DP replicas), staggered,
+// with sends between the groups now and then: an event re-solves only the batches it reaches
+// through shared links. The others keep their rates, so the result equals re-solving every batch
+// (split_components = false) and the reference; and batches were actually left alone.
+TEST(FlowModel, BatchesOnDisjointLinksAreLeftAloneAndExact) {
+  for (EcmpMode mode : {EcmpMode::kDmodk, EcmpMode::kHash}) {
+    const auto topo = topology::build_topology(small_fat_tree(mode));
+    std::mt19937 rng(mode == EcmpMode::kHash ? 5 : 3);
+    std::uniform_real_distribution<double> gap(0, 2e-4);
+    std::vector<std::vector<Transfer>> batches;
+    std::vector<double> starts;
+    double t = 0;
+    for (int b = 0; b < 8; ++b) {
+      const int base = (b % 2) * 8;  // GPUs 0-7 (nodes 0, 1) or 8-15 (nodes 2, 3)
+      std::vector<Transfer> a2av = zipf_all_to_allv(8, rng);
+      for (Transfer& x : a2av) {
+        x.src += base;
+        x.dst += base;
+      }
+      if (b % 3 == 2) a2av.push_back({base + 1, 15 - base, 3e6});  // a send across the groups
+      batches.push_back(std::move(a2av));
+      starts.push_back(t);
+      t += gap(rng);
+    }
+    const auto expected = reference_completions(*topo, batches, starts);
+    FlowModel split(*topo);
+    FlowModel whole(*topo, {}, FlowModelOptions{.split_components = false});
+    const auto got = run_staggered(split, batches, starts);
+    const auto all = run_staggered(whole, batches, starts);
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      EXPECT_NEAR(got[b], all[b], 1e-9 * all[b]) << "batch " << b;
+      EXPECT_NEAR(got[b], expected[b], 1e-7 * expected[b]) << "batch " << b;
+    }
+    EXPECT_GT(split.stats().kept_segments, 0);
+    EXPECT_EQ(whole.stats().kept_segments, 0);
+    EXPECT_LT(split.stats().resolved_flows, whole.stats().resolved_flows);
+  }
+}
+
 // Spray splits every flow over all uplinks: a linear all-to-all sees a symmetric core, so all
 // inter-node flows share one rate and finish together (few events), never later than with hash
 // collisions, and the leaves' summed uplink capacity is the same in both modes.

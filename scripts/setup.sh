@@ -24,7 +24,7 @@ done
 
 packages=(build-essential cmake pkg-config libyaml-cpp-dev libboost-graph-dev libsimgrid-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenmpi-dev openmpi-bin clang-format gnuplot-nox chromium)
+  libopenmpi-dev openmpi-bin clang-format gnuplot-nox chromium libprotobuf-dev protobuf-compiler)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "apps/moesim/chakra_export.hpp"
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
@@ -50,6 +51,7 @@ struct CollectiveArgs {
   std::string engine;
   std::string json_path;
   std::string trace_path;
+  std::string chakra_dir;
   bool quiet = false;  // --quiet: no progress on stderr
 };
 
@@ -314,6 +316,12 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
       for (const auto& o : outcomes) write_csv_rows(os, sc, o.run, topo_name);
     });
   }
+  if (!a.chakra_dir.empty()) {
+    std::vector<ChakraRun> runs;
+    for (const auto& o : outcomes)
+      runs.push_back({o.run.strategy, &o.run.last_plan.plan, &o.run.last_result});
+    write_chakra(a.chakra_dir, sc.name, runs);
+  }
   if (!a.trace_path.empty()) {
     // One file for all strategies, each a group of processes named after it (sim/trace.hpp).
     std::vector<sim::TraceRun> runs;
@@ -356,6 +364,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--trace", a->trace_path,
                   "Write a Chrome trace (chrome://tracing, Perfetto); several strategies share "
                   "the file, each one's ranks as processes named after it");
+  cmd->add_option("--chakra", a->chakra_dir,
+                  "Write each strategy's last plan as Chakra execution traces, one per rank "
+                  "(DIR/<strategy>/et.<rank>.et and comm_group.json), for ASTRA-sim");
   cmd->add_flag("--quiet,-q", a->quiet,
                 "No progress line on stderr (shown otherwise for runs longer than 2 s)");
   cmd->callback([a] {
@@ -363,6 +374,9 @@ void register_simulate(CLI::App& app) {
         {{"--json", a->json_path}, {"--csv", a->csv_path}, {"--trace", a->trace_path}});
     if (a->collective.empty() && !a->sizes.empty())
       throw InputError("--size: only meaningful with --collective");
+    if (!a->collective.empty() && !a->chakra_dir.empty())
+      throw InputError("--chakra: only for a scenario's strategies, not with --collective");
+    check_chakra_dir(a->chakra_dir);
     // Progress on stderr; Ctrl-C: a summary, no output file, exit 130 (main.cpp).
     run_interruptible(a->quiet, [&](ProgressReporter& progress) {
       if (a->collective.empty())

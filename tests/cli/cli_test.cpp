@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
@@ -126,6 +127,37 @@ TEST(Cli, EveryBundledScenarioValidates) {
 // Issue 18: the model presets simulate on every engine. Reduced to a few blocks and a smaller
 // cluster (the same EP group, fewer DP replicas) so that the three engines run in seconds; the
 // full presets' figures are in scenarios/README.md.
+// --chakra: a directory of per-rank traces per strategy after the run, or exit 2 before it when
+// the directory holds something else (untouched). Without protobuf the flag says so (exit 2).
+TEST(Cli, ChakraWritesATracePerRankOrRefusesAForeignDirectory) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / fmt::format("moesim-cli-chakra-{}", ::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d / "theirs");
+  std::ofstream(d / "theirs" / "keep.txt") << "x\n";
+  const std::string scen = kSource + "/scenarios/exec-host-4.yaml";
+  auto r = run(fmt::format("simulate '{}' --engine analytical --quiet --chakra '{}'", scen,
+                           (d / "theirs").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--chakra"), std::string::npos) << r.out;
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(d / "theirs"),
+                          std::filesystem::directory_iterator()),
+            1);
+  r = run(fmt::format("simulate '{}' --engine analytical --quiet --strategy baseline --chakra '{}'",
+                      scen, (d / "et").string()));
+  if (r.out.find("without protobuf") != std::string::npos) {
+    EXPECT_EQ(r.exit_code, 2);
+  } else {
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    for (int rank = 0; rank < 4; ++rank)
+      EXPECT_GT(std::filesystem::file_size(d / "et" / "baseline" / fmt::format("et.{}.et", rank)),
+                0u);
+    EXPECT_FALSE(std::filesystem::exists(d / "et" / "baseline" / "et.4.et"));
+    EXPECT_TRUE(std::filesystem::exists(d / "et" / "moesim_chakra.json"));
+  }
+  std::filesystem::remove_all(d);
+}
+
 TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
   const std::vector<std::pair<std::string, std::string>> presets = {
       {"mixtral-8x7b", "--set model.layers=2 --set cluster.nodes=2"},

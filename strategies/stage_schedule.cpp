@@ -232,10 +232,15 @@ class Stitcher {
           MOESIM_ASSERT(to >= 0, "an indexed MoE op was not instantiated");
           return to;
         };
+        // A gradient all-reduce a schedule listed with the layer's ops (Parm's backward) exists
+        // only in the last micro-batch; the other instances leave it out of their lists.
         auto mapped = [&](const std::vector<OpId>& ids) {
           std::vector<OpId> r;
           r.reserve(ids.size());
-          for (OpId id : ids) r.push_back(id_of(id));
+          for (OpId id : ids) {
+            if (id >= sp.bwd_begin && bwd_[s][i][id] == kSkipped) continue;
+            r.push_back(id_of(id));
+          }
           return r;
         };
         for (const auto& l : sp.built.index.moe_layers) {

@@ -158,6 +158,23 @@ TEST(Cli, ChakraWritesATracePerRankOrRefusesAForeignDirectory) {
   std::filesystem::remove_all(d);
 }
 
+// Every strategy family on two pipeline stages with two micro-batches: Parm's fused schedules
+// (whose backward lists a gradient all-reduce among the layer's ops), Lina's packing and priority,
+// inference placement, sharded experts, TA-MoE routing.
+TEST(Cli, EveryStrategyFamilyRunsOnPipelineStages) {
+  for (const std::string name :
+       {"a100-40gb-4x4", "parm-rtx2080ti-8x4", "lina-a100-4x4", "lina-inference",
+        "nvlink-ring-sharded-2x4", "tamoe-tree", "quickstart"}) {
+    auto r = run(fmt::format(
+        "simulate '{}/scenarios/{}.yaml' --engine analytical --iterations 1 --quiet --set "
+        "parallelism.pp=2 --set parallelism.ep=auto --set parallelism.dp=1 --set "
+        "model.micro_batches=2 --set model.layers=4",
+        kSource, name));
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out;
+    EXPECT_NE(r.out.find("fastest:"), std::string::npos) << name << r.out;
+  }
+}
+
 TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
   const std::vector<std::pair<std::string, std::string>> presets = {
       {"mixtral-8x7b", "--set model.layers=2 --set cluster.nodes=2"},

@@ -351,8 +351,16 @@ class Engine {
     switch (op.kind) {
       case OpKind::kCompute: {
         const ComputeSpec& spec = op.compute();
-        double scale = spec.rank_scale ? static_cast<double>((*spec.rank_scale)[pos]) : 1.0;
-        double d = compute_.duration(spec, scale).value();
+        double d;
+        if (spec.rank_scale) {
+          d = compute_.duration(spec, static_cast<double>((*spec.rank_scale)[pos])).value();
+        } else {  // the same on every rank: computed once per op (a GEMM's time is not cheap)
+          if (unscaled_duration_.empty())
+            unscaled_duration_.assign(plan_.ops().size(), std::numeric_limits<double>::quiet_NaN());
+          double& once = unscaled_duration_[static_cast<std::size_t>(id)];
+          if (std::isnan(once)) once = compute_.duration(spec, 1.0).value();
+          d = once;
+        }
         result_.start_s[entry(id, pos)] = now_;
         if (interference_ > 0) {
           double f = active_comm_[r] > 0 ? 1.0 + interference_ : 1.0;
@@ -478,6 +486,28 @@ class Engine {
     }
   }
 
+  // The analytical time of one group's collective, remembered by what decides it: a step's
+  // micro-batches repeat the same collectives (the same grouping, sizes and shared matrices), and
+  // the choice among algorithms with the fabric's cut charge is most of the cost of one. The
+  // key holds every field of the spec the cost formulas read, so a hit is the same computation.
+  AnalyticalCollective analytical_time_of(const collectives::CollectiveCall& call) {
+    const CollectiveSpec& c = *call.spec;
+    const ByteMatrix* m = call.matrix();
+    const AnalyticalKey key{static_cast<int>(c.type),
+                            static_cast<int>(c.algo),
+                            c.grouping,
+                            call.group_index,
+                            c.bytes.value(),
+                            m,
+                            c.peer_offset,
+                            c.sub_group,
+                            c.saa_a2a_spans_group};
+    if (auto it = analytical_memo_.find(key); it != analytical_memo_.end()) return it->second;
+    const AnalyticalCollective a = analytical_collective_time(call, ctx_);
+    analytical_memo_.emplace(key, a);
+    return a;
+  }
+
   void start_groups(OpId id, std::span<const std::pair<OpId, int>> groups) {
     const Op& op = plan_.op(id);
     const int chunks = num_chunks(op);
@@ -486,7 +516,7 @@ class Engine {
     if (!net_) {
       for (const auto& [_, gi] : groups) {
         collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
-        AnalyticalCollective a = analytical_collective_time(call, ctx_);
+        const AnalyticalCollective a = analytical_time_of(call);
         group_started(id, gi, *a.algorithm);
         push(now_ + a.time.value() * chunks, EventType::kGroupDone, id, gi);
       }
@@ -682,6 +712,30 @@ class Engine {
   NetworkModel* net_;
   ComputeModel compute_;
   collectives::CostContext ctx_;
+  std::vector<double> unscaled_duration_;  // per op without rank_scale: its compute time
+  struct AnalyticalKey {
+    int type, algo;
+    GroupingId grouping;
+    int group_index;
+    double bytes;
+    const ByteMatrix* matrix;  // shared by the micro-batches' copies of an op
+    int peer_offset, sub_group;
+    bool spans;
+    bool operator==(const AnalyticalKey&) const = default;
+  };
+  struct AnalyticalKeyHash {
+    std::size_t operator()(const AnalyticalKey& k) const {
+      std::size_t h = std::hash<double>()(k.bytes);
+      for (std::size_t v :
+           {static_cast<std::size_t>(k.type), static_cast<std::size_t>(k.algo),
+            static_cast<std::size_t>(k.grouping), static_cast<std::size_t>(k.group_index),
+            std::hash<const void*>()(k.matrix), static_cast<std::size_t>(k.peer_offset),
+            static_cast<std::size_t>(k.sub_group), static_cast<std::size_t>(k.spans)})
+        h = h * 1000003u ^ v;
+      return h;
+    }
+  };
+  std::unordered_map<AnalyticalKey, AnalyticalCollective, AnalyticalKeyHash> analytical_memo_;
   const int P_;
   const int S_;
   double interference_ = 0;

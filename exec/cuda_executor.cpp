@@ -240,14 +240,17 @@ class DevicePhaseIo final : public PhaseIo {
         CUDA_OK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
       }
       // The second set may start once everything before this phase on the op's stream is done
-      // (it forwards what the previous step received).
+      // (it forwards what the previous step received). Both sets in one NCCL group: they are
+      // in flight together on two communicators.
       CUDA_OK(cudaEventRecord(fork_, stream_));
       CUDA_OK(cudaStreamWaitEvent(second_, fork_, 0));
-      comm_.exchange_on(second_channel_, second_, sends2, recvs2);
-      CUDA_OK(cudaEventRecord(join_, second_));
+      comm_.exchange_two_on(channel_, stream_, sends, recvs, second_channel_, second_, sends2,
+                            recvs2);
+      CUDA_OK(cudaEventRecord(join_, second_));  // after the group: both are enqueued now
+      CUDA_OK(cudaStreamWaitEvent(stream_, join_, 0));
+      return;
     }
     comm_.exchange_on(channel_, stream_, sends, recvs);
-    if (two) CUDA_OK(cudaStreamWaitEvent(stream_, join_, 0));
   }
 
  private:

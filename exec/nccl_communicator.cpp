@@ -345,16 +345,38 @@ void NcclCommunicator::prepare_group(const Grouping& g, int channel) {
   impl_->groups.emplace(std::move(key), c);
 }
 
-void NcclCommunicator::exchange_on(int channel, Stream stream, std::span<const SendSpec> sends,
-                                   std::span<const RecvSpec> recvs) {
-  if (channel < 0 || channel >= static_cast<int>(impl_->channels.size()))
-    throw ExecError(fmt::format("NCCL channel {} not prepared", channel));
-  ncclComm_t c = impl_->channels[channel];
-  NcclGroup group;
+namespace {
+// The sends and receives of one set, on `c` and `stream`, inside the caller's group.
+void post_exchange(ncclComm_t c, cudaStream_t stream, std::span<const SendSpec> sends,
+                   std::span<const RecvSpec> recvs) {
   for (const auto& snd : sends)
     if (snd.bytes > 0) NCCL_CHECK(ncclSend(snd.data, snd.bytes, ncclChar, snd.peer, c, stream));
   for (const auto& r : recvs)
     if (r.bytes > 0) NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclChar, r.peer, c, stream));
+}
+}  // namespace
+
+void NcclCommunicator::exchange_on(int channel, Stream stream, std::span<const SendSpec> sends,
+                                   std::span<const RecvSpec> recvs) {
+  if (channel < 0 || channel >= static_cast<int>(impl_->channels.size()))
+    throw ExecError(fmt::format("NCCL channel {} not prepared", channel));
+  NcclGroup group;
+  post_exchange(impl_->channels[channel], stream, sends, recvs);
+  group.end();
+}
+
+void NcclCommunicator::exchange_two_on(int channel, Stream stream, std::span<const SendSpec> sends,
+                                       std::span<const RecvSpec> recvs, int channel2,
+                                       Stream stream2, std::span<const SendSpec> sends2,
+                                       std::span<const RecvSpec> recvs2) {
+  for (int ch : {channel, channel2})
+    if (ch < 0 || ch >= static_cast<int>(impl_->channels.size()))
+      throw ExecError(fmt::format("NCCL channel {} not prepared", ch));
+  if (channel == channel2)
+    throw ExecError("exchange_two_on: the two sets need channels of their own");
+  NcclGroup group;  // one group may mix streams (NCCL user guide, "CUDA stream semantics")
+  post_exchange(impl_->channels[channel2], stream2, sends2, recvs2);
+  post_exchange(impl_->channels[channel], stream, sends, recvs);
   group.end();
 }
 

@@ -63,6 +63,13 @@ class NcclCommunicator : public Communicator {
   /// One grouped send/recv phase among global ranks on `channel`, enqueued on `stream`.
   void exchange_on(int channel, Stream stream, std::span<const SendSpec> sends,
                    std::span<const RecvSpec> recvs);
+  /// Two send/recv sets that run at the same time, each on its own channel and stream (SAA's
+  /// all-to-all and all-gather transfers): one NCCL group around both, as NCCL requires of
+  /// operations on several communicators that are in flight together (two groups issued one
+  /// after the other may deadlock when one's kernels wait for SMs the other holds).
+  void exchange_two_on(int channel, Stream stream, std::span<const SendSpec> sends,
+                       std::span<const RecvSpec> recvs, int channel2, Stream stream2,
+                       std::span<const SendSpec> sends2, std::span<const RecvSpec> recvs2);
   /// In-place sum of `count` elements of `dtype` over this rank's group of `grouping`.
   void all_reduce_on(const Grouping& grouping, int channel, Stream stream, void* data,
                      std::size_t count, kernels::DType dtype);

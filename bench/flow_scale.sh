@@ -18,6 +18,11 @@
 #                                         every flow finish at its own time)
 #   a2a-4096                              linear all_to_all 128 MiB, a2a-4096.yaml (d-mod-k,
 #                                         1 us per message; target <= 20 s CPU, <= 3 GiB)
+#   deepseek-analytical deepseek-flow     issue 18's DeepSeek-V3 step (scenarios/models/
+#                                         deepseek-v3.yaml: PP 16 x EP 64 on 2,048 GPUs, 120
+#                                         micro-batches), baseline alone (targets: analytical
+#                                         <= 5 s, flow <= 120 s CPU, <= 8 GiB)
+#   deepseek-analytical-all               the same, analytical, the preset's 3 strategies
 # Figures depend on the machine: compare rows of one run, not runs of different machines.
 set -euo pipefail
 
@@ -25,7 +30,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$here/build"
 repeats=3
 timeout_s=480
-rows="skew-128,skew-192,skew-256,skew-512,step-256-exact,step-512-exact,step-512-3e-3,step-1024-3e-3,step-4096-3e-3,a2a-dragonfly,a2a-dragonfly-3e-3,a2a-4096"
+rows="skew-128,skew-192,skew-256,skew-512,step-256-exact,step-512-exact,step-512-3e-3,step-1024-3e-3,step-4096-3e-3,a2a-dragonfly,a2a-dragonfly-3e-3,a2a-4096,deepseek-analytical,deepseek-analytical-all,deepseek-flow"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -33,7 +38,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --list) echo "$rows" | tr ',' '\n'; exit 0 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "flow_scale.sh: unknown argument '$1' (expected --build DIR, --repeats N, --timeout S, --rows LIST, --list)" >&2; exit 2 ;;
   esac
 done
@@ -64,6 +69,9 @@ row_cmd() {
     a2a-dragonfly) echo "$moesim simulate $here/scenarios/dragonfly-h200-4096.yaml --engine flow --collective all_to_all --size 128MiB --algo linear" ;;
     a2a-dragonfly-3e-3) echo "$moesim simulate $here/scenarios/dragonfly-h200-4096.yaml --engine flow --collective all_to_all --size 128MiB --algo linear --set engine.flow.event_tolerance=3e-3" ;;
     a2a-4096) echo "$moesim simulate $here/scenarios/a2a-4096.yaml --engine flow --collective all_to_all --size 128MiB --algo linear" ;;
+    deepseek-analytical) echo "$moesim simulate $here/scenarios/models/deepseek-v3.yaml --engine analytical --strategy baseline --quiet" ;;
+    deepseek-analytical-all) echo "$moesim simulate $here/scenarios/models/deepseek-v3.yaml --engine analytical --quiet" ;;
+    deepseek-flow) echo "$moesim simulate $here/scenarios/models/deepseek-v3.yaml --engine flow --strategy baseline --quiet" ;;
     *) echo "flow_scale.sh: unknown row '$1' (see --list)" >&2; exit 2 ;;
   esac
 }
@@ -77,6 +85,9 @@ row_target() {
     a2a-dragonfly) echo "<= 60 s CPU" ;;
     a2a-dragonfly-3e-3) echo "<= 60 s CPU, within 3e-3 of exact" ;;
     a2a-4096) echo "<= 20 s CPU, <= 3 GiB" ;;
+    deepseek-analytical) echo "<= 5 s" ;;
+    deepseek-analytical-all) echo "-" ;;
+    deepseek-flow) echo "<= 120 s CPU, <= 8 GiB" ;;
   esac
 }
 # The simulated figure a row reports: the step time of a step row, the collective's time
@@ -85,6 +96,7 @@ row_result() {
   local row=$1 out=$2
   case "$row" in
     step-*) awk '$1 == "routed" { print $2 " ms"; exit }' "$out" ;;
+    deepseek-*) awk '$1 == "baseline" { print $2 " ms"; exit }' "$out" ;;
     skew-*) grep -o 'sim [0-9.]* s' "$out" | head -1 | awk '{ printf "%.3f ms", $2 * 1000 }' ;;
     *) awk '/^ *[0-9.]+ [KMG]iB/ { print $4 " us"; exit }' "$out" ;;
   esac

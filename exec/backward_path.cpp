@@ -142,6 +142,7 @@ void begin_backward_layer(const Plan& plan, const MoeLayerPlan& lp, int rank, co
   }
   bl.dw1.assign(dE, std::vector<float>(static_cast<size_t>(M) * H, 0.0f));
   bl.dw2.assign(dE, std::vector<float>(static_cast<size_t>(H) * M, 0.0f));
+  bl.dgate_w.assign(static_cast<size_t>(M) * s.experts, 0.0f);
   for (int le = 0; le < dE; ++le) {
     bl.w1t.push_back(transpose((*fwd.w1)[le], M, H));  // H x M
     bl.w2t.push_back(transpose((*fwd.w2)[le], H, M));  // M x H
@@ -163,6 +164,11 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
   kc::Context ctx;
   switch (ref.kind) {
     case OpRoleKind::kDecode:
+      // A layer's backward starts here, once per micro-batch: the pass state starts over, the
+      // parameter gradients keep accumulating.
+      ++bl.passes;
+      bl.decoded = bl.encoded = bl.gated = false;
+      bl.fc1_done = 0;
       bl.dy = make_grad_output(s, seed, iteration, lp.moe, key_rank);
       bl.grad_expert_out.assign(static_cast<size_t>(E) * lp.capacity * M, 0.0f);
       bl.grad_weight.assign(static_cast<size_t>(S) * k, 0.0f);
@@ -269,9 +275,8 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
         for (int e = 0; e < E; ++e)
           dl[static_cast<size_t>(t) * E + e] = static_cast<float>(p[e] * (g[e] - pg));
       }
-      bl.dgate_w.assign(static_cast<size_t>(M) * E, 0.0f);
-      const std::vector<float> xt = transpose(*fwd.x, S, M);
-      kc::gemm(ctx, kF32, M, E, S, xt.data(), dl.data(), bl.dgate_w.data());
+      const std::vector<float> xt = transpose(*fwd.x, S, M);  // dWgate += x^T dLogits
+      kc::gemm(ctx, kF32, M, E, S, xt.data(), dl.data(), bl.dgate_w.data(), 1.0f, 1.0f);
       const std::vector<float> wgt = transpose(*fwd.gate_w, M, E);
       kc::gemm(ctx, kF32, S, M, E, dl.data(), wgt.data(), bl.dx.data(), 1.0f, 1.0f);
       bl.gated = true;
@@ -311,6 +316,7 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
                                const MoeLayerPlan& lp, const BackwardLayer& bl, const MoeShape& s,
                                std::uint64_t seed, int iteration, int key_rank, double tol) {
   const int M = s.model_dim, H = s.hidden_dim, dE = lp.local_experts;
+  const double passes = std::max(1, bl.passes);
   GradCheck chk;
   chk.iteration = iteration;
   chk.layer = lp.moe;
@@ -345,16 +351,32 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
         if (dp_summed) comm.all_reduce_sum(sum.data(), sum.size(), bl.dp_group);
         const int le = e - owner_pos_first;
         if (le < 0 || le >= dE) return;
-        const std::vector<double> r1(sum.begin(), sum.begin() + static_cast<std::ptrdiff_t>(per)),
+        // Every micro-batch of the step runs the same tokens: the accumulated gradient is
+        // passes x one pass's.
+        std::vector<double> r1(sum.begin(), sum.begin() + static_cast<std::ptrdiff_t>(per)),
             r2(sum.begin() + static_cast<std::ptrdiff_t>(per), sum.end());
+        for (double& v : r1) v *= passes;
+        for (double& v : r2) v *= passes;
         compare(bl.dw1[le].data(), bl.dw1[le].size(), r1.data(), per);
         compare(bl.dw2[le].data(), bl.dw2[le].size(), r2.data(), per);
       });
   compare(bl.dx.data(), bl.dx.size(), ref.dx.data(), ref.dx.size());
-  compare(bl.dgate_w.data(), bl.dgate_w.size(), ref.dgate_w.data(), ref.dgate_w.size());
+  std::vector<double> dgate(ref.dgate_w.begin(), ref.dgate_w.end());
+  for (double& v : dgate) v *= passes;
+  compare(bl.dgate_w.data(), bl.dgate_w.size(), dgate.data(), dgate.size());
   chk.compared = session.all_reduce_sum(compared);
   chk.wrong = session.all_reduce_sum(wrong);
   chk.max_abs_error = session.all_reduce_max(max_err);
+  return chk;
+}
+
+GradCheck idle_backward_check(const MpiSession& session, int iteration, int layer) {
+  GradCheck chk;
+  chk.iteration = iteration;
+  chk.layer = layer;
+  chk.compared = session.all_reduce_sum(0LL);  // check_backward_layer's three, in its order
+  chk.wrong = session.all_reduce_sum(0LL);
+  chk.max_abs_error = session.all_reduce_max(0.0);
   return chk;
 }
 

@@ -83,6 +83,9 @@ struct BackwardLayer {
   int dp_parts_done = 0;
   bool decoded = false, encoded = false, gated = false;
   int fc1_done = 0;  // chunks whose fc1 backward ran
+  // Backward passes of the layer this step (model.micro_batches): the parameter gradients (dW1,
+  // dW2, dWgate) accumulate over them; dX is the last pass's.
+  int passes = 0;
 };
 
 /// Sets up `bl` for the plan's layer (EP group, the expert all-reduce's group and micro-op count,
@@ -113,5 +116,9 @@ struct GradCheck {
 GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
                                const MoeLayerPlan& lp, const BackwardLayer& bl, const MoeShape& s,
                                std::uint64_t seed, int iteration, int key_rank, double tol);
+
+/// A rank's part in the gradient check of a layer it does not run (another pipeline stage's):
+/// the same global collectives as check_backward_layer, in the same order, contributing nothing.
+GradCheck idle_backward_check(const MpiSession& session, int iteration, int layer);
 
 }  // namespace moesim::exec

@@ -100,10 +100,19 @@ std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int expert
       layers.back().block = ref.block;
     }
     MoeLayerPlan& L = layers[block_to_layer[ref.block]];
+    if (op.ranks.index_of(rank) >= 0) L.on_rank = true;
     if (ref.kind == OpRoleKind::kFc1) {
       const GemmShape& g = *op.compute().gemm;
+      const int cap = static_cast<int>(g.m * g.batch / experts);
+      // Micro-batches (model.micro_batches) repeat a layer's ops with the same shapes: the first
+      // instance lays the layer out, the others must match it.
+      if (ref.chunk < static_cast<int>(L.caps.size())) {
+        MOESIM_ASSERT(L.caps[static_cast<std::size_t>(ref.chunk)] == cap,
+                      "a micro-batch's expert chunk differs from the first one's");
+        continue;
+      }
       MOESIM_ASSERT(ref.chunk == static_cast<int>(L.caps.size()), "expert chunks out of order");
-      L.caps.push_back(static_cast<int>(g.m * g.batch / experts));
+      L.caps.push_back(cap);
     }
     if (ref.kind == OpRoleKind::kDispatch && !L.has_a2a) {
       L.has_a2a = true;
@@ -296,7 +305,8 @@ RunResult Executor::run(const Plan& plan) {
     const std::uint64_t seed = sc_.workload.routing.seed;
     for (auto& lp : layers_) {
       Layer& L = *lp;
-      if (L.routed) {  // the routing decision comes from the plan's all_to_allv matrices
+      if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
+      if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
         L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_, seed);
         continue;
       }
@@ -674,7 +684,6 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
 // all P references while the others wait on it (and time out at real sizes).
 void Executor::check_layers() {
   const std::uint64_t seed = sc_.workload.routing.seed;
-  const int P = comm_.size();
   const std::size_t per_rank = static_cast<std::size_t>(shape_.tokens) * shape_.model_dim;
   // Layers: the Parm path's, else (moe, capacity) of the plain or sharded path's (checked_).
   const std::size_t num_layers = parm_ ? parm_->num_layers() : checked_.size();
@@ -690,6 +699,18 @@ void Executor::check_layers() {
     // Plain and plan-routed layers are layers_[li] (checked_ lists them in order); the sharded
     // path keeps its own layers and the Parm path its own reference.
     const Layer* L = !parm_ && li < layers_.size() ? layers_[li].get() : nullptr;
+    // Another pipeline stage's layer: this rank has no output to check, but takes part in the
+    // check's collectives (every rank calls them for every layer, in order).
+    if (L && !L->on_rank) {
+      chk.compared = session_.all_reduce_sum(0LL);
+      chk.wrong = session_.all_reduce_sum(0LL);
+      chk.expected_dropped = session_.all_reduce_sum(0LL);
+      chk.max_abs_error = session_.all_reduce_max(0.0);
+      checks_.push_back(chk);
+      if (session_.all_reduce_sum(0LL) > 0)
+        grad_checks_.push_back(idle_backward_check(session_, iteration_, moe));
+      continue;
+    }
     const std::vector<float> tokens =
         make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));
     // The gate's own logits, where this rank has them (the host gate's, or the GPU's downloaded):
@@ -713,17 +734,20 @@ void Executor::check_layers() {
       if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;
       if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
     }
-    chk.compared = static_cast<long long>(per_rank) * P;
+    chk.compared = session_.all_reduce_sum(static_cast<long long>(per_rank));
     chk.wrong = session_.all_reduce_sum(wrong);
     chk.expected_dropped = session_.all_reduce_sum(drops);
     chk.max_abs_error = session_.all_reduce_max(max_err);
     checks_.push_back(chk);
-    // The layer's gradients, when its backward ran on real data (the same on every rank: all
-    // ranks run every op of a plain MoE layer).
-    if (L && L->bwd && L->bwd->decoded)
+    // The layer's gradients, when its backward ran on real data (the same on every rank of the
+    // layer's stage: they run every op of a plain MoE layer; the others join idle).
+    const bool backward_here = L && L->bwd && L->bwd->decoded;
+    if (session_.all_reduce_sum(backward_here ? 1LL : 0LL) > 0)
       grad_checks_.push_back(
-          check_backward_layer(comm_, session_, *L, *L->bwd, shape_, seed, iteration_,
-                               token_key_rank(sc_.parallelism, comm_.rank()), tolerance_));
+          backward_here
+              ? check_backward_layer(comm_, session_, *L, *L->bwd, shape_, seed, iteration_,
+                                     token_key_rank(sc_.parallelism, comm_.rank()), tolerance_)
+              : idle_backward_check(session_, iteration_, moe));
   }
 }
 

@@ -80,6 +80,9 @@ struct MoeLayerPlan {
   int ep = 1, local_experts = 0, ep_pos = 0;
   int block = -1;       // the plan's block of this layer (labels L{block}.fwd.*)
   bool routed = false;  // dispatch is a routed all_to_allv (exec/routed_path.hpp)
+  // This rank runs the layer: with pipeline stages (parallelism.pp) a rank runs its stage's
+  // layers only, and takes no part in the others' data path or check.
+  bool on_rank = false;
 };
 
 /// What a forward MoE op of the plan does, read from its role (Op::role, set by the plan builder;

@@ -212,16 +212,25 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   const int iterations =
       iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
-  // The real backend runs one stage and one micro-batch: its data paths hold one copy of every
-  // layer's activations and have no stage-to-stage send (issue 18 left it to the simulator).
-  if (sc.parallelism.pp > 1 || sc.model.micro_batches > 1)
-    throw InputError(
-        sc.location_of(sc.parallelism.pp > 1 ? "parallelism.pp" : "model.micro_batches"),
-        sc.parallelism.pp > 1 ? "parallelism.pp" : "model.micro_batches",
-        fmt::format("found {} (pipeline stages / micro-batches), expected 1: `moesim "
-                    "exec` runs one stage and one micro-batch (simulate runs the 1F1B "
-                    "schedule); use --set parallelism.pp=1 --set model.micro_batches=1",
-                    sc.parallelism.pp > 1 ? sc.parallelism.pp : sc.model.micro_batches));
+  // Pipeline stages on the real backend: the host path runs plain and routed MoE layers stage
+  // by stage (each rank its stage's layers; --check on each). The sharded and Parm data paths
+  // and the GPU path have no stage logic yet.
+  if (sc.parallelism.pp > 1) {
+    std::string why;
+    if (a.backend == "nccl")
+      why = "--backend nccl: the GPU path runs one pipeline stage (use --backend mpi)";
+    else if (sc.model.expert_shards() > 1 || sc.parallelism.esp > 1 || sc.parallelism.mp > 1)
+      why = fmt::format(
+          "sharded experts, esp or mp > 1 (experts_per_gpu {}, esp {}, mp {}): their data paths "
+          "(sharded, Parm) run one pipeline stage",
+          sc.model.experts_per_gpu, sc.parallelism.esp, sc.parallelism.mp);
+    if (!why.empty())
+      throw InputError(
+          sc.location_of("parallelism.pp"), "parallelism.pp",
+          fmt::format("found {} pipeline stages, expected 1 for `moesim exec` with {}; "
+                      "`moesim simulate` runs every layout in stages",
+                      sc.parallelism.pp, why));
+  }
   if (session.size() != sc.num_gpus())
     throw InputError(fmt::format(
         "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "

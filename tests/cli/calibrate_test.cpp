@@ -259,19 +259,20 @@ TEST(CalibrateCli, UnwritableOutputExitsTwoOnEveryRankBeforeTheRun) {
   fs::remove_all(d);
 }
 
-// The real backend runs one stage and one micro-batch: pipeline stages or micro-batches are
-// refused as invalid input naming the key, on every rank, before the rank count is compared.
-TEST(CalibrateCli, ExecRefusesPipelineStagesAndMicroBatches) {
+// Pipeline stages on the real backend: refused as invalid input naming the key where no data
+// path runs them (mp > 1: the Parm path; the GPU path), on every rank, before the rank count
+// is compared. (The host path's plain and routed layers run them: exec_check_pipeline_stages.)
+TEST(CalibrateCli, ExecRefusesPipelineStagesWhereNoDataPathRunsThem) {
   const std::string q = std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-host-4.yaml";
-  for (const auto& [edit, key] :
-       {std::pair{"--set parallelism.pp=2 --set parallelism.ep=2", "parallelism.pp"},
-        std::pair{"--set model.micro_batches=2", "model.micro_batches"}}) {
+  for (const auto& [edit, why] :
+       {std::pair{"--set parallelism.pp=2 --set parallelism.ep=1 --set parallelism.mp=2",
+                  "esp or mp > 1"},
+        std::pair{"--set parallelism.pp=2 --set parallelism.ep=2 --backend nccl",
+                  "--backend nccl"}}) {
     const RunOutput r = run(fmt::format("{} exec '{}' {}", mpirun(2), q, edit));
     EXPECT_EQ(r.exit_code, 2) << edit << "\n" << r.out;
-    EXPECT_THAT(r.out, HasSubstr(fmt::format("{}: found 2 (pipeline stages / micro-batches), "
-                                             "expected 1",
-                                             key)))
-        << r.out;
+    EXPECT_THAT(r.out, HasSubstr("parallelism.pp: found 2 pipeline stages, expected 1")) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(why)) << r.out;
   }
 }
 

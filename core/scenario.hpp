@@ -121,6 +121,11 @@ struct ParallelismSpec {
   // stages of P / pp GPUs each (whole nodes); ep / esp / mp / dp describe one stage, so their
   // product is P / pp. Rank = stage * (P / pp) + the rank inside the stage.
   int pp = 1;
+  // ZeRO stage (Rajbhandari et al. 2020): 0, or 1 = the optimizer state sharded over the ranks
+  // that hold a replica of the parameters (dense: the dense DP group of P / pp / mp ranks;
+  // experts: the dp replicas). Memory only: ZeRO-1's reduce-scatter of the gradients plus
+  // all-gather of the updated parameters move what the all-reduce the plan holds moves.
+  int zero = 0;
   int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp), overlapped:
                 // P / (esp * dp))
   int esp = 1;  // expert-sharding-parallel group size (Parm)

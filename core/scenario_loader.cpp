@@ -659,7 +659,8 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism", {"pp", "ep", "esp", "mp", "dp", "layout"});
+  MapReader m = root.get_map("parallelism", {"pp", "zero", "ep", "esp", "mp", "dp", "layout"});
+  if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
     par.pp = to_int32(*v);

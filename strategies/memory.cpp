@@ -58,7 +58,14 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   est.weights_bytes = params * b;
   if (training) {
     est.gradients_bytes = params * b;
-    est.optimizer_bytes = params * optimizer_bytes_per_param(m.dtype);
+    // ZeRO-1: each rank keeps the optimizer state of 1 / (the parameter's replica count) of it:
+    // dense parameters over the dense DP group (P / pp / mp ranks), experts over their dp
+    // replicas.
+    const double dense_shards =
+        sc.parallelism.zero >= 1 ? static_cast<double>(sc.stage_gpus()) / mp : 1.0;
+    const double expert_shards = sc.parallelism.zero >= 1 ? sc.parallelism.dp : 1.0;
+    est.optimizer_bytes = (est.dense_params / dense_shards + est.expert_params / expert_shards) *
+                          optimizer_bytes_per_param(m.dtype);
   }
 
   // Activations, in elements. Per block: the two layer-norm inputs (residual stream, 2 S M), the

@@ -11,8 +11,9 @@
 //  - gradients:   one per parameter, same dtype (training);
 //  - optimizer:   Adam state per parameter (training): fp32 momentum and variance (8 bytes), plus
 //                 an fp32 master copy (4 bytes) when the dtype is narrower than fp32, i.e. the
-//                 ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter for fp16 mixed precision; no
-//                 ZeRO sharding beyond what the layout shards (esp, expert shards, mp);
+//                 ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter for fp16 mixed precision; with
+//                 parallelism.zero 1 sharded over each parameter's replicas (dense: P / pp / mp,
+//                 experts: dp), else only what the layout shards (esp, expert shards, mp);
 //  - activations: tensors kept for backward, every block (training; times the micro-batches in
 //                 flight on a pipeline stage, min(pp - s, m) under 1F1B), or one block in flight
 //                 (inference);

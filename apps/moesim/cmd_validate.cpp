@@ -27,11 +27,16 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
                                              sc.bytes_per_element(), sc.bytes_per_element(),
                                              strategies::optimizer_bytes_per_param(sc.model.dtype))
                                : std::string("inference: weights and one block in flight");
+  const std::string zero =
+      sc.parallelism.zero >= 1 && sc.model.mode == Mode::kTraining
+          ? fmt::format(" (ZeRO-1: optimizer state sharded over {} dense / {} expert replicas)",
+                        sc.stage_gpus() / sc.parallelism.mp, sc.parallelism.dp)
+          : std::string();
   const strategies::Decision layout;
   const auto layout_est = strategies::estimate_memory(
       sc, layout, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, layout)));
-  fmt::print("  memory/GPU   {}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters\n", mode,
-             layout_est.capacity, layout_est.dense_params, layout_est.expert_params);
+  fmt::print("  memory/GPU   {}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters\n", mode,
+             zero, layout_est.capacity, layout_est.dense_params, layout_est.expert_params);
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;
   for (const auto& spec : sc.strategies) {

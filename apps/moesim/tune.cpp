@@ -126,8 +126,8 @@ std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const st
 const char* const kBaselineStack = "{name: tuned}";
 
 std::string par_yaml(const ParallelismSpec& p) {
-  return fmt::format("{{pp: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.pp, p.ep, p.esp,
-                     p.mp, p.dp, name_of(p.layout));
+  return fmt::format("{{pp: {}, zero: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.pp,
+                     p.zero, p.ep, p.esp, p.mp, p.dp, name_of(p.layout));
 }
 
 YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
@@ -179,6 +179,7 @@ std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
         for (int ep : divisors(rest)) {
           ParallelismSpec par;
           par.pp = p0.pp;
+          par.zero = p0.zero;
           par.ep = ep;
           par.esp = esp;
           par.mp = mp;

@@ -31,6 +31,7 @@ struct Cfg {
   std::string nic = "200Gb/s";
   std::string model_extra;
   int seq = 256, model_dim = 256, hidden = 512;
+  std::string parallel_extra;  // more `parallelism:` keys, e.g. ", zero: 1"
 };
 
 Scenario make_scenario(const Cfg& c) {
@@ -55,12 +56,12 @@ model:
   capacity_factor: 1.0
   micro_batches: {}
   dtype: fp16
-{}parallelism: {{pp: {}, ep: {}, dp: auto}}
+{}parallelism: {{pp: {}, ep: {}, dp: auto{}}}
 strategies:
   - {{name: baseline}}
 )",
                   c.nodes, c.gpn, c.nic, c.gpn, c.mode, c.layers, c.seq, c.model_dim, c.hidden,
-                  c.micro_batches, c.model_extra, c.pp, c.ep),
+                  c.micro_batches, c.model_extra, c.pp, c.ep, c.parallel_extra),
       "stage.yaml");
 }
 
@@ -333,6 +334,30 @@ TEST(StageMemory, AStageHoldsItsBlocksAndItsMicroBatchesInFlight) {
   two.micro_batches = 1;  // one micro-batch: one block's activations
   EXPECT_DOUBLE_EQ(estimate_memory(make_scenario(two), Decision{}, 512).activations_bytes,
                    ea.activations_bytes / 2);
+}
+
+// ZeRO-1: the optimizer state of dense parameters over the stage's P / pp / mp ranks, of experts
+// over their dp replicas; nothing else changes. 4 nodes x 2 GPUs, pp 2: stages of 4 GPUs, ep 2,
+// dp 2 (dense replicas: 4).
+TEST(StageMemory, ZeroOneShardsTheOptimizerStateOverEachParametersReplicas) {
+  Cfg c;
+  c.nodes = 4;
+  c.gpn = 2;
+  c.pp = 2;
+  c.ep = 2;
+  const MemoryEstimate plain = estimate_memory(make_scenario(c), Decision{}, 512);
+  c.parallel_extra = ", zero: 1";
+  const Scenario sc = make_scenario(c);
+  ASSERT_EQ(sc.parallelism.dp, 2);
+  ASSERT_EQ(sc.parallelism.zero, 1);
+  const MemoryEstimate z = estimate_memory(sc, Decision{}, 512);
+  EXPECT_DOUBLE_EQ(z.optimizer_bytes,
+                   (plain.dense_params / 4 + plain.expert_params / 2) * 12);  // fp16: 12 B
+  EXPECT_DOUBLE_EQ(z.weights_bytes, plain.weights_bytes);
+  EXPECT_DOUBLE_EQ(z.gradients_bytes, plain.gradients_bytes);
+  EXPECT_DOUBLE_EQ(z.activations_bytes, plain.activations_bytes);
+  c.parallel_extra = ", zero: 2";
+  EXPECT_THROW(make_scenario(c), InputError);  // stages 0 and 1 only
 }
 
 TEST(StageRunner, RunStackSamplesOneStageAndRunsTheWholeStep) {

@@ -700,41 +700,34 @@ void Executor::check_layers() {
     // path keeps its own layers and the Parm path its own reference.
     const Layer* L = !parm_ && li < layers_.size() ? layers_[li].get() : nullptr;
     // Another pipeline stage's layer: this rank has no output to check, but takes part in the
-    // check's collectives (every rank calls them for every layer, in order).
-    if (L && !L->on_rank) {
-      chk.compared = session_.all_reduce_sum(0LL);
-      chk.wrong = session_.all_reduce_sum(0LL);
-      chk.expected_dropped = session_.all_reduce_sum(0LL);
-      chk.max_abs_error = session_.all_reduce_max(0.0);
-      checks_.push_back(chk);
-      if (session_.all_reduce_sum(0LL) > 0)
-        grad_checks_.push_back(idle_backward_check(session_, iteration_, moe));
-      continue;
+    // check's collectives below (every rank calls them for every layer, in order).
+    const bool here = !L || L->on_rank;
+    if (here) {
+      const std::vector<float> tokens =
+          make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));
+      // The gate's own logits, where this rank has them (the host gate's, or the GPU's downloaded):
+      // the reference decides on them and checks them (GateLogits).
+      const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
+      GateLogits kernel;
+      if (device_ && li < device_logits_.size() && device_logits_[li].size() == num_logits)
+        kernel = {device_logits_[li].data(), tolerance_};
+      else if (!device_ && L && !L->rpath && L->logits.size() == num_logits)
+        kernel = {L->logits.data(), tolerance_};
+      long long logits_wrong = 0;
+      const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
+                       : L && L->rpath
+                           ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing,
+                                                    L->rpath->pos, &drops)
+                           : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second,
+                                                    &drops, kernel, &logits_wrong);
+      wrong += logits_wrong;
+      for (std::size_t i = 0; i < per_rank; ++i) {
+        const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
+        if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;
+        if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
+      }
     }
-    const std::vector<float> tokens =
-        make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));
-    // The gate's own logits, where this rank has them (the host gate's, or the GPU's downloaded):
-    // the reference decides on them and checks them (GateLogits).
-    const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
-    GateLogits kernel;
-    if (device_ && li < device_logits_.size() && device_logits_[li].size() == num_logits)
-      kernel = {device_logits_[li].data(), tolerance_};
-    else if (!device_ && L && !L->rpath && L->logits.size() == num_logits)
-      kernel = {L->logits.data(), tolerance_};
-    long long logits_wrong = 0;
-    const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
-                     : L && L->rpath
-                         ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing,
-                                                  L->rpath->pos, &drops)
-                         : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second,
-                                                  &drops, kernel, &logits_wrong);
-    wrong += logits_wrong;
-    for (std::size_t i = 0; i < per_rank; ++i) {
-      const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);
-      if (!(err <= tolerance_ * (1.0 + std::fabs(ref[i])))) ++wrong;
-      if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
-    }
-    chk.compared = session_.all_reduce_sum(static_cast<long long>(per_rank));
+    chk.compared = session_.all_reduce_sum(here ? static_cast<long long>(per_rank) : 0LL);
     chk.wrong = session_.all_reduce_sum(wrong);
     chk.expected_dropped = session_.all_reduce_sum(drops);
     chk.max_abs_error = session_.all_reduce_max(max_err);

@@ -207,25 +207,20 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
         nodes_of[static_cast<std::size_t>(op.id)].push_back(n.id());
       };
       auto emit = [&](const Node& n) { write_delimited(out, n); };
+      // One point-to-point half: a send from `src` or a receive at `dst` (this rank is the other).
+      auto p2p = [&](ChakraProtoMsg::NodeType type, int src, int dst, double bytes) {
+        Node n;
+        const bool send = type == ChakraProtoMsg::COMM_SEND_NODE;
+        base(n, type, op.label + (send ? ".send" : ".recv"));
+        attr_i64(n, "comm_src", src);
+        attr_i64(n, "comm_dst", dst);
+        attr_i64(n, "comm_tag", op.id);
+        attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(bytes)));
+        emit(n);
+      };
       auto send_recv = [&](int peer_to, int peer_from, double bytes_out, double bytes_in) {
-        if (peer_to >= 0) {
-          Node n;
-          base(n, ChakraProtoMsg::COMM_SEND_NODE, op.label + ".send");
-          attr_i64(n, "comm_src", rank);
-          attr_i64(n, "comm_dst", peer_to);
-          attr_i64(n, "comm_tag", op.id);
-          attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(bytes_out)));
-          emit(n);
-        }
-        if (peer_from >= 0) {
-          Node n;
-          base(n, ChakraProtoMsg::COMM_RECV_NODE, op.label + ".recv");
-          attr_i64(n, "comm_src", peer_from);
-          attr_i64(n, "comm_dst", rank);
-          attr_i64(n, "comm_tag", op.id);
-          attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(bytes_in)));
-          emit(n);
-        }
+        if (peer_to >= 0) p2p(ChakraProtoMsg::COMM_SEND_NODE, rank, peer_to, bytes_out);
+        if (peer_from >= 0) p2p(ChakraProtoMsg::COMM_RECV_NODE, peer_from, rank, bytes_in);
       };
       if (op.kind != OpKind::kCollective) {
         Node n;

@@ -72,25 +72,7 @@ strategies:
   return parse_scenario_string(yaml, "test.yaml");
 }
 
-// One iteration's workload built by hand (uniform routing, nothing dropped): every MoE layer has
-// dC = `capacity` slots per (GPU, expert), all of them filled.
-workload::IterationWorkload make_work(const Scenario& sc, std::int64_t capacity) {
-  workload::IterationWorkload w;
-  w.capacity_factor = sc.model.capacity_factor;
-  for (int i = 0; i < sc.model.num_moe_layers(); ++i) {
-    workload::LayerDispatch ld;
-    ld.num_gpus = sc.num_gpus();
-    ld.num_experts = sc.num_experts();
-    ld.top_k = sc.model.top_k;
-    ld.capacity_factor = sc.model.capacity_factor;
-    ld.capacity = capacity;
-    ld.kept.assign(static_cast<size_t>(ld.num_gpus) * ld.num_experts,
-                   static_cast<std::uint32_t>(capacity));
-    ld.demanded = ld.kept;
-    w.layers.push_back(std::move(ld));
-  }
-  return w;
-}
+using testing::uniform_work;
 
 // dC = k * f * S / E rounded up (STRATEGIES §1), as the workload computes it.
 std::int64_t capacity_of(const Scenario& sc) {
@@ -108,7 +90,7 @@ struct Built {
 Built build(const Cfg& c, Decision d = {}, std::int64_t capacity = -1) {
   Built b{make_scenario(c), nullptr, BuiltPlan{Plan(0), PlanIndex{}}};
   b.topo = topology::build_topology(b.sc.cluster);
-  auto work = make_work(b.sc, capacity >= 0 ? capacity : capacity_of(b.sc));
+  auto work = uniform_work(b.sc, capacity >= 0 ? capacity : capacity_of(b.sc));
   b.bp = build_step_plan(b.sc, *b.topo, work, d);
   return b;
 }
@@ -732,7 +714,7 @@ TEST(PlanBuilder, RejectsDecisionsThatCannotApply) {
   Cfg c;
   Scenario sc = make_scenario(c);
   auto topo = topology::build_topology(sc.cluster);
-  auto work = make_work(sc, 4);
+  auto work = uniform_work(sc, 4);
   Decision d;
   d.pipeline_degree = 5;  // > dC = 4
   try {
@@ -755,7 +737,7 @@ TEST(PlanBuilder, RejectsDecisionsThatCannotApply) {
   s.experts_per_gpu = -4;
   Scenario ssc = make_scenario(s);
   auto stopo = topology::build_topology(ssc.cluster);
-  auto swork = make_work(ssc, 16);
+  auto swork = uniform_work(ssc, 16);
   d = Decision{};
   d.parallel_degree = 3;
   try {
@@ -772,7 +754,7 @@ TEST(PlanBuilder, RejectsDecisionsThatCannotApply) {
   n.ep = 3;
   Scenario nsc = make_scenario(n);
   auto ntopo = topology::build_topology(nsc.cluster);
-  auto nwork = make_work(nsc, 8);
+  auto nwork = uniform_work(nsc, 8);
   d = Decision{};
   d.a2a = CollectiveAlgo::k2dh;
   try {
@@ -785,7 +767,7 @@ TEST(PlanBuilder, RejectsDecisionsThatCannotApply) {
   EXPECT_NO_THROW(build_step_plan(nsc, *ntopo, nwork, d));
 
   // Workload of the wrong shape.
-  auto bad = make_work(sc, 4);
+  auto bad = uniform_work(sc, 4);
   bad.layers.clear();
   EXPECT_THROW(build_step_plan(sc, *topo, bad, Decision{}), InputError);
 }

@@ -18,6 +18,7 @@
 #include "sim/engine.hpp"
 #include "strategies/memory.hpp"
 #include "strategies/runner.hpp"
+#include "strategy_test_util.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -67,21 +68,8 @@ strategies:
 
 // Uniform routing with every slot filled, over the GPUs of one stage.
 workload::IterationWorkload make_work(const Scenario& stage) {
-  workload::IterationWorkload w;
-  const std::int64_t cap = stage.tokens_per_gpu() * stage.model.top_k / stage.num_experts();
-  for (int i = 0; i < stage.model.num_moe_layers(); ++i) {
-    workload::LayerDispatch ld;
-    ld.num_gpus = stage.num_gpus();
-    ld.num_experts = stage.num_experts();
-    ld.top_k = stage.model.top_k;
-    ld.capacity_factor = stage.model.capacity_factor;
-    ld.capacity = cap;
-    ld.kept.assign(static_cast<std::size_t>(ld.num_gpus) * ld.num_experts,
-                   static_cast<std::uint32_t>(cap));
-    ld.demanded = ld.kept;
-    w.layers.push_back(std::move(ld));
-  }
-  return w;
+  return testing::uniform_work(stage,
+                               stage.tokens_per_gpu() * stage.model.top_k / stage.num_experts());
 }
 
 struct Built {

@@ -10,6 +10,7 @@
 #include "core/scenario.hpp"
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
+#include "strategies/workload/workload.hpp"
 
 namespace moesim::strategies::testing {
 
@@ -30,6 +31,26 @@ struct ModelShape {
   double f = 1.0;
   std::string capacity = "{kind: fixed}";
 };
+
+/// One iteration's workload built by hand (uniform routing, nothing dropped): every MoE layer has
+/// dC = `capacity` slots per (GPU, expert) of sc's GPUs, all of them filled.
+inline workload::IterationWorkload uniform_work(const Scenario& sc, std::int64_t capacity) {
+  workload::IterationWorkload w;
+  w.capacity_factor = sc.model.capacity_factor;
+  for (int i = 0; i < sc.model.num_moe_layers(); ++i) {
+    workload::LayerDispatch ld;
+    ld.num_gpus = sc.num_gpus();
+    ld.num_experts = sc.num_experts();
+    ld.top_k = sc.model.top_k;
+    ld.capacity_factor = sc.model.capacity_factor;
+    ld.capacity = capacity;
+    ld.kept.assign(static_cast<size_t>(ld.num_gpus) * ld.num_experts,
+                   static_cast<std::uint32_t>(capacity));
+    ld.demanded = ld.kept;
+    w.layers.push_back(std::move(ld));
+  }
+  return w;
+}
 
 inline Scenario make_scenario(const ClusterShape& c, const ModelShape& m,
                               const std::string& strategies, const std::string& network = "flow") {

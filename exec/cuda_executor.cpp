@@ -7,10 +7,12 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 
+#include "exec/layer_program.hpp"
 #include "exec/nccl_communicator.hpp"
 #include "exec/phase_runner.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -103,13 +105,119 @@ struct StreamBuffer {
   std::byte* get() const { return static_cast<std::byte*>(ptr); }
 };
 
-// The device side of one MoE layer: offsets into its arena.
+// The device side of one MoE layer: its layer-program record and each buffer's arena offset.
 struct DevLayer {
   MoeLayerPlan plan;
-  std::size_t gate_w = 0, x32 = 0, xd = 0, logits = 0, expert = 0, slot = 0, weight = 0,
-              slot_entry = 0, count = 0, dispatched = 0, expert_out = 0, y = 0;
-  std::vector<std::size_t> w1, w2;                       // per local expert
-  std::vector<std::size_t> send, in, hidden, out, back;  // per chunk
+  LayerLayout lay;
+  std::map<BufId, std::size_t> off;
+};
+
+// The layer program's backend on the device (exec/layer_program.hpp): the CUDA kernels and cuBLAS
+// on the op's stream, the plan's collectives through the shared lowering as NCCL grouped
+// send/recv (`lowered`). Data buffers are in the run's dtype, the gate's in fp32.
+class DeviceLayerOps final : public LayerOps {
+ public:
+  using Lowered = std::function<std::int64_t(const Op&, CollectiveSpec, const std::byte*,
+                                             std::size_t, std::byte*, std::size_t)>;
+  DeviceLayerOps(kcu::Context& cx, cudaStream_t st, DType dtype, const MoeShape& shape,
+                 const DevLayer& L, const Arena& a, Lowered lowered)
+      : cx_(cx),
+        st_(st),
+        dtype_(dtype),
+        es_(kernels::dtype_size(dtype)),
+        shape_(shape),
+        L_(L),
+        a_(a),
+        lowered_(std::move(lowered)) {}
+
+  void gate(const kernels::GateParams& params) override {
+    const kernels::RoutingOut out{
+        at<std::int32_t>({LayerBuf::kExpert}), at<std::int32_t>({LayerBuf::kSlot}),
+        at<float>({LayerBuf::kWeight}), at<std::int32_t>({LayerBuf::kSlotEntry}),
+        at<std::int32_t>({LayerBuf::kCount})};
+    // fp32 tokens and gate weights whatever the dtype: routing identical to the reference.
+    kcu::gate(cx_, DType::kF32, params, at({LayerBuf::kX32}), at({LayerBuf::kGateW}),
+              at<float>({LayerBuf::kLogits}), out);
+  }
+  void routed_weights(int, int, int) override { unsupported("plan-routed layers"); }
+  void encode(BufId dst, int num_experts, int capacity) override {
+    kcu::encode(cx_, dtype_, routing(num_experts, capacity), shape_.model_dim, at({LayerBuf::kX}),
+                at(dst));
+  }
+  void decode(BufId src, int num_experts, int capacity) override {
+    kcu::decode(cx_, dtype_, routing(num_experts, capacity), shape_.model_dim, at(src),
+                at({LayerBuf::kY}));
+  }
+  void copy(const BlockCopy& c) override {
+    const std::size_t es = elem_bytes(c.src.buf);
+    if (c.run == 0 || c.count == 0) return;
+    std::byte* dst = at(c.dst) + c.dst_off * es;
+    const std::byte* src = at(c.src) + c.src_off * es;
+    if (c.count == 1)
+      CUDA_OK(cudaMemcpyAsync(dst, src, c.run * es, cudaMemcpyDeviceToDevice, st_));
+    else
+      CUDA_OK(cudaMemcpy2DAsync(dst, c.dst_pitch * es, src, c.src_pitch * es, c.run * es,
+                                static_cast<std::size_t>(c.count), cudaMemcpyDeviceToDevice, st_));
+  }
+  void gemm(const GemmJob& g, bool f32) override {
+    const std::size_t es = f32 ? sizeof(float) : es_;
+    kcu::gemm_strided_batched(cx_, f32 ? DType::kF32 : dtype_, g.m, g.n, g.k,
+                              at(g.a) + g.a_off * es, g.a_stride, at(g.b), 0,
+                              at(g.c) + g.c_off * es, g.c_stride, g.batch);
+  }
+  void relu(BufId buf, std::size_t elements) override {
+    kcu::activation(cx_, dtype_, kernels::Activation::kRelu, at(buf), elements);
+  }
+  void sum_slices(BufId, BufId, int, int, std::size_t) override {
+    unsupported("sharded experts' partial sums");
+  }
+  std::int64_t exchange(const Op& op, const Exchange& x) override {
+    if (x.row_elems > 0) unsupported("plan-routed all_to_allv rows");
+    CollectiveSpec spec = op.collective();
+    spec.bytes = Bytes(static_cast<double>(x.send_elems * es_));
+    return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
+                    at(x.recv) + x.recv_off * es_, x.recv_elems * es_);
+  }
+  std::int64_t all_gather(const Op&, BufId, std::size_t, BufId) override {
+    unsupported("sharded experts' parameter gathers");
+    return -1;
+  }
+
+ private:
+  [[noreturn]] static void unsupported(const char* what) {
+    throw ExecError(fmt::format("the GPU path does not run {} on real data yet", what));
+  }
+  std::size_t elem_bytes(LayerBuf b) const {
+    return elem_type(b) == ElemType::kData ? es_ : std::size_t{4};
+  }
+  template <typename T = std::byte>
+  T* at(BufId id) const {
+    const auto it = L_.off.find(id);
+    MOESIM_ASSERT(it != L_.off.end(), fmt::format("device layer buffer {}[{}] not reserved",
+                                                  layer_buf_name(id.buf), id.index));
+    return a_.at<T>(it->second);
+  }
+  kernels::Routing routing(int num_experts, int capacity) const {
+    kernels::Routing r;
+    r.num_tokens = shape_.tokens;
+    r.top_k = shape_.top_k;
+    r.num_experts = num_experts;
+    r.capacity = capacity;
+    r.expert = at<std::int32_t>({LayerBuf::kExpert});
+    r.slot = at<std::int32_t>({LayerBuf::kSlot});
+    r.weight = at<float>({LayerBuf::kWeight});
+    r.slot_entry = at<std::int32_t>({LayerBuf::kSlotEntry});
+    return r;
+  }
+
+  kcu::Context& cx_;
+  cudaStream_t st_;
+  DType dtype_;
+  std::size_t es_;
+  const MoeShape& shape_;
+  const DevLayer& L_;
+  const Arena& a_;
+  Lowered lowered_;
 };
 
 }  // namespace
@@ -282,59 +390,36 @@ int checked_int(std::int64_t v, const char* what) {
 }  // namespace
 
 void DevicePath::Impl::setup_layers(const std::vector<MoeLayerPlan>& plans, int iteration) {
-  const int S = shape.tokens, M = shape.model_dim, H = shape.hidden_dim, E = shape.experts,
-            k = shape.top_k;
   const std::uint64_t seed = sc.workload.routing.seed;
   layers.assign(plans.size(), DevLayer{});
   if (arenas.size() < plans.size()) arenas.resize(plans.size());
-  const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
   for (size_t li = 0; li < plans.size(); ++li) {
     DevLayer& L = layers[li];
     L.plan = plans[li];
+    L.lay = layer_layout(L.plan, shape);
     Arena& a = arenas[li];
     a.reset();
-    const int W = L.plan.ep, dE = L.plan.local_experts, pos = L.plan.ep_pos;
-    const std::size_t C = static_cast<std::size_t>(L.plan.capacity);
-    const std::size_t SM = static_cast<std::size_t>(S) * M, Sk = static_cast<std::size_t>(S) * k;
-    L.gate_w = a.reserve(static_cast<std::size_t>(M) * E * f4);
-    for (int le = 0; le < dE; ++le) {
-      L.w1.push_back(a.reserve(static_cast<std::size_t>(M) * H * es));
-      L.w2.push_back(a.reserve(static_cast<std::size_t>(H) * M * es));
-    }
-    L.x32 = a.reserve(SM * f4);
-    L.xd = a.reserve(SM * es);
-    L.logits = a.reserve(static_cast<std::size_t>(S) * E * f4);
-    L.expert = a.reserve(Sk * i4);
-    L.slot = a.reserve(Sk * i4);
-    L.weight = a.reserve(Sk * f4);
-    L.slot_entry = a.reserve(E * C * i4);
-    L.count = a.reserve(E * i4);
-    L.dispatched = a.reserve(E * C * M * es);
-    L.expert_out = a.reserve(E * C * M * es);
-    L.y = a.reserve(SM * es);
-    for (int c : L.plan.caps) {
-      const std::size_t blk = static_cast<std::size_t>(W) * dE * c;  // = E * c rows
-      L.send.push_back(a.reserve(blk * M * es));
-      L.in.push_back(a.reserve(blk * M * es));
-      L.hidden.push_back(a.reserve(blk * H * es));
-      L.out.push_back(a.reserve(blk * M * es));
-      L.back.push_back(a.reserve(blk * M * es));
-    }
+    // The layer program's buffers (layer_buffers: the host path allocates the same list).
+    for (const BufferSize& b : layer_buffers(L.lay, shape))
+      L.off[b.id] =
+          a.reserve(b.elements * (elem_type(b.id.buf) == ElemType::kData ? es : sizeof(float)));
     a.commit();
     // Inputs and weights, before the timed step: the data generation is not part of the model.
-    auto upload = [&](std::size_t off, const std::vector<float>& v, DType to) {
+    auto upload = [&](BufId id, const std::vector<float>& v, DType to) {
       std::vector<std::byte> host(v.size() * kernels::dtype_size(to));
       kernels::convert(DType::kF32, v.data(), to, host.data(), v.size());
-      CUDA_OK(cudaMemcpy(a.at(off), host.data(), host.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(a.at(L.off.at(id)), host.data(), host.size(), cudaMemcpyHostToDevice));
     };
-    upload(L.gate_w, make_gate_weights(shape, seed, L.plan.moe), DType::kF32);
+    upload({LayerBuf::kGateW}, make_gate_weights(shape, seed, L.plan.moe), DType::kF32);
+    const int dE = L.plan.local_experts, pos = L.plan.ep_pos;
     for (int le = 0; le < dE; ++le) {
-      upload(L.w1[le], make_w1(shape, seed, L.plan.moe, pos * dE + le), dtype);
-      upload(L.w2[le], make_w2(shape, seed, L.plan.moe, pos * dE + le), dtype);
+      upload({LayerBuf::kW1, le}, make_w1(shape, seed, L.plan.moe, pos * dE + le), dtype);
+      upload({LayerBuf::kW2, le}, make_w2(shape, seed, L.plan.moe, pos * dE + le), dtype);
     }
-    const auto x = make_tokens(shape, seed, iteration, L.plan.moe, comm.rank());
-    upload(L.x32, x, DType::kF32);
-    upload(L.xd, x, dtype);
+    const auto x = make_tokens(shape, seed, iteration, L.plan.moe,
+                               token_key_rank(sc.parallelism, comm.rank()));
+    upload({LayerBuf::kX32}, x, DType::kF32);
+    upload({LayerBuf::kX}, x, dtype);
   }
 }
 
@@ -386,111 +471,16 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
                               int channel, std::vector<std::int64_t>& collective_algo) {
   const int moe = sc.model.moe_layer_of_block(ref.block);
   MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
-  DevLayer& L = layers[moe];
-  const Arena& a = arenas[moe];
-  kcu::Context& cx = ctx(st);
-  const int S = shape.tokens, M = shape.model_dim, H = shape.hidden_dim, E = shape.experts,
-            k = shape.top_k;
-  const int W = L.plan.ep, dE = L.plan.local_experts;
-  const std::size_t C = static_cast<std::size_t>(L.plan.capacity);
-  auto routing = [&] {
-    kernels::Routing r;
-    r.num_tokens = S;
-    r.top_k = k;
-    r.num_experts = E;
-    r.capacity = L.plan.capacity;
-    r.expert = a.at<std::int32_t>(L.expert);
-    r.slot = a.at<std::int32_t>(L.slot);
-    r.weight = a.at<float>(L.weight);
-    r.slot_entry = a.at<std::int32_t>(L.slot_entry);
-    return r;
-  };
-  // Chunk j of the (E, C, M) buffer at `full` <-> the (E, c, M) buffer at `part`: one 2D copy
-  // (E rows of c * M elements, pitches C * M and c * M).
-  auto chunk_copy = [&](int j, bool to_part, std::byte* full, std::byte* part) {
-    const std::size_t c = static_cast<std::size_t>(L.plan.caps[j]);
-    const std::size_t row = c * M * es, pitch = C * M * es;
-    std::byte* f = full + static_cast<std::size_t>(L.plan.offset[j]) * M * es;
-    if (row == 0) return;
-    if (to_part)
-      CUDA_OK(cudaMemcpy2DAsync(part, row, f, pitch, row, E, cudaMemcpyDeviceToDevice, st));
-    else
-      CUDA_OK(cudaMemcpy2DAsync(f, pitch, part, row, row, E, cudaMemcpyDeviceToDevice, st));
-  };
-  switch (ref.kind) {
-    case OpRoleKind::kGate: {
-      const kernels::GateParams gp = gate_params(shape, S, L.plan.capacity);
-      kernels::RoutingOut out{a.at<std::int32_t>(L.expert), a.at<std::int32_t>(L.slot),
-                              a.at<float>(L.weight), a.at<std::int32_t>(L.slot_entry),
-                              a.at<std::int32_t>(L.count)};
-      // fp32 tokens and gate weights whatever the dtype: routing identical to the reference.
-      kcu::gate(cx, DType::kF32, gp, a.at(L.x32), a.at(L.gate_w), a.at<float>(L.logits), out);
-      return;
-    }
-    case OpRoleKind::kEncode:
-      kcu::encode(cx, dtype, routing(), M, a.at(L.xd), a.at(L.dispatched));
-      return;
-    case OpRoleKind::kDispatch: {
-      const int j = ref.chunk;
-      const std::size_t bytes = static_cast<std::size_t>(E) * L.plan.caps[j] * M * es;
-      chunk_copy(j, true, a.at(L.dispatched), a.at(L.send[j]));
-      CollectiveSpec spec = op.collective();
-      spec.bytes = Bytes(static_cast<double>(bytes));
-      run_lowered(plan, op, spec, st, channel, a.at(L.send[j]), bytes, a.at(L.in[j]), bytes,
-                  collective_algo);
-      return;
-    }
-    case OpRoleKind::kFc1: {
-      const int j = ref.chunk, c = L.plan.caps[j];
-      if (!L.plan.has_a2a) chunk_copy(j, true, a.at(L.dispatched), a.at(L.in[j]));
-      // Block (w, le) of the chunk: source position w's tokens for local expert le; one
-      // strided-batched GEMM per local expert over the W source blocks (weights shared).
-      const long long blk_x = static_cast<long long>(dE) * c * M;
-      const long long blk_h = static_cast<long long>(dE) * c * H;
-      for (int le = 0; le < dE; ++le)
-        kcu::gemm_strided_batched(
-            cx, dtype, c, H, M, a.at(L.in[j]) + static_cast<std::size_t>(le) * c * M * es, blk_x,
-            a.at(L.w1[le]), 0, a.at(L.hidden[j]) + static_cast<std::size_t>(le) * c * H * es, blk_h,
-            W);
-      kcu::activation(cx, dtype, kernels::Activation::kRelu, a.at(L.hidden[j]),
-                      static_cast<std::size_t>(W) * dE * c * H);
-      return;
-    }
-    case OpRoleKind::kFc2: {
-      const int j = ref.chunk, c = L.plan.caps[j];
-      const long long blk_x = static_cast<long long>(dE) * c * M;
-      const long long blk_h = static_cast<long long>(dE) * c * H;
-      for (int le = 0; le < dE; ++le)
-        kcu::gemm_strided_batched(
-            cx, dtype, c, M, H, a.at(L.hidden[j]) + static_cast<std::size_t>(le) * c * H * es,
-            blk_h, a.at(L.w2[le]), 0, a.at(L.out[j]) + static_cast<std::size_t>(le) * c * M * es,
-            blk_x, W);
-      if (!L.plan.has_a2a) chunk_copy(j, false, a.at(L.expert_out), a.at(L.out[j]));
-      return;
-    }
-    case OpRoleKind::kCombine: {
-      const int j = ref.chunk;
-      const std::size_t bytes = static_cast<std::size_t>(E) * L.plan.caps[j] * M * es;
-      CollectiveSpec spec = op.collective();
-      spec.bytes = Bytes(static_cast<double>(bytes));
-      run_lowered(plan, op, spec, st, channel, a.at(L.out[j]), bytes, a.at(L.back[j]), bytes,
-                  collective_algo);
-      // Received (source position s, dE, c, M) = (E, c, M): expert s * dE + le's outputs.
-      chunk_copy(j, false, a.at(L.expert_out), a.at(L.back[j]));
-      return;
-    }
-    case OpRoleKind::kDecode:
-      kcu::decode(cx, dtype, routing(), M, a.at(L.expert_out), a.at(L.y));
-      return;
-    case OpRoleKind::kParamGather:
-    case OpRoleKind::kPartialSum:
-      // Only sharded-expert plans have these, and the GPU path runs those with scratch buffers
-      // (data_path is false, so refs stay kNone): reaching here is a bug.
-      MOESIM_ASSERT(false, "sharded-expert op on the GPU data path");
-      return;
-    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
-      return;
-  }
+  const DevLayer& L = layers[moe];
+  DeviceLayerOps ops(ctx(st), st, dtype, shape, L, arenas[moe],
+                     [&](const Op& o, CollectiveSpec spec, const std::byte* send,
+                         std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes) {
+                       run_lowered(plan, o, std::move(spec), st, channel, send, send_bytes, recv,
+                                   recv_bytes, collective_algo);
+                       return collective_algo[o.id];
+                     });
+  // The layer program (exec/layer_program.hpp), the same steps the host path runs.
+  run_forward_step(L.lay, shape, ref.kind, ref.chunk, op, ops);
 }
 
 void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t st, int channel,
@@ -672,17 +662,18 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
     const Arena& a = d.arenas[li];
     const std::size_t n = static_cast<std::size_t>(d.shape.tokens) * d.shape.model_dim;
     std::vector<std::byte> raw(n * d.es);
-    CUDA_OK(cudaMemcpy(raw.data(), a.at(L.y), raw.size(), cudaMemcpyDeviceToHost));
+    CUDA_OK(
+        cudaMemcpy(raw.data(), a.at(L.off.at({LayerBuf::kY})), raw.size(), cudaMemcpyDeviceToHost));
     std::vector<float> y(n);
     kernels::convert(d.dtype, raw.data(), DType::kF32, y.data(), n);
     std::vector<std::int32_t> slot(static_cast<std::size_t>(d.shape.tokens) * d.shape.top_k);
-    CUDA_OK(cudaMemcpy(slot.data(), a.at(L.slot), slot.size() * sizeof(std::int32_t),
-                       cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(slot.data(), a.at(L.off.at({LayerBuf::kSlot})),
+                       slot.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
     long long dropped = 0;
     for (auto s : slot) dropped += s < 0 ? 1 : 0;
     std::vector<float> logits(static_cast<std::size_t>(d.shape.tokens) * d.shape.experts);
-    CUDA_OK(cudaMemcpy(logits.data(), a.at(L.logits), logits.size() * sizeof(float),
-                       cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
+                       logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
     step.outputs.push_back(std::move(y));
     step.dropped.push_back(dropped);
     step.logits.push_back(std::move(logits));

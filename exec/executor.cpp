@@ -11,6 +11,8 @@
 #include <queue>
 
 #include "exec/cuda_executor.hpp"
+#include "exec/host_layer.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/parm_path.hpp"
 #include "exec/phase_runner.hpp"
@@ -36,8 +38,6 @@ DevicePath::~DevicePath() = default;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace kc = kernels::cpu;
-constexpr auto kF32 = kernels::DType::kF32;
 
 std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
@@ -183,19 +183,44 @@ std::vector<OpId> priority_issue_order(const Plan& plan) {
   return order;
 }
 
-// One MoE layer's host buffers on this rank (fp32; the GPU path keeps only the plan part).
+LayerLayout layer_layout(const MoeLayerPlan& p, const MoeShape& s) {
+  LayerLayout L;
+  L.moe = p.moe;
+  L.block = p.block;
+  L.routing = LayerRouting::kCapacity;
+  L.ep = p.ep;
+  L.ep_pos = p.ep_pos;
+  L.slices = p.local_experts;
+  L.hidden = s.hidden_dim;
+  L.has_a2a = p.has_a2a;
+  L.caps = p.caps;
+  L.offset = p.offset;
+  L.capacity = p.capacity;
+  return L;
+}
+
+// One MoE layer on this rank: its plan, and on the host path its layout and buffers (the layer
+// program's, exec/layer_program.hpp; allocated for this rank's stage's layers only).
 struct Executor::Layer : MoeLayerPlan {
-  std::vector<float> gate_w;
-  std::vector<std::vector<float>> w1, w2;  // local experts
-  std::vector<float> x, logits, weight;
-  std::vector<std::int32_t> expert, slot, slot_entry, expert_count;
-  std::vector<float> dispatched, expert_out, y;
-  std::vector<std::vector<float>> chunk_in, hidden, chunk_out;  // per chunk, (W, dE, c, ·)
+  LayerLayout lay;
+  HostLayerBuffers buf;
   std::unique_ptr<RoutedLayer> rpath;  // plan-routed layer (exec/routed_path.hpp), or null
   std::unique_ptr<BackwardLayer> bwd;  // backward on real data (exec/backward_path.hpp), or null
   ForwardView view() const {
-    return ForwardView{this,        &x,          &gate_w, &logits, &weight,   &expert, &slot,
-                       &slot_entry, &expert_out, &w1,     &w2,     &chunk_in, &hidden};
+    using B = LayerBuf;
+    return ForwardView{this,
+                       &buf.f({B::kX32}),
+                       &buf.f({B::kGateW}),
+                       &buf.f({B::kLogits}),
+                       &buf.f({B::kWeight}),
+                       &buf.i({B::kExpert}),
+                       &buf.i({B::kSlot}),
+                       &buf.i({B::kSlotEntry}),
+                       &buf.f({B::kExpertOut}),
+                       &buf.all(B::kW1),
+                       &buf.all(B::kW2),
+                       &buf.all(B::kIn),
+                       &buf.all(B::kHidden)};
   }
 };
 
@@ -303,22 +328,27 @@ RunResult Executor::run(const Plan& plan) {
   if (data_path_ && !device_) {
     // This rank's experts: EP position * dE + le.
     const std::uint64_t seed = sc_.workload.routing.seed;
+    const int token_rank = token_key_rank(sc_.parallelism, me);  // MP ranks share tokens
     for (auto& lp : layers_) {
       Layer& L = *lp;
       if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
       if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
-        L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_, seed);
-        continue;
+        L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_);
+        L.lay = routed_layout(*L.rpath, shape_);
+        L.buf.allocate(L.lay, shape_);
+        fill_routed_layer(*L.rpath, shape_, seed, L.buf);
+      } else {
+        L.lay = layer_layout(L, shape_);
+        L.buf.allocate(L.lay, shape_);
+        const int dE = L.local_experts;
+        for (int le = 0; le < dE; ++le) {
+          L.buf.f({LayerBuf::kW1, le}) = make_w1(shape_, seed, L.moe, L.ep_pos * dE + le);
+          L.buf.f({LayerBuf::kW2, le}) = make_w2(shape_, seed, L.moe, L.ep_pos * dE + le);
+        }
       }
-      const int dE = L.local_experts;
-      L.gate_w = make_gate_weights(shape_, seed, L.moe);
-      for (int le = 0; le < dE; ++le) {
-        L.w1.push_back(make_w1(shape_, seed, L.moe, L.ep_pos * dE + le));
-        L.w2.push_back(make_w2(shape_, seed, L.moe, L.ep_pos * dE + le));
-      }
-      L.chunk_in.resize(L.caps.size());
-      L.hidden.resize(L.caps.size());
-      L.chunk_out.resize(L.caps.size());
+      // Inputs before the step (the data generation is not part of the timed model).
+      L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
+      L.buf.f({LayerBuf::kX32}) = make_tokens(shape_, seed, iteration_, L.moe, token_rank);
     }
   }
 
@@ -361,14 +391,14 @@ RunResult Executor::run(const Plan& plan) {
       dropped_.push_back(parm_->dropped(li));
     }
     for (auto& lp : layers_) {
-      if (lp->rpath) {
-        outputs_.push_back(lp->rpath->y);
-        dropped_.push_back(lp->rpath->dropped());
+      if (!lp->buf.allocated()) {  // another stage's layer
+        outputs_.emplace_back();
+        dropped_.push_back(0);
         continue;
       }
-      outputs_.push_back(lp->y);
-      long long d = 0;
-      for (auto sl : lp->slot) d += sl < 0 ? 1 : 0;
+      outputs_.push_back(lp->buf.f({LayerBuf::kY}));
+      long long d = 0;  // plan-routed layers: the entries the plan left without a slot
+      for (auto sl : lp->buf.i({LayerBuf::kSlot})) d += sl < 0 ? 1 : 0;
       dropped_.push_back(d);
     }
     if (sharded_) {
@@ -459,140 +489,13 @@ void Executor::run_op(const Plan& plan, const Op& op) {
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers_.size()), "MoE layer out of range");
     L = layers_[moe].get();
   }
-  const int S = shape_.tokens, M = shape_.model_dim, H = shape_.hidden_dim, E = shape_.experts,
-            k = shape_.top_k;
-  if (L && L->rpath) {
-    const std::int64_t algo =
-        run_routed_op(comm_, cost_, plan, op, ref, *L->rpath, shape_, sc_.workload.routing.seed,
-                      iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
+  if (L) {
+    // The layer program (exec/layer_program.hpp) on this rank's host buffers.
+    MOESIM_ASSERT(L->buf.allocated(), "MoE op of a layer this rank does not run");
+    HostLayerOps ops(comm_, cost_, topo_, plan, shape_, L->buf);
+    const std::int64_t algo = run_forward_step(L->lay, shape_, ref.kind, ref.chunk, op, ops);
     if (algo >= 0) collective_algo_[op.id] = algo;
     return;
-  }
-  const int W = L ? L->ep : 1, dE = L ? L->local_experts : 0;
-  kc::Context ctx;
-  auto routing = [&]() {
-    kernels::Routing r;
-    r.num_tokens = S;
-    r.top_k = k;
-    r.num_experts = E;
-    r.capacity = L->capacity;
-    r.expert = L->expert.data();
-    r.slot = L->slot.data();
-    r.weight = L->weight.data();
-    r.slot_entry = L->slot_entry.data();
-    return r;
-  };
-  // Chunk j of the expert outputs lands in slots [offset, offset + c) of expert_out (E, C, M);
-  // `src` is laid out (E, c, M).
-  auto scatter_chunk = [&](int j, const float* src) {
-    const int c = L->caps[j];
-    for (int e = 0; e < E; ++e)
-      std::memcpy(&L->expert_out[(static_cast<size_t>(e) * L->capacity + L->offset[j]) * M],
-                  src + static_cast<size_t>(e) * c * M, sizeof(float) * c * M);
-  };
-
-  switch (ref.kind) {
-    case OpRoleKind::kGate: {
-      L->x = make_tokens(shape_, sc_.workload.routing.seed, iteration_, L->moe,
-                         token_key_rank(sc_.parallelism, comm_.rank()));  // MP ranks share tokens
-      L->logits.assign(static_cast<size_t>(S) * E, 0);
-      L->expert.assign(static_cast<size_t>(S) * k, 0);
-      L->slot.assign(static_cast<size_t>(S) * k, 0);
-      L->weight.assign(static_cast<size_t>(S) * k, 0);
-      L->slot_entry.assign(static_cast<size_t>(E) * L->capacity, -1);
-      L->expert_count.assign(E, 0);
-      const kernels::GateParams gp = gate_params(shape_, S, L->capacity);
-      kernels::RoutingOut out{L->expert.data(), L->slot.data(), L->weight.data(),
-                              L->slot_entry.data(), L->expert_count.data()};
-      kc::gate(ctx, kF32, gp, L->x.data(), L->gate_w.data(), L->logits.data(), out);
-      return;
-    }
-    case OpRoleKind::kEncode:
-      L->dispatched.assign(static_cast<size_t>(E) * L->capacity * M, 0);
-      L->expert_out.assign(L->dispatched.size(), 0);
-      kc::encode(ctx, kF32, routing(), M, L->x.data(), L->dispatched.data());
-      return;
-    case OpRoleKind::kDispatch:
-    case OpRoleKind::kFc1: {
-      const int j = ref.chunk, c = L->caps[j];
-      // The chunk's send buffer (E, c, M): slots [offset, offset + c) of every expert. Expert e
-      // lives on EP position e / dE, so destination d's block is contiguous, as all_to_all wants.
-      std::vector<float> packed(static_cast<size_t>(E) * c * M);
-      for (int e = 0; e < E; ++e)
-        std::memcpy(&packed[static_cast<size_t>(e) * c * M],
-                    &L->dispatched[(static_cast<size_t>(e) * L->capacity + L->offset[j]) * M],
-                    sizeof(float) * c * M);
-      auto& in = L->chunk_in[j];
-      if (ref.kind == OpRoleKind::kDispatch) {
-        in.assign(packed.size(), 0);
-        CollectiveSpec spec = op.collective();
-        spec.bytes = Bytes(static_cast<double>(packed.size() * sizeof(float)));
-        const Grouping& g = plan.grouping(spec.grouping);
-        for (size_t gi = 0; gi < g.groups.size(); ++gi) {
-          if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) ==
-              g.groups[gi].end())
-            continue;
-          collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-          const auto& algo = collectives::select_algorithm(call, cost_);
-          collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
-          run_phases(comm_, algo.lower(call, topo_),
-                     reinterpret_cast<const std::byte*>(packed.data()), packed.size() * 4,
-                     reinterpret_cast<std::byte*>(in.data()), in.size() * 4, op.id % 32000);
-        }
-        return;
-      }
-      if (!L->has_a2a) L->chunk_in[j] = std::move(packed);  // W = 1: the experts are local
-      L->hidden[j].assign(static_cast<size_t>(W) * dE * c * H, 0);
-      for (int w = 0; w < W; ++w)
-        for (int le = 0; le < dE; ++le) {
-          const size_t blk = static_cast<size_t>(w) * dE + le;
-          float* h = &L->hidden[j][blk * c * H];
-          kc::gemm(ctx, kF32, c, H, M, &L->chunk_in[j][blk * c * M], L->w1[le].data(), h);
-          for (size_t i = 0; i < static_cast<size_t>(c) * H; ++i) h[i] = h[i] > 0 ? h[i] : 0;
-        }
-      return;
-    }
-    case OpRoleKind::kFc2: {
-      const int j = ref.chunk, c = L->caps[j];
-      L->chunk_out[j].assign(static_cast<size_t>(W) * dE * c * M, 0);
-      for (int w = 0; w < W; ++w)
-        for (int le = 0; le < dE; ++le) {
-          const size_t blk = static_cast<size_t>(w) * dE + le;
-          kc::gemm(ctx, kF32, c, M, H, &L->hidden[j][blk * c * H], L->w2[le].data(),
-                   &L->chunk_out[j][blk * c * M]);
-        }
-      if (!L->has_a2a) scatter_chunk(j, L->chunk_out[j].data());
-      return;
-    }
-    case OpRoleKind::kCombine: {
-      const int j = ref.chunk;
-      const auto& out = L->chunk_out[j];
-      std::vector<float> back(out.size());
-      CollectiveSpec spec = op.collective();
-      spec.bytes = Bytes(static_cast<double>(out.size() * sizeof(float)));
-      const Grouping& g = plan.grouping(spec.grouping);
-      for (size_t gi = 0; gi < g.groups.size(); ++gi) {
-        if (std::find(g.groups[gi].begin(), g.groups[gi].end(), comm_.rank()) == g.groups[gi].end())
-          continue;
-        collectives::CollectiveCall call{&spec, &g.groups[gi], static_cast<int>(gi), true};
-        const auto& algo = collectives::select_algorithm(call, cost_);
-        collective_algo_[op.id] = static_cast<std::int64_t>(algo.algo());
-        run_phases(comm_, algo.lower(call, topo_), reinterpret_cast<const std::byte*>(out.data()),
-                   out.size() * 4, reinterpret_cast<std::byte*>(back.data()), back.size() * 4,
-                   op.id % 32000);
-      }
-      // Received (source position s, dE, c, M) = (E, c, M): expert s*dE + le's outputs.
-      scatter_chunk(j, back.data());
-      return;
-    }
-    case OpRoleKind::kDecode:
-      L->y.assign(static_cast<size_t>(S) * M, 0);
-      kc::decode(ctx, kF32, routing(), M, L->expert_out.data(), L->y.data());
-      return;
-    case OpRoleKind::kParamGather:  // sharded experts only (exec/sharded_path.cpp)
-    case OpRoleKind::kPartialSum:
-    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
-      break;
   }
   if (op.kind == OpKind::kCollective) run_collective(plan, op);
   // Other compute and copy ops: empty on the host path (see executor.hpp).
@@ -606,7 +509,7 @@ bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
   const int moe = sc_.model.moe_layer_of_block(ref.block);
   if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;
   Layer& L = *layers_[moe];
-  if (L.rpath || L.block != ref.block || L.w1.empty()) return false;
+  if (L.rpath || L.block != ref.block || !L.buf.allocated()) return false;
   const ForwardView fwd = L.view();
   if (!L.bwd) {
     L.bwd = std::make_unique<BackwardLayer>();
@@ -711,8 +614,9 @@ void Executor::check_layers() {
       GateLogits kernel;
       if (device_ && li < device_logits_.size() && device_logits_[li].size() == num_logits)
         kernel = {device_logits_[li].data(), tolerance_};
-      else if (!device_ && L && !L->rpath && L->logits.size() == num_logits)
-        kernel = {L->logits.data(), tolerance_};
+      else if (!device_ && L && !L->rpath && L->buf.allocated() &&
+               L->buf.f({LayerBuf::kLogits}).size() == num_logits)
+        kernel = {L->buf.f({LayerBuf::kLogits}).data(), tolerance_};
       long long logits_wrong = 0;
       const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
                        : L && L->rpath

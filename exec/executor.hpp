@@ -85,6 +85,11 @@ struct MoeLayerPlan {
   bool on_rank = false;
 };
 
+/// The layer program's record (exec/layer_program.hpp) of a plain layer: capacity routing, dE
+/// whole experts per EP position. The host path and the GPU path both run it.
+struct LayerLayout;
+LayerLayout layer_layout(const MoeLayerPlan& p, const MoeShape& s);
+
 /// What a forward MoE op of the plan does, read from its role (Op::role, set by the plan builder;
 /// no label is parsed).
 struct MoeOpRef {

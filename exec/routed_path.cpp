@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "exec/executor.hpp"
+#include "exec/host_layer.hpp"
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -17,8 +18,6 @@
 namespace moesim::exec {
 
 namespace {
-namespace kc = kernels::cpu;
-constexpr auto kF32 = kernels::DType::kF32;
 
 std::size_t idx(std::size_t a, std::size_t b, std::size_t n) { return a * n + b; }
 
@@ -181,57 +180,6 @@ std::vector<const Op*> dispatch_ops(const Plan& plan, int block) {
   return ops;
 }
 
-// Moves `send` (rows of M floats packed by destination) to `recv` (packed by source) with the
-// op's all_to_allv matrix through the shared lowering; the matrix counts tokens, its unit is
-// rescaled to the host path's fp32 rows.
-std::int64_t exchange_rows(Communicator& comm, const collectives::CostContext& cost,
-                           const Plan& plan, const Op& op, const std::vector<float>& send,
-                           std::vector<float>& recv, int M) {
-  const CollectiveSpec& spec = op.collective();
-  MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv, "routed layer: dispatch not a2av");
-  const Grouping& g = plan.grouping(spec.grouping);
-  const auto [gi, pos] = find_rank(g, comm.rank());
-  MOESIM_ASSERT(gi >= 0, "routed exchange: rank outside the op's groups");
-  collectives::CollectiveCall orig{&spec, &g.groups[gi], gi, true};
-  const ByteMatrix* m = orig.matrix();
-  MOESIM_ASSERT(m != nullptr, "routed exchange: all_to_allv without a matrix");
-  auto rows = std::make_shared<ByteMatrix>(*m);
-  rows->unit = Bytes(static_cast<double>(M) * sizeof(float));
-  CollectiveSpec s = spec;
-  s.matrix = rows;
-  s.per_group.clear();
-  MOESIM_ASSERT(static_cast<double>(send.size() * sizeof(float)) == rows->row_sum(pos).value() &&
-                    static_cast<double>(recv.size() * sizeof(float)) == rows->col_sum(pos).value(),
-                "routed exchange: buffers disagree with the matrix");
-  collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
-  const collectives::CostContext& cctx = cost;
-  const topology::Topology& topo = *cost.topo;
-  const auto& algo = collectives::select_algorithm(call, cctx);
-  const std::vector<collectives::Phase> phases = algo.lower(call, topo);
-  // 2DH stages forwarded blocks in the receive buffer (phase_buffer_extent): give it room, the
-  // result is the first col_sum bytes.
-  const std::size_t need = phase_buffer_extent(phases, comm.rank(), collectives::Buffer::kRecv);
-  const std::size_t have = recv.size();
-  if (need > have * sizeof(float)) recv.resize((need + sizeof(float) - 1) / sizeof(float));
-  run_phases(comm, phases, reinterpret_cast<const std::byte*>(send.data()),
-             send.size() * sizeof(float), reinterpret_cast<std::byte*>(recv.data()),
-             recv.size() * sizeof(float), op.id % 32000);
-  recv.resize(have);
-  return static_cast<std::int64_t>(algo.algo());
-}
-
-int rows_of(const std::vector<RoutedRun>& runs) {
-  int n = 0;
-  for (const auto& r : runs) n += r.rows;
-  return n;
-}
-
-std::size_t send_rows(const RoutedLayer& L, int j) {
-  std::size_t n = 0;
-  for (const auto& d : L.sent.send[j]) n += d.size();
-  return n;
-}
-
 }  // namespace
 
 bool is_routed_layer(const Plan& plan, int block) {
@@ -241,7 +189,7 @@ bool is_routed_layer(const Plan& plan, int block) {
 }
 
 std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, int moe, int rank,
-                                                  const MoeShape& s, std::uint64_t seed) {
+                                                  const MoeShape& s) {
   auto L = std::make_unique<RoutedLayer>();
   L->block = block;
   L->moe = moe;
@@ -292,118 +240,60 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
     for (const auto& run : runs) L->experts.push_back(run.expert);
   std::sort(L->experts.begin(), L->experts.end());
   L->experts.erase(std::unique(L->experts.begin(), L->experts.end()), L->experts.end());
-  for (int e : L->experts) {
-    L->w1.push_back(make_w1(s, seed, moe, e));
-    L->w2.push_back(make_w2(s, seed, moe, e));
-  }
-  L->in.resize(L->chunks);
-  L->hidden.resize(L->chunks);
-  L->out.resize(L->chunks);
-  L->back.resize(L->chunks);
   return L;
 }
 
-std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& cost,
-                           const Plan& plan, const Op& op, const MoeOpRef& ref, RoutedLayer& L,
-                           const MoeShape& s, std::uint64_t seed, int iteration, int token_rank) {
-  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
-  kc::Context ctx;
-  auto weights_of = [&](int e) {
-    const auto it = std::lower_bound(L.experts.begin(), L.experts.end(), e);
-    MOESIM_ASSERT(it != L.experts.end() && *it == e, "routed layer: expert weights missing");
-    return static_cast<std::size_t>(it - L.experts.begin());
-  };
-  switch (ref.kind) {
-    case OpRoleKind::kGate: {
-      // Gate GEMM in fp32 (the kernels), softmax over all E experts: the plan decided which
-      // experts a token goes to, the gate decides how much each counts.
-      L.x = make_tokens(s, seed, iteration, L.moe, token_rank);
-      const std::vector<float> gate_w = make_gate_weights(s, seed, L.moe);
-      std::vector<float> logits(static_cast<std::size_t>(S) * E);
-      kc::gemm(ctx, kF32, S, E, M, L.x.data(), gate_w.data(), logits.data());
-      L.prob.assign(logits.size(), 0);
-      for (int t = 0; t < S; ++t) {
-        const float* lg = &logits[idx(t, 0, E)];
-        const double mx = *std::max_element(lg, lg + E);
-        double sum = 0;
-        for (int e = 0; e < E; ++e) sum += std::exp(lg[e] - mx);
-        for (int e = 0; e < E; ++e)
-          L.prob[idx(t, e, E)] = static_cast<float>(std::exp(lg[e] - mx) / sum);
-      }
-      return -1;
+LayerLayout routed_layout(const RoutedLayer& L, const MoeShape& s) {
+  LayerLayout lay;
+  lay.moe = L.moe;
+  lay.block = L.block;
+  lay.routing = LayerRouting::kPlan;
+  lay.ep = L.group_size;
+  lay.ep_pos = L.pos;
+  lay.slices = static_cast<int>(L.experts.size());
+  lay.hidden = s.hidden_dim;
+  lay.has_a2a = true;
+  int first = 0;
+  for (int j = 0; j < L.chunks; ++j) {
+    int rows = 0;
+    for (const auto& entries : L.sent.send[static_cast<std::size_t>(j)])
+      rows += static_cast<int>(entries.size());
+    lay.send_first.push_back(first);
+    lay.send_rows.push_back(rows);
+    first += rows;
+    auto& runs = lay.runs.emplace_back();
+    for (const RoutedRun& run : L.received[static_cast<std::size_t>(j)]) {
+      const auto it = std::lower_bound(L.experts.begin(), L.experts.end(), run.expert);
+      MOESIM_ASSERT(it != L.experts.end() && *it == run.expert, "routed layer: expert missing");
+      runs.emplace_back(run.rows, static_cast<int>(it - L.experts.begin()));
     }
-    case OpRoleKind::kEncode:
-      // Send buffers of every chunk, packed by destination (in[j] holds them until dispatch).
-      for (int j = 0; j < L.chunks; ++j) {
-        std::vector<float>& buf = L.in[j];
-        buf.assign(send_rows(L, j) * M, 0);
-        std::size_t row = 0;
-        for (const auto& entries : L.sent.send[j])
-          for (int entry : entries)
-            std::memcpy(&buf[row++ * M], &L.x[static_cast<std::size_t>(entry / k) * M],
-                        sizeof(float) * M);
-      }
-      return -1;
-    case OpRoleKind::kDispatch: {
-      const int j = ref.chunk;
-      std::vector<float> recv(static_cast<std::size_t>(rows_of(L.received[j])) * M);
-      const std::int64_t algo = exchange_rows(comm, cost, plan, op, L.in[j], recv, M);
-      L.in[j] = std::move(recv);
-      return algo;
-    }
-    case OpRoleKind::kFc1: {
-      const int j = ref.chunk;
-      L.hidden[j].assign(static_cast<std::size_t>(rows_of(L.received[j])) * H, 0);
-      std::size_t row = 0;
-      for (const RoutedRun& run : L.received[j]) {
-        float* h = &L.hidden[j][row * H];
-        kc::gemm(ctx, kF32, run.rows, H, M, &L.in[j][row * M], L.w1[weights_of(run.expert)].data(),
-                 h);
-        for (std::size_t i = 0; i < static_cast<std::size_t>(run.rows) * H; ++i)
-          h[i] = h[i] > 0 ? h[i] : 0;
-        row += static_cast<std::size_t>(run.rows);
-      }
-      return -1;
-    }
-    case OpRoleKind::kFc2: {
-      const int j = ref.chunk;
-      L.out[j].assign(static_cast<std::size_t>(rows_of(L.received[j])) * M, 0);
-      std::size_t row = 0;
-      for (const RoutedRun& run : L.received[j]) {
-        kc::gemm(ctx, kF32, run.rows, M, H, &L.hidden[j][row * H],
-                 L.w2[weights_of(run.expert)].data(), &L.out[j][row * M]);
-        row += static_cast<std::size_t>(run.rows);
-      }
-      return -1;
-    }
-    case OpRoleKind::kCombine: {
-      // The transpose: expert outputs (packed by source) back to the tokens' GPUs (packed by
-      // expert GPU, i.e. in the dispatch's send order).
-      const int j = ref.chunk;
-      L.back[j].assign(send_rows(L, j) * M, 0);
-      return exchange_rows(comm, cost, plan, op, L.out[j], L.back[j], M);
-    }
-    case OpRoleKind::kDecode: {
-      L.y.assign(static_cast<std::size_t>(S) * M, 0);
-      for (int j = 0; j < L.chunks; ++j) {
-        std::size_t row = 0;
-        for (const auto& entries : L.sent.send[j])
-          for (int entry : entries) {
-            const int t = entry / k;
-            const float w = L.prob[idx(t, L.sent.expert[entry], E)];
-            const float* o = &L.back[j][row++ * M];
-            float* yt = &L.y[static_cast<std::size_t>(t) * M];
-            for (int m = 0; m < M; ++m) yt[m] += w * o[m];
-          }
-      }
-      return -1;
-    }
-    case OpRoleKind::kParamGather:  // sharded experts only (exec/sharded_path.hpp): never routed
-    case OpRoleKind::kPartialSum:
-    default:  // kNone: moe_op_ref / moe_bwd_op_ref list no other kind
-      break;
   }
-  return -1;
+  return lay;
+}
+
+void fill_routed_layer(const RoutedLayer& L, const MoeShape& s, std::uint64_t seed,
+                       HostLayerBuffers& buffers) {
+  auto& expert = buffers.i({LayerBuf::kExpert});
+  auto& slot = buffers.i({LayerBuf::kSlot});
+  auto& real = buffers.i({LayerBuf::kRoutedExpert});
+  auto& slot_entry = buffers.i({LayerBuf::kSlotEntry});
+  std::fill(expert.begin(), expert.end(), 0);
+  std::fill(slot.begin(), slot.end(), -1);
+  std::copy(L.sent.expert.begin(), L.sent.expert.end(), real.begin());
+  std::int32_t row = 0;
+  for (const auto& chunk : L.sent.send)
+    for (const auto& entries : chunk)
+      for (int entry : entries) {
+        slot[static_cast<std::size_t>(entry)] = row;
+        slot_entry[static_cast<std::size_t>(row)] = entry;
+        ++row;
+      }
+  MOESIM_ASSERT(static_cast<std::size_t>(row) == slot_entry.size(),
+                "routed layer: send rows disagree with the layout");
+  for (std::size_t i = 0; i < L.experts.size(); ++i) {
+    buffers.f({LayerBuf::kW1, static_cast<int>(i)}) = make_w1(s, seed, L.moe, L.experts[i]);
+    buffers.f({LayerBuf::kW2, static_cast<int>(i)}) = make_w2(s, seed, L.moe, L.experts[i]);
+  }
 }
 
 }  // namespace moesim::exec

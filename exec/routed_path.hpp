@@ -31,18 +31,15 @@
 
 #include "core/plan.hpp"
 #include "exec/communicator.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/moe_data.hpp"
 
 namespace moesim::topology {
 class Topology;
 }
-namespace moesim::collectives {
-struct CostContext;
-}
-
 namespace moesim::exec {
 
-struct MoeOpRef;
+class HostLayerBuffers;
 
 /// `count` consecutive entries of a source's expert-ordered list: tokens for expert `expert`
 /// that go to group position `dst`.
@@ -85,17 +82,15 @@ std::vector<float> reference_layer_routed(const MoeShape& s, const std::vector<f
                                           std::uint64_t seed, int layer, const ExpertRouting& r,
                                           int src, long long* dropped);
 
-/// One plan-routed MoE layer on this rank (host path).
+/// One plan-routed MoE layer on this rank: what the plan's routing assigns (the buffers and the
+/// program are the layer program's, exec/layer_program.hpp).
 struct RoutedLayer {
   int block = -1, moe = 0;
   std::shared_ptr<const ExpertRouting> routing;
   int pos = 0, group_size = 0, chunks = 0;
   RoutedAssignment sent;
-  std::vector<std::vector<RoutedRun>> received;           // per chunk
-  std::vector<int> experts;                               // experts this rank computes (ascending)
-  std::vector<std::vector<float>> w1, w2;                 // their weights, in `experts` order
-  std::vector<float> x, prob, y;                          // tokens (S x M), softmax (S x E), output
-  std::vector<std::vector<float>> in, hidden, out, back;  // per chunk
+  std::vector<std::vector<RoutedRun>> received;  // per chunk
+  std::vector<int> experts;                      // experts this rank computes (ascending)
   long long dropped() const { return sent.dropped; }
 };
 
@@ -104,17 +99,20 @@ bool is_routed_layer(const Plan& plan, int block);
 
 /// The routed layer of `block` on `rank`: the ExpertRouting of its dispatch, this rank's
 /// assignment and receives, checked against every chunk's matrix (InternalError on a
-/// disagreement), and the weights of the experts it receives. Throws InputError when the plan
+/// disagreement), and the experts it receives (fill_routed_layer loads their weights). Throws
+/// InputError when the plan
 /// has no ExpertRouting for the dispatch (the data path cannot know which expert a token is for).
 std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, int moe, int rank,
-                                                  const MoeShape& s, std::uint64_t seed);
+                                                  const MoeShape& s);
 
-/// Runs one forward MoE op (gate, encode, dispatch, fc1, fc2, combine, decode) of a routed layer
-/// on the host. Collectives go through the shared lowering with the plan's matrix (in fp32 rows:
-/// the unit is rescaled to M * 4 bytes); returns the algorithm they ran, or -1. The gate's tokens
-/// are those of `token_rank` (token_key_rank: MP ranks share tokens).
-std::int64_t run_routed_op(Communicator& comm, const collectives::CostContext& cost,
-                           const Plan& plan, const Op& op, const MoeOpRef& ref, RoutedLayer& L,
-                           const MoeShape& s, std::uint64_t seed, int iteration, int token_rank);
+/// The layer program's record of a routed layer (LayerRouting::kPlan): its slices are
+/// `experts`, chunk j sends the rows of sent.send[j] (destination-major, list order) and receives
+/// the runs of received[j].
+LayerLayout routed_layout(const RoutedLayer& L, const MoeShape& s);
+/// The routed layer's tables and weights in its buffers (allocated for routed_layout): entry t*k+c
+/// gets pseudo-expert 0 and, as its slot, its row in the send buffer (-1: dropped), kRoutedExpert
+/// its real expert; kSlotEntry the inverse; kW1 / kW2 the weights of `experts`.
+void fill_routed_layer(const RoutedLayer& L, const MoeShape& s, std::uint64_t seed,
+                       HostLayerBuffers& buffers);
 
 }  // namespace moesim::exec

@@ -10,6 +10,8 @@
 
 #include "core/error.hpp"
 #include "exec/executor.hpp"
+#include "exec/host_layer.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -157,16 +159,11 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
 }
 
 struct ShardedPath::Impl {
+  // The layer program's record and buffers (exec/layer_program.hpp): kW1 / kW2 hold the
+  // hidden slice q of rho this rank computes with, kDispatched / kExpertOut (E, rho, C, M).
   struct Layer : ShardedLayerPlan {
-    std::vector<float> gate_w;
-    std::vector<float> w1, w2;  // the hidden slice q of rho this rank computes with
-    std::vector<float> x, logits, weight;
-    std::vector<std::int32_t> expert, slot, slot_entry, expert_count;
-    std::vector<float> dispatched;  // (E, rho, C, M): copy q of expert x for hidden slice q
-    std::vector<float> expert_out;  // (E, rho, C, M): partial outputs of slice q
-    std::vector<float> summed;      // (E, C, M): sum over q (rho > 1)
-    std::vector<float> y;
-    std::vector<std::vector<float>> chunk_in, hidden, chunk_out;  // per chunk: (W * c_j / g, .)
+    LayerLayout lay;
+    HostLayerBuffers buf;
   };
 
   const Scenario& sc;
@@ -200,77 +197,6 @@ struct ShardedPath::Impl {
     return it->second;
   }
 
-  // One all_to_all of the data path through the shared lowering (as the unsharded dispatch).
-  void all_to_all(const Plan& plan, const Op& op, const std::vector<float>& send,
-                  std::vector<float>& recv, std::vector<std::int64_t>& collective_algo) {
-    recv.assign(send.size(), 0);
-    CollectiveSpec spec = op.collective();
-    spec.bytes = Bytes(static_cast<double>(send.size() * sizeof(float)));
-    const Grouping& g = plan.grouping(spec.grouping);
-    int pos = 0, gi = 0;
-    const std::vector<int>* group = group_of(g, comm.rank(), &pos, &gi);
-    MOESIM_ASSERT(group != nullptr, "rank outside the all_to_all's grouping");
-    collectives::CollectiveCall call{&spec, group, gi, true};
-    const collectives::CostContext& cctx = cost;
-    const auto& algo = collectives::select_algorithm(call, cctx);
-    collective_algo[op.id] = static_cast<std::int64_t>(algo.algo());
-    run_phases(comm, algo.lower(call, topo), reinterpret_cast<const std::byte*>(send.data()),
-               send.size() * 4, reinterpret_cast<std::byte*>(recv.data()), recv.size() * 4,
-               op.id % 32000);
-  }
-
-  void param_gather(const Plan& plan, const Op& op, Layer& L,
-                    std::vector<std::int64_t>& collective_algo) {
-    const int M = shape.model_dim, g = L.gather(), h = shape.hidden_dim / L.shards;
-    const auto& [w1_own, w2_own] = own_slice(L);
-    // Block of one member: its W1 slice (M x h) then its W2 slice (h x M).
-    const std::size_t block = 2 * static_cast<std::size_t>(M) * h;
-    std::vector<float> in(block), gathered(block * g);
-    std::copy(w1_own.begin(), w1_own.end(), in.begin());
-    std::copy(w2_own.begin(), w2_own.end(), in.begin() + static_cast<std::ptrdiff_t>(M) * h);
-    const Grouping& grouping = plan.grouping(op.collective().grouping);
-    int pos = 0, gi = 0;
-    const std::vector<int>* group = group_of(grouping, comm.rank(), &pos, &gi);
-    MOESIM_ASSERT(group != nullptr, "rank outside the param_allgather's grouping");
-    collectives::CollectiveCall call{&op.collective(), group, gi, true};
-    const collectives::CostContext& cctx = cost;
-    collective_algo[op.id] =
-        static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
-    comm.all_gather(reinterpret_cast<const std::byte*>(in.data()), block * sizeof(float),
-                    reinterpret_cast<std::byte*>(gathered.data()), *group);
-    // Member i's shard s = q * g + i holds hidden units [s h, s h + h): slice q of rho is the
-    // members' columns of W1 side by side and their rows of W2 one after the other.
-    const int hq = g * h;
-    L.w1.assign(static_cast<std::size_t>(M) * hq, 0);
-    L.w2.assign(static_cast<std::size_t>(hq) * M, 0);
-    for (int i = 0; i < g; ++i) {
-      const float* b1 = &gathered[block * i];
-      const float* b2 = b1 + static_cast<std::size_t>(M) * h;
-      for (int m = 0; m < M; ++m)
-        std::copy_n(b1 + static_cast<std::size_t>(m) * h, h,
-                    &L.w1[static_cast<std::size_t>(m) * hq + static_cast<std::size_t>(i) * h]);
-      std::copy_n(b2, static_cast<std::size_t>(h) * M, &L.w2[static_cast<std::size_t>(i) * h * M]);
-    }
-  }
-
-  kernels::Routing routing(Layer& L) const {
-    kernels::Routing r;
-    r.num_tokens = shape.tokens;
-    r.top_k = shape.top_k;
-    r.num_experts = shape.experts;
-    r.capacity = L.capacity;
-    r.expert = L.expert.data();
-    r.slot = L.slot.data();
-    r.weight = L.weight.data();
-    r.slot_entry = L.slot_entry.data();
-    return r;
-  }
-
-  // Offset of slot `slot` of copy q of expert x in an (E, rho, C, M) buffer.
-  static std::size_t at(const Layer& L, int x, int q, int slot, int M) {
-    return ((static_cast<std::size_t>(x) * L.rho + q) * L.capacity + slot) * M;
-  }
-
   bool run_op(const Plan& plan, const Op& op, std::vector<std::int64_t>& collective_algo) {
     if (!active) return false;
     const MoeOpRef ref = moe_op_ref(op);
@@ -278,105 +204,29 @@ struct ShardedPath::Impl {
     const int moe = sc.model.moe_layer_of_block(ref.block);
     MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
     Layer& L = layers[moe];
-    const int S = shape.tokens, M = shape.model_dim, E = shape.experts, k = shape.top_k;
-    const int W = L.ep, n = L.shards, rho = L.rho, g = L.gather(), C = L.capacity;
-    const int hq = shape.hidden_dim / rho;
-    kc::Context ctx;
-    switch (ref.kind) {
-      case OpRoleKind::kParamGather:
-        param_gather(plan, op, L, collective_algo);
-        return true;
-      case OpRoleKind::kGate: {
-        L.x = make_tokens(shape, sc.workload.routing.seed, iteration, L.moe,
-                          token_key_rank(sc.parallelism, comm.rank()));
-        L.logits.assign(static_cast<size_t>(S) * E, 0);
-        L.expert.assign(static_cast<size_t>(S) * k, 0);
-        L.slot.assign(static_cast<size_t>(S) * k, 0);
-        L.weight.assign(static_cast<size_t>(S) * k, 0);
-        L.slot_entry.assign(static_cast<size_t>(E) * C, -1);
-        L.expert_count.assign(E, 0);
-        const kernels::GateParams gp = gate_params(shape, S, C);
-        kernels::RoutingOut out{L.expert.data(), L.slot.data(), L.weight.data(),
-                                L.slot_entry.data(), L.expert_count.data()};
-        kc::gate(ctx, kF32, gp, L.x.data(), L.gate_w.data(), L.logits.data(), out);
-        return true;
-      }
-      case OpRoleKind::kEncode: {
-        std::vector<float> once(static_cast<size_t>(E) * C * M, 0);
-        kc::encode(ctx, kF32, routing(L), M, L.x.data(), once.data());
-        // rho copies of each expert's slots, one per hidden slice (P2 / intermediate repeat).
-        L.dispatched.assign(once.size() * rho, 0);
-        for (int x = 0; x < E; ++x)
-          for (int q = 0; q < rho; ++q)
-            std::copy_n(&once[static_cast<size_t>(x) * C * M], static_cast<size_t>(C) * M,
-                        &L.dispatched[at(L, x, q, 0, M)]);
-        L.expert_out.assign(L.dispatched.size(), 0);
-        return true;
-      }
-      case OpRoleKind::kDispatch: {
-        const int j = ref.chunk, cg = L.caps[j] / g, off = L.offset[j];
-        // Destination p = x n + q g + i (EP order) gets slots [off + i cg, off + (i + 1) cg) of
-        // copy q of expert x: W contiguous blocks of cg rows.
-        const std::size_t blk = static_cast<std::size_t>(cg) * M;
-        std::vector<float> send(blk * W);
-        for (int p = 0; p < W; ++p) {
-          const int x = p / n, q = (p % n) / g, i = p % g;
-          std::copy_n(&L.dispatched[at(L, x, q, off + i * cg, M)], blk, &send[blk * p]);
-        }
-        all_to_all(plan, op, send, L.chunk_in[j], collective_algo);
-        return true;
-      }
-      case OpRoleKind::kFc1: {
-        const int j = ref.chunk, rows = W * (L.caps[j] / g);
-        MOESIM_ASSERT(L.w1.size() == static_cast<size_t>(M) * hq, "fc1 before its parameters");
-        L.hidden[j].assign(static_cast<size_t>(rows) * hq, 0);
-        if (rows > 0)
-          kc::gemm(ctx, kF32, rows, hq, M, L.chunk_in[j].data(), L.w1.data(), L.hidden[j].data());
-        for (float& v : L.hidden[j]) v = v > 0 ? v : 0;
-        return true;
-      }
-      case OpRoleKind::kFc2: {
-        const int j = ref.chunk, rows = W * (L.caps[j] / g);
-        L.chunk_out[j].assign(static_cast<size_t>(rows) * M, 0);
-        if (rows > 0)
-          kc::gemm(ctx, kF32, rows, M, hq, L.hidden[j].data(), L.w2.data(), L.chunk_out[j].data());
-        return true;
-      }
-      case OpRoleKind::kCombine: {
-        const int j = ref.chunk, cg = L.caps[j] / g, off = L.offset[j];
-        std::vector<float> back;
-        // Row block w of chunk_out came from source w: the all_to_all returns it there.
-        all_to_all(plan, op, L.chunk_out[j], back, collective_algo);
-        const std::size_t blk = static_cast<std::size_t>(cg) * M;
-        for (int p = 0; p < W; ++p) {
-          const int x = p / n, q = (p % n) / g, i = p % g;
-          std::copy_n(&back[blk * p], blk, &L.expert_out[at(L, x, q, off + i * cg, M)]);
-        }
-        return true;
-      }
-      case OpRoleKind::kPartialSum: {
-        const std::size_t per = static_cast<size_t>(C) * M;
-        L.summed.assign(static_cast<size_t>(E) * per, 0);
-        for (int x = 0; x < E; ++x)
-          for (int q = 0; q < rho; ++q) {
-            const float* src = &L.expert_out[at(L, x, q, 0, M)];
-            float* dst = &L.summed[static_cast<size_t>(x) * per];
-            for (std::size_t e = 0; e < per; ++e) dst[e] += src[e];
-          }
-        return true;
-      }
-      case OpRoleKind::kDecode:
-        L.y.assign(static_cast<size_t>(S) * M, 0);
-        // rho = 1: expert_out is already (E, C, M).
-        kc::decode(ctx, kF32, routing(L), M, rho > 1 ? L.summed.data() : L.expert_out.data(),
-                   L.y.data());
-        return true;
-      default:  // kNone (moe_op_ref lists no other kind)
-        break;
-    }
-    return false;
+    HostLayerOps ops(comm, cost, topo, plan, shape, L.buf);
+    const std::int64_t algo = run_forward_step(L.lay, shape, ref.kind, ref.chunk, op, ops);
+    if (algo >= 0) collective_algo[op.id] = algo;
+    return true;
   }
 };
+
+LayerLayout sharded_layout(const ShardedLayerPlan& p, const MoeShape& s) {
+  LayerLayout L;
+  L.moe = p.moe;
+  L.routing = LayerRouting::kCapacity;
+  L.ep = p.ep;
+  L.ep_pos = p.ep_pos;
+  L.slices = 1;
+  L.shards = p.shards;
+  L.rho = p.rho;
+  L.hidden = s.hidden_dim / p.rho;
+  L.has_a2a = true;
+  L.caps = p.caps;
+  L.offset = p.offset;
+  L.capacity = p.capacity;
+  return L;
+}
 
 ShardedPath::ShardedPath(const Scenario& sc, const topology::Topology& topo, Communicator& comm,
                          const MoeShape& shape)
@@ -399,13 +249,19 @@ std::string ShardedPath::begin(const Plan& plan, int iteration) {
   for (ShardedLayerPlan& p : plans) {
     Impl::Layer L;
     static_cast<ShardedLayerPlan&>(L) = std::move(p);
-    L.gate_w = make_gate_weights(d.shape, seed, L.moe);
-    L.chunk_in.resize(L.caps.size());
-    L.hidden.resize(L.caps.size());
-    L.chunk_out.resize(L.caps.size());
+    L.lay = sharded_layout(L, d.shape);
+    L.buf.allocate(L.lay, d.shape);
+    L.buf.f({LayerBuf::kGateW}) = make_gate_weights(d.shape, seed, L.moe);
+    L.buf.f({LayerBuf::kX32}) = make_tokens(d.shape, seed, iteration, L.moe,
+                                            token_key_rank(d.sc.parallelism, d.comm.rank()));
+    const auto& [w1, w2] = d.own_slice(L);
     if (L.gather() == 1) {  // P2: no gather; this rank's own 1/n slice is hidden slice q of n
-      L.w1 = d.own_slice(L).first;
-      L.w2 = d.own_slice(L).second;
+      L.buf.f({LayerBuf::kW1}) = w1;
+      L.buf.f({LayerBuf::kW2}) = w2;
+    } else {  // the param_allgather's block: [W1 slice (M x h) | W2 slice (h x M)]
+      auto& in = L.buf.f({LayerBuf::kParamIn});
+      std::copy(w1.begin(), w1.end(), in.begin());
+      std::copy(w2.begin(), w2.end(), in.begin() + static_cast<std::ptrdiff_t>(w1.size()));
     }
     d.layers.push_back(std::move(L));
   }
@@ -421,7 +277,7 @@ bool ShardedPath::run_op(const Plan& plan, const Op& op,
 std::vector<std::vector<float>> ShardedPath::outputs() const {
   std::vector<std::vector<float>> out;
   if (impl_->active)
-    for (const auto& L : impl_->layers) out.push_back(L.y);
+    for (const auto& L : impl_->layers) out.push_back(L.buf.f({LayerBuf::kY}));
   return out;
 }
 
@@ -430,7 +286,7 @@ std::vector<long long> ShardedPath::dropped() const {
   if (impl_->active)
     for (const auto& L : impl_->layers) {
       long long d = 0;
-      for (auto s : L.slot) d += s < 0 ? 1 : 0;
+      for (auto s : L.buf.i({LayerBuf::kSlot})) d += s < 0 ? 1 : 0;
       out.push_back(d);
     }
   return out;

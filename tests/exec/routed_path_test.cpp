@@ -165,7 +165,7 @@ void expect_plans_routable(const std::string& file, int min_routed_layers) {
           if (!L.routed) continue;
           ++routed;
           std::unique_ptr<RoutedLayer> R;
-          EXPECT_NO_THROW(R = prepare_routed_layer(plan, L.block, L.moe, rank, shape, 1))
+          EXPECT_NO_THROW(R = prepare_routed_layer(plan, L.block, L.moe, rank, shape))
               << spec.name << " rank " << rank << " layer " << L.moe;
           if (R) expect_distinct_choices(R->sent, shape.tokens, shape.top_k);
         }

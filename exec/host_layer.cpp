@@ -1,0 +1,244 @@
+#include "exec/host_layer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/error.hpp"
+#include "exec/phase_runner.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "topology/topology.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+namespace kc = kernels::cpu;
+constexpr auto kF32 = kernels::DType::kF32;
+
+std::size_t kind_index(LayerBuf b) { return static_cast<std::size_t>(b); }
+
+// This rank's group of `g`: (index, position), or (-1, -1).
+std::pair<int, int> my_group(const Grouping& g, int rank) {
+  for (size_t gi = 0; gi < g.groups.size(); ++gi)
+    for (size_t p = 0; p < g.groups[gi].size(); ++p)
+      if (g.groups[gi][p] == rank) return {static_cast<int>(gi), static_cast<int>(p)};
+  return {-1, -1};
+}
+
+}  // namespace
+
+void HostLayerBuffers::allocate(const LayerLayout& L, const MoeShape& s) {
+  for (auto& v : f_) v.clear();
+  for (auto& v : i_) v.clear();
+  for (const BufferSize& b : layer_buffers(L, s)) {
+    if (b.id.buf == LayerBuf::kX) continue;  // aliases kX32
+    const std::size_t k = kind_index(b.id.buf), idx = static_cast<std::size_t>(b.id.index);
+    if (elem_type(b.id.buf) == ElemType::kI32) {
+      if (i_[k].size() <= idx) i_[k].resize(idx + 1);
+      i_[k][idx].assign(b.elements, 0);
+    } else {
+      if (f_[k].size() <= idx) f_[k].resize(idx + 1);
+      f_[k][idx].assign(b.elements, 0.0f);
+    }
+  }
+  allocated_ = true;
+}
+
+std::vector<float>& HostLayerBuffers::f(BufId id) {
+  auto& v = f_[kind_index(resolve(id.buf))];
+  MOESIM_ASSERT(static_cast<std::size_t>(id.index) < v.size(),
+                fmt::format("layer buffer {}[{}] not allocated", layer_buf_name(id.buf), id.index));
+  return v[static_cast<std::size_t>(id.index)];
+}
+const std::vector<float>& HostLayerBuffers::f(BufId id) const {
+  return const_cast<HostLayerBuffers*>(this)->f(id);
+}
+std::vector<std::int32_t>& HostLayerBuffers::i(BufId id) {
+  auto& v = i_[kind_index(id.buf)];
+  MOESIM_ASSERT(static_cast<std::size_t>(id.index) < v.size(),
+                fmt::format("layer buffer {}[{}] not allocated", layer_buf_name(id.buf), id.index));
+  return v[static_cast<std::size_t>(id.index)];
+}
+const std::vector<std::int32_t>& HostLayerBuffers::i(BufId id) const {
+  return const_cast<HostLayerBuffers*>(this)->i(id);
+}
+const std::vector<std::vector<float>>& HostLayerBuffers::all(LayerBuf b) const {
+  return f_[kind_index(resolve(b))];
+}
+void* HostLayerBuffers::ptr(BufId id) {
+  if (elem_type(id.buf) == ElemType::kI32) return i(id).data();
+  return f(id).data();
+}
+
+kernels::Routing HostLayerOps::routing(int num_experts, int capacity) const {
+  kernels::Routing r;
+  r.num_tokens = shape_.tokens;
+  r.top_k = shape_.top_k;
+  r.num_experts = num_experts;
+  r.capacity = capacity;
+  r.expert = b_.i({LayerBuf::kExpert}).data();
+  r.slot = b_.i({LayerBuf::kSlot}).data();
+  r.weight = b_.f({LayerBuf::kWeight}).data();
+  r.slot_entry = b_.i({LayerBuf::kSlotEntry}).data();
+  return r;
+}
+
+void HostLayerOps::gate(const kernels::GateParams& params) {
+  kc::Context ctx;
+  const kernels::RoutingOut out{b_.i({LayerBuf::kExpert}).data(), b_.i({LayerBuf::kSlot}).data(),
+                                b_.f({LayerBuf::kWeight}).data(),
+                                b_.i({LayerBuf::kSlotEntry}).data(),
+                                b_.i({LayerBuf::kCount}).data()};
+  kc::gate(ctx, kF32, params, b_.f({LayerBuf::kX32}).data(), b_.f({LayerBuf::kGateW}).data(),
+           b_.f({LayerBuf::kLogits}).data(), out);
+}
+
+void HostLayerOps::routed_weights(int tokens, int experts, int top_k) {
+  // Softmax in double over all E experts (what the routed reference computes).
+  const std::vector<float>& logits = b_.f({LayerBuf::kLogits});
+  const std::vector<std::int32_t>& expert = b_.i({LayerBuf::kRoutedExpert});
+  std::vector<float>& weight = b_.f({LayerBuf::kWeight});
+  for (int t = 0; t < tokens; ++t) {
+    const float* lg = &logits[static_cast<std::size_t>(t) * experts];
+    const double mx = *std::max_element(lg, lg + experts);
+    double sum = 0;
+    for (int e = 0; e < experts; ++e) sum += std::exp(lg[e] - mx);
+    for (int c = 0; c < top_k; ++c) {
+      const std::size_t entry = static_cast<std::size_t>(t) * top_k + c;
+      const int e = expert[entry];
+      weight[entry] = e < 0 ? 0.0f : static_cast<float>(std::exp(lg[e] - mx) / sum);
+    }
+  }
+}
+
+void HostLayerOps::encode(BufId dst, int num_experts, int capacity) {
+  kc::Context ctx;
+  kc::encode(ctx, kF32, routing(num_experts, capacity), shape_.model_dim,
+             b_.f({LayerBuf::kX}).data(), b_.f(dst).data());
+}
+
+void HostLayerOps::decode(BufId src, int num_experts, int capacity) {
+  kc::Context ctx;
+  kc::decode(ctx, kF32, routing(num_experts, capacity), shape_.model_dim, b_.f(src).data(),
+             b_.f({LayerBuf::kY}).data());
+}
+
+void HostLayerOps::copy(const BlockCopy& c) {
+  const std::vector<float>& src = b_.f(c.src);
+  std::vector<float>& dst = b_.f(c.dst);
+  for (int r = 0; r < c.count; ++r) {
+    const std::size_t s = c.src_off + static_cast<std::size_t>(r) * c.src_pitch;
+    const std::size_t d = c.dst_off + static_cast<std::size_t>(r) * c.dst_pitch;
+    MOESIM_ASSERT(s + c.run <= src.size() && d + c.run <= dst.size(),
+                  fmt::format("block copy {} -> {} out of bounds", layer_buf_name(c.src.buf),
+                              layer_buf_name(c.dst.buf)));
+    std::memcpy(&dst[d], &src[s], c.run * sizeof(float));
+  }
+}
+
+void HostLayerOps::gemm(const GemmJob& g, bool /*f32: the host path's data is fp32*/) {
+  const std::vector<float>& a = b_.f(g.a);
+  const std::vector<float>& w = b_.f(g.b);
+  std::vector<float>& c = b_.f(g.c);
+  const auto last = [&](long long stride, std::size_t rows_cols) {
+    return static_cast<std::size_t>(stride) * static_cast<std::size_t>(g.batch - 1) + rows_cols;
+  };
+  MOESIM_ASSERT(g.a_off + last(g.a_stride, static_cast<std::size_t>(g.m) * g.k) <= a.size() &&
+                    static_cast<std::size_t>(g.k) * g.n <= w.size() &&
+                    g.c_off + last(g.c_stride, static_cast<std::size_t>(g.m) * g.n) <= c.size(),
+                "layer GEMM out of bounds");
+  kc::Context ctx;
+  kc::gemm_strided_batched(ctx, kF32, g.m, g.n, g.k, a.data() + g.a_off, g.a_stride, w.data(), 0,
+                           c.data() + g.c_off, g.c_stride, g.batch);
+}
+
+void HostLayerOps::relu(BufId buf, std::size_t elements) {
+  kc::Context ctx;
+  std::vector<float>& v = b_.f(buf);
+  MOESIM_ASSERT(elements <= v.size(), "relu out of bounds");
+  kc::activation(ctx, kF32, kernels::Activation::kRelu, v.data(), elements);
+}
+
+void HostLayerOps::sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) {
+  const std::vector<float>& s = b_.f(src);
+  std::vector<float>& d = b_.f(dst);
+  for (int x = 0; x < groups; ++x) {
+    float* out = &d[static_cast<std::size_t>(x) * run];
+    std::fill(out, out + run, 0.0f);
+    for (int q = 0; q < terms; ++q) {
+      const float* in = &s[(static_cast<std::size_t>(x) * terms + q) * run];
+      for (std::size_t e = 0; e < run; ++e) out[e] += in[e];
+    }
+  }
+}
+
+std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
+  const CollectiveSpec& spec = op.collective();
+  const Grouping& g = plan_.grouping(spec.grouping);
+  const auto [gi, pos] = my_group(g, comm_.rank());
+  MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
+  CollectiveSpec s = spec;
+  if (x.row_elems > 0) {
+    // The plan's all_to_allv counts rows: rescale its unit to the host path's fp32 rows.
+    collectives::CollectiveCall orig{&spec, &g.groups[gi], gi, true};
+    const ByteMatrix* m = orig.matrix();
+    MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv && m != nullptr,
+                  "row exchange without an all_to_allv matrix");
+    auto rows = std::make_shared<ByteMatrix>(*m);
+    rows->unit = Bytes(static_cast<double>(x.row_elems) * sizeof(float));
+    s.matrix = rows;
+    s.per_group.clear();
+    MOESIM_ASSERT(
+        static_cast<double>(x.send_elems * sizeof(float)) == rows->row_sum(pos).value() &&
+            static_cast<double>(x.recv_elems * sizeof(float)) == rows->col_sum(pos).value(),
+        fmt::format("'{}': buffers disagree with the plan's matrix", op.label));
+  } else {
+    s.bytes = Bytes(static_cast<double>(x.send_elems * sizeof(float)));
+  }
+  collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
+  const auto& algo = collectives::select_algorithm(call, cost_);
+  const std::vector<collectives::Phase> phases = algo.lower(call, topo_);
+  std::vector<float>& send = b_.f(x.send);
+  std::vector<float>& recv = b_.f(x.recv);
+  MOESIM_ASSERT(
+      x.send_off + x.send_elems <= send.size() && x.recv_off + x.recv_elems <= recv.size(),
+      fmt::format("'{}': exchange out of its buffers", op.label));
+  // 2DH stages forwarded blocks in the receive buffer (phase_buffer_extent): give it room in a
+  // temporary when the layer's buffer has none; the result is its first recv_elems.
+  const std::size_t need = phase_buffer_extent(phases, comm_.rank(), collectives::Buffer::kRecv);
+  const std::size_t recv_bytes = x.recv_elems * sizeof(float);
+  std::vector<float> staged;
+  float* out = recv.data() + x.recv_off;
+  if (need > recv_bytes) {
+    staged.assign((need + sizeof(float) - 1) / sizeof(float), 0.0f);
+    out = staged.data();
+  }
+  run_phases(comm_, phases, reinterpret_cast<const std::byte*>(send.data() + x.send_off),
+             x.send_elems * sizeof(float), reinterpret_cast<std::byte*>(out),
+             std::max(need, recv_bytes), op.id % 32000);
+  if (!staged.empty()) std::copy_n(staged.data(), x.recv_elems, recv.data() + x.recv_off);
+  return static_cast<std::int64_t>(algo.algo());
+}
+
+std::int64_t HostLayerOps::all_gather(const Op& op, BufId in, std::size_t elements, BufId out) {
+  const Grouping& g = plan_.grouping(op.collective().grouping);
+  const auto [gi, pos] = my_group(g, comm_.rank());
+  MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
+  const std::vector<int>& group = g.groups[static_cast<std::size_t>(gi)];
+  std::vector<float>& src = b_.f(in);
+  std::vector<float>& dst = b_.f(out);
+  MOESIM_ASSERT(src.size() >= elements && dst.size() >= elements * group.size(),
+                "all_gather out of its buffers");
+  collectives::CollectiveCall call{&op.collective(), &group, gi, true};
+  const auto algo = collectives::select_algorithm(call, cost_).algo();
+  comm_.all_gather(reinterpret_cast<const std::byte*>(src.data()), elements * sizeof(float),
+                   reinterpret_cast<std::byte*>(dst.data()), group);
+  return static_cast<std::int64_t>(algo);
+}
+
+}  // namespace moesim::exec

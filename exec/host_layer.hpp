@@ -1,0 +1,73 @@
+// The host backend of the MoE layer program (exec/layer_program.hpp): the layer's buffers as
+// host vectors (fp32 data) and LayerOps on the CPU kernels (kernels/moe_kernels.hpp) and the
+// Communicator, collectives through the shared lowering (select_algorithm + run_phases). The
+// plain, sharded and plan-routed host data paths all run their forward through it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "exec/communicator.hpp"
+#include "exec/layer_program.hpp"
+
+namespace moesim::topology {
+class Topology;
+}
+namespace moesim::collectives {
+struct CostContext;
+}
+
+namespace moesim::exec {
+
+/// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32 (the host
+/// path's data type is fp32).
+class HostLayerBuffers {
+ public:
+  void allocate(const LayerLayout& L, const MoeShape& s);
+  std::vector<float>& f(BufId id);
+  const std::vector<float>& f(BufId id) const;
+  std::vector<std::int32_t>& i(BufId id);
+  const std::vector<std::int32_t>& i(BufId id) const;
+  /// Every index of a buffer kind (kW1's slices, kIn's chunks, ...).
+  const std::vector<std::vector<float>>& all(LayerBuf b) const;
+  void* ptr(BufId id);
+  bool allocated() const { return allocated_; }
+
+ private:
+  static constexpr std::size_t kKinds = static_cast<std::size_t>(LayerBuf::kBack) + 1;
+  static LayerBuf resolve(LayerBuf b) { return b == LayerBuf::kX ? LayerBuf::kX32 : b; }
+  std::array<std::vector<std::vector<float>>, kKinds> f_;
+  std::array<std::vector<std::vector<std::int32_t>>, kKinds> i_;
+  bool allocated_ = false;
+};
+
+class HostLayerOps final : public LayerOps {
+ public:
+  HostLayerOps(Communicator& comm, const collectives::CostContext& cost,
+               const topology::Topology& topo, const Plan& plan, const MoeShape& shape,
+               HostLayerBuffers& buffers)
+      : comm_(comm), cost_(cost), topo_(topo), plan_(plan), shape_(shape), b_(buffers) {}
+
+  void gate(const kernels::GateParams& params) override;
+  void routed_weights(int tokens, int experts, int top_k) override;
+  void encode(BufId dst, int num_experts, int capacity) override;
+  void decode(BufId src, int num_experts, int capacity) override;
+  void copy(const BlockCopy& c) override;
+  void gemm(const GemmJob& g, bool f32) override;
+  void relu(BufId buf, std::size_t elements) override;
+  void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) override;
+  std::int64_t exchange(const Op& op, const Exchange& x) override;
+  std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) override;
+
+ private:
+  kernels::Routing routing(int num_experts, int capacity) const;
+  Communicator& comm_;
+  const collectives::CostContext& cost_;
+  const topology::Topology& topo_;
+  const Plan& plan_;
+  const MoeShape& shape_;
+  HostLayerBuffers& b_;
+};
+
+}  // namespace moesim::exec

@@ -1,0 +1,194 @@
+// The MoE layer program (DESIGN §4.2, issue 16 item 2): the forward MoE layer written ONCE, as
+// typed steps over a small backend interface, and run by the host path and the GPU path alike.
+//
+//  - LayerLayout is the typed record of one layer as a rank runs it: how tokens are routed
+//    (the capacity gate, or the plan's routed all_to_allv), the EP group, the expert slices this
+//    rank computes (dE whole experts, or one hidden slice of a sharded expert), the chunks and
+//    their capacities. The data paths differ only in the layout they build:
+//      plain    capacity gate, dE whole experts per EP position, rho = n = 1;
+//      sharded  capacity gate, expert x on n positions, rho hidden slices (Tutel P1 / P2 / rho);
+//      routed   the plan's all_to_allv matrices decide which rows go where (routing strategies,
+//               dropless capacity, inference placement; exec/routed_path.hpp).
+//  - layer_buffers() lists the layer's buffers and their element counts, so the host path
+//    allocates vectors and the GPU path reserves one arena from the same list.
+//  - run_forward_step() is the program: for one op of the plan (gate, encode, dispatch chunk j,
+//    fc1, fc2, combine, partial sum, parameter gather, decode) it issues the backend steps
+//    (LayerOps): gate kernels, encode / decode kernels, 2-D block copies, strided-batched GEMMs,
+//    an activation, a slice sum, the lowered collective of the plan's op. Which rows move where
+//    is computed here (pack_blocks, expert_gemms), from the layout alone, so the CPU tests of
+//    the host path exercise exactly the indexing the GPU runs.
+//
+// The check's reference (exec/moe_data.hpp) does NOT run this program: it recomputes the layer
+// with plain loops from the seeds, so that a wrong index here cannot hide behind a reference that
+// shares it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "exec/moe_data.hpp"
+
+namespace moesim::exec {
+
+/// The buffers of one layer. Element type: kF32 always fp32 (the gate's inputs and outputs, the
+/// routing weights), kI32 int32 (routing tables), kData the run's dtype (fp32 on the host path).
+enum class LayerBuf : std::uint8_t {
+  kX32,           // S x M tokens, fp32 (the gate's input)
+  kX,             // S x M tokens, data (the encode's input; the host path aliases kX32)
+  kGateW,         // M x E, fp32
+  kLogits,        // S x E, fp32
+  kExpert,        // S*k, i32: expert of entry t*k+c (routed: 0, one pseudo-expert of R rows)
+  kSlot,          // S*k, i32: its slot (routed: its row in kSend / kBack), -1 dropped
+  kWeight,        // S*k, fp32: its combine weight
+  kSlotEntry,     // E*C, i32 (routed: R)
+  kCount,         // E, i32
+  kRoutedExpert,  // S*k, i32, routed only: the real expert of each entry (its gate weight)
+  kDispatched,    // (E, rho, C, M), data: encoded slots, rho copies
+  kExpertOut,     // (E, rho, C, M), data: expert outputs back at the token side
+  kSummed,        // (E, C, M), data: rho > 1 only (the encode's single copy, then the sum)
+  kY,             // S x M, data
+  kW1,            // [slice] M x hidden, data
+  kW2,            // [slice] hidden x M, data
+  kParamIn,       // sharded with n / rho > 1: this rank's own 1/n slice [W1 (M x h) | W2 (h x M)]
+  kParamAll,      // ... the n / rho slices of its gather group, gathered
+  kSend,          // [chunk] capacity: the packed send buffer; routed: [0] every chunk's rows
+  kIn,            // [chunk] received rows, (W, slices, rows, M)
+  kHidden,        // [chunk] (W, slices, rows, hidden)
+  kOut,           // [chunk] expert outputs, as kIn
+  kBack,          // [chunk] returned outputs; routed: [0] every chunk's rows
+};
+enum class ElemType : std::uint8_t { kF32, kData, kI32 };
+ElemType elem_type(LayerBuf b);
+const char* layer_buf_name(LayerBuf b);
+
+struct BufId {
+  LayerBuf buf = LayerBuf::kX;
+  int index = 0;  // slice (kW1, kW2) or chunk (kSend ... kBack)
+  bool operator==(const BufId&) const = default;
+  auto operator<=>(const BufId&) const = default;
+};
+
+struct BufferSize {
+  BufId id;
+  std::size_t elements = 0;
+};
+
+enum class LayerRouting : std::uint8_t {
+  kCapacity,  // the gate's top-k and capacity rule route the tokens (plain, sharded)
+  kPlan,      // the plan's all_to_allv matrices do (routed_path.hpp's assignment)
+};
+
+/// The typed record of one MoE layer as one rank runs it.
+struct LayerLayout {
+  int moe = 0;     // MoE layer number
+  int block = -1;  // the plan's block (roles' block)
+  LayerRouting routing = LayerRouting::kCapacity;
+  int ep = 1;           // W: ranks of the EP group (1: experts local, no all-to-all)
+  int ep_pos = 0;       // this rank's position in it
+  int slices = 0;       // expert slices this rank computes: dE (plain), 1 (sharded), routed: its
+                        // distinct experts
+  int shards = 1;       // n: positions per expert (sharded), 1 otherwise
+  int rho = 1;          // hidden slices of an expert's computation (sharded), 1 otherwise
+  int hidden = 0;       // width of a slice's hidden layer: H / rho
+  bool has_a2a = true;  // dispatch / combine all-to-alls (false: W = 1, every expert local)
+  std::vector<int> caps, offset;  // capacity routing: chunk j's slots [offset, offset + caps)
+  int capacity = 0;               // C
+  // Plan routing (kPlan): per chunk, the rows this rank sends (kSend rows [send_first,
+  // send_first + send_rows)) and the runs it receives: (rows, slice) in receive order.
+  std::vector<int> send_rows, send_first;
+  std::vector<std::vector<std::pair<int, int>>> runs;
+
+  int chunks() const {
+    return static_cast<int>(routing == LayerRouting::kPlan ? runs.size() : caps.size());
+  }
+  int gather() const { return shards / rho; }  // g: positions that share one hidden slice
+  /// Capacity routing: rows of one (source, slice) block in chunk j: c_j / g.
+  int block_rows(int j) const { return caps[static_cast<std::size_t>(j)] / gather(); }
+  /// Rows this rank's experts receive in chunk j.
+  int received_rows(int j) const;
+  /// Total rows of the plan-routed send buffer.
+  int total_send_rows() const;
+};
+
+/// A 2-D copy inside one layer: `count` runs of `run` elements, run r from
+/// src[src_off + r * src_pitch] to dst[dst_off + r * dst_pitch] (elements of the buffers' type).
+struct BlockCopy {
+  BufId src, dst;
+  std::size_t src_off = 0, src_pitch = 0, dst_off = 0, dst_pitch = 0, run = 0;
+  int count = 0;
+  bool operator==(const BlockCopy&) const = default;
+};
+
+/// `batch` GEMMs C_i (m x n) = A_i (m x k) * B (k x n), A_i = a + a_off + i * a_stride (C the
+/// same); B is one slice's weight for every batch entry.
+struct GemmJob {
+  BufId a, b, c;
+  std::size_t a_off = 0, c_off = 0;
+  long long a_stride = 0, c_stride = 0;
+  int m = 0, n = 0, k = 0, batch = 1;
+  bool operator==(const GemmJob&) const = default;
+};
+
+/// One lowered collective of the data path: the plan's op on [send_off, send_off + send_elems)
+/// of `send` into [recv_off, recv_off + recv_elems) of `recv`. row_elems > 0: the op is an
+/// all_to_allv whose matrix counts rows of row_elems elements (the plan's unit rescaled).
+struct Exchange {
+  BufId send, recv;
+  std::size_t send_off = 0, send_elems = 0, recv_off = 0, recv_elems = 0;
+  std::size_t row_elems = 0;
+};
+
+/// The backend interface of the program: what the host path (exec/host_layer.hpp) and the GPU
+/// path (exec/cuda_executor.cpp) implement. A step the backend cannot run throws ExecError.
+class LayerOps {
+ public:
+  virtual ~LayerOps() = default;
+  /// kX32 x kGateW -> kLogits, then top-k and the capacity rule -> kExpert, kSlot, kWeight,
+  /// kSlotEntry, kCount (kernels gate).
+  virtual void gate(const kernels::GateParams& params) = 0;
+  /// kWeight[t*k+c] = softmax(kLogits[t])[kRoutedExpert[t*k+c]] (plan-routed layers; kLogits
+  /// from a GemmJob).
+  virtual void routed_weights(int tokens, int experts, int top_k) = 0;
+  /// kernels encode / decode with the layer's routing tables (num_experts x capacity slots).
+  virtual void encode(BufId dst, int num_experts, int capacity) = 0;
+  virtual void decode(BufId src, int num_experts, int capacity) = 0;
+  virtual void copy(const BlockCopy& c) = 0;
+  /// f32: a fp32 GEMM (the gate's); otherwise in the data type.
+  virtual void gemm(const GemmJob& g, bool f32) = 0;
+  virtual void relu(BufId buf, std::size_t elements) = 0;
+  /// dst[x * run + e] = sum over q < terms of src[(x * terms + q) * run + e], x < groups.
+  virtual void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) = 0;
+  /// The plan's collective `op` on the exchange's buffers (shared lowering); returns the
+  /// algorithm it ran.
+  virtual std::int64_t exchange(const Op& op, const Exchange& x) = 0;
+  /// all_gather over `op`'s group of `elements` of `in` into `out` (g blocks).
+  virtual std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) = 0;
+};
+
+/// The buffers of a layer and their element counts (every buffer the program touches).
+std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s);
+
+/// Capacity routing: the copies that pack chunk j of kDispatched into `dst` (kSend[j], or kIn[j]
+/// when W = 1), destination-major: position p's block of slice le is (expert x, copy q, slots
+/// [offset_j + i * rows, + rows)) with x = p * dE + le (n = 1) or p / n, q = (p mod n) / g,
+/// i = p mod g. Runs that continue each other with constant pitches are merged (the plain
+/// layout packs a chunk in one 2-D copy). unpack: the same copies from `src` back into
+/// kExpertOut.
+std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, BufId dst);
+std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src);
+
+/// The expert GEMMs of chunk j: fc1 (kIn -> kHidden) or fc2 (kHidden -> kOut). Capacity routing:
+/// one strided-batched GEMM per slice over the W source blocks; plan routing: one per received
+/// run with its expert's weights.
+std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int model_dim);
+
+/// The program: runs the forward op `op` (role kind `kind`, chunk `chunk`) of layer L through
+/// `ops`. Returns the algorithm of the collective it ran, or -1.
+std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
+                              const Op& op, LayerOps& ops);
+
+}  // namespace moesim::exec

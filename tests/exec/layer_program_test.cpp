@@ -1,0 +1,334 @@
+// The MoE layer program (exec/layer_program.hpp): the copies, GEMMs and buffers it computes from
+// a layer's layout, worked out by hand on tiny layouts, and the steps it issues per op, recorded
+// through a LayerOps that only logs. The host and GPU paths run these lists as they are, so
+// these tests pin the indexing both paths share.
+#include "exec/layer_program.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/plan.hpp"
+
+namespace moesim::exec {
+namespace {
+
+using B = LayerBuf;
+
+LayerLayout plain(int W, int dE, std::vector<int> caps, int H) {
+  LayerLayout L;
+  L.ep = W;
+  L.slices = dE;
+  L.hidden = H;
+  L.has_a2a = W > 1;
+  L.caps = caps;
+  int off = 0;
+  for (int c : caps) {
+    L.offset.push_back(off);
+    off += c;
+  }
+  L.capacity = off;
+  return L;
+}
+
+LayerLayout sharded(int E, int n, int rho, std::vector<int> caps, int H) {
+  LayerLayout L = plain(E * n, 1, std::move(caps), H / rho);
+  L.shards = n;
+  L.rho = rho;
+  return L;
+}
+
+BlockCopy copy(BufId src, std::size_t src_off, std::size_t src_pitch, BufId dst,
+               std::size_t dst_off, std::size_t dst_pitch, std::size_t run, int count) {
+  BlockCopy c;
+  c.src = src;
+  c.dst = dst;
+  c.src_off = src_off;
+  c.src_pitch = src_pitch;
+  c.dst_off = dst_off;
+  c.dst_pitch = dst_pitch;
+  c.run = run;
+  c.count = count;
+  return c;
+}
+
+// Applies copies to element-indexed buffers (the value of element i of a source is i).
+void apply(const std::vector<BlockCopy>& copies, const std::vector<float>& src,
+           std::vector<float>& dst) {
+  for (const BlockCopy& c : copies)
+    for (int r = 0; r < c.count; ++r)
+      for (std::size_t e = 0; e < c.run; ++e)
+        dst.at(c.dst_off + r * c.dst_pitch + e) = src.at(c.src_off + r * c.src_pitch + e);
+}
+
+TEST(LayerProgram, PlainChunkPacksInOneTwoDimensionalCopy) {
+  // W 2, dE 2 (E 4), chunks of 3 and 2 slots (C 5), M 4: chunk j is E runs of c_j rows, pitch
+  // C * M in the (E, C, M) buffer and c_j * M in the send buffer.
+  const LayerLayout L = plain(2, 2, {3, 2}, 5);
+  EXPECT_EQ(pack_blocks(L, 0, 4, {B::kSend, 0}),
+            std::vector<BlockCopy>{copy({B::kDispatched}, 0, 20, {B::kSend, 0}, 0, 12, 12, 4)});
+  EXPECT_EQ(pack_blocks(L, 1, 4, {B::kSend, 1}),
+            std::vector<BlockCopy>{copy({B::kDispatched}, 12, 20, {B::kSend, 1}, 0, 8, 8, 4)});
+  // unpack: the same runs from the returned buffer into the expert outputs.
+  EXPECT_EQ(unpack_blocks(L, 1, 4, {B::kBack, 1}),
+            std::vector<BlockCopy>{copy({B::kBack, 1}, 0, 8, {B::kExpertOut}, 12, 20, 8, 4)});
+}
+
+TEST(LayerProgram, ShardedChunkSendsEachMemberItsShareOfTheSlots) {
+  // E 2, n 2, rho 1 (P1: g 2), chunks {2, 2}, M 1. Chunk 1 (slots 2..3), one row per member:
+  // p 0 -> expert 0 slot 2, p 1 -> expert 0 slot 3, p 2 -> expert 1 slot 2 (element 6), p 3 ->
+  // expert 1 slot 3. Two runs of two rows, since expert 1's slots do not continue expert 0's.
+  const LayerLayout L = sharded(2, 2, 1, {2, 2}, 8);
+  EXPECT_EQ(L.block_rows(1), 1);
+  EXPECT_EQ(pack_blocks(L, 1, 1, {B::kSend, 1}),
+            (std::vector<BlockCopy>{copy({B::kDispatched}, 2, 1, {B::kSend, 1}, 0, 1, 1, 2),
+                                    copy({B::kDispatched}, 6, 1, {B::kSend, 1}, 2, 1, 1, 2)}));
+}
+
+TEST(LayerProgram, HiddenSlicesGetTheirOwnCopyOfEveryExpertsSlots) {
+  // E 2, n 4, rho 2 (g 2), one chunk of 4 slots, M 1: (E, rho, C) = 16 elements. Position p = x
+  // n + q g + i gets slots [2 i, 2 i + 2) of copy q of expert x, i.e. element ((x rho + q) C +
+  // 2 i): p 0..7 -> 0, 2, 4, 6, 8, 10, 12, 14, each 2 rows.
+  const LayerLayout L = sharded(2, 4, 2, {4}, 8);
+  const auto copies = pack_blocks(L, 0, 1, {B::kSend, 0});
+  std::vector<float> src(16), dst(16, -1);
+  for (int i = 0; i < 16; ++i) src[i] = static_cast<float>(i);
+  apply(copies, src, dst);
+  EXPECT_EQ(dst, src);  // every source slot lands once, in destination order
+  // A layout where positions skip slots: E 2, n 4, rho 1 (g 4), chunks {4, 4}, chunk 1 (slots
+  // 4..7), one row per member: p = 4 x + i -> element x C + 4 + i, C = 8.
+  const LayerLayout P1 = sharded(2, 4, 1, {4, 4}, 8);
+  std::vector<float> big(16), got(8, -1);
+  for (int i = 0; i < 16; ++i) big[i] = static_cast<float>(i);
+  apply(pack_blocks(P1, 1, 1, {B::kSend, 1}), big, got);
+  EXPECT_EQ(got, (std::vector<float>{4, 5, 6, 7, 12, 13, 14, 15}));
+}
+
+TEST(LayerProgram, ExpertGemmsBatchEverySourceBlockOfASlice) {
+  // W 2, dE 2, c 3, M 4, H 5: In is (W, dE, c, M); slice le's blocks start at le c M and repeat
+  // every dE c M elements (one per source).
+  const LayerLayout L = plain(2, 2, {3}, 5);
+  const auto fc1 = expert_gemms(L, 0, false, 4);
+  ASSERT_EQ(fc1.size(), 2u);
+  EXPECT_EQ(fc1[1].a, (BufId{B::kIn, 0}));
+  EXPECT_EQ(fc1[1].b, (BufId{B::kW1, 1}));
+  EXPECT_EQ(fc1[1].c, (BufId{B::kHidden, 0}));
+  EXPECT_EQ(fc1[1].a_off, 12u);
+  EXPECT_EQ(fc1[1].a_stride, 24);
+  EXPECT_EQ(fc1[1].c_off, 15u);
+  EXPECT_EQ(fc1[1].c_stride, 30);
+  EXPECT_EQ(fc1[1].m, 3);
+  EXPECT_EQ(fc1[1].n, 5);
+  EXPECT_EQ(fc1[1].k, 4);
+  EXPECT_EQ(fc1[1].batch, 2);
+  const auto fc2 = expert_gemms(L, 0, true, 4);
+  ASSERT_EQ(fc2.size(), 2u);
+  EXPECT_EQ(fc2[0].b, (BufId{B::kW2, 0}));
+  EXPECT_EQ(fc2[1].a_off, 15u);
+  EXPECT_EQ(fc2[1].a_stride, 30);
+  EXPECT_EQ(fc2[1].c_off, 12u);
+  EXPECT_EQ(fc2[1].c_stride, 24);
+  EXPECT_EQ(fc2[1].n, 4);
+  EXPECT_EQ(fc2[1].k, 5);
+}
+
+TEST(LayerProgram, PlanRoutedGemmsFollowTheReceivedRuns) {
+  LayerLayout L;
+  L.routing = LayerRouting::kPlan;
+  L.ep = 2;
+  L.slices = 2;
+  L.hidden = 6;
+  L.send_rows = {4};
+  L.send_first = {0};
+  L.runs = {{{2, 1}, {0, 0}, {3, 0}}};
+  EXPECT_EQ(L.received_rows(0), 5);
+  const auto fc1 = expert_gemms(L, 0, false, 4);
+  ASSERT_EQ(fc1.size(), 2u);  // the empty run has no GEMM
+  EXPECT_EQ(fc1[0].b, (BufId{B::kW1, 1}));
+  EXPECT_EQ(fc1[0].m, 2);
+  EXPECT_EQ(fc1[1].b, (BufId{B::kW1, 0}));
+  EXPECT_EQ(fc1[1].a_off, 8u);   // row 2 of M 4
+  EXPECT_EQ(fc1[1].c_off, 12u);  // row 2 of H 6
+  EXPECT_EQ(fc1[1].m, 3);
+  EXPECT_EQ(fc1[1].batch, 1);
+}
+
+std::map<BufId, std::size_t> sizes(const LayerLayout& L, const MoeShape& s) {
+  std::map<BufId, std::size_t> m;
+  for (const BufferSize& b : layer_buffers(L, s)) {
+    EXPECT_FALSE(m.count(b.id)) << layer_buf_name(b.id.buf) << " listed twice";
+    m[b.id] = b.elements;
+  }
+  return m;
+}
+
+TEST(LayerProgram, BuffersAreSizedFromTheLayout) {
+  MoeShape s{6, 4, 8, 4, 2};  // S 6, M 4, H 8, E 4, k 2
+  const auto p = sizes(plain(2, 2, {3, 2}, 8), s);
+  EXPECT_EQ(p.at({B::kDispatched}), 4u * 5 * 4);
+  EXPECT_EQ(p.at({B::kSlotEntry}), 4u * 5);
+  EXPECT_EQ(p.at({B::kSend, 1}), 2u * 2 * 2 * 4);    // W dE c_1 M
+  EXPECT_EQ(p.at({B::kHidden, 0}), 2u * 2 * 3 * 8);  // W dE c_0 H
+  EXPECT_EQ(p.at({B::kW1, 1}), 4u * 8);
+  EXPECT_FALSE(p.count({B::kSummed}));
+  EXPECT_FALSE(p.count({B::kParamIn}));
+  // W 1: no all-to-all, so no send / back buffers.
+  const auto local = sizes(plain(1, 4, {5}, 8), s);
+  EXPECT_FALSE(local.count({B::kSend, 0}));
+  EXPECT_FALSE(local.count({B::kBack, 0}));
+  EXPECT_EQ(local.at({B::kIn, 0}), 4u * 5 * 4);
+  // Sharded E 4 x n 2, rho 2 (g 1): rho copies, a sum buffer, slices of H / 2, no gather.
+  MoeShape s2{6, 4, 8, 4, 2};
+  const auto r2 = sizes(sharded(4, 2, 2, {2}, 8), s2);
+  EXPECT_EQ(r2.at({B::kDispatched}), 4u * 2 * 2 * 4);
+  EXPECT_EQ(r2.at({B::kSummed}), 4u * 2 * 4);
+  EXPECT_EQ(r2.at({B::kW1, 0}), 4u * 4);
+  EXPECT_FALSE(r2.count({B::kParamIn}));
+  // rho 1 (g 2): the gather's own slice (2 M H / n) and the gathered g of them.
+  const auto r1 = sizes(sharded(4, 2, 1, {2}, 8), s2);
+  EXPECT_EQ(r1.at({B::kParamIn}), 2u * 4 * 4);
+  EXPECT_EQ(r1.at({B::kParamAll}), 2u * 2 * 4 * 4);
+  EXPECT_EQ(r1.at({B::kIn, 0}), 8u * 1 * 4);  // W (c / g) M
+}
+
+// A backend that records the steps it is given.
+class RecordingOps final : public LayerOps {
+ public:
+  std::vector<std::string> log;
+  std::vector<BlockCopy> copies;
+  std::vector<Exchange> exchanges;
+  void gate(const kernels::GateParams& p) override {
+    log.push_back("gate C" + std::to_string(p.capacity));
+  }
+  void routed_weights(int, int, int) override { log.push_back("routed_weights"); }
+  void encode(BufId dst, int e, int c) override {
+    log.push_back(std::string("encode ") + layer_buf_name(dst.buf) + " " + std::to_string(e) + "x" +
+                  std::to_string(c));
+  }
+  void decode(BufId src, int e, int c) override {
+    log.push_back(std::string("decode ") + layer_buf_name(src.buf) + " " + std::to_string(e) + "x" +
+                  std::to_string(c));
+  }
+  void copy(const BlockCopy& c) override {
+    copies.push_back(c);
+    log.push_back(std::string("copy ") + layer_buf_name(c.src.buf) + "->" +
+                  layer_buf_name(c.dst.buf));
+  }
+  void gemm(const GemmJob& g, bool f32) override {
+    log.push_back(std::string(f32 ? "gemm32 " : "gemm ") + layer_buf_name(g.b.buf));
+  }
+  void relu(BufId b, std::size_t n) override {
+    log.push_back(std::string("relu ") + layer_buf_name(b.buf) + " " + std::to_string(n));
+  }
+  void sum_slices(BufId, BufId, int groups, int terms, std::size_t run) override {
+    log.push_back("sum " + std::to_string(groups) + "x" + std::to_string(terms) + "x" +
+                  std::to_string(run));
+  }
+  std::int64_t exchange(const Op&, const Exchange& x) override {
+    exchanges.push_back(x);
+    log.push_back(std::string("exchange ") + layer_buf_name(x.send.buf) + "->" +
+                  layer_buf_name(x.recv.buf));
+    return 7;
+  }
+  std::int64_t all_gather(const Op&, BufId, std::size_t n, BufId) override {
+    log.push_back("all_gather " + std::to_string(n));
+    return 3;
+  }
+};
+
+TEST(LayerProgram, PlainStepsIssueTheKernelsAndTheExchange) {
+  const MoeShape s{6, 4, 8, 4, 2};
+  const LayerLayout L = plain(2, 2, {3, 2}, 8);
+  const Op op;
+  RecordingOps ops;
+  EXPECT_EQ(run_forward_step(L, s, OpRoleKind::kGate, -1, op, ops), -1);
+  EXPECT_EQ(run_forward_step(L, s, OpRoleKind::kEncode, -1, op, ops), -1);
+  EXPECT_EQ(run_forward_step(L, s, OpRoleKind::kDispatch, 1, op, ops), 7);
+  run_forward_step(L, s, OpRoleKind::kFc1, 1, op, ops);
+  run_forward_step(L, s, OpRoleKind::kFc2, 1, op, ops);
+  EXPECT_EQ(run_forward_step(L, s, OpRoleKind::kCombine, 1, op, ops), 7);
+  run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
+  EXPECT_EQ(ops.log,
+            (std::vector<std::string>{"gate C5", "encode dispatched 4x5", "copy dispatched->send",
+                                      "exchange send->in", "gemm w1", "gemm w1",
+                                      "relu hidden 64",  // W dE c_1 H = 2 2 2 8
+                                      "gemm w2", "gemm w2", "exchange out->back",
+                                      "copy back->expert_out", "decode expert_out 4x5"}));
+  ASSERT_EQ(ops.exchanges.size(), 2u);
+  EXPECT_EQ(ops.exchanges[0].send_elems, 2u * 2 * 2 * 4);
+  EXPECT_EQ(ops.exchanges[0].recv_elems, 2u * 2 * 2 * 4);
+  EXPECT_EQ(ops.exchanges[0].row_elems, 0u);
+  // A step that is not the layer's throws (a plan the program does not describe).
+  EXPECT_THROW(run_forward_step(L, s, OpRoleKind::kEspAllGather, -1, op, ops), InternalError);
+}
+
+TEST(LayerProgram, LocalExpertsSkipTheExchanges) {
+  const MoeShape s{6, 4, 8, 4, 2};
+  const LayerLayout L = plain(1, 4, {5}, 8);
+  const Op op;
+  RecordingOps ops;
+  run_forward_step(L, s, OpRoleKind::kFc1, 0, op, ops);
+  run_forward_step(L, s, OpRoleKind::kFc2, 0, op, ops);
+  EXPECT_EQ(ops.log,
+            (std::vector<std::string>{"copy dispatched->in", "gemm w1", "gemm w1", "gemm w1",
+                                      "gemm w1", "relu hidden 160", "gemm w2", "gemm w2", "gemm w2",
+                                      "gemm w2", "copy out->expert_out"}));
+}
+
+TEST(LayerProgram, ShardedStepsReplicateGatherAndSum) {
+  const MoeShape s{6, 4, 8, 4, 2};
+  const Op op;
+  RecordingOps ops;
+  const LayerLayout r2 = sharded(4, 2, 2, {2}, 8);  // rho 2
+  run_forward_step(r2, s, OpRoleKind::kEncode, -1, op, ops);
+  run_forward_step(r2, s, OpRoleKind::kPartialSum, -1, op, ops);
+  run_forward_step(r2, s, OpRoleKind::kDecode, -1, op, ops);
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"encode summed 4x2", "copy summed->dispatched",
+                                               "copy summed->dispatched", "sum 4x2x8",
+                                               "decode summed 4x2"}));
+  // Copy q of the encode lands every C M = 8 elements at q C M, pitch rho C M = 16.
+  EXPECT_EQ(ops.copies[1], copy({B::kSummed}, 0, 8, {B::kDispatched}, 8, 16, 8, 4));
+  RecordingOps gather;
+  const LayerLayout r1 = sharded(4, 2, 1, {2}, 8);  // g 2, h = H / n = 4
+  EXPECT_EQ(run_forward_step(r1, s, OpRoleKind::kParamGather, -1, op, gather), 3);
+  // The gather, then per member its W1 columns (M runs of h, pitch h -> hq) and W2 rows.
+  EXPECT_EQ(gather.log,
+            (std::vector<std::string>{"all_gather 32", "copy param_all->w1", "copy param_all->w2",
+                                      "copy param_all->w1", "copy param_all->w2"}));
+  EXPECT_EQ(gather.copies[2], copy({B::kParamAll}, 32, 4, {B::kW1}, 4, 8, 4, 4));
+  EXPECT_EQ(gather.copies[3], copy({B::kParamAll}, 48, 0, {B::kW2}, 16, 0, 16, 1));
+}
+
+TEST(LayerProgram, PlanRoutedStepsMoveRowsOfTheSendBuffer) {
+  const MoeShape s{6, 4, 8, 4, 2};
+  LayerLayout L;
+  L.routing = LayerRouting::kPlan;
+  L.ep = 2;
+  L.slices = 1;
+  L.hidden = 8;
+  L.send_rows = {3, 5};
+  L.send_first = {0, 3};
+  L.runs = {{{4, 0}}, {{1, 0}}};
+  const Op op;
+  RecordingOps ops;
+  run_forward_step(L, s, OpRoleKind::kGate, -1, op, ops);
+  run_forward_step(L, s, OpRoleKind::kEncode, -1, op, ops);
+  run_forward_step(L, s, OpRoleKind::kDispatch, 1, op, ops);
+  run_forward_step(L, s, OpRoleKind::kCombine, 1, op, ops);
+  run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w", "routed_weights", "encode send 1x8",
+                                               "exchange send->in", "exchange out->back",
+                                               "decode back 1x8"}));
+  // Chunk 1: rows 3..7 of the send buffer go, 1 row comes in; the combine is the transpose.
+  EXPECT_EQ(ops.exchanges[0].send_off, 12u);
+  EXPECT_EQ(ops.exchanges[0].send_elems, 20u);
+  EXPECT_EQ(ops.exchanges[0].recv_elems, 4u);
+  EXPECT_EQ(ops.exchanges[0].row_elems, 4u);
+  EXPECT_EQ(ops.exchanges[1].recv_off, 12u);
+  EXPECT_EQ(ops.exchanges[1].recv_elems, 20u);
+}
+
+}  // namespace
+}  // namespace moesim::exec

@@ -140,17 +140,21 @@ class DeviceLayerOps final : public LayerOps {
               at<float>({LayerBuf::kLogits}), out);
   }
   void routed_weights(int, int, int) override { unsupported("plan-routed layers"); }
-  void encode(BufId dst, int num_experts, int capacity) override {
-    kcu::encode(cx_, dtype_, routing(num_experts, capacity), shape_.model_dim, at({LayerBuf::kX}),
+  void encode(BufId dst, int tokens, int num_experts, int capacity) override {
+    kcu::encode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
+                at({LayerBuf::kX}), at(dst));
+  }
+  void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override {
+    kcu::decode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim, at(src),
                 at(dst));
   }
-  void decode(BufId src, int num_experts, int capacity) override {
-    kcu::decode(cx_, dtype_, routing(num_experts, capacity), shape_.model_dim, at(src),
-                at({LayerBuf::kY}));
+  void zero(BufId buf, std::size_t elements) override {
+    CUDA_OK(cudaMemsetAsync(at(buf), 0, elements * elem_bytes(buf.buf), st_));
   }
   void copy(const BlockCopy& c) override {
     const std::size_t es = elem_bytes(c.src.buf);
     if (c.run == 0 || c.count == 0) return;
+    if (c.accumulate) unsupported("Parm's local combine (summed returns)");
     std::byte* dst = at(c.dst) + c.dst_off * es;
     const std::byte* src = at(c.src) + c.src_off * es;
     if (c.count == 1)
@@ -179,8 +183,10 @@ class DeviceLayerOps final : public LayerOps {
                     at(x.recv) + x.recv_off * es_, x.recv_elems * es_);
   }
   std::int64_t all_gather(const Op&, BufId, std::size_t, BufId) override {
-    unsupported("sharded experts' parameter gathers");
-    return -1;
+    unsupported("the all-gathers of sharded experts and Parm");
+  }
+  std::int64_t all_reduce(const Op&, BufId, std::size_t) override {
+    unsupported("Parm's ESP all-reduce");
   }
 
  private:
@@ -197,9 +203,9 @@ class DeviceLayerOps final : public LayerOps {
                                                   layer_buf_name(id.buf), id.index));
     return a_.at<T>(it->second);
   }
-  kernels::Routing routing(int num_experts, int capacity) const {
+  kernels::Routing routing(int tokens, int num_experts, int capacity) const {
     kernels::Routing r;
-    r.num_tokens = shape_.tokens;
+    r.num_tokens = tokens;
     r.top_k = shape_.top_k;
     r.num_experts = num_experts;
     r.capacity = capacity;

@@ -15,10 +15,12 @@
 //    Lina's micro-op gate: a collective of negative priority (a gradient all-reduce micro-op)
 //    also waits for the end of the latest positive-priority collective (all-to-all) issued before
 //    it on every other stream, so micro-ops run in the gaps between all-to-alls.
-//  * Data: gate (fp32 GEMM + top-k + capacity on fp32 tokens), encode, dispatch all-to-all
-//    (the lowered linear / 2DH / SAA phases as NCCL grouped send/recv on the op's stream), expert
-//    fc1 + ReLU and fc2 as cuBLAS strided-batched GEMMs with fp32 compute in the scenario's dtype
-//    (the plan's chunk shapes), combine, decode. all_reduce / all_gather / reduce_scatter go to
+//  * Data: the layer program (exec/layer_program.hpp), the host path's steps, through
+//    DeviceLayerOps: gate (fp32 GEMM + top-k + capacity on fp32 tokens), encode, dispatch
+//    all-to-all (the lowered linear / 2DH / SAA phases as NCCL grouped send/recv on the op's
+//    stream), expert fc1 + ReLU and fc2 as cuBLAS strided-batched GEMMs with fp32 compute in the
+//    scenario's dtype (the plan's chunk shapes), combine, decode; the buffers are the program's
+//    layer_buffers() in one arena per layer. all_reduce / all_gather / reduce_scatter go to
 //    ncclAllReduce / ncclAllGather / ncclReduceScatter on per-group sub-communicators. Other
 //    compute ops with a GEMM shape run that GEMM (cuBLAS, operands from the GEMM arena); other
 //    compute ops are empty (an event pair); copy ops are device-to-device copies of their bytes.

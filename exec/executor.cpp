@@ -196,6 +196,7 @@ LayerLayout layer_layout(const MoeLayerPlan& p, const MoeShape& s) {
   L.caps = p.caps;
   L.offset = p.offset;
   L.capacity = p.capacity;
+  fill_capacity_blocks(L);
   return L;
 }
 

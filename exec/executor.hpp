@@ -7,9 +7,10 @@
 //    collective library lowers (linear = one grouped exchange, 2DH = stride copies + intra and
 //    inter phases, see phase_runner.hpp); all_reduce / all_gather / reduce_scatter as the
 //    communicator's group collectives;
-//  - the forward MoE layer on real seeded data with the CPU kernels (kernels/moe_kernels.hpp):
-//    gate (+top-k, capacity), encode, per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 ->
-//    combine, decode. Dispatch and combine move the real expert buffers;
+//  - the forward MoE layer on real seeded data: the layer program (exec/layer_program.hpp) run
+//    by HostLayerOps (exec/host_layer.hpp, the CPU kernels): gate (+top-k, capacity), encode,
+//    per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 -> combine, decode. Dispatch and
+//    combine move the real expert buffers;
 //  - the backward MoE layer of the plain data path on real data (exec/backward_path.hpp): seeded
 //    dY, decode / combine / fc2 / fc1 / dispatch / encode / gate backward, and the DP all-reduce
 //    of the real expert gradients ("L{b}.grad.expert_allreduce[.m{i}]"); --check compares dX,
@@ -33,8 +34,8 @@
 // < 0: P1 / P2 / rho) run on the host path through exec/sharded_path.hpp; plans with esp > 1 or
 // Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp; layers whose
 // dispatch is a routed all_to_allv (Decision::variable_dispatch: routing strategies, dropless,
-// inference placement) run the plan-routed data path of exec/routed_path.hpp (run_op and
-// check_layers hand them over). On the GPU path all three run with scratch buffers and `check` is
+// inference placement) take their layout from exec/routed_path.hpp. All four run the same layer
+// program; they differ in the LayerLayout they build from the plan. On the GPU path all three run with scratch buffers and `check` is
 // refused (InputError); so are plans no data path covers.
 #pragma once
 

@@ -75,9 +75,9 @@ void* HostLayerBuffers::ptr(BufId id) {
   return f(id).data();
 }
 
-kernels::Routing HostLayerOps::routing(int num_experts, int capacity) const {
+kernels::Routing HostLayerOps::routing(int tokens, int num_experts, int capacity) const {
   kernels::Routing r;
-  r.num_tokens = shape_.tokens;
+  r.num_tokens = tokens;
   r.top_k = shape_.top_k;
   r.num_experts = num_experts;
   r.capacity = capacity;
@@ -116,16 +116,30 @@ void HostLayerOps::routed_weights(int tokens, int experts, int top_k) {
   }
 }
 
-void HostLayerOps::encode(BufId dst, int num_experts, int capacity) {
+void HostLayerOps::encode(BufId dst, int tokens, int num_experts, int capacity) {
   kc::Context ctx;
-  kc::encode(ctx, kF32, routing(num_experts, capacity), shape_.model_dim,
+  kc::encode(ctx, kF32, routing(tokens, num_experts, capacity), shape_.model_dim,
              b_.f({LayerBuf::kX}).data(), b_.f(dst).data());
 }
 
-void HostLayerOps::decode(BufId src, int num_experts, int capacity) {
+void HostLayerOps::decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) {
   kc::Context ctx;
-  kc::decode(ctx, kF32, routing(num_experts, capacity), shape_.model_dim, b_.f(src).data(),
-             b_.f({LayerBuf::kY}).data());
+  kc::decode(ctx, kF32, routing(tokens, num_experts, capacity), shape_.model_dim, b_.f(src).data(),
+             b_.f(dst).data());
+}
+
+void HostLayerOps::zero(BufId buf, std::size_t elements) {
+  std::vector<float>& v = b_.f(buf);
+  MOESIM_ASSERT(elements <= v.size(), "zero out of bounds");
+  std::fill_n(v.begin(), elements, 0.0f);
+}
+
+void HostLayerOps::expect_plan_elements(const Op& op, std::size_t elements) const {
+  if (plan_bytes_per_element_ <= 0) return;
+  const double plan = op.collective().bytes.value() / plan_bytes_per_element_;
+  MOESIM_ASSERT(
+      std::fabs(plan - static_cast<double>(elements)) < 0.5,
+      fmt::format("'{}': the data path moves {} elements, the plan {}", op.label, elements, plan));
 }
 
 void HostLayerOps::copy(const BlockCopy& c) {
@@ -137,7 +151,10 @@ void HostLayerOps::copy(const BlockCopy& c) {
     MOESIM_ASSERT(s + c.run <= src.size() && d + c.run <= dst.size(),
                   fmt::format("block copy {} -> {} out of bounds", layer_buf_name(c.src.buf),
                               layer_buf_name(c.dst.buf)));
-    std::memcpy(&dst[d], &src[s], c.run * sizeof(float));
+    if (c.accumulate)
+      for (std::size_t e = 0; e < c.run; ++e) dst[d + e] += src[s + e];
+    else
+      std::memcpy(&dst[d], &src[s], c.run * sizeof(float));
   }
 }
 
@@ -198,11 +215,28 @@ std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
             static_cast<double>(x.recv_elems * sizeof(float)) == rows->col_sum(pos).value(),
         fmt::format("'{}': buffers disagree with the plan's matrix", op.label));
   } else {
+    expect_plan_elements(op, x.send_elems);
     s.bytes = Bytes(static_cast<double>(x.send_elems * sizeof(float)));
   }
   collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
   const auto& algo = collectives::select_algorithm(call, cost_);
   const std::vector<collectives::Phase> phases = algo.lower(call, topo_);
+  // SAA (Parm S2's combine) receives the all-to-all all-gathered over its sub-group, and
+  // run_phases posts each slice as whole bytes: the per-peer chunk must split evenly.
+  const bool saa = algo.algo() == CollectiveAlgo::kSaa;
+  const SaaLayout layout(s, static_cast<int>(g.groups[gi].size()),
+                         static_cast<double>(x.send_elems * sizeof(float)));
+  if (saa) {
+    int steps = 0;
+    for (const auto& ph : phases) steps += ph.saa_step ? 1 : 0;
+    const auto peers = static_cast<std::size_t>(layout.a2a_peers());
+    const std::size_t chunk = x.send_elems * sizeof(float) / peers;
+    if (steps < 2 || chunk % static_cast<std::size_t>(steps - 1) != 0)
+      throw InputError(fmt::format(
+          "--check: '{}': SAA cuts the {}-byte chunk per peer into {} slices; choose sizes "
+          "it divides",
+          op.label, chunk, steps - 1));
+  }
   std::vector<float>& send = b_.f(x.send);
   std::vector<float>& recv = b_.f(x.recv);
   MOESIM_ASSERT(
@@ -220,7 +254,7 @@ std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
   }
   run_phases(comm_, phases, reinterpret_cast<const std::byte*>(send.data() + x.send_off),
              x.send_elems * sizeof(float), reinterpret_cast<std::byte*>(out),
-             std::max(need, recv_bytes), op.id % 32000);
+             std::max(need, recv_bytes), op.id % 32000, saa ? &layout : nullptr);
   if (!staged.empty()) std::copy_n(staged.data(), x.recv_elems, recv.data() + x.recv_off);
   return static_cast<std::int64_t>(algo.algo());
 }
@@ -234,10 +268,25 @@ std::int64_t HostLayerOps::all_gather(const Op& op, BufId in, std::size_t elemen
   std::vector<float>& dst = b_.f(out);
   MOESIM_ASSERT(src.size() >= elements && dst.size() >= elements * group.size(),
                 "all_gather out of its buffers");
+  expect_plan_elements(op, elements * group.size());  // the plan counts the gathered total
   collectives::CollectiveCall call{&op.collective(), &group, gi, true};
   const auto algo = collectives::select_algorithm(call, cost_).algo();
   comm_.all_gather(reinterpret_cast<const std::byte*>(src.data()), elements * sizeof(float),
                    reinterpret_cast<std::byte*>(dst.data()), group);
+  return static_cast<std::int64_t>(algo);
+}
+
+std::int64_t HostLayerOps::all_reduce(const Op& op, BufId buf, std::size_t elements) {
+  const Grouping& g = plan_.grouping(op.collective().grouping);
+  const auto [gi, pos] = my_group(g, comm_.rank());
+  MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
+  const std::vector<int>& group = g.groups[static_cast<std::size_t>(gi)];
+  std::vector<float>& v = b_.f(buf);
+  MOESIM_ASSERT(elements <= v.size(), "all_reduce out of its buffer");
+  expect_plan_elements(op, elements);
+  collectives::CollectiveCall call{&op.collective(), &group, gi, true};
+  const auto algo = collectives::select_algorithm(call, cost_).algo();
+  comm_.all_reduce_sum(v.data(), elements, group);
   return static_cast<std::int64_t>(algo);
 }
 

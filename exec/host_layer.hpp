@@ -42,32 +42,46 @@ class HostLayerBuffers {
   bool allocated_ = false;
 };
 
+/// plan_bytes_per_element > 0 (the Parm path): every padded exchange and group collective is
+/// checked against the plan op's element count.
 class HostLayerOps final : public LayerOps {
  public:
   HostLayerOps(Communicator& comm, const collectives::CostContext& cost,
                const topology::Topology& topo, const Plan& plan, const MoeShape& shape,
-               HostLayerBuffers& buffers)
-      : comm_(comm), cost_(cost), topo_(topo), plan_(plan), shape_(shape), b_(buffers) {}
+               HostLayerBuffers& buffers, int plan_bytes_per_element = 0)
+      : comm_(comm),
+        cost_(cost),
+        topo_(topo),
+        plan_(plan),
+        shape_(shape),
+        b_(buffers),
+        plan_bytes_per_element_(plan_bytes_per_element) {}
 
   void gate(const kernels::GateParams& params) override;
   void routed_weights(int tokens, int experts, int top_k) override;
-  void encode(BufId dst, int num_experts, int capacity) override;
-  void decode(BufId src, int num_experts, int capacity) override;
+  void encode(BufId dst, int tokens, int num_experts, int capacity) override;
+  void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override;
+  void zero(BufId buf, std::size_t elements) override;
   void copy(const BlockCopy& c) override;
   void gemm(const GemmJob& g, bool f32) override;
   void relu(BufId buf, std::size_t elements) override;
   void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) override;
   std::int64_t exchange(const Op& op, const Exchange& x) override;
   std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) override;
+  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) override;
 
  private:
-  kernels::Routing routing(int num_experts, int capacity) const;
+  kernels::Routing routing(int tokens, int num_experts, int capacity) const;
+  /// With plan_bytes_per_element > 0: `elements` must be what the plan's op counts (its bytes in
+  /// the scenario's dtype), so the data path moves what the simulation charged.
+  void expect_plan_elements(const Op& op, std::size_t elements) const;
   Communicator& comm_;
   const collectives::CostContext& cost_;
   const topology::Topology& topo_;
   const Plan& plan_;
   const MoeShape& shape_;
   HostLayerBuffers& b_;
+  int plan_bytes_per_element_;
 };
 
 }  // namespace moesim::exec

@@ -62,6 +62,10 @@ const char* layer_buf_name(LayerBuf b) {
       return "param_in";
     case LayerBuf::kParamAll:
       return "param_all";
+    case LayerBuf::kXOwn:
+      return "x_own";
+    case LayerBuf::kYOwn:
+      return "y_own";
     case LayerBuf::kSend:
       return "send";
     case LayerBuf::kIn:
@@ -89,6 +93,37 @@ int LayerLayout::total_send_rows() const {
   return n;
 }
 
+int LayerLayout::send_block_rows(int j) const {
+  int n = 0;
+  for (const SlotBlock& b : send_blocks[static_cast<std::size_t>(j)]) n += b.rows;
+  return n;
+}
+
+int LayerLayout::back_block_rows(int j) const {
+  if (back_blocks.empty()) return send_block_rows(j);
+  int n = 0;
+  for (const SlotBlock& b : back_blocks[static_cast<std::size_t>(j)]) n += b.rows;
+  return n;
+}
+
+void fill_capacity_blocks(LayerLayout& L) {
+  MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "slot blocks: capacity routing only");
+  MOESIM_ASSERT(L.shards == 1 || L.slices == 1, "a sharded layer computes one slice per rank");
+  const int n = L.shards, g = L.gather();
+  L.send_blocks.assign(L.caps.size(), {});
+  L.back_blocks.clear();
+  for (int j = 0; j < static_cast<int>(L.caps.size()); ++j) {
+    const int rows = L.block_rows(j);
+    for (int p = 0; p < L.ep; ++p)
+      for (int le = 0; le < L.slices; ++le) {
+        const int x = n == 1 ? p * L.slices + le : p / n;
+        const int q = (p % n) / g, i = p % g;
+        L.send_blocks[static_cast<std::size_t>(j)].push_back(
+            SlotBlock{x, q, L.offset[static_cast<std::size_t>(j)] + i * rows, rows});
+      }
+  }
+}
+
 namespace {
 
 std::size_t sz(long long v) { return static_cast<std::size_t>(v); }
@@ -98,10 +133,12 @@ BufId buf(LayerBuf b, int index = 0) { return BufId{b, index}; }
 }  // namespace
 
 std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
-  const std::size_t S = sz(s.tokens), M = sz(s.model_dim), E = sz(s.experts), k = sz(s.top_k),
-                    C = sz(L.capacity), hid = sz(L.hidden);
+  const std::size_t S = sz(L.unit_tokens(s)), M = sz(s.model_dim), E = sz(s.experts),
+                    k = sz(s.top_k), C = sz(L.capacity), hid = sz(L.hidden);
   std::vector<BufferSize> out;
   auto add = [&](LayerBuf b, std::size_t n, int index = 0) { out.push_back({buf(b, index), n}); };
+  if (L.input != GateInput::kOwn) add(LayerBuf::kXOwn, sz(s.tokens) * M);
+  if (L.output != LayerOutput::kGateRows) add(LayerBuf::kYOwn, sz(s.tokens) * M);
   add(LayerBuf::kX32, S * M);
   add(LayerBuf::kX, S * M);
   add(LayerBuf::kGateW, M * E);
@@ -141,64 +178,76 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
   }
   for (int j = 0; j < L.chunks(); ++j) {
     const std::size_t rows = sz(L.received_rows(j));
-    if (L.has_a2a) add(LayerBuf::kSend, rows * M, j);
+    if (L.has_a2a) add(LayerBuf::kSend, sz(L.send_block_rows(j)) * M, j);
     add(LayerBuf::kIn, rows * M, j);
     add(LayerBuf::kHidden, rows * hid, j);
     add(LayerBuf::kOut, rows * M, j);
-    if (L.has_a2a) add(LayerBuf::kBack, rows * M, j);
+    if (L.has_a2a) add(LayerBuf::kBack, sz(L.back_block_rows(j)) * M, j);
   }
   return out;
 }
+
+namespace {
+
+// The copies between chunk j's slot blocks (in order, consecutive rows of `chunk`) and the (E,
+// rho, C, M) buffer `slots`: to_chunk packs, otherwise unpacks. Runs that continue each other at
+// constant pitches are merged into one 2-D copy.
+std::vector<BlockCopy> block_copies(const LayerLayout& L, const std::vector<SlotBlock>& blocks,
+                                    std::size_t M, BufId slots, BufId chunk, bool to_chunk,
+                                    bool accumulate) {
+  const std::size_t C = sz(L.capacity);
+  std::vector<BlockCopy> out;
+  std::size_t row = 0;
+  for (const SlotBlock& blk : blocks) {
+    if (blk.rows == 0) continue;
+    const std::size_t at_slots =
+        ((sz(blk.expert) * sz(L.rho) + sz(blk.copy)) * C + sz(blk.first)) * M;
+    const std::size_t at_chunk = row * M;
+    row += sz(blk.rows);
+    BlockCopy c;
+    c.src = to_chunk ? slots : chunk;
+    c.dst = to_chunk ? chunk : slots;
+    c.src_off = to_chunk ? at_slots : at_chunk;
+    c.dst_off = to_chunk ? at_chunk : at_slots;
+    c.run = sz(blk.rows) * M;
+    c.count = 1;
+    c.accumulate = accumulate;
+    if (!out.empty() && out.back().run == c.run && c.src_off > out.back().src_off &&
+        c.dst_off > out.back().dst_off) {
+      BlockCopy& prev = out.back();
+      const std::size_t n = sz(prev.count);
+      const std::size_t ds = c.src_off - prev.src_off, dd = c.dst_off - prev.dst_off;
+      if (prev.count == 1 && ds >= c.run && dd >= c.run) {
+        prev.src_pitch = ds;
+        prev.dst_pitch = dd;
+        prev.count = 2;
+        continue;
+      }
+      if (prev.count > 1 && ds == prev.src_pitch * n && dd == prev.dst_pitch * n) {
+        ++prev.count;
+        continue;
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, BufId dst) {
   MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "pack_blocks: capacity routing only");
-  MOESIM_ASSERT(L.shards == 1 || L.slices == 1, "a sharded layer computes one slice per rank");
-  const std::size_t M = sz(model_dim), C = sz(L.capacity), rows = sz(L.block_rows(j));
-  const int n = L.shards, g = L.gather();
-  std::vector<BlockCopy> out;
-  if (rows == 0) return out;
-  for (int p = 0; p < L.ep; ++p)
-    for (int le = 0; le < L.slices; ++le) {
-      const int x = n == 1 ? p * L.slices + le : p / n;
-      const int q = (p % n) / g, i = p % g;
-      const std::size_t slot = sz(L.offset[static_cast<std::size_t>(j)]) + sz(i) * rows;
-      BlockCopy c;
-      c.src = buf(LayerBuf::kDispatched);
-      c.dst = dst;
-      c.src_off = ((sz(x) * sz(L.rho) + sz(q)) * C + slot) * M;
-      c.dst_off = (sz(p) * sz(L.slices) + sz(le)) * rows * M;
-      c.run = rows * M;
-      c.count = 1;
-      // Merge with the previous copy when this one continues it at constant pitches.
-      if (!out.empty() && c.src_off > out.back().src_off && c.dst_off > out.back().dst_off) {
-        BlockCopy& prev = out.back();
-        const std::size_t n = sz(prev.count);
-        const std::size_t ds = c.src_off - prev.src_off, dd = c.dst_off - prev.dst_off;
-        if (prev.count == 1 && ds >= c.run && dd >= c.run) {
-          prev.src_pitch = ds;
-          prev.dst_pitch = dd;
-          prev.count = 2;
-          continue;
-        }
-        if (prev.count > 1 && ds == prev.src_pitch * n && dd == prev.dst_pitch * n) {
-          ++prev.count;
-          continue;
-        }
-      }
-      out.push_back(c);
-    }
-  return out;
+  MOESIM_ASSERT(static_cast<std::size_t>(j) < L.send_blocks.size(), "pack_blocks: no slot blocks");
+  return block_copies(L, L.send_blocks[sz(j)], sz(model_dim), buf(LayerBuf::kDispatched), dst, true,
+                      false);
 }
 
 std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src) {
-  std::vector<BlockCopy> out = pack_blocks(L, j, model_dim, src);
-  for (BlockCopy& c : out) {
-    std::swap(c.src, c.dst);
-    std::swap(c.src_off, c.dst_off);
-    std::swap(c.src_pitch, c.dst_pitch);
-    c.dst = buf(LayerBuf::kExpertOut);
-  }
-  return out;
+  MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "unpack_blocks: capacity routing only");
+  const auto& blocks = L.back_blocks.empty() ? L.send_blocks : L.back_blocks;
+  MOESIM_ASSERT(static_cast<std::size_t>(j) < blocks.size(), "unpack_blocks: no slot blocks");
+  return block_copies(L, blocks[sz(j)], sz(model_dim), buf(LayerBuf::kExpertOut), src, false,
+                      L.accumulate_back);
 }
 
 std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int model_dim) {
@@ -239,16 +288,47 @@ std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int mod
   return out;
 }
 
+namespace {
+
+// Rows [first, first + rows) of an S x M buffer: one copy.
+BlockCopy rows_copy(BufId src, std::size_t src_row, BufId dst, std::size_t dst_row,
+                    std::size_t rows, std::size_t M) {
+  BlockCopy c;
+  c.src = src;
+  c.dst = dst;
+  c.src_off = src_row * M;
+  c.dst_off = dst_row * M;
+  c.run = rows * M;
+  c.count = 1;
+  return c;
+}
+
+// The returned blocks of every chunk summed into kExpertOut (Parm's local combine).
+void combine_returned(const LayerLayout& L, int M, LayerOps& ops) {
+  for (int j = 0; j < L.chunks(); ++j)
+    for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
+}
+
+}  // namespace
+
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                               const Op& op, LayerOps& ops) {
-  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
+  const int M = s.model_dim, E = s.experts, k = s.top_k;
+  const int T = L.unit_tokens(s);  // rows of the routing unit
   const std::size_t Mz = sz(M);
   const bool plan_routed = L.routing == LayerRouting::kPlan;
   const int j = chunk;
   switch (kind) {
+    case OpRoleKind::kEspAllGather:  // the ESP group's tokens: the baseline's routing unit
+      MOESIM_ASSERT(L.input == GateInput::kGathered,
+                    "ESP all-gather of a layer that gates its own");
+      return ops.all_gather(op, buf(LayerBuf::kXOwn), sz(s.tokens) * Mz, buf(LayerBuf::kX32));
     case OpRoleKind::kGate: {
+      if (L.input == GateInput::kOwnRows)  // MP split before the gate (Parm S1)
+        ops.copy(
+            rows_copy(buf(LayerBuf::kXOwn), sz(L.gate_first), buf(LayerBuf::kX32), 0, sz(T), Mz));
       if (!plan_routed) {
-        ops.gate(gate_params(s, S, L.capacity));
+        ops.gate(gate_params(s, T, L.capacity));
         return -1;
       }
       // The plan decided which experts a token goes to; the gate decides how much each counts:
@@ -257,24 +337,27 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
       g.a = buf(LayerBuf::kX32);
       g.b = buf(LayerBuf::kGateW);
       g.c = buf(LayerBuf::kLogits);
-      g.m = S;
+      g.m = T;
       g.n = E;
       g.k = M;
       ops.gemm(g, /*f32=*/true);
-      ops.routed_weights(S, E, k);
+      ops.routed_weights(T, E, k);
       return -1;
     }
     case OpRoleKind::kEncode:
       if (plan_routed) {  // every chunk's send rows at once: one pseudo-expert of R rows
-        ops.encode(buf(LayerBuf::kSend), 1, L.total_send_rows());
+        ops.encode(buf(LayerBuf::kSend), T, 1, L.total_send_rows());
         return -1;
       }
+      // A step may run several times (micro-batches): the local combine sums into a clean buffer.
+      if (L.accumulate_back)
+        ops.zero(buf(LayerBuf::kExpertOut), sz(E) * sz(L.rho) * sz(L.capacity) * Mz);
       if (L.rho == 1) {
-        ops.encode(buf(LayerBuf::kDispatched), E, L.capacity);
+        ops.encode(buf(LayerBuf::kDispatched), T, E, L.capacity);
         return -1;
       }
       // rho copies of each expert's slots, one per hidden slice (P2 / intermediate repeat).
-      ops.encode(buf(LayerBuf::kSummed), E, L.capacity);
+      ops.encode(buf(LayerBuf::kSummed), T, E, L.capacity);
       for (int q = 0; q < L.rho; ++q) {
         BlockCopy c;
         c.src = buf(LayerBuf::kSummed);
@@ -287,6 +370,10 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
         ops.copy(c);
       }
       return -1;
+    case OpRoleKind::kParmLocalDump:  // every chunk's send buffer before the first dispatch
+      for (int c = 0; c < L.chunks(); ++c)
+        for (const BlockCopy& b : pack_blocks(L, c, M, buf(LayerBuf::kSend, c))) ops.copy(b);
+      return -1;
     case OpRoleKind::kDispatch: {
       Exchange x;
       x.recv = buf(LayerBuf::kIn, j);
@@ -297,9 +384,10 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
         x.send_elems = sz(L.send_rows[sz(j)]) * Mz;
         x.row_elems = Mz;
       } else {
-        for (const BlockCopy& c : pack_blocks(L, j, M, buf(LayerBuf::kSend, j))) ops.copy(c);
+        if (!L.dump_op)
+          for (const BlockCopy& c : pack_blocks(L, j, M, buf(LayerBuf::kSend, j))) ops.copy(c);
         x.send = buf(LayerBuf::kSend, j);
-        x.send_elems = x.recv_elems;
+        x.send_elems = sz(L.send_block_rows(j)) * Mz;
       }
       return ops.exchange(op, x);
     }
@@ -312,11 +400,13 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
       return -1;
     case OpRoleKind::kFc2:
       for (const GemmJob& g : expert_gemms(L, j, true, M)) ops.gemm(g, false);
-      if (!plan_routed && !L.has_a2a)
-        for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kOut, j))) ops.copy(c);
       return -1;
-    case OpRoleKind::kCombine: {
-      // The transpose of the dispatch: the outputs go back to the tokens' ranks.
+    case OpRoleKind::kEspAllReduce:  // the esp shards' partial outputs summed (baseline)
+      return ops.all_reduce(op, buf(LayerBuf::kOut, j), sz(L.received_rows(j)) * Mz);
+    case OpRoleKind::kCombine:
+    case OpRoleKind::kCombineSaa: {
+      // The transpose of the dispatch: the outputs go back to the tokens' ranks (SAA: every MP
+      // share's, all-gathered over the MP group in the same collective).
       Exchange x;
       x.send = buf(LayerBuf::kOut, j);
       x.send_elems = sz(L.received_rows(j)) * Mz;
@@ -328,11 +418,17 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
         return ops.exchange(op, x);
       }
       x.recv = buf(LayerBuf::kBack, j);
-      x.recv_elems = x.send_elems;
+      x.recv_elems = sz(L.back_block_rows(j)) * Mz;
       const std::int64_t algo = ops.exchange(op, x);
-      for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
+      if (!L.accumulate_back)
+        for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
       return algo;
     }
+    case OpRoleKind::kParmLocalCombine:
+    case OpRoleKind::kParmJoin:
+      MOESIM_ASSERT(L.accumulate_back, "local combine of a layer that copies its returns");
+      combine_returned(L, M, ops);
+      return -1;
     case OpRoleKind::kParamGather: {
       // Member i's shard s = q g + i holds hidden units [s h, s h + h): slice q of rho is the
       // members' columns of W1 side by side and their rows of W2 one after the other.
@@ -367,11 +463,24 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
                      sz(L.capacity) * Mz);
       return -1;
     case OpRoleKind::kDecode:
-      if (plan_routed)
-        ops.decode(buf(LayerBuf::kBack), 1, L.total_send_rows());
-      else
-        ops.decode(buf(L.rho > 1 ? LayerBuf::kSummed : LayerBuf::kExpertOut), E, L.capacity);
+      if (plan_routed) {
+        ops.decode(buf(LayerBuf::kBack), buf(LayerBuf::kY), T, 1, L.total_send_rows());
+        return -1;
+      }
+      if (L.accumulate_back && !L.combine_op) combine_returned(L, M, ops);
+      // W = 1: no combine; the outputs are placed now (after the ESP all-reduce, if any).
+      if (!L.has_a2a)
+        for (int c = 0; c < L.chunks(); ++c)
+          for (const BlockCopy& b : unpack_blocks(L, c, M, buf(LayerBuf::kOut, c))) ops.copy(b);
+      ops.decode(buf(L.rho > 1 ? LayerBuf::kSummed : LayerBuf::kExpertOut), buf(LayerBuf::kY), T, E,
+                 L.capacity);
+      if (L.output == LayerOutput::kOwnRows)  // the ESP split back to this rank's own rows
+        ops.copy(rows_copy(buf(LayerBuf::kY), sz(L.own_first), buf(LayerBuf::kYOwn), 0,
+                           sz(s.tokens), Mz));
       return -1;
+    case OpRoleKind::kParmMpAllGather:  // every MP share's rows (Parm S1)
+      MOESIM_ASSERT(L.output == LayerOutput::kMpGathered, "MP all-gather of a layer without it");
+      return ops.all_gather(op, buf(LayerBuf::kY), sz(T) * Mz, buf(LayerBuf::kYOwn));
     default:
       break;
   }

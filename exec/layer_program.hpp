@@ -37,6 +37,7 @@ namespace moesim::exec {
 /// The buffers of one layer. Element type: kF32 always fp32 (the gate's inputs and outputs, the
 /// routing weights), kI32 int32 (routing tables), kData the run's dtype (fp32 on the host path).
 enum class LayerBuf : std::uint8_t {
+  // S below is the layer's routing unit, LayerLayout::unit_tokens(): the rows one gate call sees.
   kX32,           // S x M tokens, fp32 (the gate's input)
   kX,             // S x M tokens, data (the encode's input; the host path aliases kX32)
   kGateW,         // M x E, fp32
@@ -55,6 +56,8 @@ enum class LayerBuf : std::uint8_t {
   kW2,            // [slice] hidden x M, data
   kParamIn,       // sharded with n / rho > 1: this rank's own 1/n slice [W1 (M x h) | W2 (h x M)]
   kParamAll,      // ... the n / rho slices of its gather group, gathered
+  kXOwn,          // S x M, data: this rank's tokens where the gate sees other rows (Parm)
+  kYOwn,          // S x M, data: this rank's output where the decode makes other rows (Parm)
   kSend,          // [chunk] capacity: the packed send buffer; routed: [0] every chunk's rows
   kIn,            // [chunk] received rows, (W, slices, rows, M)
   kHidden,        // [chunk] (W, slices, rows, hidden)
@@ -82,6 +85,25 @@ enum class LayerRouting : std::uint8_t {
   kPlan,      // the plan's all_to_allv matrices do (routed_path.hpp's assignment)
 };
 
+/// `rows` consecutive slots of copy `copy` of expert `expert`, from slot `first`: one block of a
+/// chunk's send (or returned) buffer.
+struct SlotBlock {
+  int expert = 0, copy = 0, first = 0, rows = 0;
+  bool operator==(const SlotBlock&) const = default;
+};
+
+/// Where the gate's rows come from, and where the layer's output rows go.
+enum class GateInput : std::uint8_t {
+  kOwn,       // this rank's S tokens (kX32 holds them)
+  kOwnRows,   // rows [gate_first, + gate_tokens) of them (Parm S1: the MP split before the gate)
+  kGathered,  // the all-gather of its ESP group's tokens (Parm baseline)
+};
+enum class LayerOutput : std::uint8_t {
+  kGateRows,    // the decode's rows are the output (kY)
+  kOwnRows,     // rows [own_first, + S) of them (Parm baseline: the ESP split back), in kYOwn
+  kMpGathered,  // the MP all-gather of every MP share's rows (Parm S1), in kYOwn
+};
+
 /// The typed record of one MoE layer as one rank runs it.
 struct LayerLayout {
   int moe = 0;     // MoE layer number
@@ -97,6 +119,22 @@ struct LayerLayout {
   bool has_a2a = true;  // dispatch / combine all-to-alls (false: W = 1, every expert local)
   std::vector<int> caps, offset;  // capacity routing: chunk j's slots [offset, offset + caps)
   int capacity = 0;               // C
+  // Capacity routing: per chunk, the slot blocks of the send buffer in order (destination-major:
+  // position p's blocks first), and of the buffer the combine returns (default: the same).
+  // fill_capacity_blocks() derives them for the plain and sharded layouts; Parm's fused
+  // schedules list them from the group layout (exec/parm_path.cpp).
+  std::vector<std::vector<SlotBlock>> send_blocks, back_blocks;
+  bool dump_op = false;          // a local-dump op packs every chunk before the dispatches
+  bool accumulate_back = false;  // returned blocks are summed into kExpertOut by the local
+                                 // combine (Parm S1 / S2: the esp partial outputs), not copied
+  bool combine_op = false;       // ... and the plan has that op (otherwise the decode sums)
+  // The routing unit (Parm): the gate sees gate_tokens rows (0: S) taken as `input` says; the
+  // output is `output`'s rows.
+  int gate_tokens = 0;
+  GateInput input = GateInput::kOwn;
+  int gate_first = 0;
+  LayerOutput output = LayerOutput::kGateRows;
+  int own_first = 0;
   // Plan routing (kPlan): per chunk, the rows this rank sends (kSend rows [send_first,
   // send_first + send_rows)) and the runs it receives: (rows, slice) in receive order.
   std::vector<int> send_rows, send_first;
@@ -112,7 +150,19 @@ struct LayerLayout {
   int received_rows(int j) const;
   /// Total rows of the plan-routed send buffer.
   int total_send_rows() const;
+  /// Rows of chunk j's capacity-routed send / returned buffer.
+  int send_block_rows(int j) const;
+  int back_block_rows(int j) const;
+  int unit_tokens(const MoeShape& s) const { return gate_tokens > 0 ? gate_tokens : s.tokens; }
+  /// The buffer holding this rank's S output rows after the layer.
+  LayerBuf output_buffer() const {
+    return output == LayerOutput::kGateRows ? LayerBuf::kY : LayerBuf::kYOwn;
+  }
 };
+
+/// The plain and sharded layouts' slot blocks (see pack_blocks): fills send_blocks and clears
+/// back_blocks (the combine returns the send order).
+void fill_capacity_blocks(LayerLayout& L);
 
 /// A 2-D copy inside one layer: `count` runs of `run` elements, run r from
 /// src[src_off + r * src_pitch] to dst[dst_off + r * dst_pitch] (elements of the buffers' type).
@@ -120,6 +170,7 @@ struct BlockCopy {
   BufId src, dst;
   std::size_t src_off = 0, src_pitch = 0, dst_off = 0, dst_pitch = 0, run = 0;
   int count = 0;
+  bool accumulate = false;  // dst += src instead of dst = src
   bool operator==(const BlockCopy&) const = default;
 };
 
@@ -154,8 +205,10 @@ class LayerOps {
   /// from a GemmJob).
   virtual void routed_weights(int tokens, int experts, int top_k) = 0;
   /// kernels encode / decode with the layer's routing tables (num_experts x capacity slots).
-  virtual void encode(BufId dst, int num_experts, int capacity) = 0;
-  virtual void decode(BufId src, int num_experts, int capacity) = 0;
+  /// `tokens` rows of kX / kY: the routing unit.
+  virtual void encode(BufId dst, int tokens, int num_experts, int capacity) = 0;
+  virtual void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) = 0;
+  virtual void zero(BufId buf, std::size_t elements) = 0;
   virtual void copy(const BlockCopy& c) = 0;
   /// f32: a fp32 GEMM (the gate's); otherwise in the data type.
   virtual void gemm(const GemmJob& g, bool f32) = 0;
@@ -167,16 +220,19 @@ class LayerOps {
   virtual std::int64_t exchange(const Op& op, const Exchange& x) = 0;
   /// all_gather over `op`'s group of `elements` of `in` into `out` (g blocks).
   virtual std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) = 0;
+  /// In-place sum of `elements` of `buf` over `op`'s group.
+  virtual std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) = 0;
 };
 
 /// The buffers of a layer and their element counts (every buffer the program touches).
 std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s);
 
 /// Capacity routing: the copies that pack chunk j of kDispatched into `dst` (kSend[j], or kIn[j]
-/// when W = 1), destination-major: position p's block of slice le is (expert x, copy q, slots
-/// [offset_j + i * rows, + rows)) with x = p * dE + le (n = 1) or p / n, q = (p mod n) / g,
-/// i = p mod g. Runs that continue each other with constant pitches are merged (the plain
-/// layout packs a chunk in one 2-D copy). unpack: the same copies from `src` back into
+/// when W = 1), in send_blocks order. The plain and sharded layouts (fill_capacity_blocks):
+/// position p's block of slice le is (expert x, copy q, slots [offset_j + i * rows, + rows)) with
+/// x = p * dE + le (n = 1) or p / n, q = (p mod n) / g, i = p mod g. Runs that continue each
+/// other with constant pitches are merged (the plain layout packs a chunk in one 2-D copy).
+/// unpack: the copies (or, accumulate_back, the sums) from `src`, in back_blocks order, into
 /// kExpertOut.
 std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, BufId dst);
 std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src);

@@ -90,10 +90,7 @@ class ParmPath {
  private:
   struct Layer;
   const std::vector<int>& my_group(const Grouping& g, int* index) const;
-  void all_to_all(const Plan& plan, const Op& op, const std::vector<float>& send,
-                  std::vector<float>& recv, std::int64_t& algo);
-  void pack_fused(Layer& L, int j) const;
-  void sum_partials(Layer& L) const;
+  void build_layout(Layer& L) const;
 
   const Scenario& sc_;
   const topology::Topology& topo_;

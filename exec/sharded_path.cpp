@@ -225,6 +225,7 @@ LayerLayout sharded_layout(const ShardedLayerPlan& p, const MoeShape& s) {
   L.caps = p.caps;
   L.offset = p.offset;
   L.capacity = p.capacity;
+  fill_capacity_blocks(L);
   return L;
 }
 

@@ -30,6 +30,7 @@ LayerLayout plain(int W, int dE, std::vector<int> caps, int H) {
     off += c;
   }
   L.capacity = off;
+  fill_capacity_blocks(L);
   return L;
 }
 
@@ -37,6 +38,7 @@ LayerLayout sharded(int E, int n, int rho, std::vector<int> caps, int H) {
   LayerLayout L = plain(E * n, 1, std::move(caps), H / rho);
   L.shards = n;
   L.rho = rho;
+  fill_capacity_blocks(L);
   return L;
 }
 
@@ -203,13 +205,17 @@ class RecordingOps final : public LayerOps {
     log.push_back("gate C" + std::to_string(p.capacity));
   }
   void routed_weights(int, int, int) override { log.push_back("routed_weights"); }
-  void encode(BufId dst, int e, int c) override {
-    log.push_back(std::string("encode ") + layer_buf_name(dst.buf) + " " + std::to_string(e) + "x" +
-                  std::to_string(c));
+  void encode(BufId dst, int t, int e, int c) override {
+    log.push_back(std::string("encode ") + layer_buf_name(dst.buf) + " " + std::to_string(t) + ":" +
+                  std::to_string(e) + "x" + std::to_string(c));
   }
-  void decode(BufId src, int e, int c) override {
-    log.push_back(std::string("decode ") + layer_buf_name(src.buf) + " " + std::to_string(e) + "x" +
-                  std::to_string(c));
+  void decode(BufId src, BufId dst, int t, int e, int c) override {
+    log.push_back(std::string("decode ") + layer_buf_name(src.buf) + "->" +
+                  layer_buf_name(dst.buf) + " " + std::to_string(t) + ":" + std::to_string(e) +
+                  "x" + std::to_string(c));
+  }
+  void zero(BufId b, std::size_t n) override {
+    log.push_back(std::string("zero ") + layer_buf_name(b.buf) + " " + std::to_string(n));
   }
   void copy(const BlockCopy& c) override {
     copies.push_back(c);
@@ -232,9 +238,14 @@ class RecordingOps final : public LayerOps {
                   layer_buf_name(x.recv.buf));
     return 7;
   }
-  std::int64_t all_gather(const Op&, BufId, std::size_t n, BufId) override {
-    log.push_back("all_gather " + std::to_string(n));
+  std::int64_t all_gather(const Op&, BufId in, std::size_t n, BufId out) override {
+    log.push_back(std::string("all_gather ") + layer_buf_name(in.buf) + "->" +
+                  layer_buf_name(out.buf) + " " + std::to_string(n));
     return 3;
+  }
+  std::int64_t all_reduce(const Op&, BufId b, std::size_t n) override {
+    log.push_back(std::string("all_reduce ") + layer_buf_name(b.buf) + " " + std::to_string(n));
+    return 5;
   }
 };
 
@@ -251,11 +262,11 @@ TEST(LayerProgram, PlainStepsIssueTheKernelsAndTheExchange) {
   EXPECT_EQ(run_forward_step(L, s, OpRoleKind::kCombine, 1, op, ops), 7);
   run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
   EXPECT_EQ(ops.log,
-            (std::vector<std::string>{"gate C5", "encode dispatched 4x5", "copy dispatched->send",
+            (std::vector<std::string>{"gate C5", "encode dispatched 6:4x5", "copy dispatched->send",
                                       "exchange send->in", "gemm w1", "gemm w1",
                                       "relu hidden 64",  // W dE c_1 H = 2 2 2 8
                                       "gemm w2", "gemm w2", "exchange out->back",
-                                      "copy back->expert_out", "decode expert_out 4x5"}));
+                                      "copy back->expert_out", "decode expert_out->y 6:4x5"}));
   ASSERT_EQ(ops.exchanges.size(), 2u);
   EXPECT_EQ(ops.exchanges[0].send_elems, 2u * 2 * 2 * 4);
   EXPECT_EQ(ops.exchanges[0].recv_elems, 2u * 2 * 2 * 4);
@@ -271,10 +282,12 @@ TEST(LayerProgram, LocalExpertsSkipTheExchanges) {
   RecordingOps ops;
   run_forward_step(L, s, OpRoleKind::kFc1, 0, op, ops);
   run_forward_step(L, s, OpRoleKind::kFc2, 0, op, ops);
-  EXPECT_EQ(ops.log,
-            (std::vector<std::string>{"copy dispatched->in", "gemm w1", "gemm w1", "gemm w1",
-                                      "gemm w1", "relu hidden 160", "gemm w2", "gemm w2", "gemm w2",
-                                      "gemm w2", "copy out->expert_out"}));
+  run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
+  // The outputs are placed at the decode (after an ESP all-reduce of them, where there is one).
+  EXPECT_EQ(ops.log, (std::vector<std::string>{
+                         "copy dispatched->in", "gemm w1", "gemm w1", "gemm w1", "gemm w1",
+                         "relu hidden 160", "gemm w2", "gemm w2", "gemm w2", "gemm w2",
+                         "copy out->expert_out", "decode expert_out->y 6:4x5"}));
 }
 
 TEST(LayerProgram, ShardedStepsReplicateGatherAndSum) {
@@ -285,18 +298,18 @@ TEST(LayerProgram, ShardedStepsReplicateGatherAndSum) {
   run_forward_step(r2, s, OpRoleKind::kEncode, -1, op, ops);
   run_forward_step(r2, s, OpRoleKind::kPartialSum, -1, op, ops);
   run_forward_step(r2, s, OpRoleKind::kDecode, -1, op, ops);
-  EXPECT_EQ(ops.log, (std::vector<std::string>{"encode summed 4x2", "copy summed->dispatched",
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"encode summed 6:4x2", "copy summed->dispatched",
                                                "copy summed->dispatched", "sum 4x2x8",
-                                               "decode summed 4x2"}));
+                                               "decode summed->y 6:4x2"}));
   // Copy q of the encode lands every C M = 8 elements at q C M, pitch rho C M = 16.
   EXPECT_EQ(ops.copies[1], copy({B::kSummed}, 0, 8, {B::kDispatched}, 8, 16, 8, 4));
   RecordingOps gather;
   const LayerLayout r1 = sharded(4, 2, 1, {2}, 8);  // g 2, h = H / n = 4
   EXPECT_EQ(run_forward_step(r1, s, OpRoleKind::kParamGather, -1, op, gather), 3);
   // The gather, then per member its W1 columns (M runs of h, pitch h -> hq) and W2 rows.
-  EXPECT_EQ(gather.log,
-            (std::vector<std::string>{"all_gather 32", "copy param_all->w1", "copy param_all->w2",
-                                      "copy param_all->w1", "copy param_all->w2"}));
+  EXPECT_EQ(gather.log, (std::vector<std::string>{"all_gather param_in->param_all 32",
+                                                  "copy param_all->w1", "copy param_all->w2",
+                                                  "copy param_all->w1", "copy param_all->w2"}));
   EXPECT_EQ(gather.copies[2], copy({B::kParamAll}, 32, 4, {B::kW1}, 4, 8, 4, 4));
   EXPECT_EQ(gather.copies[3], copy({B::kParamAll}, 48, 0, {B::kW2}, 16, 0, 16, 1));
 }
@@ -318,9 +331,9 @@ TEST(LayerProgram, PlanRoutedStepsMoveRowsOfTheSendBuffer) {
   run_forward_step(L, s, OpRoleKind::kDispatch, 1, op, ops);
   run_forward_step(L, s, OpRoleKind::kCombine, 1, op, ops);
   run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
-  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w", "routed_weights", "encode send 1x8",
-                                               "exchange send->in", "exchange out->back",
-                                               "decode back 1x8"}));
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w", "routed_weights",
+                                               "encode send 6:1x8", "exchange send->in",
+                                               "exchange out->back", "decode back->y 6:1x8"}));
   // Chunk 1: rows 3..7 of the send buffer go, 1 row comes in; the combine is the transpose.
   EXPECT_EQ(ops.exchanges[0].send_off, 12u);
   EXPECT_EQ(ops.exchanges[0].send_elems, 20u);

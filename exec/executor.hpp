@@ -35,8 +35,8 @@
 // Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp; layers whose
 // dispatch is a routed all_to_allv (Decision::variable_dispatch: routing strategies, dropless,
 // inference placement) take their layout from exec/routed_path.hpp. All four run the same layer
-// program; they differ in the LayerLayout they build from the plan. On the GPU path all three run with scratch buffers and `check` is
-// refused (InputError); so are plans no data path covers.
+// program; they differ in the LayerLayout they build from the plan. On the GPU path all three run
+// with scratch buffers and `check` is refused (InputError); so are plans no data path covers.
 #pragma once
 
 #include <cstdint>

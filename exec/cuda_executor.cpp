@@ -105,22 +105,33 @@ struct StreamBuffer {
   std::byte* get() const { return static_cast<std::byte*>(ptr); }
 };
 
+const std::vector<int>* my_group(const Grouping& g, int me, int* index) {
+  for (size_t gi = 0; gi < g.groups.size(); ++gi)
+    if (std::find(g.groups[gi].begin(), g.groups[gi].end(), me) != g.groups[gi].end()) {
+      *index = static_cast<int>(gi);
+      return &g.groups[gi];
+    }
+  return nullptr;
+}
+
 // The device side of one MoE layer: its layer-program record and each buffer's arena offset.
 struct DevLayer {
-  MoeLayerPlan plan;
-  LayerLayout lay;
+  ProgramLayerRef ref;  // the data path's layout and host buffers
   std::map<BufId, std::size_t> off;
 };
 
 // The layer program's backend on the device (exec/layer_program.hpp): the CUDA kernels and cuBLAS
 // on the op's stream, the plan's collectives through the shared lowering as NCCL grouped
-// send/recv (`lowered`). Data buffers are in the run's dtype, the gate's in fp32.
+// send/recv (`lowered`), all-gathers and all-reduces as NCCL's own on the op's group and channel.
+// Data buffers are in the run's dtype, the gate's in fp32.
 class DeviceLayerOps final : public LayerOps {
  public:
   using Lowered = std::function<std::int64_t(const Op&, CollectiveSpec, const std::byte*,
                                              std::size_t, std::byte*, std::size_t)>;
   DeviceLayerOps(kcu::Context& cx, cudaStream_t st, DType dtype, const MoeShape& shape,
-                 const DevLayer& L, const Arena& a, Lowered lowered)
+                 const DevLayer& L, const Arena& a, NcclCommunicator& comm, const Plan& plan,
+                 int channel, const collectives::CostContext& cost, const topology::Topology& topo,
+                 Lowered lowered)
       : cx_(cx),
         st_(st),
         dtype_(dtype),
@@ -128,6 +139,11 @@ class DeviceLayerOps final : public LayerOps {
         shape_(shape),
         L_(L),
         a_(a),
+        comm_(comm),
+        plan_(plan),
+        channel_(channel),
+        cost_(cost),
+        topo_(topo),
         lowered_(std::move(lowered)) {}
 
   void gate(const kernels::GateParams& params) override {
@@ -139,7 +155,10 @@ class DeviceLayerOps final : public LayerOps {
     kcu::gate(cx_, DType::kF32, params, at({LayerBuf::kX32}), at({LayerBuf::kGateW}),
               at<float>({LayerBuf::kLogits}), out);
   }
-  void routed_weights(int, int, int) override { unsupported("plan-routed layers"); }
+  void routed_weights(int tokens, int experts, int top_k) override {
+    kcu::softmax_pick(cx_, tokens, experts, top_k, at<float>({LayerBuf::kLogits}),
+                      at<std::int32_t>({LayerBuf::kRoutedExpert}), at<float>({LayerBuf::kWeight}));
+  }
   void encode(BufId dst, int tokens, int num_experts, int capacity) override {
     kcu::encode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
                 at({LayerBuf::kX}), at(dst));
@@ -154,14 +173,17 @@ class DeviceLayerOps final : public LayerOps {
   void copy(const BlockCopy& c) override {
     const std::size_t es = elem_bytes(c.src.buf);
     if (c.run == 0 || c.count == 0) return;
-    if (c.accumulate) unsupported("Parm's local combine (summed returns)");
     std::byte* dst = at(c.dst) + c.dst_off * es;
     const std::byte* src = at(c.src) + c.src_off * es;
-    if (c.count == 1)
+    if (c.accumulate) {
+      MOESIM_ASSERT(elem_type(c.src.buf) == ElemType::kData, "summed copy of a non-data buffer");
+      kcu::add_rows(cx_, dtype_, src, c.src_pitch, dst, c.dst_pitch, c.run, c.count);
+    } else if (c.count == 1) {
       CUDA_OK(cudaMemcpyAsync(dst, src, c.run * es, cudaMemcpyDeviceToDevice, st_));
-    else
+    } else {
       CUDA_OK(cudaMemcpy2DAsync(dst, c.dst_pitch * es, src, c.src_pitch * es, c.run * es,
                                 static_cast<std::size_t>(c.count), cudaMemcpyDeviceToDevice, st_));
+    }
   }
   void gemm(const GemmJob& g, bool f32) override {
     const std::size_t es = f32 ? sizeof(float) : es_;
@@ -172,27 +194,62 @@ class DeviceLayerOps final : public LayerOps {
   void relu(BufId buf, std::size_t elements) override {
     kcu::activation(cx_, dtype_, kernels::Activation::kRelu, at(buf), elements);
   }
-  void sum_slices(BufId, BufId, int, int, std::size_t) override {
-    unsupported("sharded experts' partial sums");
+  void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) override {
+    CUDA_OK(cudaMemsetAsync(at(dst), 0, static_cast<std::size_t>(groups) * run * es_, st_));
+    for (int q = 0; q < terms; ++q)
+      kcu::add_rows(cx_, dtype_, at(src) + static_cast<std::size_t>(q) * run * es_,
+                    static_cast<std::size_t>(terms) * run, at(dst), run, run, groups);
   }
   std::int64_t exchange(const Op& op, const Exchange& x) override {
-    if (x.row_elems > 0) unsupported("plan-routed all_to_allv rows");
     CollectiveSpec spec = op.collective();
-    spec.bytes = Bytes(static_cast<double>(x.send_elems * es_));
-    return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
-                    at(x.recv) + x.recv_off * es_, x.recv_elems * es_);
+    if (x.row_elems == 0) {
+      spec.bytes = Bytes(static_cast<double>(x.send_elems * es_));
+      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
+                      at(x.recv) + x.recv_off * es_, x.recv_elems * es_);
+    }
+    // The plan's all_to_allv counts rows: its unit rescaled to this path's rows of the dtype.
+    const Grouping& g = plan_.grouping(spec.grouping);
+    int gi = -1;
+    const std::vector<int>* group = my_group(g, comm_.rank(), &gi);
+    MOESIM_ASSERT(group != nullptr, "row exchange: rank outside the op's groups");
+    const collectives::CollectiveCall orig{&spec, group, gi, true};
+    const ByteMatrix* m = orig.matrix();
+    MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv && m != nullptr,
+                  "row exchange without an all_to_allv matrix");
+    auto rows = std::make_shared<ByteMatrix>(*m);
+    rows->unit = Bytes(static_cast<double>(x.row_elems * es_));
+    spec.matrix = rows;
+    spec.per_group.clear();
+    // 2DH stages forwarded blocks in the receive buffer: give it room in a stream-ordered
+    // temporary when the layer's buffer has none (phase_buffer_extent), then keep its head.
+    const collectives::CollectiveCall call{&spec, group, gi, true};
+    const std::size_t recv_bytes = x.recv_elems * es_;
+    const std::size_t need =
+        phase_buffer_extent(collectives::select_algorithm(call, cost_).lower(call, topo_),
+                            comm_.rank(), collectives::Buffer::kRecv);
+    std::byte* recv = at(x.recv) + x.recv_off * es_;
+    if (need <= recv_bytes)
+      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_, recv,
+                      recv_bytes);
+    StreamBuffer staged(need, st_);
+    const std::int64_t algo =
+        lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_, staged.get(), need);
+    if (recv_bytes > 0)
+      CUDA_OK(cudaMemcpyAsync(recv, staged.get(), recv_bytes, cudaMemcpyDeviceToDevice, st_));
+    return algo;
   }
-  std::int64_t all_gather(const Op&, BufId, std::size_t, BufId) override {
-    unsupported("the all-gathers of sharded experts and Parm");
+  std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) override {
+    comm_.all_gather_on(plan_.grouping(op.collective().grouping), channel_, st_, at(in),
+                        elements * elem_bytes(in.buf), at(out));
+    return kLibraryAlgo;  // NCCL's own algorithm runs
   }
-  std::int64_t all_reduce(const Op&, BufId, std::size_t) override {
-    unsupported("Parm's ESP all-reduce");
+  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) override {
+    comm_.all_reduce_on(plan_.grouping(op.collective().grouping), channel_, st_, at(buf), elements,
+                        dtype_);
+    return kLibraryAlgo;
   }
 
  private:
-  [[noreturn]] static void unsupported(const char* what) {
-    throw ExecError(fmt::format("the GPU path does not run {} on real data yet", what));
-  }
   std::size_t elem_bytes(LayerBuf b) const {
     return elem_type(b) == ElemType::kData ? es_ : std::size_t{4};
   }
@@ -223,6 +280,11 @@ class DeviceLayerOps final : public LayerOps {
   const MoeShape& shape_;
   const DevLayer& L_;
   const Arena& a_;
+  NcclCommunicator& comm_;
+  const Plan& plan_;
+  int channel_;
+  const collectives::CostContext& cost_;
+  const topology::Topology& topo_;
   Lowered lowered_;
 };
 
@@ -236,10 +298,6 @@ struct DevicePath::Impl {
   MoeShape shape;
   DType dtype;
   bool data_path;
-  // This step runs the MoE forward on real data: data_path and no plan-routed layer (all_to_allv
-  // dispatch, exec/routed_path.hpp: host path only so far; such steps run on scratch buffers and
-  // the executor refuses --check for them).
-  bool step_data_path = false;
   std::size_t es;  // bytes per element of dtype
 
   std::map<std::string, cudaStream_t> streams;  // per plan stream name, plus "comm2"
@@ -250,7 +308,7 @@ struct DevicePath::Impl {
   std::vector<DevLayer> layers;
   DeviceBlock gemm_block, copy_block;
   std::size_t gemm_a = 0, gemm_b = 0, gemm_c = 0;  // offsets in gemm_block
-  std::vector<MoeOpRef> refs;  // per op of the current plan, parsed before the clock starts
+  std::vector<int> layer_of_op;  // per op of the current plan: its layer's index, or -1
 
   Impl(const Scenario& s, const topology::Topology& t, NcclCommunicator& c, const MoeShape& sh,
        DType d, bool dp)
@@ -301,11 +359,12 @@ struct DevicePath::Impl {
     }
   }
 
-  void setup_layers(const std::vector<MoeLayerPlan>& plans, int iteration);
+  void setup_layers(const std::vector<ProgramLayerRef>& refs);
+  void download_outputs();
   void setup_scratch(const Plan& plan);
   void issue(const Plan& plan, const Op& op, cudaStream_t st, int channel,
              std::vector<std::int64_t>& collective_algo);
-  void moe_op(const Plan& plan, const Op& op, const MoeOpRef& ref, cudaStream_t st, int channel,
+  void moe_op(const Plan& plan, const Op& op, int layer, cudaStream_t st, int channel,
               std::vector<std::int64_t>& collective_algo);
   void collective(const Plan& plan, const Op& op, cudaStream_t st, int channel,
                   std::vector<std::int64_t>& collective_algo);
@@ -378,15 +437,6 @@ class DevicePhaseIo final : public PhaseIo {
   std::unique_ptr<StreamBuffer> scratch_;
 };
 
-const std::vector<int>* my_group(const Grouping& g, int me, int* index) {
-  for (size_t gi = 0; gi < g.groups.size(); ++gi)
-    if (std::find(g.groups[gi].begin(), g.groups[gi].end(), me) != g.groups[gi].end()) {
-      *index = static_cast<int>(gi);
-      return &g.groups[gi];
-    }
-  return nullptr;
-}
-
 int checked_int(std::int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX)
     throw ExecError(fmt::format("{} = {} does not fit cuBLAS's int dimensions", what, v));
@@ -395,37 +445,58 @@ int checked_int(std::int64_t v, const char* what) {
 
 }  // namespace
 
-void DevicePath::Impl::setup_layers(const std::vector<MoeLayerPlan>& plans, int iteration) {
-  const std::uint64_t seed = sc.workload.routing.seed;
-  layers.assign(plans.size(), DevLayer{});
-  if (arenas.size() < plans.size()) arenas.resize(plans.size());
-  for (size_t li = 0; li < plans.size(); ++li) {
+void DevicePath::Impl::setup_layers(const std::vector<ProgramLayerRef>& refs) {
+  layers.assign(refs.size(), DevLayer{});
+  if (arenas.size() < refs.size()) arenas.resize(refs.size());
+  for (size_t li = 0; li < refs.size(); ++li) {
     DevLayer& L = layers[li];
-    L.plan = plans[li];
-    L.lay = layer_layout(L.plan, shape);
+    L.ref = refs[li];
     Arena& a = arenas[li];
     a.reset();
     // The layer program's buffers (layer_buffers: the host path allocates the same list).
-    for (const BufferSize& b : layer_buffers(L.lay, shape))
+    const std::vector<BufferSize> bufs = layer_buffers(*L.ref.lay, shape);
+    for (const BufferSize& b : bufs)
       L.off[b.id] =
           a.reserve(b.elements * (elem_type(b.id.buf) == ElemType::kData ? es : sizeof(float)));
     a.commit();
-    // Inputs and weights, before the timed step: the data generation is not part of the model.
-    auto upload = [&](BufId id, const std::vector<float>& v, DType to) {
+    // Every buffer from the host (inputs loaded by the data path, zeros elsewhere), before the
+    // timed step: data buffers converted to the dtype (kX from the fp32 tokens it aliases there).
+    for (const BufferSize& b : bufs) {
+      std::byte* dst = a.at(L.off.at(b.id));
+      if (elem_type(b.id.buf) == ElemType::kI32) {
+        const auto& v = L.ref.buf->i(b.id);
+        MOESIM_ASSERT(v.size() == b.elements, "host layer buffer size");
+        CUDA_OK(cudaMemcpy(dst, v.data(), v.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+        continue;
+      }
+      const auto& v = L.ref.buf->f(b.id);
+      MOESIM_ASSERT(v.size() == b.elements, "host layer buffer size");
+      const DType to = elem_type(b.id.buf) == ElemType::kData ? dtype : DType::kF32;
       std::vector<std::byte> host(v.size() * kernels::dtype_size(to));
       kernels::convert(DType::kF32, v.data(), to, host.data(), v.size());
-      CUDA_OK(cudaMemcpy(a.at(L.off.at(id)), host.data(), host.size(), cudaMemcpyHostToDevice));
-    };
-    upload({LayerBuf::kGateW}, make_gate_weights(shape, seed, L.plan.moe), DType::kF32);
-    const int dE = L.plan.local_experts, pos = L.plan.ep_pos;
-    for (int le = 0; le < dE; ++le) {
-      upload({LayerBuf::kW1, le}, make_w1(shape, seed, L.plan.moe, pos * dE + le), dtype);
-      upload({LayerBuf::kW2, le}, make_w2(shape, seed, L.plan.moe, pos * dE + le), dtype);
+      CUDA_OK(cudaMemcpy(dst, host.data(), host.size(), cudaMemcpyHostToDevice));
     }
-    const auto x = make_tokens(shape, seed, iteration, L.plan.moe,
-                               token_key_rank(sc.parallelism, comm.rank()));
-    upload({LayerBuf::kX32}, x, DType::kF32);
-    upload({LayerBuf::kX}, x, dtype);
+  }
+}
+
+// After the step: each layer's output rows, routing slots and gate logits back into the data
+// path's host buffers (fp32), where the executor and --check read them as on the host path.
+void DevicePath::Impl::download_outputs() {
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const DevLayer& L = layers[li];
+    const Arena& a = arenas[li];
+    HostLayerBuffers& h = *L.ref.buf;
+    const BufId out{L.ref.lay->output_buffer()};
+    std::vector<float>& y = h.f(out);
+    std::vector<std::byte> raw(y.size() * es);
+    CUDA_OK(cudaMemcpy(raw.data(), a.at(L.off.at(out)), raw.size(), cudaMemcpyDeviceToHost));
+    kernels::convert(dtype, raw.data(), DType::kF32, y.data(), y.size());
+    std::vector<std::int32_t>& slot = h.i({LayerBuf::kSlot});
+    CUDA_OK(cudaMemcpy(slot.data(), a.at(L.off.at({LayerBuf::kSlot})),
+                       slot.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    std::vector<float>& logits = h.f({LayerBuf::kLogits});
+    CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
+                       logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
   }
 }
 
@@ -437,7 +508,7 @@ void DevicePath::Impl::setup_scratch(const Plan& plan) {
     if (op.kind == OpKind::kCopy)
       copy = std::max(copy, static_cast<std::size_t>(std::ceil(op.copy().bytes.value())));
     if (op.kind != OpKind::kCompute || !op.compute().gemm) continue;
-    if (step_data_path && moe_op_ref(op).kind != OpRoleKind::kNone) continue;
+    if (layer_of_op[op.id] >= 0) continue;  // the layer program's own buffers
     const GemmShape& g = *op.compute().gemm;
     a = std::max(a, static_cast<std::size_t>(g.m * g.k * g.batch) * es);
     b = std::max(b, static_cast<std::size_t>(g.k * g.n * g.batch) * es);
@@ -473,12 +544,11 @@ void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpe
              op.id % 32000, algo.algo() == CollectiveAlgo::kSaa ? &saa : nullptr);
 }
 
-void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& ref, cudaStream_t st,
+void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, int layer, cudaStream_t st,
                               int channel, std::vector<std::int64_t>& collective_algo) {
-  const int moe = sc.model.moe_layer_of_block(ref.block);
-  MOESIM_ASSERT(moe >= 0 && moe < static_cast<int>(layers.size()), "MoE layer out of range");
-  const DevLayer& L = layers[moe];
-  DeviceLayerOps ops(ctx(st), st, dtype, shape, L, arenas[moe],
+  const DevLayer& L = layers[static_cast<std::size_t>(layer)];
+  DeviceLayerOps ops(ctx(st), st, dtype, shape, L, arenas[static_cast<std::size_t>(layer)], comm,
+                     plan, channel, cost, topo,
                      [&](const Op& o, CollectiveSpec spec, const std::byte* send,
                          std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes) {
                        run_lowered(plan, o, std::move(spec), st, channel, send, send_bytes, recv,
@@ -486,7 +556,9 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, const MoeOpRef& re
                        return collective_algo[o.id];
                      });
   // The layer program (exec/layer_program.hpp), the same steps the host path runs.
-  run_forward_step(L.lay, shape, ref.kind, ref.chunk, op, ops);
+  const std::int64_t algo =
+      run_forward_step(*L.ref.lay, shape, op.role.kind, op.role.chunk, op, ops);
+  if (algo != -1) collective_algo[op.id] = algo;
 }
 
 void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t st, int channel,
@@ -551,9 +623,8 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
 
 void DevicePath::Impl::issue(const Plan& plan, const Op& op, cudaStream_t st, int channel,
                              std::vector<std::int64_t>& collective_algo) {
-  const MoeOpRef& ref = refs[op.id];
-  if (ref.kind != OpRoleKind::kNone) {
-    moe_op(plan, op, ref, st, channel, collective_algo);
+  if (layer_of_op[op.id] >= 0) {
+    moe_op(plan, op, layer_of_op[op.id], st, channel, collective_algo);
     return;
   }
   switch (op.kind) {
@@ -591,7 +662,7 @@ DevicePath::~DevicePath() = default;
 
 kernels::DType DevicePath::dtype() const { return impl_->dtype; }
 
-DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& layers, int iteration,
+DeviceStep DevicePath::run(const Plan& plan, const std::vector<ProgramLayerRef>& layers,
                            std::vector<std::int64_t>& collective_algo,
                            const std::function<void()>& barrier) {
   Impl& d = *impl_;
@@ -610,15 +681,19 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
         t == CollectiveType::kReduceScatter)
       d.comm.prepare_group(plan.grouping(op.collective().grouping), op.stream);
   }
-  d.refs.assign(plan.ops().size(), MoeOpRef{});
-  d.step_data_path = d.data_path && std::none_of(layers.begin(), layers.end(),
-                                                 [](const MoeLayerPlan& l) { return l.routed; });
-  if (d.step_data_path)
-    for (const Op& op : plan.ops()) d.refs[op.id] = moe_op_ref(op);
-  if (d.step_data_path)
-    d.setup_layers(layers, iteration);
-  else
+  // The ops the layer program runs: forward steps of the given layers (by block).
+  d.layer_of_op.assign(plan.ops().size(), -1);
+  if (d.data_path) {
+    std::map<int, int> by_block;
+    for (size_t li = 0; li < layers.size(); ++li) by_block[layers[li].block] = static_cast<int>(li);
+    for (const Op& op : plan.ops()) {
+      const auto it = by_block.find(op.role.block);
+      if (it != by_block.end() && is_forward_step(op)) d.layer_of_op[op.id] = it->second;
+    }
+    d.setup_layers(layers);
+  } else {
     d.layers.clear();  // no outputs this step
+  }
   d.setup_scratch(plan);
   d.ensure_events(plan.ops().size());
   CUDA_OK(cudaDeviceSynchronize());  // uploads and allocations done before the clock starts
@@ -663,27 +738,7 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<MoeLayerPlan>& la
     step.times.push_back(start_ms * 1e-3);
     step.times.push_back(end_ms * 1e-3);
   }
-  for (size_t li = 0; li < d.layers.size(); ++li) {
-    const DevLayer& L = d.layers[li];
-    const Arena& a = d.arenas[li];
-    const std::size_t n = static_cast<std::size_t>(d.shape.tokens) * d.shape.model_dim;
-    std::vector<std::byte> raw(n * d.es);
-    CUDA_OK(
-        cudaMemcpy(raw.data(), a.at(L.off.at({LayerBuf::kY})), raw.size(), cudaMemcpyDeviceToHost));
-    std::vector<float> y(n);
-    kernels::convert(d.dtype, raw.data(), DType::kF32, y.data(), n);
-    std::vector<std::int32_t> slot(static_cast<std::size_t>(d.shape.tokens) * d.shape.top_k);
-    CUDA_OK(cudaMemcpy(slot.data(), a.at(L.off.at({LayerBuf::kSlot})),
-                       slot.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
-    long long dropped = 0;
-    for (auto s : slot) dropped += s < 0 ? 1 : 0;
-    std::vector<float> logits(static_cast<std::size_t>(d.shape.tokens) * d.shape.experts);
-    CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
-                       logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    step.outputs.push_back(std::move(y));
-    step.dropped.push_back(dropped);
-    step.logits.push_back(std::move(logits));
-  }
+  d.download_outputs();
   return step;
 }
 

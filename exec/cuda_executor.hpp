@@ -37,6 +37,7 @@
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "exec/executor.hpp"
+#include "exec/host_layer.hpp"
 #include "exec/moe_data.hpp"
 #include "kernels/moe_kernels.hpp"
 
@@ -50,16 +51,12 @@ class NcclCommunicator;
 
 /// What one step on the device produced for this rank.
 struct DeviceStep {
-  std::vector<double> times;                // (start, end) of every op of this rank, op id order
-  std::vector<std::vector<float>> outputs;  // per MoE layer: y (S x M) converted to fp32
-  std::vector<long long> dropped;           // per MoE layer: choices dropped by capacity
-  // Per MoE layer: the gate's logits (S x E, fp32), which --check decides on (GateLogits).
-  std::vector<std::vector<float>> logits;
+  std::vector<double> times;  // (start, end) of every op of this rank, op id order
 };
 
 class DevicePath {
  public:
-  /// data_path: run the MoE forward on real data (esp = 1, unsharded experts); otherwise every
+  /// data_path: run the MoE forward on real data (the layers run() is given); otherwise every
   /// op runs on scratch buffers of the plan's sizes.
   DevicePath(const Scenario& sc, const topology::Topology& topo, NcclCommunicator& comm,
              const MoeShape& shape, kernels::DType dtype, bool data_path);
@@ -67,10 +64,12 @@ class DevicePath {
   DevicePath(const DevicePath&) = delete;
   DevicePath& operator=(const DevicePath&) = delete;
 
-  /// One step of `plan` (a collective call on every rank). `barrier` runs after every buffer is
-  /// ready and before the first op is issued. collective_algo[op] receives each collective's
-  /// resolved algorithm.
-  DeviceStep run(const Plan& plan, const std::vector<MoeLayerPlan>& layers, int iteration,
+  /// One step of `plan` (a collective call on every rank). `layers`: the MoE layers the data
+  /// paths built for this rank (plain, plan-routed, sharded, Parm), run through the layer program;
+  /// their host buffers are uploaded before and receive the outputs, kSlot and kLogits after
+  /// (ProgramLayerRef). `barrier` runs after every buffer is ready and before the first op is
+  /// issued. collective_algo[op] receives each collective's resolved algorithm.
+  DeviceStep run(const Plan& plan, const std::vector<ProgramLayerRef>& layers,
                  std::vector<std::int64_t>& collective_algo, const std::function<void()>& barrier);
 
   kernels::DType dtype() const;

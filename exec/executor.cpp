@@ -254,27 +254,14 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
   tolerance_ = options_.tolerance;
 #ifdef MOESIM_HAVE_NCCL
   if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm_)) {
-    if (options_.check && sharded)
-      throw InputError(
-          "--check: the GPU path does not run sharded experts (experts_per_gpu < 0: P1 / P2 / "
-          "rho) on real data yet; run --check on the host path (--backend mpi), or run without "
-          "--check (scratch buffers)");
+    // Every data path (plain, plan-routed, sharded, Parm) builds its layers on the host and the
+    // GPU path runs them through the same layer program (exec/layer_program.hpp).
     const kernels::DType dt = kernel_dtype(md.dtype);
     tolerance_ = std::max(tolerance_, check_tolerance(dt));
-    // The GPU path mirrors the plain data path only: MP / ESP layers (exec/parm_path.hpp) run
-    // with scratch buffers there.
-    const bool mp_esp = sc.parallelism.esp > 1 || sc.parallelism.mp > 1;
-    if (options_.check && mp_esp)
-      throw InputError(fmt::format(
-          "--check on the GPU path (--backend nccl): MP / ESP MoE layers (esp = {}, mp = {}) run "
-          "on real data only on the host path (--backend mpi); cuda_executor.cpp does not mirror "
-          "exec/parm_path.cpp yet",
-          sc.parallelism.esp, sc.parallelism.mp));
-    if (mp_esp) data_path_ = false;
-    device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_);
+    device_ = std::make_unique<DevicePath>(sc_, topo_, *nccl, shape_, dt, data_path_ || sharded);
   }
 #endif
-  if (sharded && !device_) sharded_ = std::make_unique<ShardedPath>(sc_, topo_, comm_, shape_);
+  if (sharded) sharded_ = std::make_unique<ShardedPath>(sc_, topo_, comm_, shape_);
 }
 
 Executor::~Executor() = default;
@@ -311,7 +298,7 @@ RunResult Executor::run(const Plan& plan) {
   }
   parm_.reset();
   const bool parm_plan = data_path_ && needs_parm_path(sc_, plan);
-  if (parm_plan && !device_) {
+  if (parm_plan) {
     try {
       parm_ = std::make_unique<ParmPath>(sc_, topo_, comm_, shape_, plan, iteration_);
     } catch (const InputError&) {
@@ -326,7 +313,7 @@ RunResult Executor::run(const Plan& plan) {
       static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
     }
   }
-  if (data_path_ && !device_) {
+  if (data_path_) {
     // This rank's experts: EP position * dE + le.
     const std::uint64_t seed = sc_.workload.routing.seed;
     const int token_rank = token_key_rank(sc_.parallelism, me);  // MP ranks share tokens
@@ -359,22 +346,17 @@ RunResult Executor::run(const Plan& plan) {
   dropped_.clear();
   if (device_) {
 #ifdef MOESIM_HAVE_NCCL
-    std::vector<MoeLayerPlan> lps;
-    for (const auto& lp : layers_) lps.push_back(*lp);
-    for (const auto& lp : layers_)
-      if (lp->routed && options_.check)
-        throw InputError(fmt::format(
-            "--check: MoE layer {} is plan-routed (all_to_allv dispatch: routing strategies, "
-            "dropless capacity, inference placement); the GPU path does not run those layers "
-            "on real data yet (exec/routed_path.hpp is host-only) and runs them on scratch "
-            "buffers. Check them with --backend mpi",
-            lp->moe));
-    DeviceStep step = device_->run(plan, lps, iteration_, collective_algo_,
+    // The layers every data path built (loaded with their inputs): the GPU runs them.
+    std::vector<ProgramLayerRef> refs;
+    for (auto& lp : layers_)
+      if (lp->buf.allocated()) refs.push_back({lp->block, &lp->lay, &lp->buf});
+    if (sharded_)
+      for (const ProgramLayerRef& r : sharded_->program_layers()) refs.push_back(r);
+    if (parm_)
+      for (const ProgramLayerRef& r : parm_->program_layers()) refs.push_back(r);
+    DeviceStep step = device_->run(plan, refs, collective_algo_,
                                    [this] { session_.barrier("start of the step"); });
     mine = std::move(step.times);
-    outputs_ = std::move(step.outputs);
-    device_logits_ = std::move(step.logits);
-    dropped_ = std::move(step.dropped);
 #endif
   } else {
     session_.barrier("start of the step");
@@ -387,25 +369,26 @@ RunResult Executor::run(const Plan& plan) {
       mine.push_back(start);
       mine.push_back(end);
     }
-    for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
-      outputs_.push_back(parm_->output(li));
-      dropped_.push_back(parm_->dropped(li));
+  }
+  // Outputs and drops from the data paths' buffers (the GPU path downloaded its results there).
+  for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
+    outputs_.push_back(parm_->output(li));
+    dropped_.push_back(parm_->dropped(li));
+  }
+  for (auto& lp : layers_) {
+    if (!lp->buf.allocated()) {  // another stage's layer
+      outputs_.emplace_back();
+      dropped_.push_back(0);
+      continue;
     }
-    for (auto& lp : layers_) {
-      if (!lp->buf.allocated()) {  // another stage's layer
-        outputs_.emplace_back();
-        dropped_.push_back(0);
-        continue;
-      }
-      outputs_.push_back(lp->buf.f({LayerBuf::kY}));
-      long long d = 0;  // plan-routed layers: the entries the plan left without a slot
-      for (auto sl : lp->buf.i({LayerBuf::kSlot})) d += sl < 0 ? 1 : 0;
-      dropped_.push_back(d);
-    }
-    if (sharded_) {
-      outputs_ = sharded_->outputs();
-      dropped_ = sharded_->dropped();
-    }
+    outputs_.push_back(lp->buf.f({LayerBuf::kY}));
+    long long d = 0;  // plan-routed layers: the entries the plan left without a slot
+    for (auto sl : lp->buf.i({LayerBuf::kSlot})) d += sl < 0 ? 1 : 0;
+    dropped_.push_back(d);
+  }
+  if (sharded_) {
+    outputs_ = sharded_->outputs();
+    dropped_ = sharded_->dropped();
   }
   for (const auto& lp : layers_) checked_.emplace_back(lp->moe, lp->capacity);
   gradients_.clear();
@@ -613,10 +596,8 @@ void Executor::check_layers() {
       // the reference decides on them and checks them (GateLogits).
       const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
       GateLogits kernel;
-      if (device_ && li < device_logits_.size() && device_logits_[li].size() == num_logits)
-        kernel = {device_logits_[li].data(), tolerance_};
-      else if (!device_ && L && !L->rpath && L->buf.allocated() &&
-               L->buf.f({LayerBuf::kLogits}).size() == num_logits)
+      if (L && !L->rpath && L->buf.allocated() &&
+          L->buf.f({LayerBuf::kLogits}).size() == num_logits)
         kernel = {L->buf.f({LayerBuf::kLogits}).data(), tolerance_};
       long long logits_wrong = 0;
       const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)

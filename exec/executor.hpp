@@ -35,8 +35,9 @@
 // Parm's fused MP schedules run their MoE layers through exec/parm_path.hpp; layers whose
 // dispatch is a routed all_to_allv (Decision::variable_dispatch: routing strategies, dropless,
 // inference placement) take their layout from exec/routed_path.hpp. All four run the same layer
-// program; they differ in the LayerLayout they build from the plan. On the GPU path all three run
-// with scratch buffers and `check` is refused (InputError); so are plans no data path covers.
+// program; they differ in the LayerLayout they build from the plan and load on the host. The GPU
+// path runs the same layers (ProgramLayerRef: uploaded before the step, outputs downloaded into
+// the same buffers after). Plans no data path covers run with scratch buffers.
 #pragma once
 
 #include <cstdint>
@@ -204,7 +205,6 @@ class Executor {
   int iteration_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<float>> outputs_;
-  std::vector<std::vector<float>> device_logits_;  // per MoE layer: the GPU gate's (S x E)
   std::vector<std::vector<float>> gradients_;
   std::vector<long long> dropped_;
   std::vector<LayerCheck> checks_;

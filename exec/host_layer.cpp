@@ -99,21 +99,9 @@ void HostLayerOps::gate(const kernels::GateParams& params) {
 }
 
 void HostLayerOps::routed_weights(int tokens, int experts, int top_k) {
-  // Softmax in double over all E experts (what the routed reference computes).
-  const std::vector<float>& logits = b_.f({LayerBuf::kLogits});
-  const std::vector<std::int32_t>& expert = b_.i({LayerBuf::kRoutedExpert});
-  std::vector<float>& weight = b_.f({LayerBuf::kWeight});
-  for (int t = 0; t < tokens; ++t) {
-    const float* lg = &logits[static_cast<std::size_t>(t) * experts];
-    const double mx = *std::max_element(lg, lg + experts);
-    double sum = 0;
-    for (int e = 0; e < experts; ++e) sum += std::exp(lg[e] - mx);
-    for (int c = 0; c < top_k; ++c) {
-      const std::size_t entry = static_cast<std::size_t>(t) * top_k + c;
-      const int e = expert[entry];
-      weight[entry] = e < 0 ? 0.0f : static_cast<float>(std::exp(lg[e] - mx) / sum);
-    }
-  }
+  kc::Context ctx;
+  kc::softmax_pick(ctx, tokens, experts, top_k, b_.f({LayerBuf::kLogits}).data(),
+                   b_.i({LayerBuf::kRoutedExpert}).data(), b_.f({LayerBuf::kWeight}).data());
 }
 
 void HostLayerOps::encode(BufId dst, int tokens, int num_experts, int capacity) {
@@ -151,10 +139,12 @@ void HostLayerOps::copy(const BlockCopy& c) {
     MOESIM_ASSERT(s + c.run <= src.size() && d + c.run <= dst.size(),
                   fmt::format("block copy {} -> {} out of bounds", layer_buf_name(c.src.buf),
                               layer_buf_name(c.dst.buf)));
-    if (c.accumulate)
-      for (std::size_t e = 0; e < c.run; ++e) dst[d + e] += src[s + e];
-    else
+    if (c.accumulate) {
+      kc::Context ctx;
+      kc::add_rows(ctx, kF32, &src[s], 0, &dst[d], 0, c.run, 1);
+    } else {
       std::memcpy(&dst[d], &src[s], c.run * sizeof(float));
+    }
   }
 }
 
@@ -182,16 +172,16 @@ void HostLayerOps::relu(BufId buf, std::size_t elements) {
 }
 
 void HostLayerOps::sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) {
-  const std::vector<float>& s = b_.f(src);
-  std::vector<float>& d = b_.f(dst);
-  for (int x = 0; x < groups; ++x) {
-    float* out = &d[static_cast<std::size_t>(x) * run];
-    std::fill(out, out + run, 0.0f);
-    for (int q = 0; q < terms; ++q) {
-      const float* in = &s[(static_cast<std::size_t>(x) * terms + q) * run];
-      for (std::size_t e = 0; e < run; ++e) out[e] += in[e];
-    }
-  }
+  const std::vector<float>& in = b_.f(src);
+  std::vector<float>& out = b_.f(dst);
+  MOESIM_ASSERT(static_cast<std::size_t>(groups) * terms * run <= in.size() &&
+                    static_cast<std::size_t>(groups) * run <= out.size(),
+                "slice sum out of bounds");
+  std::fill_n(out.begin(), static_cast<std::size_t>(groups) * run, 0.0f);
+  kc::Context ctx;
+  for (int q = 0; q < terms; ++q)
+    kc::add_rows(ctx, kF32, in.data() + static_cast<std::size_t>(q) * run,
+                 static_cast<std::size_t>(terms) * run, out.data(), run, run, groups);
 }
 
 std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {

@@ -42,6 +42,16 @@ class HostLayerBuffers {
   bool allocated_ = false;
 };
 
+/// One layer a data path built for the layer program, as another backend takes it over: the GPU
+/// path uploads `buf` (loaded with the weights, tokens and routing tables) before the step and
+/// downloads the output rows, kSlot and kLogits into it after, so the data path reads its results
+/// as on the host path.
+struct ProgramLayerRef {
+  int block = -1;
+  const LayerLayout* lay = nullptr;
+  HostLayerBuffers* buf = nullptr;
+};
+
 /// plan_bytes_per_element > 0 (the Parm path): every padded exchange and group collective is
 /// checked against the plan op's element count.
 class HostLayerOps final : public LayerOps {

@@ -288,6 +288,31 @@ std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int mod
   return out;
 }
 
+bool is_forward_step(const Op& op) {
+  if (op.role.backward) return false;
+  switch (op.role.kind) {
+    case OpRoleKind::kGate:
+    case OpRoleKind::kEncode:
+    case OpRoleKind::kDispatch:
+    case OpRoleKind::kFc1:
+    case OpRoleKind::kFc2:
+    case OpRoleKind::kCombine:
+    case OpRoleKind::kDecode:
+    case OpRoleKind::kParamGather:
+    case OpRoleKind::kPartialSum:
+    case OpRoleKind::kEspAllGather:
+    case OpRoleKind::kEspAllReduce:
+    case OpRoleKind::kCombineSaa:
+    case OpRoleKind::kParmLocalDump:
+    case OpRoleKind::kParmLocalCombine:
+    case OpRoleKind::kParmJoin:
+    case OpRoleKind::kParmMpAllGather:
+      return true;
+    default:
+      return false;
+  }
+}
+
 namespace {
 
 // Rows [first, first + rows) of an S x M buffer: one copy.

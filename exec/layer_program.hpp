@@ -242,6 +242,10 @@ std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim,
 /// run with its expert's weights.
 std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int model_dim);
 
+/// Whether `op` is a forward step of the program (its role: gate, encode, dispatch, fc1, fc2,
+/// combine, decode, the sharded experts' gather and partial sum, Parm's steps).
+bool is_forward_step(const Op& op);
+
 /// The program: runs the forward op `op` (role kind `kind`, chunk `chunk`) of layer L through
 /// `ops`. Returns the algorithm of the collective it ran, or -1.
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,

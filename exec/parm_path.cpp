@@ -379,6 +379,12 @@ void ParmPath::build_layout(Layer& L) const {
 ParmPath::~ParmPath() = default;
 
 int ParmPath::num_layers() const { return static_cast<int>(layers_.size()); }
+
+std::vector<ProgramLayerRef> ParmPath::program_layers() {
+  std::vector<ProgramLayerRef> out;
+  for (auto& L : layers_) out.push_back({L->block, &L->lay, &L->buf});
+  return out;
+}
 int ParmPath::layer_number(int li) const { return layers_.at(li)->moe; }
 ParmSchedule ParmPath::schedule(int li) const { return layers_.at(li)->sched; }
 const std::vector<float>& ParmPath::output(int li) const {

@@ -38,6 +38,7 @@
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
+#include "exec/host_layer.hpp"
 #include "exec/moe_data.hpp"
 #include "strategies/collectives/collective.hpp"
 
@@ -76,6 +77,8 @@ class ParmPath {
   bool run_op(const Plan& plan, const Op& op, std::int64_t& algo);
 
   int num_layers() const;
+  /// The parsed layers for another backend (the GPU path).
+  std::vector<ProgramLayerRef> program_layers();
   int layer_number(int li) const;  // MoE layer number
   ParmSchedule schedule(int li) const;
   /// This rank's output (S x M) of layer li after run_op went over the whole plan.

@@ -90,6 +90,7 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
   for (const BlockOps& b : blocks) {
     ShardedLayerPlan L;
     L.moe = static_cast<int>(out->size());
+    L.block = b.block;
     L.shards = n;
     const std::string where = fmt::format("MoE layer {} (block {})", L.moe, b.block);
     if (b.fc1.empty() || b.dispatch.size() != b.fc1.size() || b.combine.size() != b.fc1.size())
@@ -214,6 +215,7 @@ struct ShardedPath::Impl {
 LayerLayout sharded_layout(const ShardedLayerPlan& p, const MoeShape& s) {
   LayerLayout L;
   L.moe = p.moe;
+  L.block = p.block;
   L.routing = LayerRouting::kCapacity;
   L.ep = p.ep;
   L.ep_pos = p.ep_pos;
@@ -296,5 +298,12 @@ std::vector<long long> ShardedPath::dropped() const {
 const std::vector<ShardedLayerPlan>& ShardedPath::layers() const { return impl_->plans; }
 
 bool ShardedPath::active() const { return impl_->active; }
+
+std::vector<ProgramLayerRef> ShardedPath::program_layers() {
+  std::vector<ProgramLayerRef> out;
+  if (impl_->active)
+    for (auto& L : impl_->layers) out.push_back({L.block, &L.lay, &L.buf});
+  return out;
+}
 
 }  // namespace moesim::exec

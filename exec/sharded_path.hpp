@@ -35,6 +35,7 @@
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
+#include "exec/host_layer.hpp"
 #include "exec/moe_data.hpp"
 
 namespace moesim::topology {
@@ -46,6 +47,7 @@ namespace moesim::exec {
 /// One sharded MoE layer of a plan as rank `rank` runs it.
 struct ShardedLayerPlan {
   int moe = 0;     // MoE layer number
+  int block = -1;  // the plan's block (roles' block)
   int shards = 1;  // n
   int rho = 1;     // ρ: token repeat factor = number of hidden slices (plan's parallel degree)
   int ep = 1;      // W, EP group size
@@ -87,6 +89,8 @@ class ShardedPath {
   std::vector<long long> dropped() const;
   const std::vector<ShardedLayerPlan>& layers() const;
   bool active() const;
+  /// The prepared layers for another backend (the GPU path), empty when inactive.
+  std::vector<ProgramLayerRef> program_layers();
 
  private:
   struct Impl;

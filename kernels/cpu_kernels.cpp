@@ -376,4 +376,34 @@ void activation(Context&, DType dtype, Activation act, void* data, std::size_t n
     store_element(dtype, data, i, rules::activate(act, load_element(dtype, data, i)));
 }
 
+void softmax_pick(Context&, int tokens, int experts, int top_k, const float* logits,
+                  const std::int32_t* expert, float* weight) {
+  if (tokens < 0 || experts < 1 || top_k < 1)
+    throw ArgumentError("kernels::softmax_pick: needs tokens >= 0, experts >= 1, top_k >= 1");
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < top_k; ++c) {
+      const std::size_t entry = std::size_t(t) * top_k + c;
+      const int e = expert[entry];
+      if (e >= experts) throw ArgumentError("kernels::softmax_pick: expert out of range");
+      weight[entry] =
+          e < 0 ? 0.0f : rules::softmax_prob(logits + std::size_t(t) * experts, experts, e);
+    }
+}
+
+void add_rows(Context&, DType dtype, const void* src, std::size_t src_pitch, void* dst,
+              std::size_t dst_pitch, std::size_t run, int count) {
+  if (count < 0) throw ArgumentError("kernels::add_rows: negative count");
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* in = static_cast<const S*>(src);
+    S* out = static_cast<S*>(dst);
+    for (int r = 0; r < count; ++r)
+      for (std::size_t i = 0; i < run; ++i) {
+        S& d = out[std::size_t(r) * dst_pitch + i];
+        d = T::store(T::load(d) + T::load(in[std::size_t(r) * src_pitch + i]));
+      }
+  });
+}
+
 }  // namespace moesim::kernels::cpu

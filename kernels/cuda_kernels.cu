@@ -345,6 +345,33 @@ __global__ void activation_kernel(std::size_t n, int act, T* data) {
   }
 }
 
+// One thread per (token, choice) entry: the plan-routed combine weight (rules::softmax_prob).
+__global__ void softmax_pick_kernel(long long entries, int experts, int k,
+                                    const float* __restrict__ logits,
+                                    const std::int32_t* __restrict__ expert,
+                                    float* __restrict__ weight) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < entries;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int e = expert[i];
+    weight[i] =
+        e < 0 ? 0.0f
+              : rules::softmax_prob(logits + (i / k) * static_cast<long long>(experts), experts, e);
+  }
+}
+
+// dst row r += src row r over `count` rows of `run` elements (blockIdx.y walks the rows).
+template <typename T>
+__global__ void add_rows_kernel(std::size_t run, int count, const T* __restrict__ src,
+                                std::size_t src_pitch, T* __restrict__ dst, std::size_t dst_pitch) {
+  for (int r = blockIdx.y; r < count; r += gridDim.y) {
+    const T* in = src + static_cast<std::size_t>(r) * src_pitch;
+    T* out = dst + static_cast<std::size_t>(r) * dst_pitch;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < run;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+      out[i] = from_f<T>(to_f(out[i]) + to_f(in[i]));
+  }
+}
+
 // Largest vector width (in elements of T) for rows of m elements at the given pointers.
 template <typename T>
 int vec_width(int m, std::initializer_list<const void*> ptrs) {
@@ -668,6 +695,34 @@ void activation(Context& ctx, DType dtype, Activation act, void* data, std::size
     using T = decltype(tag);
     activation_kernel<T>
         <<<grid, 256, 0, ctx.stream()>>>(n, static_cast<int>(act), static_cast<T*>(data));
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                  const std::int32_t* expert, float* weight) {
+  if (tokens < 0 || experts < 1 || top_k < 1)
+    throw ArgumentError("kernels::cuda::softmax_pick: needs tokens >= 0, experts >= 1, top_k >= 1");
+  const long long entries = static_cast<long long>(tokens) * top_k;
+  if (entries == 0) return;
+  const int grid =
+      grid_for(static_cast<std::size_t>(std::min<long long>((entries + 255) / 256, 65536)));
+  softmax_pick_kernel<<<grid, 256, 0, ctx.stream()>>>(entries, experts, top_k, logits, expert,
+                                                      weight);
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
+              std::size_t dst_pitch, std::size_t run, int count) {
+  if (count < 0) throw ArgumentError("kernels::cuda::add_rows: negative count");
+  if (count == 0 || run == 0) return;
+  const std::size_t per_row = (run + 255) / 256;
+  const dim3 grid(static_cast<unsigned>(per_row < 1024 ? per_row : 1024),
+                  static_cast<unsigned>(count < 65535 ? count : 65535));
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    add_rows_kernel<T><<<grid, 256, 0, ctx.stream()>>>(run, count, static_cast<const T*>(src),
+                                                       src_pitch, static_cast<T*>(dst), dst_pitch);
   });
   MOESIM_KCUDA_LAUNCHED();
 }

@@ -265,6 +265,14 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_c, int batch);
 /// data[i] = act(data[i]) for n elements (kGelu: the tanh approximation above).
 void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
+/// weight[t*k+c] = softmax(logits[t, :])[expert[t*k+c]] for `tokens` rows of `experts` fp32
+/// logits (rules::softmax_prob); 0 where expert < 0 (a dropped entry).
+void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                  const std::int32_t* expert, float* weight);
+/// `count` runs of `run` elements: dst[r * dst_pitch + i] += src[r * src_pitch + i] (fp32 sum,
+/// one rounding to the dtype). Runs of dst must not overlap.
+void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
+              std::size_t dst_pitch, std::size_t run, int count);
 
 }  // namespace cpu
 
@@ -326,6 +334,10 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch);
 void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
+void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                  const std::int32_t* expert, float* weight);
+void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
+              std::size_t dst_pitch, std::size_t run, int count);
 
 }  // namespace cuda
 }  // namespace moesim::kernels

@@ -10,7 +10,7 @@
 // discrete decisions (top-k on the logits, not on the probabilities) are exact on both.
 #pragma once
 
-#include <math.h>  // expf, tanhf in the global namespace, as CUDA device code has them
+#include <math.h>  // exp, expf, tanhf in the global namespace, as CUDA device code has them
 
 #include <cstdint>
 
@@ -69,6 +69,16 @@ MOESIM_HOST_DEVICE float group_score(const float* row, int g, int group, int r) 
     score += row[best];
   }
   return score;
+}
+
+/// The softmax probability of expert `chosen` for one token's `e` logits, in double (the
+/// plan-routed layers' combine weight: the plan chose the expert, the gate weighs it).
+MOESIM_HOST_DEVICE float softmax_prob(const float* row, int e, int chosen) {
+  float mx = row[0];
+  for (int j = 1; j < e; ++j) mx = row[j] > mx ? row[j] : mx;
+  double sum = 0.0;
+  for (int j = 0; j < e; ++j) sum += exp(static_cast<double>(row[j] - mx));
+  return static_cast<float>(exp(static_cast<double>(row[chosen] - mx)) / sum);
 }
 
 /// One token's routing: softmax over its `e` logits, then its `k` choices (1 <= k <= min(e,

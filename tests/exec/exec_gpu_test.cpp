@@ -92,6 +92,33 @@ TEST_F(ExecGpu, Fp32OutputsMatchTheHostPath) {
   EXPECT_EQ(host.result.backend, "mpi");
 }
 
+// Dropless capacity on one GPU (every choice kept; routed all_to_allv layers where the plan makes
+// them): the layer program on the device against the host path's, fp32, and --check on the GPU.
+TEST_F(ExecGpu, Fp32DroplessLayersMatchTheHostPathAndPassTheCheck) {
+  Scenario sc = gpu1();
+  sc.model.dtype = Dtype::kFp32;
+  sc.model.capacity_factor = 0;  // dropless
+  sc.model.seq_len /= 4;
+  sc.model.hidden_dim /= 4;
+  NcclCommunicator nccl(*g_session);
+  MpiCommunicator mpi;
+  Outcome dev = run_once(sc, nccl, 1, true), host = run_once(sc, mpi, 1, false);
+  ASSERT_EQ(dev.checks.size(), 2u);
+  for (const auto& c : dev.checks) {
+    EXPECT_GT(c.compared, 0);
+    EXPECT_EQ(c.wrong, 0) << "max abs error " << c.max_abs_error;
+    EXPECT_EQ(c.dropped, 0);
+  }
+  ASSERT_EQ(dev.outputs.size(), host.outputs.size());
+  for (size_t l = 0; l < dev.outputs.size(); ++l) {
+    ASSERT_EQ(dev.outputs[l].size(), host.outputs[l].size());
+    for (size_t i = 0; i < dev.outputs[l].size(); ++i)
+      ASSERT_LE(std::fabs(dev.outputs[l][i] - host.outputs[l][i]),
+                1e-4 * (1 + std::fabs(host.outputs[l][i])))
+          << "layer " << l << " element " << i;
+  }
+}
+
 TEST_F(ExecGpu, EventTimesAreOrderedPerStream) {
   Scenario sc = gpu1();
   NcclCommunicator comm(*g_session);

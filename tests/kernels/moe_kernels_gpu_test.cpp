@@ -357,6 +357,35 @@ TEST_F(KernelGpuTest, GemmStridedBatchedAndActivationMatchCpu) {
   }
 }
 
+// The plan-routed layers' combine weights and Parm's / sharded experts' sums of returned rows:
+// the device against the CPU twin (both call rules::softmax_prob; add_rows sums in fp32).
+TEST_F(KernelGpuTest, SoftmaxPickAndAddRowsMatchCpu) {
+  const int tokens = 37, experts = 24, k = 3;
+  const std::vector<float> logits = random_floats(std::size_t(tokens) * experts, 93, -4.0f, 4.0f);
+  std::vector<std::int32_t> expert(std::size_t(tokens) * k);
+  for (std::size_t i = 0; i < expert.size(); ++i)
+    expert[i] = i % 7 == 0 ? -1 : static_cast<std::int32_t>((i * 5) % experts);
+  std::vector<float> want(expert.size());
+  cpu::Context cctx;
+  cpu::softmax_pick(cctx, tokens, experts, k, logits.data(), expert.data(), want.data());
+  DeviceBuffer dl(logits), de(expert), dw(want.size() * sizeof(float));
+  cuda::softmax_pick(ctx(), tokens, experts, k, static_cast<const float*>(dl.get()),
+                     static_cast<const std::int32_t*>(de.get()), static_cast<float*>(dw.get()));
+  ctx().synchronize();
+  expect_close(dw.to_vector<float>(), want, 1e-6f, 1e-6f, "softmax_pick");
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    const std::size_t run = 300, rows = 5;
+    HostBuffer src(d, random_floats(rows * 320, 94)), dst(d, random_floats(rows * 400, 95));
+    HostBuffer host = dst;
+    cpu::add_rows(cctx, d, src.data(), 320, host.data(), 400, run, static_cast<int>(rows));
+    DeviceBuffer ds(src), dd(dst);
+    cuda::add_rows(ctx(), d, ds.get(), 320, dd.get(), 400, run, static_cast<int>(rows));
+    ctx().synchronize();
+    expect_close(dd.to_buffer(d).to_float(), host.to_float(), 0.0f, 0.0f, "add_rows");
+  }
+}
+
 TEST_F(KernelGpuTest, NoTokensLeavesEverySlotEmpty) {
   GateParams p = random_params(false);
   p.num_tokens = 0;

@@ -572,5 +572,35 @@ TEST(KernelActivation, ReluAndGeluInPlace) {
   EXPECT_NEAR(g.to_float()[0], 0.841192f, 1e-5f);
 }
 
+// Plan-routed combine weights: softmax over all experts, picked at each entry's expert.
+TEST(KernelSoftmaxPick, WeighsTheChosenExpertOfEveryEntry) {
+  // Token 0: logits {0, ln 3} -> {1/4, 3/4}; token 1: {ln 2, ln 2} -> {1/2, 1/2}.
+  const float ln3 = std::log(3.0f), ln2 = std::log(2.0f);
+  const std::vector<float> logits{0.0f, ln3, ln2, ln2};
+  const std::vector<std::int32_t> expert{1, 0, -1, 1};  // token 1's first choice dropped
+  std::vector<float> weight(4, -1.0f);
+  cpu::Context ctx;
+  cpu::softmax_pick(ctx, 2, 2, 2, logits.data(), expert.data(), weight.data());
+  EXPECT_NEAR(weight[0], 0.75f, 1e-7f);
+  EXPECT_NEAR(weight[1], 0.25f, 1e-7f);
+  EXPECT_EQ(weight[2], 0.0f);
+  EXPECT_NEAR(weight[3], 0.5f, 1e-7f);
+  const std::vector<std::int32_t> bad{2, 0, 0, 0};
+  EXPECT_THROW(cpu::softmax_pick(ctx, 2, 2, 2, logits.data(), bad.data(), weight.data()),
+               ArgumentError);
+}
+
+TEST(KernelAddRows, SumsStridedRunsInEveryDType) {
+  // Two runs of 3: src rows at pitch 4, dst rows at pitch 5; the gaps stay untouched.
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer src(d, std::vector<float>{1, 2, 3, 99, 4, 5, 6, 99});
+    HostBuffer dst(d, std::vector<float>{10, 20, 30, 7, 7, 40, 50, 60, 7, 7});
+    cpu::Context ctx;
+    cpu::add_rows(ctx, d, src.data(), 4, dst.data(), 5, 3, 2);
+    EXPECT_EQ(dst.to_float(), (std::vector<float>{11, 22, 33, 7, 7, 44, 55, 66, 7, 7}));
+  }
+}
+
 }  // namespace
 }  // namespace moesim::kernels

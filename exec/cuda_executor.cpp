@@ -167,6 +167,9 @@ class DeviceLayerOps final : public LayerOps {
     kcu::decode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim, at(src),
                 at(dst));
   }
+  void widen_tokens(std::size_t elements) override {
+    kcu::convert(cx_, dtype_, at({LayerBuf::kX}), DType::kF32, at({LayerBuf::kX32}), elements);
+  }
   void zero(BufId buf, std::size_t elements) override {
     CUDA_OK(cudaMemsetAsync(at(buf), 0, elements * elem_bytes(buf.buf), st_));
   }

@@ -72,6 +72,7 @@ class HostLayerOps final : public LayerOps {
   void encode(BufId dst, int tokens, int num_experts, int capacity) override;
   void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override;
   void zero(BufId buf, std::size_t elements) override;
+  void widen_tokens(std::size_t) override {}  // kX is kX32 on the host path
   void copy(const BlockCopy& c) override;
   void gemm(const GemmJob& g, bool f32) override;
   void relu(BufId buf, std::size_t elements) override;

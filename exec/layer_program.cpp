@@ -347,11 +347,19 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
     case OpRoleKind::kEspAllGather:  // the ESP group's tokens: the baseline's routing unit
       MOESIM_ASSERT(L.input == GateInput::kGathered,
                     "ESP all-gather of a layer that gates its own");
-      return ops.all_gather(op, buf(LayerBuf::kXOwn), sz(s.tokens) * Mz, buf(LayerBuf::kX32));
+      {
+        // In the data type, as the plan counts it; the gate gets its fp32 copy.
+        const std::int64_t algo =
+            ops.all_gather(op, buf(LayerBuf::kXOwn), sz(s.tokens) * Mz, buf(LayerBuf::kX));
+        ops.widen_tokens(sz(T) * Mz);
+        return algo;
+      }
     case OpRoleKind::kGate: {
-      if (L.input == GateInput::kOwnRows)  // MP split before the gate (Parm S1)
+      if (L.input == GateInput::kOwnRows) {  // MP split before the gate (Parm S1)
         ops.copy(
-            rows_copy(buf(LayerBuf::kXOwn), sz(L.gate_first), buf(LayerBuf::kX32), 0, sz(T), Mz));
+            rows_copy(buf(LayerBuf::kXOwn), sz(L.gate_first), buf(LayerBuf::kX), 0, sz(T), Mz));
+        ops.widen_tokens(sz(T) * Mz);
+      }
       if (!plan_routed) {
         ops.gate(gate_params(s, T, L.capacity));
         return -1;

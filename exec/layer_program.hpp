@@ -209,6 +209,9 @@ class LayerOps {
   virtual void encode(BufId dst, int tokens, int num_experts, int capacity) = 0;
   virtual void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) = 0;
   virtual void zero(BufId buf, std::size_t elements) = 0;
+  /// kX32 (fp32) = kX (data) for `elements`: the gate's fp32 copy of tokens that arrived in the
+  /// data type (Parm's ESP all-gather, MP split). A no-op where the two are one buffer (host).
+  virtual void widen_tokens(std::size_t elements) = 0;
   virtual void copy(const BlockCopy& c) = 0;
   /// f32: a fp32 GEMM (the gate's); otherwise in the data type.
   virtual void gemm(const GemmJob& g, bool f32) = 0;

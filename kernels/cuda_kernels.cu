@@ -372,6 +372,13 @@ __global__ void add_rows_kernel(std::size_t run, int count, const T* __restrict_
   }
 }
 
+template <typename S, typename D>
+__global__ void convert_kernel(std::size_t n, const S* __restrict__ src, D* __restrict__ dst) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f<D>(to_f(src[i]));
+}
+
 // Largest vector width (in elements of T) for rows of m elements at the given pointers.
 template <typename T>
 int vec_width(int m, std::initializer_list<const void*> ptrs) {
@@ -723,6 +730,20 @@ void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch,
     using T = decltype(tag);
     add_rows_kernel<T><<<grid, 256, 0, ctx.stream()>>>(run, count, static_cast<const T*>(src),
                                                        src_pitch, static_cast<T*>(dst), dst_pitch);
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void convert(Context& ctx, DType from, const void* src, DType to, void* dst, std::size_t n) {
+  if (n == 0) return;
+  const int grid = grid_for(std::min<std::size_t>((n + 255) / 256, 65536));
+  dispatch(from, [&](auto s_tag) {
+    using S = decltype(s_tag);
+    dispatch(to, [&](auto d_tag) {
+      using D = decltype(d_tag);
+      convert_kernel<S, D>
+          <<<grid, 256, 0, ctx.stream()>>>(n, static_cast<const S*>(src), static_cast<D*>(dst));
+    });
   });
   MOESIM_KCUDA_LAUNCHED();
 }

@@ -338,6 +338,8 @@ void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float*
                   const std::int32_t* expert, float* weight);
 void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
               std::size_t dst_pitch, std::size_t run, int count);
+/// kernels::convert on the device: n elements of `from` at src to `to` at dst (through fp32).
+void convert(Context& ctx, DType from, const void* src, DType to, void* dst, std::size_t n);
 
 }  // namespace cuda
 }  // namespace moesim::kernels

@@ -214,6 +214,7 @@ class RecordingOps final : public LayerOps {
                   layer_buf_name(dst.buf) + " " + std::to_string(t) + ":" + std::to_string(e) +
                   "x" + std::to_string(c));
   }
+  void widen_tokens(std::size_t n) override { log.push_back("widen " + std::to_string(n)); }
   void zero(BufId b, std::size_t n) override {
     log.push_back(std::string("zero ") + layer_buf_name(b.buf) + " " + std::to_string(n));
   }
@@ -312,6 +313,50 @@ TEST(LayerProgram, ShardedStepsReplicateGatherAndSum) {
                                                   "copy param_all->w1", "copy param_all->w2"}));
   EXPECT_EQ(gather.copies[2], copy({B::kParamAll}, 32, 4, {B::kW1}, 4, 8, 4, 4));
   EXPECT_EQ(gather.copies[3], copy({B::kParamAll}, 48, 0, {B::kW2}, 16, 0, 16, 1));
+}
+
+// Parm's routing units: the baseline gates its ESP group's gathered tokens and keeps its own
+// rows of the output; S1 gates an MP share and all-gathers the outputs; the fused schedules sum
+// what the combine returns (the esp partials) in the local combine, into a zeroed buffer.
+TEST(LayerProgram, ParmRoutingUnitsAndLocalCombine) {
+  const MoeShape s{6, 4, 8, 4, 2};  // S 6, M 4
+  const Op op;
+  LayerLayout base = plain(2, 2, {2}, 8);
+  base.input = GateInput::kGathered;
+  base.gate_tokens = 12;  // esp 2 x S
+  base.output = LayerOutput::kOwnRows;
+  base.own_first = 6;
+  RecordingOps b;
+  run_forward_step(base, s, OpRoleKind::kEspAllGather, -1, op, b);
+  run_forward_step(base, s, OpRoleKind::kGate, -1, op, b);
+  run_forward_step(base, s, OpRoleKind::kDecode, -1, op, b);
+  EXPECT_EQ(b.log, (std::vector<std::string>{"all_gather x_own->x 24", "widen 48", "gate C2",
+                                             "decode expert_out->y 12:4x2", "copy y->y_own"}));
+  EXPECT_EQ(b.copies.back(), copy({B::kY}, 24, 0, {B::kYOwn}, 0, 0, 24, 1));
+  EXPECT_EQ(base.output_buffer(), B::kYOwn);
+
+  LayerLayout s1 = plain(2, 2, {2}, 8);
+  s1.input = GateInput::kOwnRows;
+  s1.gate_tokens = 3;  // MP share 1 of 2
+  s1.gate_first = 3;
+  s1.output = LayerOutput::kMpGathered;
+  s1.accumulate_back = true;
+  s1.combine_op = true;
+  RecordingOps r;
+  run_forward_step(s1, s, OpRoleKind::kGate, -1, op, r);
+  run_forward_step(s1, s, OpRoleKind::kEncode, -1, op, r);
+  run_forward_step(s1, s, OpRoleKind::kCombine, 0, op, r);
+  run_forward_step(s1, s, OpRoleKind::kParmLocalCombine, -1, op, r);
+  run_forward_step(s1, s, OpRoleKind::kDecode, -1, op, r);
+  run_forward_step(s1, s, OpRoleKind::kParmMpAllGather, -1, op, r);
+  EXPECT_EQ(r.log, (std::vector<std::string>{
+                       "copy x_own->x", "widen 12", "gate C2", "zero expert_out 32",
+                       "encode dispatched 3:4x2", "exchange out->back", "copy back->expert_out",
+                       "decode expert_out->y 3:4x2", "all_gather y->y_own 12"}));
+  EXPECT_EQ(r.copies[0], copy({B::kXOwn}, 12, 0, {B::kX}, 0, 0, 12, 1));
+  EXPECT_TRUE(r.copies[1].accumulate);
+  // The local combine's sums are the combine's copies, summed: one 2-D run over the 4 experts.
+  EXPECT_EQ(r.copies[1].count, 4);
 }
 
 TEST(LayerProgram, PlanRoutedStepsMoveRowsOfTheSendBuffer) {

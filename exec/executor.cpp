@@ -596,9 +596,14 @@ void Executor::check_layers() {
       // the reference decides on them and checks them (GateLogits).
       const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
       GateLogits kernel;
-      if (L && !L->rpath && L->buf.allocated() &&
-          L->buf.f({LayerBuf::kLogits}).size() == num_logits)
-        kernel = {L->buf.f({LayerBuf::kLogits}).data(), tolerance_};
+      const HostLayerBuffers* gated = L && !L->rpath && L->buf.allocated() ? &L->buf : nullptr;
+      std::vector<ProgramLayerRef> sharded_layers;
+      if (!parm_ && sharded_ && sharded_->active()) {  // its gate sees this rank's S tokens too
+        sharded_layers = sharded_->program_layers();
+        if (li < sharded_layers.size()) gated = sharded_layers[li].buf;
+      }
+      if (gated && gated->f({LayerBuf::kLogits}).size() == num_logits)
+        kernel = {gated->f({LayerBuf::kLogits}).data(), tolerance_};
       long long logits_wrong = 0;
       const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
                        : L && L->rpath

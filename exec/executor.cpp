@@ -588,7 +588,11 @@ void Executor::check_layers() {
     const Layer* L = !parm_ && li < layers_.size() ? layers_[li].get() : nullptr;
     // Another pipeline stage's layer: this rank has no output to check, but takes part in the
     // check's collectives below (every rank calls them for every layer, in order).
-    const bool here = !L || L->on_rank;
+    bool here = !L || L->on_rank;
+    if (parm_)
+      here = parm_->on_rank(static_cast<int>(li));
+    else if (sharded_ && li < sharded_->layers().size())
+      here = sharded_->layers()[li].on_rank;
     if (here) {
       const std::vector<float> tokens =
           make_tokens(shape_, seed, iteration_, moe, token_key_rank(sc_.parallelism, comm_.rank()));

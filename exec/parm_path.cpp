@@ -95,6 +95,12 @@ ParmOp parm_ref(const Op& op) {
   return r;
 }
 
+// Parm's fused EP x ESP grouping: "ep_esp", or "ep_esp.s{stage}" in a plan of pipeline stages
+// (strategies/stage_schedule.cpp names each stage's copy of a grouping so).
+bool fused_grouping(const Grouping& g) {
+  return g.name == "ep_esp" || g.name.rfind("ep_esp.s", 0) == 0;
+}
+
 int div_exact(std::int64_t a, std::int64_t b, const char* what) {
   if (b <= 0 || a % b != 0)
     throw InputError(fmt::format("--check: the MP/ESP data path needs {} ({} / {})", what, a, b));
@@ -108,7 +114,7 @@ bool needs_parm_path(const Scenario& sc, const Plan& plan) {
   for (const Op& op : plan.ops()) {
     const ParmOp r = parm_ref(op);
     if (r.kind == ParmOp::kDispatch && op.kind == OpKind::kCollective &&
-        plan.grouping(op.collective().grouping).name == "ep_esp")
+        fused_grouping(plan.grouping(op.collective().grouping)))
       return true;
   }
   return false;
@@ -141,9 +147,11 @@ struct ParmPath::Layer {
   int own_first = 0;    // first of this rank's S rows among them (baseline: s * S)
   bool has_a2a = false;
   bool dump_op = false, combine_op = false;  // the plan has parm.local_dump / local_combine|join
-  int dE = 0;                                // experts per EP position
-  int my_e = 0;                              // EP index of this rank's experts
-  int blocks = 0;  // (source, local expert) blocks the experts receive per chunk
+  bool on_rank = false;  // this rank's pipeline stage runs the layer (else nothing else is set)
+  int dispatches = 0;    // dispatch chunks parsed (the first micro-batch's)
+  int dE = 0;            // experts per EP position
+  int my_e = 0;          // EP index of this rank's experts
+  int blocks = 0;        // (source, local expert) blocks the experts receive per chunk
   std::vector<int> a2a_group, esp_group, mp_group, saa_group;
   // The layer program's record and buffers (exec/layer_program.hpp).
   LayerLayout lay;
@@ -193,6 +201,14 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
     const ParmOp ref = parm_ref(op);
     if (ref.kind == ParmOp::kNone) continue;
     Layer& L = layer_of(ref.block);
+    // Pipeline stages: a rank parses its stage's layers only (the others' groups are not its);
+    // micro-batches repeat a layer's ops, and the first instance of each chunk lays it out.
+    if (!op.ranks.contains(r)) continue;
+    L.on_rank = true;
+    const bool chunk_seen =
+        (ref.kind == ParmOp::kDispatch && ref.chunk < L.dispatches) ||
+        (ref.kind == ParmOp::kFc1 && ref.chunk < static_cast<int>(L.caps.size()));
+    if (chunk_seen) continue;
     switch (ref.kind) {
       case ParmOp::kEspAllGather:
         L.esp_group = group_of(op);
@@ -216,9 +232,11 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
           throw InputError(fmt::format(
               "--check: the MP/ESP data path runs padded all_to_all dispatches, '{}' is a {}",
               op.label, collective_type_name(c.type)));
+        MOESIM_ASSERT(ref.chunk == L.dispatches, "dispatch chunks out of order");
+        ++L.dispatches;
         L.has_a2a = true;
         L.a2a_group = group_of(op);
-        if (plan.grouping(c.grouping).name == "ep_esp") {
+        if (fused_grouping(plan.grouping(c.grouping))) {
           if (L.sched == ParmSchedule::kBaseline) L.sched = ParmSchedule::kS1;
           const double sm = c.bytes.value() / (static_cast<double>(esp_) * E * M * b);
           fused_sm[ref.block].push_back(sm);
@@ -237,6 +255,7 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
   }
   for (auto& lp : layers_) {
     Layer& L = *lp;
+    if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
     if (L.sched != ParmSchedule::kBaseline) {
       // Fused: the chunk's per-(source, expert) slots dC_j / mp come from the dispatch bytes
       // (esp * E * dC_j / mp * M * b); the GEMM rows are rounded up, so they cannot tell.
@@ -382,14 +401,18 @@ int ParmPath::num_layers() const { return static_cast<int>(layers_.size()); }
 
 std::vector<ProgramLayerRef> ParmPath::program_layers() {
   std::vector<ProgramLayerRef> out;
-  for (auto& L : layers_) out.push_back({L->block, &L->lay, &L->buf});
+  for (auto& L : layers_)
+    if (L->on_rank) out.push_back({L->block, &L->lay, &L->buf});
   return out;
 }
+
+bool ParmPath::on_rank(int li) const { return layers_.at(li)->on_rank; }
 int ParmPath::layer_number(int li) const { return layers_.at(li)->moe; }
 ParmSchedule ParmPath::schedule(int li) const { return layers_.at(li)->sched; }
 const std::vector<float>& ParmPath::output(int li) const {
+  static const std::vector<float> kNone;
   const Layer& L = *layers_.at(li);
-  return L.buf.f({L.lay.output_buffer()});
+  return L.on_rank ? L.buf.f({L.lay.output_buffer()}) : kNone;
 }
 
 const std::vector<int>& ParmPath::my_group(const Grouping& g, int* index) const {
@@ -418,6 +441,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
 
 long long ParmPath::dropped(int li) const {
   const Layer& L = *layers_.at(li);
+  if (!L.on_rank) return 0;
   const int S = shape_.tokens, k = shape_.top_k;
   const std::vector<std::int32_t>& slot = L.buf.i({LayerBuf::kSlot});
   // Owned rows of the gate's unit: MP share t of this rank's S tokens (S1 gated only those).

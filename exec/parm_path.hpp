@@ -80,6 +80,8 @@ class ParmPath {
   /// The parsed layers for another backend (the GPU path).
   std::vector<ProgramLayerRef> program_layers();
   int layer_number(int li) const;  // MoE layer number
+  /// Whether this rank's pipeline stage runs layer li (output, dropped and reference only then).
+  bool on_rank(int li) const;
   ParmSchedule schedule(int li) const;
   /// This rank's output (S x M) of layer li after run_op went over the whole plan.
   const std::vector<float>& output(int li) const;

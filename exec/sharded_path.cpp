@@ -43,6 +43,7 @@ struct BlockOps {
   std::vector<const Op*> dispatch, fc1, combine;
   const Op* gather = nullptr;
   const Op* partial_sum = nullptr;
+  bool on_rank = false;  // some op of the layer runs on this rank (its pipeline stage's layer)
 };
 
 long long elements(const Op& op, int bytes_per_element) {
@@ -63,21 +64,27 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
       blocks.push_back(BlockOps{ref.block, {}, {}, {}, nullptr, nullptr});
     }
     BlockOps& b = blocks[block_index[ref.block]];
+    if (op.ranks.index_of(rank) >= 0) b.on_rank = true;
+    // Micro-batches (model.micro_batches) repeat a layer's ops with the same shapes: the first
+    // instance of each chunk lays the layer out.
+    auto first = [&](std::vector<const Op*>& v) {
+      if (ref.chunk == static_cast<int>(v.size())) v.push_back(&op);
+    };
     switch (ref.kind) {
       case OpRoleKind::kDispatch:
-        b.dispatch.push_back(&op);
+        first(b.dispatch);
         break;
       case OpRoleKind::kFc1:
-        b.fc1.push_back(&op);
+        first(b.fc1);
         break;
       case OpRoleKind::kCombine:
-        b.combine.push_back(&op);
+        first(b.combine);
         break;
       case OpRoleKind::kParamGather:
-        b.gather = &op;
+        if (!b.gather) b.gather = &op;
         break;
       case OpRoleKind::kPartialSum:
-        b.partial_sum = &op;
+        if (!b.partial_sum) b.partial_sum = &op;
         break;
       default:
         break;
@@ -92,6 +99,11 @@ std::string plan_sharded_layers(const Plan& plan, int rank, const MoeShape& shap
     L.moe = static_cast<int>(out->size());
     L.block = b.block;
     L.shards = n;
+    L.on_rank = b.on_rank;
+    if (!L.on_rank) {  // another pipeline stage's layer: this rank only joins its check
+      out->push_back(std::move(L));
+      continue;
+    }
     const std::string where = fmt::format("MoE layer {} (block {})", L.moe, b.block);
     if (b.fc1.empty() || b.dispatch.size() != b.fc1.size() || b.combine.size() != b.fc1.size())
       return where + ": expected one dispatch, fc1 and combine per chunk";
@@ -252,6 +264,10 @@ std::string ShardedPath::begin(const Plan& plan, int iteration) {
   for (ShardedLayerPlan& p : plans) {
     Impl::Layer L;
     static_cast<ShardedLayerPlan&>(L) = std::move(p);
+    if (!L.on_rank) {  // another pipeline stage's layer: no data here
+      d.layers.push_back(std::move(L));
+      continue;
+    }
     L.lay = sharded_layout(L, d.shape);
     L.buf.allocate(L.lay, d.shape);
     L.buf.f({LayerBuf::kGateW}) = make_gate_weights(d.shape, seed, L.moe);
@@ -280,7 +296,8 @@ bool ShardedPath::run_op(const Plan& plan, const Op& op,
 std::vector<std::vector<float>> ShardedPath::outputs() const {
   std::vector<std::vector<float>> out;
   if (impl_->active)
-    for (const auto& L : impl_->layers) out.push_back(L.buf.f({LayerBuf::kY}));
+    for (const auto& L : impl_->layers)
+      out.push_back(L.on_rank ? L.buf.f({LayerBuf::kY}) : std::vector<float>{});
   return out;
 }
 
@@ -289,7 +306,8 @@ std::vector<long long> ShardedPath::dropped() const {
   if (impl_->active)
     for (const auto& L : impl_->layers) {
       long long d = 0;
-      for (auto s : L.buf.i({LayerBuf::kSlot})) d += s < 0 ? 1 : 0;
+      if (L.on_rank)
+        for (auto s : L.buf.i({LayerBuf::kSlot})) d += s < 0 ? 1 : 0;
       out.push_back(d);
     }
   return out;
@@ -302,7 +320,8 @@ bool ShardedPath::active() const { return impl_->active; }
 std::vector<ProgramLayerRef> ShardedPath::program_layers() {
   std::vector<ProgramLayerRef> out;
   if (impl_->active)
-    for (auto& L : impl_->layers) out.push_back({L.block, &L.lay, &L.buf});
+    for (auto& L : impl_->layers)
+      if (L.on_rank) out.push_back({L.block, &L.lay, &L.buf});
   return out;
 }
 

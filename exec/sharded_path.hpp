@@ -48,6 +48,8 @@ namespace moesim::exec {
 struct ShardedLayerPlan {
   int moe = 0;     // MoE layer number
   int block = -1;  // the plan's block (roles' block)
+  bool on_rank =
+      true;        // this rank's pipeline stage runs the layer (otherwise nothing below is set)
   int shards = 1;  // n
   int rho = 1;     // ρ: token repeat factor = number of hidden slices (plan's parallel degree)
   int ep = 1;      // W, EP group size

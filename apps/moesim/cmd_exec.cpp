@@ -212,18 +212,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   const int iterations =
       iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
-  // Pipeline stages on the real backend: the host path runs plain and routed MoE layers stage
-  // by stage (each rank its stage's layers; --check on each). The sharded and Parm data paths
-  // and the GPU path have no stage logic yet.
+  // Pipeline stages on the real backend: the host path runs every data path's MoE layers stage
+  // by stage (each rank its stage's layers; --check on each). The GPU path has no stage logic
+  // yet.
   if (sc.parallelism.pp > 1) {
     std::string why;
     if (a.backend == "nccl")
       why = "--backend nccl: the GPU path runs one pipeline stage (use --backend mpi)";
-    else if (sc.model.expert_shards() > 1 || sc.parallelism.esp > 1 || sc.parallelism.mp > 1)
-      why = fmt::format(
-          "sharded experts, esp or mp > 1 (experts_per_gpu {}, esp {}, mp {}): their data paths "
-          "(sharded, Parm) run one pipeline stage",
-          sc.model.experts_per_gpu, sc.parallelism.esp, sc.parallelism.mp);
     if (!why.empty())
       throw InputError(
           sc.location_of("parallelism.pp"), "parallelism.pp",

@@ -70,10 +70,6 @@ const std::vector<std::int32_t>& HostLayerBuffers::i(BufId id) const {
 const std::vector<std::vector<float>>& HostLayerBuffers::all(LayerBuf b) const {
   return f_[kind_index(resolve(b))];
 }
-void* HostLayerBuffers::ptr(BufId id) {
-  if (elem_type(id.buf) == ElemType::kI32) return i(id).data();
-  return f(id).data();
-}
 
 kernels::Routing HostLayerOps::routing(int tokens, int num_experts, int capacity) const {
   kernels::Routing r;

@@ -31,7 +31,6 @@ class HostLayerBuffers {
   const std::vector<std::int32_t>& i(BufId id) const;
   /// Every index of a buffer kind (kW1's slices, kIn's chunks, ...).
   const std::vector<std::vector<float>>& all(LayerBuf b) const;
-  void* ptr(BufId id);
   bool allocated() const { return allocated_; }
 
  private:

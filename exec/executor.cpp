@@ -609,12 +609,12 @@ void Executor::check_layers() {
       if (gated && gated->f({LayerBuf::kLogits}).size() == num_logits)
         kernel = {gated->f({LayerBuf::kLogits}).data(), tolerance_};
       long long logits_wrong = 0;
-      const auto ref = parm_ ? parm_->reference(static_cast<int>(li), &drops)
-                       : L && L->rpath
-                           ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing,
-                                                    L->rpath->pos, &drops)
-                           : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second,
-                                                    &drops, kernel, &logits_wrong);
+      const auto ref =
+          parm_ ? parm_->reference(static_cast<int>(li), &drops, tolerance_, &logits_wrong)
+          : L && L->rpath ? reference_layer_routed(shape_, tokens, seed, moe, *L->rpath->routing,
+                                                   L->rpath->pos, &drops)
+                          : reference_layer_seeded(shape_, tokens, seed, moe, checked_[li].second,
+                                                   &drops, kernel, &logits_wrong);
       wrong += logits_wrong;
       for (std::size_t i = 0; i < per_rank; ++i) {
         const double err = std::fabs((got.size() == per_rank ? got[i] : NAN) - ref[i]);

@@ -331,10 +331,12 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
 
 std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vector<float>& tokens,
                                                std::uint64_t seed, int layer, int capacity,
-                                               int first, int count, long long* dropped) {
+                                               int first, int count, long long* dropped,
+                                               GateLogits kernel, long long* logits_wrong) {
   MOESIM_ASSERT(first >= 0 && count >= 0 && first + count <= s.tokens, "rows outside the unit");
   const ReferenceRouting all =
-      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity);
+      reference_routing(s, tokens, make_gate_weights(s, seed, layer), capacity, kernel);
+  if (logits_wrong) *logits_wrong += all.logits_wrong;
   const int k = s.top_k, M = s.model_dim;
   // The rows' routing entries and tokens as a unit of their own (the decisions are already made).
   ReferenceRouting rr;

@@ -120,9 +120,12 @@ std::vector<float> reference_layer_seeded(const MoeShape& s, const std::vector<f
 /// capacity rule see all s.tokens rows of `tokens` (a schedule that gates several ranks' tokens
 /// together, or a slice of them, applies the capacity to that unit), the expert FFN runs only for
 /// the rows asked for. Returns count x M; `dropped` receives the drops among those rows.
+/// `kernel` / `logits_wrong`: the unit's gate logits to decide on, as reference_layer_seeded.
 std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vector<float>& tokens,
                                                std::uint64_t seed, int layer, int capacity,
-                                               int first, int count, long long* dropped);
+                                               int first, int count, long long* dropped,
+                                               GateLogits kernel = {},
+                                               long long* logits_wrong = nullptr);
 
 /// reference_layer_seeded for a routing decided elsewhere (plan-routed layers,
 /// exec/routed_path.hpp): entry t * k + c goes to expert[entry] (-1: dropped) with the gate's

@@ -453,8 +453,13 @@ long long ParmPath::dropped(int li) const {
   return d;
 }
 
-std::vector<float> ParmPath::reference(int li, long long* dropped) const {
+std::vector<float> ParmPath::reference(int li, long long* dropped, double tolerance,
+                                       long long* logits_wrong) const {
   const Layer& L = *layers_.at(li);
+  // The gate's own logits of this rank's unit (host gate's, or the GPU's downloaded), which the
+  // reference decides on and checks (GateLogits): S1's other MP shares were gated elsewhere.
+  GateLogits kernel;
+  if (tolerance > 0 && L.on_rank) kernel = {L.buf.f({LayerBuf::kLogits}).data(), tolerance};
   const int S = shape_.tokens, M = shape_.model_dim, k = shape_.top_k;
   const std::uint64_t seed = sc_.workload.routing.seed;
   const std::vector<float> own =
@@ -462,7 +467,7 @@ std::vector<float> ParmPath::reference(int li, long long* dropped) const {
   // Drops among rows [lo, hi) of a unit, from the reference's own routing.
   auto drops_in = [&](const MoeShape& unit, const std::vector<float>& tokens, int lo, int hi) {
     const ReferenceRouting rr =
-        reference_routing(unit, tokens, make_gate_weights(unit, seed, L.moe), L.capacity);
+        reference_routing(unit, tokens, make_gate_weights(unit, seed, L.moe), L.capacity, kernel);
     long long d = 0;
     for (std::size_t i = static_cast<std::size_t>(lo) * k; i < static_cast<std::size_t>(hi) * k;
          ++i)
@@ -484,7 +489,7 @@ std::vector<float> ParmPath::reference(int li, long long* dropped) const {
         *dropped =
             drops_in(unit, all, L.own_first + t_ * S / mp_, L.own_first + (t_ + 1) * S / mp_);
       return reference_layer_seeded_rows(unit, all, seed, L.moe, L.capacity, L.own_first, S,
-                                         nullptr);
+                                         nullptr, kernel, logits_wrong);
     }
     case ParmSchedule::kS1: {
       // Every MP share is its own unit (S / mp tokens, capacity dC / mp); the output is all of
@@ -497,7 +502,8 @@ std::vector<float> ParmPath::reference(int li, long long* dropped) const {
             own.begin() + static_cast<std::ptrdiff_t>(t2 + 1) * L.gate_tokens * M);
         long long d = 0;
         const auto yp =
-            reference_layer_seeded_rows(unit, part, seed, L.moe, L.capacity, 0, L.gate_tokens, &d);
+            reference_layer_seeded_rows(unit, part, seed, L.moe, L.capacity, 0, L.gate_tokens, &d,
+                                        t2 == t_ ? kernel : GateLogits{}, logits_wrong);
         if (t2 == t_ && dropped) *dropped = d;
         y.insert(y.end(), yp.begin(), yp.end());
       }
@@ -505,7 +511,8 @@ std::vector<float> ParmPath::reference(int li, long long* dropped) const {
     }
     case ParmSchedule::kS2:
       if (dropped) *dropped = drops_in(unit, own, t_ * S / mp_, (t_ + 1) * S / mp_);
-      return reference_layer_seeded_rows(unit, own, seed, L.moe, L.capacity, 0, S, nullptr);
+      return reference_layer_seeded_rows(unit, own, seed, L.moe, L.capacity, 0, S, nullptr, kernel,
+                                         logits_wrong);
   }
   return {};
 }

@@ -90,7 +90,10 @@ class ParmPath {
   long long dropped(int li) const;
   /// The reference of this rank's S output rows of layer li (plain unsharded layer on the
   /// schedule's routing unit) and, in `dropped`, the reference's drops among the owned tokens.
-  std::vector<float> reference(int li, long long* dropped) const;
+  /// tolerance > 0: decide on this rank's gate logits (GateLogits) and add the ones beyond the
+  /// tolerance to *logits_wrong.
+  std::vector<float> reference(int li, long long* dropped, double tolerance = 0,
+                               long long* logits_wrong = nullptr) const;
 
  private:
   struct Layer;

@@ -184,18 +184,8 @@ std::vector<OpId> priority_issue_order(const Plan& plan) {
 }
 
 LayerLayout layer_layout(const MoeLayerPlan& p, const MoeShape& s) {
-  LayerLayout L;
-  L.moe = p.moe;
-  L.block = p.block;
-  L.routing = LayerRouting::kCapacity;
-  L.ep = p.ep;
-  L.ep_pos = p.ep_pos;
-  L.slices = p.local_experts;
-  L.hidden = s.hidden_dim;
-  L.has_a2a = p.has_a2a;
-  L.caps = p.caps;
-  L.offset = p.offset;
-  L.capacity = p.capacity;
+  LayerLayout L = capacity_layout(p.moe, p.block, p.ep, p.ep_pos, p.local_experts, s.hidden_dim,
+                                  p.has_a2a, p.caps, p.capacity);
   fill_capacity_blocks(L);
   return L;
 }
@@ -601,11 +591,8 @@ void Executor::check_layers() {
       const std::size_t num_logits = static_cast<std::size_t>(shape_.tokens) * shape_.experts;
       GateLogits kernel;
       const HostLayerBuffers* gated = L && !L->rpath && L->buf.allocated() ? &L->buf : nullptr;
-      std::vector<ProgramLayerRef> sharded_layers;
-      if (!parm_ && sharded_ && sharded_->active()) {  // its gate sees this rank's S tokens too
-        sharded_layers = sharded_->program_layers();
-        if (li < sharded_layers.size()) gated = sharded_layers[li].buf;
-      }
+      if (!parm_ && sharded_)  // its gate sees this rank's S tokens too
+        gated = sharded_->buffers(static_cast<int>(li));
       if (gated && gated->f({LayerBuf::kLogits}).size() == num_logits)
         kernel = {gated->f({LayerBuf::kLogits}).data(), tolerance_};
       long long logits_wrong = 0;

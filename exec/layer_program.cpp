@@ -106,6 +106,27 @@ int LayerLayout::back_block_rows(int j) const {
   return n;
 }
 
+LayerLayout capacity_layout(int moe, int block, int ep, int ep_pos, int slices, int hidden,
+                            bool has_a2a, const std::vector<int>& caps, int capacity) {
+  LayerLayout L;
+  L.moe = moe;
+  L.block = block;
+  L.routing = LayerRouting::kCapacity;
+  L.ep = ep;
+  L.ep_pos = ep_pos;
+  L.slices = slices;
+  L.hidden = hidden;
+  L.has_a2a = has_a2a;
+  L.caps = caps;
+  int first = 0;
+  for (int c : caps) {
+    L.offset.push_back(first);
+    first += c;
+  }
+  L.capacity = capacity;
+  return L;
+}
+
 void fill_capacity_blocks(LayerLayout& L) {
   MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "slot blocks: capacity routing only");
   MOESIM_ASSERT(L.shards == 1 || L.slices == 1, "a sharded layer computes one slice per rank");

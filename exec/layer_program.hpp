@@ -164,6 +164,12 @@ struct LayerLayout {
 /// back_blocks (the combine returns the send order).
 void fill_capacity_blocks(LayerLayout& L);
 
+/// A capacity-routed layout's common part: layer `moe` of plan block `block` on an EP group of
+/// `ep` sources (this rank at `ep_pos`), `slices` expert slices of hidden width `hidden`, chunks
+/// of `caps` slots (offsets derived) out of `capacity` per expert. The data paths set the rest.
+LayerLayout capacity_layout(int moe, int block, int ep, int ep_pos, int slices, int hidden,
+                            bool has_a2a, const std::vector<int>& caps, int capacity);
+
 /// A 2-D copy inside one layer: `count` runs of `run` elements, run r from
 /// src[src_off + r * src_pitch] to dst[dst_off + r * dst_pitch] (elements of the buffers' type).
 struct BlockCopy {

@@ -337,19 +337,10 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
 // slots, at mp * offset_j + t * c_j), and the local combine sums what every source (S2: of every
 // MP share, SAA) returns into those slots.
 void ParmPath::build_layout(Layer& L) const {
+  L.lay = capacity_layout(L.moe, L.block, L.has_a2a ? static_cast<int>(L.a2a_group.size()) : 1,
+                          L.my_e, L.dE, shape_.hidden_dim / esp_, L.has_a2a, L.caps, L.capacity);
   LayerLayout& lay = L.lay;
   const ParallelismSpec& p = sc_.parallelism;
-  lay.moe = L.moe;
-  lay.block = L.block;
-  lay.routing = LayerRouting::kCapacity;
-  lay.ep = L.has_a2a ? static_cast<int>(L.a2a_group.size()) : 1;
-  lay.ep_pos = L.my_e;
-  lay.slices = L.dE;
-  lay.hidden = shape_.hidden_dim / esp_;
-  lay.has_a2a = L.has_a2a;
-  lay.caps = L.caps;
-  lay.offset = L.offset;
-  lay.capacity = L.capacity;
   lay.gate_tokens = L.gate_tokens;
   switch (L.sched) {
     case ParmSchedule::kBaseline:

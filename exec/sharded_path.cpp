@@ -225,20 +225,10 @@ struct ShardedPath::Impl {
 };
 
 LayerLayout sharded_layout(const ShardedLayerPlan& p, const MoeShape& s) {
-  LayerLayout L;
-  L.moe = p.moe;
-  L.block = p.block;
-  L.routing = LayerRouting::kCapacity;
-  L.ep = p.ep;
-  L.ep_pos = p.ep_pos;
-  L.slices = 1;
+  LayerLayout L = capacity_layout(p.moe, p.block, p.ep, p.ep_pos, 1, s.hidden_dim / p.rho,
+                                  /*has_a2a=*/true, p.caps, p.capacity);
   L.shards = p.shards;
   L.rho = p.rho;
-  L.hidden = s.hidden_dim / p.rho;
-  L.has_a2a = true;
-  L.caps = p.caps;
-  L.offset = p.offset;
-  L.capacity = p.capacity;
   fill_capacity_blocks(L);
   return L;
 }
@@ -316,6 +306,12 @@ std::vector<long long> ShardedPath::dropped() const {
 const std::vector<ShardedLayerPlan>& ShardedPath::layers() const { return impl_->plans; }
 
 bool ShardedPath::active() const { return impl_->active; }
+
+const HostLayerBuffers* ShardedPath::buffers(int li) const {
+  if (!impl_->active || li < 0 || li >= static_cast<int>(impl_->layers.size())) return nullptr;
+  const auto& L = impl_->layers[static_cast<std::size_t>(li)];
+  return L.on_rank ? &L.buf : nullptr;
+}
 
 std::vector<ProgramLayerRef> ShardedPath::program_layers() {
   std::vector<ProgramLayerRef> out;

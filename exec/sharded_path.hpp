@@ -93,6 +93,8 @@ class ShardedPath {
   bool active() const;
   /// The prepared layers for another backend (the GPU path), empty when inactive.
   std::vector<ProgramLayerRef> program_layers();
+  /// Layer li's buffers (its gate's logits, outputs), or null off this rank's stage / inactive.
+  const HostLayerBuffers* buffers(int li) const;
 
  private:
   struct Impl;

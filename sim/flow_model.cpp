@@ -18,6 +18,8 @@ namespace moesim::sim {
 namespace {
 // Shares within this relative amount of the level's minimum saturate together in one level.
 constexpr double kLevelTol = 1e-9;
+// Below this event_tolerance the slack is negligible and no duration bound is computed for it.
+constexpr double kMinDurationTolerance = 1e-7;
 
 // A partial re-solve keeps the flows whose rate is below its threshold times this factor: a margin
 // of many level tolerances, so that levels merged within kLevelTol are never split between the
@@ -82,7 +84,10 @@ bool transfer_same(const Transfer& a, const Transfer& b) {
 // One batch: its flows in flat arrays, indexed by a local flow id.
 struct FlowModel::Segment {
   BatchId id = -1;
-  double start_s = 0;           // start_batch's time: event_tolerance is relative to t - start_s
+  double start_s = 0;  // start_batch's time: event_tolerance is relative to t - start_s
+  // A lower bound on the batch's duration (least route latency + the most loaded link's bytes /
+  // its capacity); set only under a coarse event_tolerance, whose slack uses at least this.
+  double min_duration_s = 0;
   std::int64_t unfinished = 0;  // flow entries not done (pending or moving)
   std::int64_t num_moving = 0;  // flow entries moving
   // Latest exact finish time of its finished flows: with a coarse event_tolerance a flow is
@@ -393,6 +398,25 @@ BatchId FlowModel::start_batch(double now_s, const std::vector<Transfer>& transf
   for (std::size_t l = 0; l < num_links; ++l) {
     if (g.link_begin[l + 1] > g.link_begin[l]) g.links.push_back(static_cast<topology::LinkId>(l));
   }
+  if (options_.event_tolerance > kMinDurationTolerance) {
+    // A lower bound on the batch's duration, which the tolerance's slack may use from its start:
+    // its flows start no earlier than the least route latency, and no link carries its bytes
+    // faster than its capacity, whatever else shares it.
+    std::vector<double>& bytes = link_scratch_;
+    bytes.resize(num_links, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double w = g.remaining[i] * g.mult[i];
+      for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
+        bytes[g.routes[k]] += w;
+      }
+    }
+    double drain_s = 0;
+    for (topology::LinkId l : g.links) {
+      drain_s = std::max(drain_s, bytes[l] / cap_[l]);
+      bytes[l] = 0;
+    }
+    g.min_duration_s = (g.groups.empty() ? 0.0 : g.groups.front().time_s - now_s) + drain_s;
+  }
   if (options_.sharing == FlowSharing::kPerCollective) {
     // Each batch (one phase of one collective) shares links as one party, as NCCL runs each
     // collective on channels of its own: all its flows weigh 1 / the copies of the batch on its
@@ -468,8 +492,11 @@ std::vector<BatchId> FlowModel::process_event(double t) {
     // Finishing (or starting) within the slack: now. The slack is relative to the time the batch
     // has run, not to the absolute clock: late in a long run (a training step of seconds made of
     // millisecond collectives) a slack of tolerance x t would release whole collectives early.
+    // Early in a batch that time is short, so the slack uses at least a lower bound on the
+    // batch's whole duration (Segment::min_duration_s): the bound on the error relative to the
+    // duration still holds, and a skewed batch's early finishes are not each an event of their own.
     const auto slack_of = [&](const Segment& g) {
-      return options_.event_tolerance * std::max(0.0, t - g.start_s);
+      return options_.event_tolerance * std::max(t - g.start_s, g.min_duration_s);
     };
     sim_t_ = t;
     std::vector<std::int64_t> unfinished_before(segments_.size());

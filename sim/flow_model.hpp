@@ -233,6 +233,7 @@ class FlowModel final : public NetworkModel {
   std::vector<topology::LinkId> touched_;
   std::vector<topology::LinkId> solve_links_;  // links crossed by the flows being re-solved
   std::vector<std::uint8_t> in_links_;         // per link: in solve_links_
+  std::vector<double> link_scratch_;           // per link, zero between uses
   std::vector<std::uint32_t> link_mark_;       // per link: == mark_stamp_ when reached
   std::uint32_t mark_stamp_ = 0;
 

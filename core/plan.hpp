@@ -69,7 +69,17 @@ enum class CollectiveType {
   kReduceScatter,
   kSendRecv
 };
-enum class CollectiveAlgo { kAuto, kLinear, k2dh, kRing, kTree, kHierarchical, kSaa, k3dh };
+enum class CollectiveAlgo {
+  kAuto,
+  kLinear,
+  k2dh,
+  kRing,
+  kTree,
+  kHierarchical,
+  kSaa,
+  k3dh,
+  kDeepep
+};
 
 std::string_view op_kind_name(OpKind k);
 std::string_view compute_class_name(ComputeClass c);
@@ -132,6 +142,21 @@ struct ExpertRouting {
   bool spread = false;
 };
 
+/// What a token-deduplicating (DeepEP-style) dispatch of one EP group moves: a token goes once
+/// to every node that holds one of its experts, and on that node once to every GPU that does,
+/// however many of its k experts sit there. Counted on the sampled tokens (workload::
+/// LayerDispatch::distinct). The group is node-aligned: position q = node q / m, local q % m,
+/// m = size / nodes.
+///  gpu_tokens[s * size + q]: tokens of position s with at least one expert on position q;
+///  node_tokens[s * nodes + b]: tokens of position s with at least one expert on node b.
+struct NodeDedup {
+  int size = 0;   // W
+  int nodes = 0;  // N
+  Bytes unit{1};  // bytes per token
+  std::vector<std::uint32_t> gpu_tokens;
+  std::vector<std::uint32_t> node_tokens;
+};
+
 struct CollectiveSpec {
   CollectiveType type = CollectiveType::kAllToAll;
   CollectiveAlgo algo = CollectiveAlgo::kAuto;
@@ -146,6 +171,11 @@ struct CollectiveSpec {
   /// all_to_allv of a routed MoE dispatch / combine: the expert split behind the matrix, one for
   /// every group or one per group (ExpertRouting); empty for other collectives.
   std::vector<std::shared_ptr<const ExpertRouting>> expert_routing;
+  /// all_to_allv with algo deepep: the deduplicated token counts, one for every group or one per
+  /// group. dedup_combine: the combine direction (expert GPUs -> the tokens' GPUs: the intra-node
+  /// gather and reduction first, then one message per node back), else the dispatch.
+  std::vector<std::shared_ptr<const NodeDedup>> node_dedup;
+  bool dedup_combine = false;
   /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).
   int peer_offset = 1;
   /// saa (Parm's simultaneous all-to-all + all-gather): the inner all-gather group size m;

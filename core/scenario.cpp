@@ -86,6 +86,7 @@ const std::vector<NamedValue<A2aRole>>& a2a_role_names() {
   static const std::vector<NamedValue<A2aRole>> t = {{A2aRole::kLinear, "linear"},
                                                      {A2aRole::k2dh, "2dh"},
                                                      {A2aRole::k3dh, "3dh"},
+                                                     {A2aRole::kDeepep, "deepep"},
                                                      {A2aRole::kAuto, "auto"}};
   return t;
 }

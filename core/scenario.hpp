@@ -238,7 +238,7 @@ struct EngineSpec {
 enum class RoutingRole { kEven, kTaMoe, kFasterMoeHir };
 enum class ParallelRole { kP1, kP2, kDegree, kTutelRouter };
 enum class PipelineRole { kDegree, kPipeMoe, kTutelOnline };
-enum class A2aRole { kLinear, k2dh, kAuto, k3dh };
+enum class A2aRole { kLinear, k2dh, kAuto, k3dh, kDeepep };
 enum class LayoutRole { kPlain, kFlexible };
 enum class ScheduleRole {
   kNone,

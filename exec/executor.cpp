@@ -275,6 +275,14 @@ RunResult Executor::run(const Plan& plan) {
     throw InputError(
         fmt::format("plan of {} ranks run on {} ranks", plan.num_ranks(), comm_.size()));
   const auto& md = sc_.model;
+  for (const Op& op : plan.ops()) {
+    if (op.kind == OpKind::kCollective && op.collective().algo == CollectiveAlgo::kDeepep)
+      throw InputError(
+          "moesim exec does not run the per-node (a2a: deepep) dispatch: it needs a forwarding "
+          "data path (each token received once per node, then copied to the GPUs of its "
+          "experts) that exec does not have; simulate it, or run the strategy with a2a: "
+          "linear or 2dh");
+  }
   const auto wall0 = Clock::now();
 
   layers_.clear();

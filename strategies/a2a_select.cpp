@@ -1,5 +1,7 @@
 #include "strategies/a2a_select.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace moesim::strategies {
@@ -25,6 +27,41 @@ std::vector<CollectiveAlgo> a2a_candidates(const StrategyContext& ctx, const Dec
                          "3dh needs node-aligned EP groups spanning several leaf switches with "
                          "the same number (> 1) of the group's nodes under each");
       return {CollectiveAlgo::k3dh};
+    case A2aRole::kDeepep: {
+      // DeepEP's normal dispatch: each token crosses the fabric once per destination node (to
+      // the GPU on its own rail there), which forwards it over NVLink once to every GPU holding
+      // one of its experts; the combine reduces on that GPU and returns once per node. It needs
+      // the sampled tokens' destination sets (workload::LayerDispatch::distinct), so the token
+      // split must be the sampled one: dropless, unrouted, unsharded, not an inference placement.
+      const Scenario& sc = ctx.scenario;
+      const auto dist = sc.workload.routing.distribution;
+      if (dist == RoutingDistribution::kTrace || dist == RoutingDistribution::kCorrelated)
+        throw_role_error(ctx, "a2a",
+                         "deepep needs each token's expert set, which sampled routing (uniform, "
+                         "zipf, dirichlet) draws and a trace or correlated routing does not");
+      if (ctx.capacity_factor != 0)
+        throw_role_error(ctx, "a2a",
+                         fmt::format("deepep is a dropless dispatch; found capacity factor {}, "
+                                     "expected model.capacity_factor: 0",
+                                     ctx.capacity_factor));
+      if (ctx.spec.routing != RoutingRole::kEven || ctx.spec.inference != InferenceRole::kBaseline)
+        throw_role_error(ctx, "a2a",
+                         "deepep sends the tokens as the gate chose them; it cannot follow a "
+                         "routing or inference role that moves tokens (use routing: even)");
+      if (ctx.spec.pipeline != PipelineRole::kDegree)
+        throw_role_error(ctx, "a2a",
+                         "deepep's cost is not in the padded all_to_all model that pipemoe and "
+                         "tutel_online search; expected a fixed pipeline degree");
+      if (sc.model.expert_shards() != 1 || ctx.spec.parallel != ParallelRole::kP1)
+        throw_role_error(ctx, "a2a",
+                         "deepep sends whole tokens to whole experts; expected unsharded experts "
+                         "and parallel: p1");
+      if (spread && !ctx.cost.a2a_applicable(CollectiveAlgo::k2dh))
+        throw_role_error(ctx, "a2a",
+                         "deepep needs EP groups made of whole nodes (P = m * n with the same m "
+                         "GPUs of every node), found a group that is not node-aligned");
+      return {CollectiveAlgo::kDeepep};
+    }
     case A2aRole::kAuto: {
       std::vector<CollectiveAlgo> algos = {CollectiveAlgo::kLinear};
       if (ctx.cost.a2a_applicable(CollectiveAlgo::k2dh)) algos.push_back(CollectiveAlgo::k2dh);
@@ -51,6 +88,7 @@ void A2aStrategy::decide(const StrategyContext& ctx, Decision& decision) {
   const std::vector<CollectiveAlgo> algos = a2a_candidates(ctx, decision);
   if (role_ != A2aRole::kAuto) {
     decision.a2a = algos.front();
+    if (role_ == A2aRole::kDeepep) decision.variable_dispatch = true;
     return;
   }
   const int r = std::max(decision.pipeline_degree, 1);

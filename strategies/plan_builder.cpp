@@ -299,10 +299,16 @@ class Builder {
           "plan builder: inference placement of {} MoE layers for {} (variable dispatch {})",
           dec_.inference->layers.size(), work_.layers.size(), dec_.variable_dispatch));
     if (dec_.a2a != CollectiveAlgo::kLinear && dec_.a2a != CollectiveAlgo::k2dh &&
-        dec_.a2a != CollectiveAlgo::k3dh && dec_.a2a != CollectiveAlgo::kAuto)
+        dec_.a2a != CollectiveAlgo::k3dh && dec_.a2a != CollectiveAlgo::kDeepep &&
+        dec_.a2a != CollectiveAlgo::kAuto)
+      throw InputError(
+          where, "a2a",
+          fmt::format("strategy role a2a: algorithm {}, expected linear, 2dh, 3dh or deepep",
+                      collective_algo_name(dec_.a2a)));
+    if (dec_.a2a == CollectiveAlgo::kDeepep && !dec_.variable_dispatch)
       throw InputError(where, "a2a",
-                       fmt::format("strategy role a2a: algorithm {}, expected linear, 2dh or 3dh",
-                                   collective_algo_name(dec_.a2a)));
+                       "strategy role a2a: deepep is the routed all_to_allv dispatch of the "
+                       "sampled tokens; this decision sends padded buffers");
     if (schedules::is_parm(dec_.schedule)) {
       const std::string why = schedules::parm_inapplicable_reason(sc_, rep_);
       if (!why.empty())
@@ -393,7 +399,38 @@ class Builder {
     std::vector<std::shared_ptr<const ByteMatrix>> to_experts, to_tokens;  // per EP group
     std::vector<std::shared_ptr<const ExpertRouting>> routing;  // per EP group (every chunk's)
     std::shared_ptr<const std::vector<float>> rank_scale;
+    // a2a deepep: the distinct tokens per destination GPU and node, per EP group
+    std::vector<std::shared_ptr<const NodeDedup>> dedup;
   };
+  // The chunk j of r of per-node token counts (c / r, the first c % r chunks one more), as the
+  // routed matrix splits its token counts.
+  static std::shared_ptr<const NodeDedup> dedup_chunk(const workload::LayerDispatch& layer,
+                                                      const std::vector<int>& grp, Bytes unit,
+                                                      std::uint32_t j, std::uint32_t r) {
+    const int w = static_cast<int>(grp.size()), n = layer.distinct_nodes;
+    if (layer.distinct_positions != w || layer.distinct.empty())
+      throw InputError(fmt::format(
+          "a2a deepep: the workload counted distinct tokens for EP groups of {} GPUs, the plan's "
+          "have {}",
+          layer.distinct_positions, w));
+    auto d = std::make_shared<NodeDedup>();
+    d->size = w;
+    d->nodes = n;
+    d->unit = unit;
+    d->gpu_tokens.resize(static_cast<std::size_t>(w) * w);
+    d->node_tokens.resize(static_cast<std::size_t>(w) * n);
+    const auto part = [&](std::uint32_t c) { return c / r + (j < c % r ? 1u : 0u); };
+    const auto row_len = static_cast<std::size_t>(w + n);
+    for (int a = 0; a < w; ++a) {
+      const std::uint32_t* row =
+          layer.distinct.data() +
+          static_cast<std::size_t>(grp[static_cast<std::size_t>(a)]) * row_len;
+      for (int q = 0; q < w; ++q) d->gpu_tokens[static_cast<std::size_t>(a) * w + q] = part(row[q]);
+      for (int b = 0; b < n; ++b)
+        d->node_tokens[static_cast<std::size_t>(a) * n + b] = part(row[w + b]);
+    }
+    return d;
+  }
   const std::vector<RoutedChunk>& routed(int moe) {
     if (routed_.size() <= static_cast<std::size_t>(moe)) routed_.resize(moe + 1);
     auto& chunks = routed_[moe];
@@ -445,6 +482,8 @@ class Builder {
         chunks[j].to_experts.push_back(std::make_shared<const ByteMatrix>(std::move(m)));
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
         if (split) chunks[j].routing.push_back(split);
+        if (dec_.a2a == CollectiveAlgo::kDeepep)
+          chunks[j].dedup.push_back(dedup_chunk(layer, grp, unit, j, r));
       }
     }
     for (std::uint32_t j = 0; j < r; ++j)
@@ -470,6 +509,10 @@ class Builder {
     else
       spec.per_group = mats;
     if (rc.routing.size() == mats.size()) spec.expert_routing = rc.routing;
+    if (!rc.dedup.empty()) {
+      spec.node_dedup = rc.dedup;
+      spec.dedup_combine = !to_experts;
+    }
     return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
   }
   // Expert weights moved between the GPUs of every EP group (inference placement): an

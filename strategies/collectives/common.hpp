@@ -211,6 +211,7 @@ const Algorithm& ring_all_gather();
 const Algorithm& ring_reduce_scatter();
 const Algorithm& send_recv();
 const Algorithm& saa_all_to_all();
+const Algorithm& deepep_all_to_allv();
 
 // ---- Lowering helpers shared by several algorithms ---------------------------------------------
 

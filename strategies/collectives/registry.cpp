@@ -18,6 +18,7 @@ const std::vector<const Algorithm*>& table() {
       &detail::tree_all_reduce(),     &detail::hierarchical_all_reduce(),
       &detail::ring_all_gather(),     &detail::ring_reduce_scatter(),
       &detail::send_recv(),           &detail::saa_all_to_all(),
+      &detail::deepep_all_to_allv(),
   };
   return t;
 }

@@ -169,13 +169,25 @@ std::vector<double> dirichlet_popularity(int num_experts, double alpha, std::uin
 }
 
 ChoiceSampler::ChoiceSampler(std::vector<double> popularity, int num_experts, int top_k,
-                             std::int64_t tokens_per_gpu, Method method, NodeLimit node_limit)
+                             std::int64_t tokens_per_gpu, Method method, NodeLimit node_limit,
+                             DistinctDestinations distinct)
     : num_experts_(static_cast<std::uint32_t>(num_experts)),
       top_k_(top_k),
       tokens_(tokens_per_gpu),
       uniform_(popularity.empty()),
       method_(method),
-      p_(std::move(popularity)) {
+      p_(std::move(popularity)),
+      distinct_(std::move(distinct)) {
+  if (!distinct_.pos_of.empty()) {
+    MOESIM_ASSERT(distinct_.pos_of.size() == num_experts_ &&
+                      distinct_.node_of.size() == num_experts_ && top_k <= 64,
+                  "distinct destinations need a position and a node per expert, top_k <= 64");
+    for (std::uint32_t e = 0; e < num_experts_; ++e)
+      MOESIM_ASSERT(
+          distinct_.pos_of[e] < distinct_.positions && distinct_.node_of[e] < distinct_.nodes,
+          "an expert's position or node is out of range");
+    method_ = Method::kTokens;
+  }
   MOESIM_ASSERT(num_experts >= 1 && top_k >= 1 && top_k <= num_experts,
                 "need 1 <= top_k <= experts");
   MOESIM_ASSERT(tokens_per_gpu >= 0 && tokens_per_gpu <= 0xffffffffLL,
@@ -318,10 +330,21 @@ std::span<const double> ChoiceSampler::rank_weights(int j) const {
   return {q_.data() + static_cast<std::size_t>(j) * num_experts_, num_experts_};
 }
 
-void ChoiceSampler::sample(Xoshiro256& rng, std::span<std::uint32_t> counts) const {
+void ChoiceSampler::sample(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                           std::span<std::uint32_t> distinct) const {
   MOESIM_ASSERT(counts.size() == static_cast<std::size_t>(top_k_) * num_experts_,
                 "counts must hold top_k * E entries");
   std::fill(counts.begin(), counts.end(), 0u);
+  if (counts_distinct()) {
+    MOESIM_ASSERT(distinct.size() == std::size_t{distinct_.positions} + distinct_.nodes,
+                  "distinct must hold positions + nodes entries");
+    std::fill(distinct.begin(), distinct.end(), 0u);
+    if (!node_of_.empty())
+      sample_tokens_node_limited(rng, counts, distinct.data());
+    else
+      sample_tokens_distinct(rng, counts, distinct.data());
+    return;
+  }
   if (method_ == Method::kTokens)
     sample_tokens(rng, counts);
   else if (method_ == Method::kPairs)
@@ -427,8 +450,38 @@ std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t*
   return 0;
 }
 
-void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng,
-                                               std::span<std::uint32_t> counts) const {
+void ChoiceSampler::count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct) const {
+  // k <= 64 choices: a token's positions and nodes deduplicated by a scan of the earlier ones.
+  std::uint32_t pos[64], nodes[64];
+  int np = 0, nn = 0;
+  for (int j = 0; j < top_k_; ++j) {
+    const std::uint32_t q = distinct_.pos_of[chosen[j]];
+    const std::uint32_t b = distinct_.node_of[chosen[j]];
+    if (std::find(pos, pos + np, q) == pos + np) pos[np++] = q;
+    if (std::find(nodes, nodes + nn, b) == nodes + nn) nodes[nn++] = b;
+  }
+  for (int a = 0; a < np; ++a) ++distinct[pos[a]];
+  std::uint32_t* node_count = distinct + distinct_.positions;
+  for (int a = 0; a < nn; ++a) ++node_count[nodes[a]];
+}
+
+void ChoiceSampler::sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                                           std::uint32_t* distinct) const {
+  const std::size_t E = num_experts_;
+  std::uint32_t chosen[64];
+  for (std::int64_t t = 0; t < tokens_; ++t) {
+    chosen[0] = draw(rng);
+    ++counts[chosen[0]];
+    for (int j = 1; j < top_k_; ++j) {
+      chosen[j] = draw_excluding(rng, chosen, j);
+      ++counts[static_cast<std::size_t>(j) * E + chosen[j]];
+    }
+    count_distinct(chosen, distinct);
+  }
+}
+
+void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                                               std::uint32_t* distinct) const {
   // Choices in affinity order, each from p without the token's earlier choices; once they span
   // `limit` nodes, the rest come from those nodes only: the token's top experts pick its nodes.
   // Two loops and branch-free node bookkeeping: which phase a choice is in, and whether its node
@@ -453,12 +506,13 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng,
     for (; j < top_k_ && num_nodes < node_limit_; ++j) take(j, draw_excluding(rng, chosen, j));
     for (; j < top_k_; ++j) take(j, draw_on_nodes(rng, chosen, j, nodes, num_nodes));
     for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
+    if (distinct != nullptr) count_distinct(chosen, distinct);
   }
 }
 
 void ChoiceSampler::sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const {
   if (!node_of_.empty()) {
-    sample_tokens_node_limited(rng, counts);
+    sample_tokens_node_limited(rng, counts, nullptr);
     return;
   }
   const std::size_t E = num_experts_;

@@ -28,6 +28,16 @@ struct NodeLimit {
   int limit = 0;
 };
 
+/// Distinct destinations of each token (a per-node, DeepEP-style dispatch sends a token once per
+/// GPU and once per node that hold any of its experts): pos_of[e] is the EP-group position of
+/// expert e (0..positions-1), node_of[e] its node (0..nodes-1). Empty: not counted.
+struct DistinctDestinations {
+  std::vector<std::uint32_t> pos_of;
+  std::vector<std::uint32_t> node_of;
+  std::uint32_t positions = 0;
+  std::uint32_t nodes = 0;
+};
+
 /// Draws, for one GPU, the k distinct expert choices of each of its S tokens and counts them per
 /// choice rank: counts[j * E + e] = tokens whose (j+1)-th choice is expert e.
 class ChoiceSampler {
@@ -54,12 +64,18 @@ class ChoiceSampler {
   /// popularity: p_e (sums to 1), or empty for uniform. A node limit (non-empty node_of, limit
   /// below the number of nodes) needs each token's choice set, so it samples by the token method
   /// whatever `method` asks; every `limit` nodes must hold at least top_k experts.
+  /// Counting distinct destinations (non-empty `distinct`) also needs each token's choice set,
+  /// so it samples by the token method too.
   ChoiceSampler(std::vector<double> popularity, int num_experts, int top_k,
                 std::int64_t tokens_per_gpu, Method method = Method::kAuto,
-                NodeLimit node_limit = {});
+                NodeLimit node_limit = {}, DistinctDestinations distinct = {});
 
   /// Overwrites counts (size top_k * E) with one GPU's per-choice counts; each rank sums to S.
-  void sample(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
+  /// With distinct destinations, `distinct` (size positions + nodes) is overwritten with the
+  /// tokens that have at least one choice on each position, then on each node.
+  void sample(Xoshiro256& rng, std::span<std::uint32_t> counts,
+              std::span<std::uint32_t> distinct = {}) const;
+  bool counts_distinct() const { return !distinct_.pos_of.empty(); }
 
   Method method() const { return method_; }
   /// Marginal probability of each expert for choice rank j as the count method draws it.
@@ -74,7 +90,13 @@ class ChoiceSampler {
   // nodes (the limit reached).
   std::uint32_t draw_on_nodes(Xoshiro256& rng, const std::uint32_t* chosen, int n,
                               const std::uint32_t* nodes, int num_nodes) const;
-  void sample_tokens_node_limited(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
+  void sample_tokens_node_limited(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                                  std::uint32_t* distinct) const;
+  // Every token's choices drawn in order (draw, then draw_excluding), distinct counted.
+  void sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                              std::uint32_t* distinct) const;
+  // Adds one token's distinct positions and nodes (its k choices `chosen`).
+  void count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct) const;
   void sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_counts(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_pairs(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
@@ -96,6 +118,7 @@ class ChoiceSampler {
   std::vector<double> node_mass_;       // sum of p over each node's experts
   std::vector<AliasTable> node_alias_;  // p within each node with mass (empty when uniform)
   AliasTable alias_;
+  DistinctDestinations distinct_;
   // Count method: q[j * E + e] (rank weights) and cond[j * E + e] = q_e / sum_{e' >= e} q_e'.
   std::vector<double> q_;
   std::vector<double> cond_;

@@ -78,6 +78,11 @@ struct WorkloadGenerator::Impl {
   int node_limit = 0;
   std::shared_ptr<const std::vector<std::vector<std::uint32_t>>> partitions;
   std::shared_ptr<const std::vector<std::uint32_t>> row_partition;
+  // Distinct destinations (a strategy with a2a: deepep): each expert's EP position, the group
+  // size and the largest node count of the rows' partitions (which are then always set).
+  bool distinct = false;
+  std::vector<std::uint32_t> pos_of;
+  int distinct_positions = 0, distinct_nodes = 0;
   int threads = 0;  // 0: hardware concurrency
   bool keep_demanded = true;
   SampleCache* cache = nullptr;
@@ -196,9 +201,23 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
                      fmt::format("found random_walk min {}, max {}, step {}, expected 0 < min <= "
                                  "max and step > 0",
                                  m.capacity.min, m.capacity.max, m.capacity.step));
-  if (m.routing.node_limit > 0) {
-    if (m.routing.distribution == RoutingDistribution::kTrace ||
-        m.routing.distribution == RoutingDistribution::kCorrelated)
+  const bool sampled = m.routing.distribution != RoutingDistribution::kTrace &&
+                       m.routing.distribution != RoutingDistribution::kCorrelated;
+  m.distinct =
+      sampled && std::any_of(scenario.strategies.begin(), scenario.strategies.end(),
+                             [](const StrategySpec& s) { return s.a2a == A2aRole::kDeepep; });
+  if (m.distinct) {
+    const auto placement = ExpertPlacement::of(scenario.model);
+    m.distinct = placement.shards == 1;  // the a2a role refuses sharded experts
+    m.distinct_positions = scenario.parallelism.ep;
+    for (int e = 0; e < m.num_experts; ++e)
+      m.pos_of.push_back(static_cast<std::uint32_t>(placement.owner(e)));
+    for (const std::uint32_t q : m.pos_of)
+      if (q >= static_cast<std::uint32_t>(m.distinct_positions)) m.distinct = false;
+  }
+  if (m.routing.node_limit > 0 || m.distinct) {
+    if (m.routing.node_limit > 0 && (m.routing.distribution == RoutingDistribution::kTrace ||
+                                     m.routing.distribution == RoutingDistribution::kCorrelated))
       throw InputError(scenario.location_of("workload.routing.node_limit"),
                        "workload.routing.node_limit",
                        "applies to sampled routing (uniform, zipf, dirichlet) only");
@@ -221,7 +240,8 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
         if (n >= sizes.size()) sizes.resize(n + 1, 0);
         ++sizes[n];
       }
-      if (static_cast<std::size_t>(m.node_limit) >= sizes.size()) continue;
+      m.distinct_nodes = std::max(m.distinct_nodes, static_cast<int>(sizes.size()));
+      if (m.node_limit == 0 || static_cast<std::size_t>(m.node_limit) >= sizes.size()) continue;
       std::sort(sizes.begin(), sizes.end());
       const std::uint32_t fewest =
           std::accumulate(sizes.begin(), sizes.begin() + m.node_limit, std::uint32_t{0});
@@ -331,7 +351,8 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     SampleCache::Counts cached;
     std::shared_ptr<std::vector<std::uint32_t>> fresh;
     SampleCache::Key key;
-    if (m.cache) {
+    // Distinct destinations are not cached (the key does not hold the placement they count on).
+    if (m.cache && !m.distinct) {
       key = SampleCache::Key{m.num_gpus,
                              m.num_experts,
                              m.top_k,
@@ -350,6 +371,12 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
         fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
                                                              k * E);
     }
+    const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
+    if (m.distinct) {
+      d.distinct_positions = m.distinct_positions;
+      d.distinct_nodes = m.distinct_nodes;
+      d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
+    }
     // One sampler per expert-to-node partition (one without a node limit).
     std::vector<ChoiceSampler> samplers;
     if (!cached) {
@@ -357,9 +384,16 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       if (!m.partitions) {
         samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens);
       } else {
-        for (const auto& part : *m.partitions)
-          samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens, ChoiceSampler::Method::kAuto,
-                                detail::NodeLimit{part, m.node_limit});
+        for (const auto& part : *m.partitions) {
+          detail::DistinctDestinations dd;
+          if (m.distinct)
+            dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
+                  static_cast<std::uint32_t>(m.distinct_nodes)};
+          samplers.emplace_back(
+              p, m.num_experts, m.top_k, m.tokens, ChoiceSampler::Method::kAuto,
+              m.node_limit > 0 ? detail::NodeLimit{part, m.node_limit} : detail::NodeLimit{},
+              std::move(dd));
+        }
       }
     }
     // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
@@ -397,8 +431,12 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
           Xoshiro256 rng(
               substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
                             static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
+          const std::span<std::uint32_t> distinct =
+              m.distinct ? std::span<std::uint32_t>(
+                               d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
+                         : std::span<std::uint32_t>();
           samplers[m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0].sample(
-              rng, counts);
+              rng, counts, distinct);
           m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
         }
       } catch (...) {

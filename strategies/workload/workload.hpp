@@ -45,6 +45,16 @@ struct LayerDispatch {
   /// dropped_by_choice[j]: (j+1)-th choices dropped (size top_k; sums to `dropped`). Trace rows
   /// without a choice column count as first choices.
   std::vector<std::int64_t> dropped_by_choice;
+  /// Distinct destinations of the tokens, for a per-node (DeepEP-style) dispatch, which sends a
+  /// token once to every GPU and once to every node holding any of its chosen experts. Sampled
+  /// only when a strategy of the scenario uses `a2a: deepep` (empty otherwise); choices before
+  /// drops (that dispatch is dropless). W = distinct_positions (the EP group size), N =
+  /// distinct_nodes (the nodes of an EP group); row i holds W + N entries:
+  /// distinct[i * (W + N) + q]: tokens of GPU i with a choice on EP position q (q < W);
+  /// distinct[i * (W + N) + W + b]: tokens of GPU i with a choice on the group's node b.
+  int distinct_positions = 0;
+  int distinct_nodes = 0;
+  std::vector<std::uint32_t> distinct;
 
   std::uint32_t at(int gpu, int expert) const {
     return kept[static_cast<std::size_t>(gpu) * num_experts + expert];

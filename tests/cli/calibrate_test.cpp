@@ -271,6 +271,18 @@ TEST(CalibrateCli, ExecRefusesPipelineStagesWhereNoDataPathRunsThem) {
   EXPECT_THAT(r.out, HasSubstr("--backend nccl")) << r.out;
 }
 
+// a2a: deepep has no data path in exec (a token received once per node, then forwarded): the
+// run is refused as invalid input, saying what to use instead.
+TEST(CalibrateCli, ExecRefusesTheDeepepDispatch) {
+  const std::string q = std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-host-4.yaml";
+  const RunOutput r =
+      run(fmt::format("{} exec '{}' --iterations 1 --set model.capacity_factor=0 --set "
+                      "'strategies=[{{name: d, a2a: deepep}}]'",
+                      mpirun(4), q));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("does not run the per-node (a2a: deepep) dispatch")) << r.out;
+}
+
 TEST(CalibrateCli, WrongRankCountIsInvalidInput) {
   const RunOutput r = run(fmt::format("{} calibrate '{}/scenarios/exec-host-4.yaml' --quick",
                                       mpirun(2), MOESIM_SOURCE_DIR));

@@ -196,6 +196,47 @@ TEST(Cli, ModelPresetsSimulateOnEveryEngine) {
     }
 }
 
+// a2a: deepep (DeepEP's per-node dispatch) on 2 nodes x 2 GPUs, 8 experts, top-2, node_limit 1:
+// every token's two experts are on one node, so the routed all_to_allv sends it there twice and
+// deepep once (then forwards it over NVLink when its experts are on the two GPUs of that node):
+// the inter-node bytes halve. Both engines agree that deepep's all-to-all time is well below the
+// routed one's. deepep refuses a capacity factor other than 0 (it is dropless), naming the key.
+TEST(Cli, DeepepDispatchSendsATokenOncePerNode) {
+  const std::string scen = kSource + "/scenarios/exec-host-4.yaml";
+  const std::string edits =
+      "--iterations 1 --set model.capacity_factor=0 --set workload.routing.node_limit=1 "
+      "--set model.model_dim=4096 --set model.hidden_dim=8192 --set model.seq_len=2048 --set "
+      "'strategies=[{name: routed, routing: faster_moe_hir, faster_moe_hir: {max_offnode_share: "
+      "1.0}}, {name: deepep, a2a: deepep}]'";
+  std::map<std::string, std::map<std::string, double>> a2a_ms;
+  for (const std::string engine : {"analytical", "flow"}) {
+    auto r = run(fmt::format("simulate '{}' --engine {} {}", scen, engine, edits));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    for (const std::string name : {"routed", "deepep"}) {
+      const auto at = r.out.find("\n" + name + " ");
+      ASSERT_NE(at, std::string::npos) << r.out;
+      std::istringstream is(r.out.substr(at + 1));
+      std::string col;
+      double ms = 0;
+      for (int c = 0; c < 5; ++c) is >> col;  // name, step, p50, p95, moe
+      is >> ms;                               // a2a(ms)
+      a2a_ms[engine][name] = ms;
+    }
+    EXPECT_LT(a2a_ms[engine]["deepep"], 0.7 * a2a_ms[engine]["routed"]) << engine << r.out;
+    EXPECT_GT(a2a_ms[engine]["deepep"], 0.4 * a2a_ms[engine]["routed"]) << engine << r.out;
+  }
+  EXPECT_NEAR(a2a_ms["flow"]["deepep"], a2a_ms["analytical"]["deepep"],
+              0.1 * a2a_ms["flow"]["deepep"]);
+
+  auto bad =
+      run(fmt::format("simulate '{}' --engine analytical --iterations 1 --set "
+                      "'strategies=[{{name: d, a2a: deepep}}]'",
+                      scen));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("strategies[0].a2a"));
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("expected model.capacity_factor: 0"));
+}
+
 // simulate shares one sample cache among a scenario's strategies (apps/moesim/stacks.hpp): each
 // strategy's row must equal its row when it runs alone (its own sampling), with skewed routing,
 // drops (f = 1) and pipelined strategies (dC rounded to r) among them, over 2 iterations.

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -565,6 +566,60 @@ TEST(AllToAllv, LinearSkipsZeroEntriesExactly) {
   EXPECT_EQ(phases[0].local_bytes, Bytes(8));
 }
 
+// deepep (DeepEP's per-node dispatch), worked by hand on 2 nodes x 2 GPUs (positions 0, 1 on
+// node 0; 2, 3 on node 1), 10 bytes per token. Distinct tokens per destination GPU (rows: the
+// source) and per destination node (own-node entries are not sent and set to junk):
+//   gpu  0: 5 3 4 2   1: 1 6 0 3   2: 2 0 7 1   3: 0 0 0 9
+//   node 0: - 5       1: - 3       2: 2 -       3: 0 -
+// inter: each GPU to its rail peer on the other node, its distinct tokens for that node:
+//   0 -> 2: 5, 1 -> 3: 3, 2 -> 0: 2, 3 -> 1: nothing.
+// intra: forwarder (b, j) to (b, k), the tokens of every source with local index j for (b, k):
+//   0 -> 1: gpu[0][1] + gpu[2][1] = 3; 1 -> 0: gpu[1][0] + gpu[3][0] = 1;
+//   2 -> 3: gpu[0][3] + gpu[2][3] = 3; 3 -> 2: gpu[1][2] + gpu[3][2] = 0 (nothing).
+// The combine runs the same transfers reversed, intra first.
+TEST(AllToAllv, DeepepSendsEachTokenOncePerNodeThenOncePerGpu) {
+  FakeCluster topo({});
+  const auto group = iota_group(4);
+  auto dedup = std::make_shared<NodeDedup>();
+  dedup->size = 4;
+  dedup->nodes = 2;
+  dedup->unit = Bytes(10);
+  dedup->gpu_tokens = {5, 3, 4, 2, 1, 6, 0, 3, 2, 0, 7, 1, 0, 0, 0, 9};
+  dedup->node_tokens = {77, 5, 77, 3, 2, 77, 0, 77};
+  auto spec = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::kDeepep, 0);
+  const auto& algo = algo_of(CollectiveType::kAllToAllv, CollectiveAlgo::kDeepep);
+  EXPECT_THAT(algo.inapplicable_reason(make_call(spec, group), topo),
+              ::testing::HasSubstr("per-node token counts"));
+  spec.node_dedup = {dedup};
+  using T = std::tuple<int, int, double>;
+  auto list = [](const Phase& ph) {
+    std::vector<T> out;
+    for (const Transfer& t : ph.transfers) out.emplace_back(t.src, t.dst, t.bytes);
+    return out;
+  };
+  auto phases = algo.lower(make_call(spec, group), topo);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].label, "inter");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{0, 2, 50}, T{1, 3, 30}, T{2, 0, 20}));
+  EXPECT_EQ(phases[1].label, "intra");
+  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{0, 1, 30}, T{1, 0, 10}, T{2, 3, 30}));
+  const CostContext ctx{&topo, {}, BytesPerSecond(0)};
+  EXPECT_EQ(algo.analytical_time(make_call(spec, group), ctx), phases_time(phases, ctx));
+
+  spec.dedup_combine = true;
+  phases = algo.lower(make_call(spec, group), topo);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].label, "intra");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{1, 0, 30}, T{0, 1, 10}, T{3, 2, 30}));
+  EXPECT_EQ(phases[1].label, "inter");
+  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{2, 0, 50}, T{3, 1, 30}, T{0, 2, 20}));
+
+  // Counts for another group shape are refused with what they are for.
+  dedup->nodes = 1;
+  EXPECT_THAT([&] { (void)algo.lower(make_call(spec, group), topo); },
+              ::testing::ThrowsMessage<InputError>(::testing::HasSubstr("4 positions on 1 nodes")));
+}
+
 TEST(AllToAllv, TwoDhMovesSkewedDataOnSeveralGrids) {
   for (auto [nodes, m, seed] : {std::tuple{2, 2, 1u}, {3, 2, 2u}, {2, 4, 3u}, {4, 3, 4u}}) {
     FakeCluster topo({.nodes = nodes, .m = m});
@@ -989,8 +1044,10 @@ TEST(Analytical, FastPathsEqualTheGenericEvaluationOfTheLowering) {
           spec.matrix = matrix;
           spec.peer_offset = 1 + m;
           const CollectiveCall call = make_call(spec, group);
-          // 3dh needs several leaf switches (its own tests below); every other one runs here.
-          if (algo->algo() == CollectiveAlgo::k3dh) continue;
+          // 3dh needs several leaf switches (its own tests below), deepep a dispatch's per-node
+          // counts (its analytical time is the generic evaluation itself); the rest run here.
+          if (algo->algo() == CollectiveAlgo::k3dh || algo->algo() == CollectiveAlgo::kDeepep)
+            continue;
           ASSERT_TRUE(algo->applicable(call, topo));
           const double fast = algo->analytical_time(call, ctx).value();
           const double generic = phases_time(algo->lower(call, topo), ctx).value();

@@ -327,6 +327,61 @@ TEST(WorkloadGenerator, NodeLimitKeepsEachTokenOnOneNode) {
   EXPECT_GT(unequal, 0);
 }
 
+TEST(ChoiceSampler, DistinctDestinationsCountEachTokenOncePerGpuAndNode) {
+  // 32 experts, 4 per EP position (8 positions), 2 positions per node (4 nodes), top-8, one token
+  // per draw: the distinct counts are 1 exactly on the positions and nodes its choices touch.
+  // With node_limit 2 a token touches at most 2 nodes; without one, some touch all 4.
+  std::vector<std::uint32_t> pos_of(32), node_of(32);
+  for (std::uint32_t e = 0; e < 32; ++e) pos_of[e] = e / 4, node_of[e] = e / 8;
+  for (const int limit : {0, 2}) {
+    detail::ChoiceSampler sampler({}, 32, 8, 1, detail::ChoiceSampler::Method::kAuto,
+                                  limit ? detail::NodeLimit{node_of, limit} : detail::NodeLimit{},
+                                  detail::DistinctDestinations{pos_of, node_of, 8, 4});
+    EXPECT_EQ(sampler.method(), detail::ChoiceSampler::Method::kTokens);
+    std::vector<std::uint32_t> c(8 * 32), distinct(8 + 4);
+    int max_nodes = 0;
+    for (int t = 0; t < 2000; ++t) {
+      detail::Xoshiro256 rng(detail::substream_key(5, detail::Stream::kTokens, t));
+      sampler.sample(rng, c, distinct);
+      std::vector<std::uint32_t> want(12, 0);
+      for (int j = 0; j < 8; ++j)
+        for (std::uint32_t e = 0; e < 32; ++e)
+          if (c[static_cast<std::size_t>(j * 32) + e]) want[pos_of[e]] = want[8 + node_of[e]] = 1;
+      ASSERT_EQ(distinct, want) << "limit " << limit << " token " << t;
+      max_nodes =
+          std::max(max_nodes, static_cast<int>(std::accumulate(want.begin() + 8, want.end(), 0u)));
+    }
+    EXPECT_EQ(max_nodes, limit ? 2 : 4);
+  }
+}
+
+TEST(WorkloadGenerator, DistinctTokensAreSampledForADeepepStrategy) {
+  // 2 nodes x 2 GPUs, one expert per GPU, top-2, node_limit 1: every token's two experts are the
+  // two GPUs of one node. So a row's distinct tokens per GPU equal its copies to that GPU, and
+  // per node equal its copies to either GPU of the node; the nodes' counts sum to S.
+  Scenario sc = make_scenario(4, 4, 2, 500, 0.0);
+  sc.cluster.nodes = 2;
+  sc.cluster.gpus_per_node = 2;
+  sc.workload.routing.node_limit = 1;
+  EXPECT_TRUE(WorkloadGenerator(sc).next(0).layers[0].distinct.empty());
+  StrategySpec deepep;
+  deepep.name = "deepep";
+  deepep.a2a = A2aRole::kDeepep;
+  sc.strategies.push_back(deepep);
+  WorkloadGenerator gen(sc);
+  const LayerDispatch d = gen.next(0).layers[0];
+  ASSERT_EQ(d.distinct_positions, 4);
+  ASSERT_EQ(d.distinct_nodes, 2);
+  ASSERT_EQ(d.distinct.size(), 4u * 6u);
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t* row = d.distinct.data() + static_cast<std::size_t>(i) * 6;
+    for (int q = 0; q < 4; ++q) EXPECT_EQ(row[q], d.at(i, q)) << i << " " << q;
+    EXPECT_EQ(row[4], d.at(i, 0)) << i;
+    EXPECT_EQ(row[5], d.at(i, 2)) << i;
+    EXPECT_EQ(row[4] + row[5], 500u) << i;
+  }
+}
+
 TEST(WorkloadGenerator, ExpertNodesFollowTheEpGroupOfTheRow) {
   // 8 GPUs on 2 nodes of 4, ep 2 x mp 2 x dp 2 (disjoint: rank = (d*ep + e)*mp + t), 2 experts
   // per GPU: GPU 5 (d 1, e 0, t 1) has EP group {5, 7}, both on node 1; GPU 1's group {1, 3} is

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -43,8 +44,14 @@ std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<Strat
   // same order, so one too small to hold the run would only cost memory: none then.
   std::unique_ptr<workload::SampleCache> own_cache;
   if (cache == nullptr && specs.size() > 1) {
-    const double bytes = static_cast<double>(iterations) * sc.model.num_moe_layers() *
-                         sc.num_gpus() * sc.model.top_k * sc.num_experts() * 4.0;
+    // Per row: k * E counts, and with a2a: deepep the distinct tokens per EP position and node.
+    const bool distinct =
+        std::any_of(sc.strategies.begin(), sc.strategies.end(),
+                    [](const StrategySpec& s) { return s.a2a == A2aRole::kDeepep; });
+    const double row = static_cast<double>(sc.model.top_k) * sc.num_experts() +
+                       (distinct ? sc.parallelism.ep + sc.cluster.nodes : 0);
+    const double bytes =
+        static_cast<double>(iterations) * sc.model.num_moe_layers() * sc.num_gpus() * row * 4.0;
     if (bytes > 0 && bytes <= static_cast<double>(kStacksCacheMaxBytes)) {
       own_cache = std::make_unique<workload::SampleCache>(static_cast<std::size_t>(bytes) + 4096);
       cache = own_cache.get();

@@ -82,7 +82,7 @@ struct WorkloadGenerator::Impl {
   // size and the largest node count of the rows' partitions (which are then always set).
   bool distinct = false;
   std::vector<std::uint32_t> pos_of;
-  int distinct_positions = 0, distinct_nodes = 0;
+  int distinct_positions = 0, distinct_nodes = 0, distinct_experts_per_gpu = 0;
   int threads = 0;  // 0: hardware concurrency
   bool keep_demanded = true;
   SampleCache* cache = nullptr;
@@ -210,6 +210,7 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
     const auto placement = ExpertPlacement::of(scenario.model);
     m.distinct = placement.shards == 1;  // the a2a role refuses sharded experts
     m.distinct_positions = scenario.parallelism.ep;
+    m.distinct_experts_per_gpu = placement.experts_per_gpu;
     for (int e = 0; e < m.num_experts; ++e)
       m.pos_of.push_back(static_cast<std::uint32_t>(placement.owner(e)));
     for (const std::uint32_t q : m.pos_of)
@@ -351,8 +352,13 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     SampleCache::Counts cached;
     std::shared_ptr<std::vector<std::uint32_t>> fresh;
     SampleCache::Key key;
-    // Distinct destinations are not cached (the key does not hold the placement they count on).
-    if (m.cache && !m.distinct) {
+    const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
+    if (m.distinct) {
+      d.distinct_positions = m.distinct_positions;
+      d.distinct_nodes = m.distinct_nodes;
+      d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
+    }
+    if (m.cache) {
       key = SampleCache::Key{m.num_gpus,
                              m.num_experts,
                              m.top_k,
@@ -364,18 +370,17 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
                              iteration,
                              layer,
                              m.node_limit,
+                             m.distinct ? m.distinct_positions : 0,
+                             m.distinct ? m.distinct_experts_per_gpu : 0,
                              m.partitions,
                              m.row_partition};
       cached = m.cache->find(key);
       if (!cached)
         fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
-                                                             k * E);
-    }
-    const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
-    if (m.distinct) {
-      d.distinct_positions = m.distinct_positions;
-      d.distinct_nodes = m.distinct_nodes;
-      d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
+                                                             (k * E + (m.distinct ? dw : 0)));
+      else if (m.distinct)
+        std::copy_n(cached->data() + static_cast<std::size_t>(m.num_gpus) * k * E,
+                    d.distinct.size(), d.distinct.begin());
     }
     // One sampler per expert-to-node partition (one without a node limit).
     std::vector<ChoiceSampler> samplers;
@@ -453,7 +458,12 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
       max_demanded = std::max(max_demanded, p.max_demanded);
       for (std::size_t j = 0; j < k; ++j) d.dropped_by_choice[j] += p.dropped_by_choice[j];
     }
-    if (fresh) m.cache->insert(key, std::move(fresh));
+    if (fresh) {
+      std::copy(d.distinct.begin(), d.distinct.end(),
+                fresh->begin() +
+                    static_cast<std::ptrdiff_t>(static_cast<std::size_t>(m.num_gpus) * k * E));
+      m.cache->insert(key, std::move(fresh));
+    }
   }
   d.max_demanded = max_demanded;
   d.capacity = capacity_slots(f, m.top_k, m.tokens, m.num_experts, max_demanded, capacity_multiple);
@@ -501,7 +511,8 @@ SampleCache::~SampleCache() = default;
 bool SampleCache::Key::operator<(const Key& o) const {
   const auto scalars = [](const Key& k) {
     return std::tie(k.num_gpus, k.num_experts, k.top_k, k.tokens, k.distribution, k.skew, k.alpha,
-                    k.seed, k.iteration, k.layer, k.node_limit);
+                    k.seed, k.iteration, k.layer, k.node_limit, k.distinct_positions,
+                    k.distinct_experts_per_gpu);
   };
   if (scalars(*this) != scalars(o)) return scalars(*this) < scalars(o);
   // Node-limited keys: the layouts, by content (generators of one scenario share the vectors, so

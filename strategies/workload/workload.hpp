@@ -187,12 +187,16 @@ class SampleCache {
     // Node limit, and the rows' expert-to-node partitions (distinct vectors in row order, and
     // each row's index into them): two layouts with one limit sample differently.
     int node_limit = 0;
+    // Distinct destinations (a2a: deepep): the EP group size and experts per GPU they count on
+    // (0, 0: not counted). The entry then holds each row's distinct counts after the counts.
+    int distinct_positions = 0, distinct_experts_per_gpu = 0;
     std::shared_ptr<const std::vector<std::vector<std::uint32_t>>> partitions;
     std::shared_ptr<const std::vector<std::uint32_t>> row_partition;
     bool operator<(const Key& o) const;
   };
   using Counts = std::shared_ptr<const std::vector<std::uint32_t>>;
-  /// The counts (counts[(gpu * k + j) * E + e]), or null (a miss).
+  /// The counts (counts[(gpu * k + j) * E + e], then with distinct destinations
+  /// LayerDispatch::distinct), or null (a miss).
   Counts find(const Key& key);
   void insert(const Key& key, Counts counts);
 

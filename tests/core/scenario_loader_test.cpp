@@ -615,8 +615,8 @@ TEST(ScenarioErrors, UnknownStrategyRoleValue) {
   EXPECT_THAT(e, HasSubstr("strategies[1].pipeline: found 'tutel_onlin', expected an integer >= "
                            "1 or pipemoe or tutel_online (did you mean 'tutel_online'?)"));
   EXPECT_THAT(error_of(tiny_with("a2a: auto", "a2a: 4dh")),
-              HasSubstr("strategies[1].a2a: found '4dh', expected one of linear, 2dh, 3dh or "
-                        "auto"));
+              HasSubstr("strategies[1].a2a: found '4dh', expected one of linear, 2dh, 3dh, "
+                        "deepep or auto"));
   EXPECT_THAT(error_of(tiny_with("pipeline: tutel_online", "pipeline: 0")),
               HasSubstr("strategies[1].pipeline: found '0', expected an integer in [1, 1024]"));
 }

@@ -380,6 +380,17 @@ TEST(WorkloadGenerator, DistinctTokensAreSampledForADeepepStrategy) {
     EXPECT_EQ(row[5], d.at(i, 2)) << i;
     EXPECT_EQ(row[4] + row[5], 500u) << i;
   }
+  // A shared cache keeps the distinct counts with the counts: the second generator's hit gives
+  // the same layer as sampling does.
+  SampleCache cache;
+  WorkloadGenerator first(sc), second(sc);
+  first.set_cache(&cache);
+  second.set_cache(&cache);
+  EXPECT_EQ(first.next(0).layers[0].distinct, d.distinct);
+  const LayerDispatch hit = second.next(0).layers[0];
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(hit.distinct, d.distinct);
+  EXPECT_EQ(hit.kept, d.kept);
 }
 
 TEST(WorkloadGenerator, ExpertNodesFollowTheEpGroupOfTheRow) {

@@ -76,8 +76,8 @@ constexpr std::array kComputeClasses = {"gemm",        "gate",      "encode", "d
                                         "elementwise", "attention", "other"};
 constexpr std::array kCollectiveTypes = {"all_to_all", "all_to_allv",    "all_reduce",
                                          "all_gather", "reduce_scatter", "send_recv"};
-constexpr std::array kCollectiveAlgos = {"auto", "linear",       "2dh", "ring",
-                                         "tree", "hierarchical", "saa", "3dh", "deepep"};
+constexpr std::array kCollectiveAlgos = {"auto",         "linear", "2dh", "ring",  "tree",
+                                         "hierarchical", "saa",    "3dh", "deepep"};
 }  // namespace
 
 std::string_view op_kind_name(OpKind k) { return kOpKinds[static_cast<int>(k)]; }

@@ -450,25 +450,30 @@ std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t*
   return 0;
 }
 
-void ChoiceSampler::count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct) const {
-  // k <= 64 choices: a token's positions and nodes deduplicated by a scan of the earlier ones.
-  std::uint32_t pos[64], nodes[64];
-  int np = 0, nn = 0;
+void ChoiceSampler::count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct,
+                                   std::uint8_t* seen) const {
+  // Flags, not searches: a position or node counts when its flag was clear (branch-free; whether
+  // a choice repeats a node is a coin flip the predictor would miss), then the flags are cleared.
+  const std::uint32_t w = distinct_.positions;
   for (int j = 0; j < top_k_; ++j) {
     const std::uint32_t q = distinct_.pos_of[chosen[j]];
-    const std::uint32_t b = distinct_.node_of[chosen[j]];
-    if (std::find(pos, pos + np, q) == pos + np) pos[np++] = q;
-    if (std::find(nodes, nodes + nn, b) == nodes + nn) nodes[nn++] = b;
+    const std::uint32_t b = w + distinct_.node_of[chosen[j]];
+    distinct[q] += seen[q] ^ 1u;
+    seen[q] = 1;
+    distinct[b] += seen[b] ^ 1u;
+    seen[b] = 1;
   }
-  for (int a = 0; a < np; ++a) ++distinct[pos[a]];
-  std::uint32_t* node_count = distinct + distinct_.positions;
-  for (int a = 0; a < nn; ++a) ++node_count[nodes[a]];
+  for (int j = 0; j < top_k_; ++j) {
+    seen[distinct_.pos_of[chosen[j]]] = 0;
+    seen[w + distinct_.node_of[chosen[j]]] = 0;
+  }
 }
 
 void ChoiceSampler::sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
                                            std::uint32_t* distinct) const {
   const std::size_t E = num_experts_;
   std::uint32_t chosen[64];
+  std::vector<std::uint8_t> seen(std::size_t{distinct_.positions} + distinct_.nodes, 0);
   for (std::int64_t t = 0; t < tokens_; ++t) {
     chosen[0] = draw(rng);
     ++counts[chosen[0]];
@@ -476,7 +481,7 @@ void ChoiceSampler::sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint3
       chosen[j] = draw_excluding(rng, chosen, j);
       ++counts[static_cast<std::size_t>(j) * E + chosen[j]];
     }
-    count_distinct(chosen, distinct);
+    count_distinct(chosen, distinct, seen.data());
   }
 }
 
@@ -490,6 +495,8 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
   std::uint32_t chosen[64];
   std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
   std::vector<std::uint8_t> on(node_begin_.size() - 1, 0);  // nodes the token uses, as flags
+  std::vector<std::uint8_t> seen(
+      distinct != nullptr ? std::size_t{distinct_.positions} + distinct_.nodes : 0, 0);
   int num_nodes = 0;
   auto take = [&](int j, std::uint32_t e) {
     chosen[j] = e;
@@ -506,7 +513,7 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
     for (; j < top_k_ && num_nodes < node_limit_; ++j) take(j, draw_excluding(rng, chosen, j));
     for (; j < top_k_; ++j) take(j, draw_on_nodes(rng, chosen, j, nodes, num_nodes));
     for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
-    if (distinct != nullptr) count_distinct(chosen, distinct);
+    if (distinct != nullptr) count_distinct(chosen, distinct, seen.data());
   }
 }
 

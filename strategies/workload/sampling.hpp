@@ -95,8 +95,10 @@ class ChoiceSampler {
   // Every token's choices drawn in order (draw, then draw_excluding), distinct counted.
   void sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
                               std::uint32_t* distinct) const;
-  // Adds one token's distinct positions and nodes (its k choices `chosen`).
-  void count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct) const;
+  // Adds one token's distinct positions and nodes (its k choices `chosen`); `seen` (positions +
+  // nodes flags) is all clear before and after.
+  void count_distinct(const std::uint32_t* chosen, std::uint32_t* distinct,
+                      std::uint8_t* seen) const;
   void sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_counts(Xoshiro256& rng, std::span<std::uint32_t> counts) const;
   void sample_pairs(Xoshiro256& rng, std::span<std::uint32_t> counts) const;

@@ -1,20 +1,21 @@
 // DeepEP-style all_to_allv (DeepSeek-V3's dispatch; STRATEGIES, "deepep"): tokens deduplicated
 // per node and per GPU. A node-aligned group of n nodes x m GPUs, position p = a*m + j.
 //
-// Dispatch (CollectiveSpec::dedup_combine false), two phases:
+// Dispatch (CollectiveSpec::dedup_combine false), two sets of transfers:
 //   inter  (a, j) -> (b, j) for b != a: the tokens of (a, j) with an expert on node b, once
 //          each (NodeDedup::node_tokens), over the fabric to the GPU on the same rail;
 //   intra  (b, j) -> (b, k) for k != j: every token (b, j) forwards or owns with an expert on
 //          (b, k), once each: sum over source nodes a of gpu_tokens[(a, j)][(b, k)] (a = b: its
 //          own tokens, sent straight over NVLink).
-// Combine (dedup_combine true): the same transfers reversed, intra first (the expert outputs of a
-// token are gathered, and reduced, on the GPU that forwarded it), then inter (one message per
-// node back to the token's GPU).
+// Combine (dedup_combine true): the same transfers reversed (the expert outputs of a token are
+// gathered, and reduced, on the GPU that forwarded it, then go back once per node).
 //
-// Not modelled: DeepEP overlaps the NVLink forwarding with the RDMA phase in chunks; here the
-// phases run one after the other (as 2DH's do), which overstates the time by at most the shorter
-// phase. The local copies into and out of the forwarding buffers are not charged. No chunk layout
-// (exec/ does not run this algorithm; `moesim exec` refuses it).
+// DeepEP's kernels pipeline the two: the forwarding GPU sends each chunk on over NVLink as it
+// arrives over RDMA (the combine likewise reduces and sends on chunk by chunk). So both sets are
+// one phase here, and a collective takes about the longer of the two, as DeepEP's does. Not
+// charged: the first chunk's wait before forwarding starts, and the local copies into and out of
+// the forwarding buffers. No chunk layout (exec/ does not run this algorithm; `moesim exec`
+// refuses it).
 #include <fmt/format.h>
 
 #include "strategies/collectives/common.hpp"
@@ -60,13 +61,11 @@ class DeepepAllToAllv final : public Algorithm {
     const std::vector<int>& g = *call.group;
     const int m = grid.m, n = grid.n, w = m * n;
     const double unit = d.unit.value();
-    Phase inter;
-    inter.kind = Phase::Kind::kTransfers;
-    inter.label = "inter";
-    Phase intra = inter;
-    intra.label = "intra";
+    Phase ph;
+    ph.kind = Phase::Kind::kTransfers;
+    ph.label = call.spec->dedup_combine ? "combine" : "dispatch";
     const bool combine = call.spec->dedup_combine;
-    auto add = [&](Phase& ph, int from, int to, double bytes) {
+    auto add = [&](int from, int to, double bytes) {
       if (bytes <= 0) return;
       if (combine)
         ph.transfers.push_back(
@@ -79,7 +78,7 @@ class DeepepAllToAllv final : public Algorithm {
       const int a = s / m, j = s % m;
       for (int b = 0; b < n; ++b) {
         if (b == a) continue;
-        add(inter, s, b * m + j, unit * d.node_tokens[static_cast<std::size_t>(s) * n + b]);
+        add(s, b * m + j, unit * d.node_tokens[static_cast<std::size_t>(s) * n + b]);
       }
     }
     for (int f = 0; f < w; ++f) {  // forwarder (b, j)
@@ -90,19 +89,11 @@ class DeepepAllToAllv final : public Algorithm {
         double tokens = 0;
         for (int a = 0; a < n; ++a)
           tokens += d.gpu_tokens[static_cast<std::size_t>(a * m + j) * w + t];
-        add(intra, f, t, unit * tokens);
+        add(f, t, unit * tokens);
       }
     }
-    std::vector<Phase> phases;
-    if (combine) {
-      phases.push_back(std::move(intra));
-      phases.push_back(std::move(inter));
-    } else {
-      phases.push_back(std::move(inter));
-      phases.push_back(std::move(intra));
-    }
-    std::erase_if(phases, [](const Phase& ph) { return ph.transfers.empty(); });
-    return phases;
+    if (ph.transfers.empty()) return {};
+    return {std::move(ph)};
   }
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {

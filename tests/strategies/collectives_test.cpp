@@ -576,7 +576,8 @@ TEST(AllToAllv, LinearSkipsZeroEntriesExactly) {
 // intra: forwarder (b, j) to (b, k), the tokens of every source with local index j for (b, k):
 //   0 -> 1: gpu[0][1] + gpu[2][1] = 3; 1 -> 0: gpu[1][0] + gpu[3][0] = 1;
 //   2 -> 3: gpu[0][3] + gpu[2][3] = 3; 3 -> 2: gpu[1][2] + gpu[3][2] = 0 (nothing).
-// The combine runs the same transfers reversed, intra first.
+// Both sets are one phase (DeepEP pipelines the forwarding with the RDMA sends); the combine runs
+// the same transfers reversed.
 TEST(AllToAllv, DeepepSendsEachTokenOncePerNodeThenOncePerGpu) {
   FakeCluster topo({});
   const auto group = iota_group(4);
@@ -598,21 +599,19 @@ TEST(AllToAllv, DeepepSendsEachTokenOncePerNodeThenOncePerGpu) {
     return out;
   };
   auto phases = algo.lower(make_call(spec, group), topo);
-  ASSERT_EQ(phases.size(), 2u);
-  EXPECT_EQ(phases[0].label, "inter");
-  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{0, 2, 50}, T{1, 3, 30}, T{2, 0, 20}));
-  EXPECT_EQ(phases[1].label, "intra");
-  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{0, 1, 30}, T{1, 0, 10}, T{2, 3, 30}));
+  ASSERT_EQ(phases.size(), 1u);
+  EXPECT_EQ(phases[0].label, "dispatch");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{0, 2, 50}, T{1, 3, 30}, T{2, 0, 20},
+                                                      T{0, 1, 30}, T{1, 0, 10}, T{2, 3, 30}));
   const CostContext ctx{&topo, {}, BytesPerSecond(0)};
   EXPECT_EQ(algo.analytical_time(make_call(spec, group), ctx), phases_time(phases, ctx));
 
   spec.dedup_combine = true;
   phases = algo.lower(make_call(spec, group), topo);
-  ASSERT_EQ(phases.size(), 2u);
-  EXPECT_EQ(phases[0].label, "intra");
-  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{1, 0, 30}, T{0, 1, 10}, T{3, 2, 30}));
-  EXPECT_EQ(phases[1].label, "inter");
-  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{2, 0, 50}, T{3, 1, 30}, T{0, 2, 20}));
+  ASSERT_EQ(phases.size(), 1u);
+  EXPECT_EQ(phases[0].label, "combine");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{2, 0, 50}, T{3, 1, 30}, T{0, 2, 20},
+                                                      T{1, 0, 30}, T{0, 1, 10}, T{3, 2, 30}));
 
   // Counts for another group shape are refused with what they are for.
   dedup->nodes = 1;

@@ -337,7 +337,8 @@ void Plan::validate() const {
 }
 
 Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size,
-                           std::shared_ptr<const ByteMatrix> matrix) {
+                           std::shared_ptr<const ByteMatrix> matrix,
+                           std::shared_ptr<const NodeDedup> dedup) {
   Plan plan(gpus);
   StreamId comm = plan.stream("comm");
   Grouping world{"world", {{}}};
@@ -349,6 +350,7 @@ Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, B
   spec.grouping = g;
   spec.bytes = size;
   spec.matrix = std::move(matrix);
+  if (dedup) spec.node_dedup = {std::move(dedup)};
   plan.add_collective(
       comm, spec, {},
       std::string(collective_type_name(type)) + "." + std::string(collective_algo_name(algo)));

@@ -293,8 +293,10 @@ class Plan {
 
 /// A plan of one collective over all `gpus` ranks (one "world" group in rank order) on a "comm"
 /// stream: what `moesim simulate --collective` and the validation scorecard time.
-/// all_to_allv takes its per-pair bytes from `matrix` (W = gpus; `size` is then only reported).
+/// all_to_allv takes its per-pair bytes from `matrix` (W = gpus; `size` is then only reported),
+/// and algo deepep its distinct token counts from `dedup`.
 Plan world_collective_plan(int gpus, CollectiveType type, CollectiveAlgo algo, Bytes size,
-                           std::shared_ptr<const ByteMatrix> matrix = nullptr);
+                           std::shared_ptr<const ByteMatrix> matrix = nullptr,
+                           std::shared_ptr<const NodeDedup> dedup = nullptr);
 
 }  // namespace moesim

@@ -402,35 +402,6 @@ class Builder {
     // a2a deepep: the distinct tokens per destination GPU and node, per EP group
     std::vector<std::shared_ptr<const NodeDedup>> dedup;
   };
-  // The chunk j of r of per-node token counts (c / r, the first c % r chunks one more), as the
-  // routed matrix splits its token counts.
-  static std::shared_ptr<const NodeDedup> dedup_chunk(const workload::LayerDispatch& layer,
-                                                      const std::vector<int>& grp, Bytes unit,
-                                                      std::uint32_t j, std::uint32_t r) {
-    const int w = static_cast<int>(grp.size()), n = layer.distinct_nodes;
-    if (layer.distinct_positions != w || layer.distinct.empty())
-      throw InputError(fmt::format(
-          "a2a deepep: the workload counted distinct tokens for EP groups of {} GPUs, the plan's "
-          "have {}",
-          layer.distinct_positions, w));
-    auto d = std::make_shared<NodeDedup>();
-    d->size = w;
-    d->nodes = n;
-    d->unit = unit;
-    d->gpu_tokens.resize(static_cast<std::size_t>(w) * w);
-    d->node_tokens.resize(static_cast<std::size_t>(w) * n);
-    const auto part = [&](std::uint32_t c) { return c / r + (j < c % r ? 1u : 0u); };
-    const auto row_len = static_cast<std::size_t>(w + n);
-    for (int a = 0; a < w; ++a) {
-      const std::uint32_t* row =
-          layer.distinct.data() +
-          static_cast<std::size_t>(grp[static_cast<std::size_t>(a)]) * row_len;
-      for (int q = 0; q < w; ++q) d->gpu_tokens[static_cast<std::size_t>(a) * w + q] = part(row[q]);
-      for (int b = 0; b < n; ++b)
-        d->node_tokens[static_cast<std::size_t>(a) * n + b] = part(row[w + b]);
-    }
-    return d;
-  }
   const std::vector<RoutedChunk>& routed(int moe) {
     if (routed_.size() <= static_cast<std::size_t>(moe)) routed_.resize(moe + 1);
     auto& chunks = routed_[moe];
@@ -483,7 +454,7 @@ class Builder {
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
         if (split) chunks[j].routing.push_back(split);
         if (dec_.a2a == CollectiveAlgo::kDeepep)
-          chunks[j].dedup.push_back(dedup_chunk(layer, grp, unit, j, r));
+          chunks[j].dedup.push_back(workload::node_dedup(layer, grp, unit, j, r));
       }
     }
     for (std::uint32_t j = 0; j < r; ++j)

@@ -116,10 +116,19 @@ std::string describe_routing(const RoutingWorkloadSpec& r) {
 
 // Tokens GPU a sends to GPU b in one dropless dispatch of MoE layer 0, iteration 0 of the
 // scenario's workload (experts placed as the scenario's model places them): the per-pair traffic
-// MoE routing makes, before any strategy reshapes it.
-ByteMatrix routed_token_matrix(const Scenario& sc, int gpus) {
+// MoE routing makes, before any strategy reshapes it. With `dedup` (--algo deepep) also the same
+// dispatch's distinct tokens per destination GPU and node (unit 1 token).
+ByteMatrix routed_token_matrix(const Scenario& sc, int gpus,
+                               std::shared_ptr<NodeDedup>* dedup = nullptr) {
   Scenario s = sc.stage_scenario();  // the routing model covers one pipeline stage
   s.model.capacity_factor = 0;       // dropless: drops would flatten the skew being measured
+  if (dedup) {
+    // The sampler counts distinct destinations when a strategy dispatches per node.
+    StrategySpec deepep;
+    deepep.name = "deepep";
+    deepep.a2a = A2aRole::kDeepep;
+    s.strategies = {deepep};
+  }
   workload::WorkloadGenerator gen(s);
   gen.set_keep_demanded(false);
   const workload::LayerDispatch layer = gen.sample_layer(0, 0, 0.0);
@@ -134,6 +143,13 @@ ByteMatrix routed_token_matrix(const Scenario& sc, int gpus) {
       workload::dispatch_matrix(layer, ranks, workload::ExpertPlacement::of(s.model), Bytes(1));
   if (!(m.total().value() > 0))
     throw InputError("--collective all_to_allv: the routing model sends no tokens");
+  if (dedup) {
+    if (layer.distinct.empty())
+      throw InputError(
+          "--algo deepep: the routing model gives no per-token destination sets: it needs "
+          "sampled routing (uniform, zipf, dirichlet; --skew) and unsharded experts");
+    *dedup = workload::node_dedup(layer, ranks, Bytes(1));
+  }
   return m;
 }
 
@@ -150,7 +166,7 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   auto algo = parse_collective_algo(a.algo);
   if (!algo)
     throw InputError(
-        fmt::format("--algo: found '{}', expected one of linear, 2dh, 3dh, ring, tree, "
+        fmt::format("--algo: found '{}', expected one of linear, 2dh, 3dh, deepep, ring, tree, "
                     "hierarchical, auto",
                     a.algo));
   std::vector<Bytes> sizes;
@@ -175,12 +191,14 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   // all_to_allv: one dispatch of the scenario's routing model (or --skew), in tokens, scaled to
   // the requested mean bytes per GPU below.
   std::shared_ptr<ByteMatrix> tokens;
+  std::shared_ptr<NodeDedup> dedup;  // --algo deepep: distinct tokens, unit 1 token
   std::string skew_label;
   double recv_max_over_mean = 1;
   if (variable) {
     if (!a.skew.empty()) apply_skew_flag(sc.workload.routing, a.skew);
     skew_label = describe_routing(sc.workload.routing);
-    tokens = std::make_shared<ByteMatrix>(routed_token_matrix(sc, gpus));
+    tokens = std::make_shared<ByteMatrix>(
+        routed_token_matrix(sc, gpus, *algo == CollectiveAlgo::kDeepep ? &dedup : nullptr));
     double most = 0;
     for (int d = 0; d < gpus; ++d) most = std::max(most, tokens->col_sum(d).value());
     recv_max_over_mean = most * gpus / tokens->total().value();
@@ -200,13 +218,20 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   progress.begin_group(a.collective, static_cast<int>(sizes.size()), "size");
   for (Bytes size : sizes) {
     std::shared_ptr<const ByteMatrix> matrix;
+    std::shared_ptr<const NodeDedup> sized_dedup;
     if (variable) {
-      // Mean bytes sent per GPU (diagonal included, as all_to_all's size) = size.
+      // Mean bytes sent per GPU (diagonal included, as all_to_all's size) = size: one token
+      // copy is that many bytes, for the deduplicated dispatch too (which sends fewer copies).
       auto m = std::make_shared<ByteMatrix>(*tokens);
       m->unit = Bytes(size.value() * gpus / tokens->total().value());
+      if (dedup) {
+        auto d = std::make_shared<NodeDedup>(*dedup);
+        d->unit = m->unit;
+        sized_dedup = std::move(d);
+      }
       matrix = std::move(m);
     }
-    Plan plan = world_collective_plan(gpus, *type, *algo, size, matrix);
+    Plan plan = world_collective_plan(gpus, *type, *algo, size, matrix, sized_dedup);
     auto t0 = std::chrono::steady_clock::now();
     progress.begin_unit();
     RunResult res = sim::run_plan(plan, *topo, cfg);

@@ -1,5 +1,7 @@
 // Capacity (dC) modes, per-pair slot assignment, and the dispatch/combine matrices that follow
 // from a LayerDispatch.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -85,6 +87,35 @@ ByteMatrix combine_matrix(const LayerDispatch& layer, std::span<const int> group
   const auto W = static_cast<std::size_t>(d.size);
   for (std::size_t a = 0; a < W; ++a)
     for (std::size_t b = a + 1; b < W; ++b) std::swap(d.counts[a * W + b], d.counts[b * W + a]);
+  return d;
+}
+
+std::shared_ptr<NodeDedup> node_dedup(const LayerDispatch& layer, std::span<const int> group_ranks,
+                                      Bytes bytes_per_token, std::uint32_t chunk,
+                                      std::uint32_t chunks) {
+  const int w = static_cast<int>(group_ranks.size()), n = layer.distinct_nodes;
+  if (layer.distinct_positions != w || layer.distinct.empty())
+    throw InputError(fmt::format(
+        "a2a deepep: the workload counted distinct tokens for EP groups of {} GPUs, the plan's "
+        "have {}",
+        layer.distinct_positions, w));
+  MOESIM_ASSERT(chunks >= 1 && chunk < chunks, "node_dedup: chunk out of range");
+  auto d = std::make_shared<NodeDedup>();
+  d->size = w;
+  d->nodes = n;
+  d->unit = bytes_per_token;
+  d->gpu_tokens.resize(static_cast<std::size_t>(w) * w);
+  d->node_tokens.resize(static_cast<std::size_t>(w) * n);
+  const auto part = [&](std::uint32_t c) { return c / chunks + (chunk < c % chunks ? 1u : 0u); };
+  const auto row_len = static_cast<std::size_t>(w + n);
+  for (int a = 0; a < w; ++a) {
+    const std::uint32_t* row =
+        layer.distinct.data() +
+        static_cast<std::size_t>(group_ranks[static_cast<std::size_t>(a)]) * row_len;
+    for (int q = 0; q < w; ++q) d->gpu_tokens[static_cast<std::size_t>(a) * w + q] = part(row[q]);
+    for (int b = 0; b < n; ++b)
+      d->node_tokens[static_cast<std::size_t>(a) * n + b] = part(row[w + b]);
+  }
   return d;
 }
 

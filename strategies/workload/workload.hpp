@@ -122,6 +122,13 @@ std::int64_t apply_capacity(std::span<const std::uint32_t> counts_by_choice, std
 ByteMatrix dispatch_matrix(const LayerDispatch& layer, std::span<const int> group_ranks,
                            const ExpertPlacement& placement, Bytes bytes_per_token,
                            bool padded = false);
+/// The distinct tokens of one EP group for a per-node (deepep) dispatch (LayerDispatch::distinct
+/// of the group's rows), chunk j of r: each count c split as c / r, the first c % r chunks one
+/// more, as the plan splits the routed matrix. InputError when the layer has no distinct counts
+/// for groups of this size.
+std::shared_ptr<NodeDedup> node_dedup(const LayerDispatch& layer, std::span<const int> group_ranks,
+                                      Bytes bytes_per_token, std::uint32_t chunk = 0,
+                                      std::uint32_t chunks = 1);
 /// The transpose of dispatch_matrix: expert outputs returning to the tokens' GPUs.
 ByteMatrix combine_matrix(const LayerDispatch& layer, std::span<const int> group_ranks,
                           const ExpertPlacement& placement, Bytes bytes_per_token,

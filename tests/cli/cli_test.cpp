@@ -228,6 +228,21 @@ TEST(Cli, DeepepDispatchSendsATokenOncePerNode) {
   EXPECT_NEAR(a2a_ms["flow"]["deepep"], a2a_ms["analytical"]["deepep"],
               0.1 * a2a_ms["flow"]["deepep"]);
 
+  // The same dispatch as one collective (nccl-tests columns): at 64 MiB per GPU, deepep well
+  // under linear's time.
+  std::map<std::string, double> us;
+  for (const std::string algo : {"linear", "deepep"}) {
+    auto r =
+        run(fmt::format("simulate '{}' --collective all_to_allv --size 64MiB --skew zipf:1.0 "
+                        "--set workload.routing.node_limit=1 --algo {}",
+                        scen, algo));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const auto at = r.out.find(" " + algo + " ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    us[algo] = std::stod(r.out.substr(at + algo.size() + 2));
+  }
+  EXPECT_LT(us["deepep"], 0.7 * us["linear"]);
+
   auto bad =
       run(fmt::format("simulate '{}' --engine analytical --iterations 1 --set "
                       "'strategies=[{{name: d, a2a: deepep}}]'",

@@ -172,8 +172,8 @@ struct CollectiveSpec {
   /// every group or one per group (ExpertRouting); empty for other collectives.
   std::vector<std::shared_ptr<const ExpertRouting>> expert_routing;
   /// all_to_allv with algo deepep: the deduplicated token counts, one for every group or one per
-  /// group. dedup_combine: the combine direction (expert GPUs -> the tokens' GPUs: the intra-node
-  /// gather and reduction first, then one message per node back), else the dispatch.
+  /// group. dedup_combine: the combine direction (expert GPUs -> the tokens' GPUs: gathered and
+  /// reduced on the forwarding GPU, then one message per node back), else the dispatch.
   std::vector<std::shared_ptr<const NodeDedup>> node_dedup;
   bool dedup_combine = false;
   /// send_recv: group position offset of the peer (pos -> (pos + peer_offset) mod W).

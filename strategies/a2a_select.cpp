@@ -3,8 +3,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 namespace moesim::strategies {
+
+namespace {
+// 2dh and deepep both exchange between node blocks of the EP group (k2dh's applicability).
+void require_node_aligned(const StrategyContext& ctx, std::string_view algo) {
+  const bool spread = ctx.scenario.parallelism.ep > 1;  // one EP rank: nothing to exchange
+  if (spread && !ctx.cost.a2a_applicable(CollectiveAlgo::k2dh))
+    throw_role_error(ctx, "a2a",
+                     fmt::format("{} needs EP groups made of whole nodes (P = m * n with the same "
+                                 "m GPUs of every node), found a group that is not node-aligned",
+                                 algo));
+}
+}  // namespace
 
 std::vector<CollectiveAlgo> a2a_candidates(const StrategyContext& ctx, const Decision& decision) {
   const bool spread = ctx.scenario.parallelism.ep > 1;  // one EP rank: nothing to exchange
@@ -12,10 +25,7 @@ std::vector<CollectiveAlgo> a2a_candidates(const StrategyContext& ctx, const Dec
     case A2aRole::kLinear:
       return {CollectiveAlgo::kLinear};
     case A2aRole::k2dh:
-      if (spread && !ctx.cost.a2a_applicable(CollectiveAlgo::k2dh))
-        throw_role_error(ctx, "a2a",
-                         "2dh needs EP groups made of whole nodes (P = m * n with the same m "
-                         "GPUs of every node), found a group that is not node-aligned");
+      require_node_aligned(ctx, "2dh");
       return {CollectiveAlgo::k2dh};
     case A2aRole::k3dh:
       if (decision.variable_dispatch)
@@ -56,10 +66,7 @@ std::vector<CollectiveAlgo> a2a_candidates(const StrategyContext& ctx, const Dec
         throw_role_error(ctx, "a2a",
                          "deepep sends whole tokens to whole experts; expected unsharded experts "
                          "and parallel: p1");
-      if (spread && !ctx.cost.a2a_applicable(CollectiveAlgo::k2dh))
-        throw_role_error(ctx, "a2a",
-                         "deepep needs EP groups made of whole nodes (P = m * n with the same m "
-                         "GPUs of every node), found a group that is not node-aligned");
+      require_node_aligned(ctx, "deepep");
       return {CollectiveAlgo::kDeepep};
     }
     case A2aRole::kAuto: {

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -45,9 +44,7 @@ std::vector<StackOutcome> run_stacks(const Scenario& sc, const std::vector<Strat
   std::unique_ptr<workload::SampleCache> own_cache;
   if (cache == nullptr && specs.size() > 1) {
     // Per row: k * E counts, and with a2a: deepep the distinct tokens per EP position and node.
-    const bool distinct =
-        std::any_of(sc.strategies.begin(), sc.strategies.end(),
-                    [](const StrategySpec& s) { return s.a2a == A2aRole::kDeepep; });
+    const bool distinct = workload::samples_distinct_destinations(sc);
     const double row = static_cast<double>(sc.model.top_k) * sc.num_experts() +
                        (distinct ? sc.parallelism.ep + sc.cluster.nodes : 0);
     const double bytes =

@@ -164,6 +164,14 @@ std::vector<std::uint32_t> expert_nodes(const Scenario& sc, int gpu) {
   return out;
 }
 
+bool samples_distinct_destinations(const Scenario& scenario) {
+  const auto dist = scenario.workload.routing.distribution;
+  return dist != RoutingDistribution::kTrace && dist != RoutingDistribution::kCorrelated &&
+         ExpertPlacement::of(scenario.model).shards == 1 &&  // the a2a role refuses sharded ones
+         std::any_of(scenario.strategies.begin(), scenario.strategies.end(),
+                     [](const StrategySpec& s) { return s.a2a == A2aRole::kDeepep; });
+}
+
 WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.num_gpus = scenario.num_gpus();
@@ -201,14 +209,9 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
                      fmt::format("found random_walk min {}, max {}, step {}, expected 0 < min <= "
                                  "max and step > 0",
                                  m.capacity.min, m.capacity.max, m.capacity.step));
-  const bool sampled = m.routing.distribution != RoutingDistribution::kTrace &&
-                       m.routing.distribution != RoutingDistribution::kCorrelated;
-  m.distinct =
-      sampled && std::any_of(scenario.strategies.begin(), scenario.strategies.end(),
-                             [](const StrategySpec& s) { return s.a2a == A2aRole::kDeepep; });
+  m.distinct = samples_distinct_destinations(scenario);
   if (m.distinct) {
     const auto placement = ExpertPlacement::of(scenario.model);
-    m.distinct = placement.shards == 1;  // the a2a role refuses sharded experts
     m.distinct_positions = scenario.parallelism.ep;
     m.distinct_experts_per_gpu = placement.experts_per_gpu;
     for (int e = 0; e < m.num_experts; ++e)

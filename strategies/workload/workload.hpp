@@ -88,6 +88,12 @@ struct ExpertPlacement {
 /// groups laid out alike get the same vector. Nodes are cluster.gpus_per_node consecutive ranks.
 std::vector<std::uint32_t> expert_nodes(const Scenario& scenario, int gpu);
 
+/// Whether the scenario's sampler counts each token's distinct destinations
+/// (LayerDispatch::distinct): some strategy uses `a2a: deepep`, the routing is sampled (not a
+/// trace or the correlated generator) and experts are whole. One answer for the whole scenario,
+/// so all its strategies draw the same counts.
+bool samples_distinct_destinations(const Scenario& scenario);
+
 struct IterationWorkload {
   int index = 0;
   double capacity_factor = 0;

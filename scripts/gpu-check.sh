@@ -15,6 +15,13 @@
 # "skipped", so the script still runs end to end.
 #
 #   OUT=/some/dir scripts/gpu-check.sh [--arch 90] [--jobs N] [--bench-args "..."] [--no-build]
+#   OUT=/some/dir scripts/gpu-check.sh --bundle .gpubundle
+#
+# --bundle DIR runs the same checks from a folder made here by scripts/gpu-bundle.sh, for GPU
+# machines that have CUDA, cuBLAS and NCCL but not moesim's other libraries (the device tool's):
+# the gpu tests run as binaries (no ctest tree there), and step 6 adds the plan-routed, backward
+# and expert-pipelined exec scenarios on one GPU (--backend nccl --check). Every step has a time
+# limit (STEP_TIMEOUT_S, default 240 s) so one hang cannot take the whole lease.
 #
 # --arch sets CMAKE_CUDA_ARCHITECTURES (default 90 = Hopper/H200, to keep the build short; the
 # project default is "80;90"). Exit status: 0 when the build and every gpu test passed, 1 otherwise
@@ -27,13 +34,15 @@ arch=90
 jobs=$(nproc 2>/dev/null || echo 4)
 bench_args=""
 build_it=1
+bundle=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;
     --no-build) build_it=0; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --bundle) bundle=$(cd "$2" && pwd); build_it=0; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -50,7 +59,7 @@ step() {
   local name=$1 log=$2
   shift 2
   local t0=$SECONDS
-  if "$@" > "$out/$log" 2>&1; then
+  if timeout "${STEP_TIMEOUT_S:-240}" "$@" > "$out/$log" 2>&1; then
     note "ok      $name ($((SECONDS - t0)) s, $log)"
   else
     note "FAILED  $name ($((SECONDS - t0)) s, $log)"
@@ -64,6 +73,10 @@ note "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git -C "$here" rev-parse
 
 skipped() { note "skipped $*"; }
 
+if [ -n "$bundle" ]; then
+  # shellcheck disable=SC1091
+  source "$bundle/env.sh"
+fi
 if [ "$build_it" = 1 ]; then
   step configure configure.log cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DMOESIM_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" || { cat "$summary"; exit 1; }
@@ -80,24 +93,56 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export MOESIM_EXEC_TIMEOUT_S=${MOESIM_EXEC_TIMEOUT_S:-300}
 mpirun_1="mpirun -np 1 --oversubscribe"
 
-step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$build" -L gpu --output-on-failure \
-  --timeout 600
-# Skipped tests mean no device was visible: worth a line in the summary, not a failure.
-if grep -q "Skipped\|SKIPPED" "$out/ctest-gpu.log" 2>/dev/null; then
-  note "note    some gpu tests were skipped (no device visible?): see ctest-gpu.log"
+if [ -n "$bundle" ]; then
+  bin=$bundle/bin
+  kernels_bench=$bin/kernels_bench overhead_bench=$bin/exec_overhead_bench
+  # The tests read scenarios from the source folder compiled into them: point it here.
+  src=$(cat "$bundle/source_dir" 2>/dev/null || true)
+  if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$here" "$src"; fi
+  { echo "ldd moesim:"; ldd "$bin/moesim"; } >> "$out/device.txt" 2>&1
+  step "gpu test: MoE kernels vs CPU twins" kernels-gpu-test.log "$bin/moesim_kernels_gpu_test"
+  step "gpu test: TA-MoE loss vs CPU twin" ta-moe-gpu-test.log \
+    "$bin/moesim_kernels_ta_moe_loss_gpu_test"
+  step "gpu test: exec_gpu_np1" exec-gpu-test.log $mpirun_1 "$bin/exec_gpu_test"
+  for log in kernels-gpu-test ta-moe-gpu-test exec-gpu-test; do
+    if grep -q "SKIPPED" "$out/$log.log" 2>/dev/null; then
+      note "note    $log: some tests were skipped (no device visible?)"
+    fi
+  done
+  # Step 6: the plan-routed dispatch (drops, dropless, capped, chunks), backward on real data and
+  # the expert pipeline on one GPU, through the GPU path's layer ops, each under --check.
+  one=(--set cluster.nodes=1 --set cluster.gpus_per_node=1 --set cluster.inter_node.nics_per_node=1
+       --set parallelism.ep=1 --set parallelism.dp=1 --iterations 1)
+  for s in scenarios/exec-host-4.yaml tests/data/exec/routed-train-4.yaml \
+           tests/data/exec/backward-dp2-4.yaml; do
+    name=$(basename "$s" .yaml)
+    step "exec $name on one GPU --backend nccl --check" "exec-1gpu-$name.log" \
+      $mpirun_1 "$bin/moesim" exec "$here/$s" --backend nccl --check "${one[@]}" \
+      --json "$out/exec-1gpu-$name.json"
+  done
+else
+  bin=$build
+  kernels_bench=$build/bench/kernels_bench overhead_bench=$build/bench/exec_overhead_bench
+  step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$build" -L gpu --output-on-failure \
+    --timeout 600
+  # Skipped tests mean no device was visible: worth a line in the summary, not a failure.
+  if grep -q "Skipped\|SKIPPED" "$out/ctest-gpu.log" 2>/dev/null; then
+    note "note    some gpu tests were skipped (no device visible?): see ctest-gpu.log"
+  fi
+  cp "$kernels_bench" "$overhead_bench" "$bin/" 2>/dev/null || true
 fi
 
 for i in 1 2 3; do
   # shellcheck disable=SC2086
-  step "kernels_bench run $i" "kernels_bench.$i.log" "$build/bench/kernels_bench" $bench_args
+  step "kernels_bench run $i" "kernels_bench.$i.log" "$kernels_bench" $bench_args
 done
 
-if [ -x "$build/bench/exec_overhead_bench" ]; then
+if [ -x "$overhead_bench" ]; then
   step "exec_overhead_bench host path" exec_overhead_host.log \
-    $mpirun_1 "$build/bench/exec_overhead_bench" --backend mpi --reps 5
+    $mpirun_1 "$overhead_bench" --backend mpi --reps 5
   if [ $have_gpu = 1 ]; then
     step "exec_overhead_bench GPU path" exec_overhead_gpu.log \
-      $mpirun_1 "$build/bench/exec_overhead_bench" --backend nccl --reps 5
+      $mpirun_1 "$overhead_bench" --backend nccl --reps 5
   else
     skipped "exec_overhead_bench GPU path (no device)"
   fi
@@ -105,7 +150,7 @@ else
   skipped "exec_overhead_bench (not built: needs MPI)"
 fi
 
-moesim="$build/moesim"
+moesim="$bin/moesim"
 scenario="$here/scenarios/exec-gpu-1.yaml"
 if [ $have_gpu = 1 ]; then
   step "moesim exec exec-gpu-1 --backend nccl --check" exec-gpu-1.log \
@@ -118,7 +163,7 @@ fi
 if "$moesim" --help 2>/dev/null | grep -q calibrate; then
   if [ $have_gpu = 1 ]; then
     step "moesim calibrate" calibrate.log \
-      $mpirun_1 "$moesim" calibrate "$scenario" --backend nccl --out "$out/calib.yaml"
+      $mpirun_1 "$moesim" calibrate "$scenario" --backend nccl ${bundle:+--quick} --out "$out/calib.yaml"
     if [ -f "$out/calib.yaml" ] && "$moesim" exec --help 2>/dev/null | grep -q -- --predict; then
       # The scenario with cluster.calibration pointing at the fresh calibration.
       sed "s|^cluster:|cluster:\n  calibration: $out/calib.yaml|" "$scenario" \

@@ -269,41 +269,64 @@ class Sweeper {
   collectives::CostContext ctx_;
 };
 
-std::vector<GemmShape> gemm_grid(const Scenario& sc, bool quick) {
-  // Expert fc1 shapes: m tokens x (k = M) -> (n = H). The scenario's own (M, H) is included so
-  // the nearest-shape lookup has the shapes `exec` will run.
-  std::vector<std::pair<int, int>> mh =
-      quick ? std::vector<std::pair<int, int>>{{64, 128}, {128, 256}}
-            : std::vector<std::pair<int, int>>{{128, 256}, {256, 512}, {512, 1024}};
-  const std::int64_t sm = sc.model.model_dim, sh = sc.model.hidden_dim;
-  if (sm <= (quick ? 256 : 1024) && sh <= (quick ? 512 : 4096))
-    mh.emplace_back(static_cast<int>(sm), static_cast<int>(sh));
-  const std::vector<int> ms =
-      quick ? std::vector<int>{8, 32, 128} : std::vector<int>{8, 32, 128, 512, 1024};
-  std::vector<GemmShape> out;
-  for (auto [m_dim, h_dim] : mh)
-    for (int m : ms) {
-      GemmShape g{m, h_dim, m_dim, 1};
-      bool dup = false;
-      for (const auto& o : out) dup = dup || (o.m == g.m && o.n == g.n && o.k == g.k);
-      if (!dup) out.push_back(g);
-    }
-  return out;
-}
-
 double rank_median(MpiSession& session, double mine) {
   return median(session.all_gather_doubles({mine}));
 }
 
 double time_gemm(const GemmTimer& timer, const GemmShape& g, int repeats) {
-  timer(static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k));  // warm-up
+  const auto run = [&] {
+    return timer(static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
+                 static_cast<int>(g.batch));
+  };
+  run();  // warm-up
   std::vector<double> t;
-  for (int i = 0; i < repeats; ++i)
-    t.push_back(timer(static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k)));
+  for (int i = 0; i < repeats; ++i) t.push_back(run());
   return median(t);
 }
 
 }  // namespace
+
+std::vector<GemmShape> gemm_grid(const Scenario& sc, bool quick, bool gpu) {
+  // Expert fc1 shapes: m tokens x (k = M) -> (n = H). The scenario's own (M, H) is included so
+  // the nearest-shape lookup has the shapes `exec` will run. A GPU needs far larger shapes before
+  // its time grows with the FLOPs (an H200 runs 128 x 256 x 64 in launch latency), so its grid
+  // starts where the host path's ends.
+  std::vector<std::pair<int, int>> mh;
+  std::vector<int> ms;
+  std::int64_t max_m = 0, max_h = 0;  // the scenario's shape joins the grid up to these
+  if (gpu) {
+    mh = quick ? std::vector<std::pair<int, int>>{{1024, 4096}}
+               : std::vector<std::pair<int, int>>{{512, 2048}, {1024, 4096}, {4096, 16384}};
+    ms = quick ? std::vector<int>{16, 256, 2048} : std::vector<int>{16, 64, 256, 1024, 4096, 16384};
+    max_m = 16384;
+    max_h = 65536;
+  } else {
+    mh = quick ? std::vector<std::pair<int, int>>{{64, 128}, {128, 256}}
+               : std::vector<std::pair<int, int>>{{128, 256}, {256, 512}, {512, 1024}};
+    ms = quick ? std::vector<int>{8, 32, 128} : std::vector<int>{8, 32, 128, 512, 1024};
+    max_m = quick ? 256 : 1024;
+    max_h = quick ? 512 : 4096;
+  }
+  const std::int64_t sm = sc.model.model_dim, sh = sc.model.hidden_dim;
+  const bool own = sm <= max_m && sh <= max_h;
+  if (own) mh.emplace_back(static_cast<int>(sm), static_cast<int>(sh));
+  std::vector<GemmShape> out;
+  const auto add = [&](const GemmShape& g) {
+    for (const auto& o : out)
+      if (o.m == g.m && o.n == g.n && o.k == g.k && o.batch == g.batch) return;
+    out.push_back(g);
+  };
+  for (auto [m_dim, h_dim] : mh)
+    for (int m : ms) add(GemmShape{m, h_dim, m_dim, 1});
+  // The plan's batched expert GEMM (plain layout: ep x local experts per call), up to 64 Ki rows
+  // in all, always with the smallest m.
+  const std::int64_t batch =
+      static_cast<std::int64_t>(sc.parallelism.ep) * std::max(sc.model.local_experts(), 1);
+  if (gpu && own && batch > 1)
+    for (int m : ms)
+      if (m == ms.front() || m * batch <= 65536) add(GemmShape{m, sh, sm, batch});
+  return out;
+}
 
 float fill_value(std::uint64_t seed, int rank, std::size_t i) {
   // splitmix64 of (seed, rank, index): a fixed pseudo-random pattern per rank, reproducible.
@@ -322,7 +345,7 @@ GemmTimer host_gemm_timer() {
     kernels::cpu::Context ctx{1};
   };
   auto buf = std::make_shared<Buffers>();
-  return [buf](int m, int n, int k) {
+  return [buf](int m, int n, int k, int batch) {
     const auto need = [](std::vector<float>& v, std::size_t size) {
       if (v.size() < size) {
         v.resize(size);
@@ -333,8 +356,9 @@ GemmTimer host_gemm_timer() {
     need(buf->b, static_cast<std::size_t>(k) * n);
     need(buf->c, static_cast<std::size_t>(m) * n);
     const auto t0 = Clock::now();
-    kernels::cpu::gemm(buf->ctx, kernels::DType::kF32, m, n, k, buf->a.data(), buf->b.data(),
-                       buf->c.data());
+    for (int i = 0; i < batch; ++i)  // the same operands: the host path's grid has batch 1
+      kernels::cpu::gemm(buf->ctx, kernels::DType::kF32, m, n, k, buf->a.data(), buf->b.data(),
+                         buf->c.data());
     return seconds_since(t0);
   };
 }
@@ -351,7 +375,7 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
   cal.gpu = sc.cluster.gpu.name;
   cal.device = device;
   cal.backend = std::string(comm.name());
-  cal.dtype = "fp32";
+  cal.dtype = opt.gemm_dtype;
   cal.ranks = w;
   cal.nodes = topo.num_nodes();
   cal.gpus_per_node = topo.gpus_per_node();
@@ -359,12 +383,12 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
       fmt::format("Written by `moesim calibrate{}` on {} rank(s) ({} x {}), scenario '{}'.",
                   opt.quick ? " --quick" : "", w, topo.num_nodes(), topo.gpus_per_node(), sc.name));
   cal.comments.push_back(fmt::format(
-      "GEMMs: {} (fp32), median of {} repeats per rank, median over ranks; collectives: {}, "
+      "GEMMs: {} ({}), median of {} repeats per rank, median over ranks; collectives: {}, "
       "median over {} repeats of the slowest rank.",
-      device, opt.repeats, cal.backend, opt.repeats));
+      device, opt.gemm_dtype, opt.repeats, cal.backend, opt.repeats));
 
   // --- GEMM sweep ------------------------------------------------------------------------------
-  const auto shapes = gemm_grid(sc, opt.quick);
+  const auto shapes = gemm_grid(sc, opt.quick, opt.gemm_on_gpu);
   for (const auto& g : shapes) {
     session.barrier("calibrate gemm");
     GemmPoint p;
@@ -407,7 +431,7 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
       GemmWork work{static_cast<double>(p.shape.m),
                     static_cast<double>(p.shape.n),
                     static_cast<double>(p.shape.k),
-                    1.0,
+                    static_cast<double>(p.shape.batch),
                     p.shape.flops(),
                     0.0};
       p.predicted_s =
@@ -488,7 +512,8 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
     session.barrier("calibrate interference start");
     std::thread worker([&] {
       while (!stop.load()) {
-        const double t = gemm(static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k));
+        const double t = gemm(static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
+                              static_cast<int>(g.batch));
         if (!stop.load()) overlapped.push_back(t);  // only GEMMs that ran entirely overlapped
       }
     });

@@ -29,6 +29,7 @@
 #include "core/calibration.hpp"
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
+#include "kernels/moe_kernels.hpp"
 
 namespace moesim::topology {
 class Topology;
@@ -43,12 +44,32 @@ struct CalibrateOptions {
   std::size_t max_bytes = 0;  // largest collective size; 0 = 64 KiB quick, 16 MiB otherwise
   int repeats = 0;            // per point; 0 = 3 quick, 7 otherwise
   std::uint64_t seed = 1;     // fill rule seed
+  // What the GemmTimer runs: its element type (recorded as the calibration's dtype), and whether
+  // it is a GPU, whose grid reaches the shapes where tensor cores saturate (m up to 16,384,
+  // M x H up to 4,096 x 16,384) rather than the host path's small ones.
+  std::string gemm_dtype = "fp32";
+  bool gemm_on_gpu = false;
 };
 
-/// Seconds of one GEMM C (m x n) = A (m x k) * B (k x n) on this rank's device, fp32.
-using GemmTimer = std::function<double(int m, int n, int k)>;
+/// Seconds of `batch` GEMMs C_i (m x n) = A_i (m x k) * B_i (k x n) on this rank's device (one
+/// strided-batched call on the GPU, as the executor runs the experts' GEMMs).
+using GemmTimer = std::function<double(int m, int n, int k, int batch)>;
 /// The host path's timer: kernels::cpu::gemm on preallocated buffers, one thread.
 GemmTimer host_gemm_timer();
+#ifdef MOESIM_HAVE_NCCL
+/// The GPU path's timer (exec/gpu_gemm_timer.cpp): one cuBLAS GEMM in `dtype` on `device`, timed
+/// by CUDA events on a non-blocking stream of its own. Callable from any thread.
+GemmTimer device_gemm_timer(kernels::DType dtype, int device);
+/// The CUDA device's name ("NVIDIA H200"), for the calibration's `device`.
+std::string device_name(int device);
+#endif
+
+/// The GEMM shapes the sweep times for `sc` (fc1 of the expert FFN: m tokens x M -> H): a fixed
+/// grid (host or GPU sized, quick or full) plus the scenario's own (M, H) where the grid's bound
+/// allows. On the GPU also the scenario's batched shape: the plan's expert GEMM is one call over
+/// batch = ep x local experts (core/plan.hpp GemmShape, strategies/cost_model.cpp), whose time at
+/// small m is one launch, not batch of them.
+std::vector<GemmShape> gemm_grid(const Scenario& sc, bool quick, bool gpu);
 
 /// One measured GEMM shape (median over repeats and ranks).
 struct GemmPoint {

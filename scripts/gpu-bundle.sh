@@ -103,6 +103,7 @@ export PMIX_MCA_mca_base_component_path=$B/ompi/pmixlib
 [ -d "$B/ompi/pmixdata" ] && export PMIX_INSTALL_PREFIX=$B/ompi PMIX_PKGDATADIR=$B/ompi/pmixdata
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One host, shared memory only: no InfiniBand or UCX probing on a machine without them.
+export PMIX_MCA_pcompress_base_silence_warning=1
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_osc=^ucx OMPI_MCA_mca_base_component_show_load_errors=0
 EOF
 du -sh "$out"

@@ -163,7 +163,7 @@ fi
 if "$moesim" --help 2>/dev/null | grep -q calibrate; then
   if [ $have_gpu = 1 ]; then
     step "moesim calibrate" calibrate.log \
-      $mpirun_1 "$moesim" calibrate "$scenario" --backend nccl ${bundle:+--quick} --out "$out/calib.yaml"
+      $mpirun_1 "$moesim" calibrate "$scenario" --backend nccl --out "$out/calib.yaml"
     if [ -f "$out/calib.yaml" ] && "$moesim" exec --help 2>/dev/null | grep -q -- --predict; then
       # The scenario with cluster.calibration pointing at the fresh calibration.
       sed "s|^cluster:|cluster:\n  calibration: $out/calib.yaml|" "$scenario" \

@@ -21,6 +21,9 @@
 #include "core/scenario_loader.hpp"
 #include "exec/calibrate.hpp"
 #include "exec/mpi_communicator.hpp"
+#ifdef MOESIM_HAVE_NCCL
+#include "exec/nccl_communicator.hpp"
+#endif
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -40,13 +43,14 @@ void print_run(const exec::CalibrationRun& run) {
   const Calibration& cal = run.calibration;
   fmt::print("\n# GEMM sweep ({}; fit t = alpha + beta * flops on the shapes marked *)\n",
              cal.device);
-  fmt::print("{:>6} {:>6} {:>6} {:>12} {:>10} {:>12} {:>8} {:>6}\n", "m", "n", "k", "time_us",
-             "GFLOP/s", "model_us", "err%", "eff");
+  fmt::print("{:>6} {:>6} {:>6} {:>6} {:>12} {:>10} {:>12} {:>8} {:>6}\n", "m", "n", "k", "batch",
+             "time_us", "GFLOP/s", "model_us", "err%", "eff");
   for (size_t i = 0; i < run.gemm.size(); ++i) {
     const auto& p = run.gemm[i];
-    fmt::print("{:>6} {:>6} {:>6} {:>12.3f} {:>10.3f} {:>12.3f} {:>8.2f} {:>6.3f}{}\n", p.shape.m,
-               p.shape.n, p.shape.k, p.time_s * 1e6, p.shape.flops() / p.time_s * 1e-9,
-               p.predicted_s * 1e6, 100.0 * (p.predicted_s - p.time_s) / p.time_s,
+    fmt::print("{:>6} {:>6} {:>6} {:>6} {:>12.3f} {:>10.3f} {:>12.3f} {:>8.2f} {:>6.3f}{}\n",
+               p.shape.m, p.shape.n, p.shape.k, p.shape.batch, p.time_s * 1e6,
+               p.shape.flops() / p.time_s * 1e-9, p.predicted_s * 1e6,
+               100.0 * (p.predicted_s - p.time_s) / p.time_s,
                cal.gemm.efficiency_table[i].efficiency, p.in_fit ? " *" : "");
   }
   fmt::print("# least squares on *: alpha {:.4g} us, beta {:.4g} ns/FLOP ({:.4g} GFLOP/s)\n",
@@ -101,14 +105,30 @@ int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
   exec::CalibrateOptions opt;
   opt.quick = a.quick;
   opt.repeats = repeats;  // 0: CalibrateOptions' own default
+  // The host path times the CPU kernels in fp32 (what it runs); the GPU path times cuBLAS on the
+  // rank's GPU in the scenario's dtype, the GEMMs `exec --backend nccl` runs.
+  exec::GemmTimer timer = exec::host_gemm_timer();
+#ifdef MOESIM_HAVE_NCCL
+  if (const auto* nccl = dynamic_cast<const exec::NcclCommunicator*>(comm.get())) {
+    // As the executor maps them: tf32 runs as fp32 data, fp8 as fp16.
+    const Dtype dt = sc.model.dtype == Dtype::kFp8    ? Dtype::kFp16
+                     : sc.model.dtype == Dtype::kTf32 ? Dtype::kFp32
+                                                      : sc.model.dtype;
+    const kernels::DType kdt = dt == Dtype::kFp32   ? kernels::DType::kF32
+                               : dt == Dtype::kBf16 ? kernels::DType::kBF16
+                                                    : kernels::DType::kF16;
+    timer = exec::device_gemm_timer(kdt, nccl->device());
+    device = exec::device_name(nccl->device());
+    opt.gemm_dtype = std::string(dtype_name(dt));
+    opt.gemm_on_gpu = true;
+  }
+#endif
   if (root)
-    fmt::print("# moesim calibrate: {} ranks ({} x {}), backend {}, GEMMs on {}{}\n",
+    fmt::print("# moesim calibrate: {} ranks ({} x {}), backend {}, GEMMs on {} ({}){}\n",
                session.size(), sc.cluster.nodes, sc.cluster.gpus_per_node, comm->name(), device,
-               a.quick ? ", quick" : "");
-  // GEMMs run on the host CPU kernels on both backends for now; the GPU path will pass a cuBLAS
-  // timer through the same interface.
+               opt.gemm_dtype, a.quick ? ", quick" : "");
   const exec::CalibrationRun run =
-      exec::run_calibration(sc, *topo, session, *comm, exec::host_gemm_timer(), device, opt);
+      exec::run_calibration(sc, *topo, session, *comm, timer, device, opt);
   if (!root) return run.wrong > 0 ? 1 : 0;
   print_run(run);
   if (run.wrong > 0) {

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -51,6 +52,7 @@ struct ExecArgs {
   std::vector<std::string> strategies;
   std::optional<std::string> iterations;  // absent: the scenario's workload.iterations
   std::optional<std::string> seed;        // absent: the scenario's workload.routing.seed
+  std::optional<std::string> warmup;      // absent: 1 on the GPU path, 0 on the host path
   std::string json_path;
   bool check = false;
   std::string backend = "mpi";
@@ -212,6 +214,13 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
   const int iterations =
       iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
+  // Untimed runs of each strategy's first plan before its measured iterations (nccl-tests' -w):
+  // the GPU path's first run pays CUDA's lazy module loading, cuBLAS's first-call set-up and the
+  // executor's buffer allocations (a 266 ms first step against 1 ms after, on an H200), which
+  // would otherwise be averaged into the step time and the speedups. The host path has no such
+  // one-time cost worth a run, so it defaults to none.
+  const int warmup = static_cast<int>(
+      parse_int_flag("--warmup", a.warmup, 0, 1000).value_or(a.backend == "nccl" ? 1 : 0));
   // Pipeline stages on the real backend: the host path runs every data path's MoE layers stage
   // by stage (each rank its stage's layers; --check on each). The GPU path has no stage logic
   // yet.
@@ -256,7 +265,12 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const strategies::Backend measured = executor.backend();
   const FaultInjection fault = fault_from_env(session.rank());
   int step = 0;
+  size_t warmed = std::numeric_limits<size_t>::max();  // the strategy whose warm-up ran
   const strategies::Backend backend = [&](const Plan& plan) {
+    if (warmed != current) {
+      warmed = current;
+      for (int i = 0; i < warmup; ++i) measured(plan);  // results discarded
+    }
     if (++step == fault.at_step) {
       // A rank dying mid-job without MPI_Finalize (a crashed process, a lost node), or one that
       // stops responding: what the other ranks do then (mpirun kills them, or they time out and
@@ -283,8 +297,8 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
     return m;
   };
   if (root)
-    fmt::print("# {}: {} ranks, backend {}, {} iteration(s), seed {}{}\n", sc.name, session.size(),
-               comm->name(), iterations, sc.workload.routing.seed,
+    fmt::print("# {}: {} ranks, backend {}, {} iteration(s) after {} warm-up run(s), seed {}{}\n",
+               sc.name, session.size(), comm->name(), iterations, warmup, sc.workload.routing.seed,
                a.check ? ", checking outputs" : "");
   std::vector<strategies::StackRun> runs;
   std::vector<RunSummary> rows;
@@ -351,6 +365,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
       j["scenario"] = sc.name;
       j["engine"] = std::string(comm->name());
       j["seed"] = sc.workload.routing.seed;
+      j["warmup"] = warmup;
       auto& jr = j["runs"] = nlohmann::ordered_json::array();
       double wall = 0;
       for (size_t i = 0; i < runs.size(); ++i) {
@@ -405,6 +420,9 @@ void register_exec(CLI::App& app) {
                   "Iterations, in [1, 1000000] (default: workload.iterations)");
   cmd->add_option("--seed", a->seed,
                   "Routing and data seed, in [0, 2^63-1] (default: workload.routing.seed)");
+  cmd->add_option("--warmup", a->warmup,
+                  "Untimed runs of each strategy's first plan before its iterations, in [0, 1000] "
+                  "(default: 1 with --backend nccl, 0 with mpi)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file (rank 0)");
   cmd->add_flag("--check", a->check,
                 "Compare every MoE layer with a single-process reference; exit 1 on mismatch");

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "core/scenario_loader.hpp"
+#include "exec/calibrate.hpp"
 #include "exec/executor.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/nccl_communicator.hpp"
@@ -142,6 +143,31 @@ TEST_F(ExecGpu, EventTimesAreOrderedPerStream) {
     if (op.label.find("fwd.expert.fc1") != std::string::npos)
       fc1 += r.end_s[r.entry(op.id, 0)] - r.start_s[r.entry(op.id, 0)];
   EXPECT_GT(fc1, 0.0);
+}
+
+// `moesim calibrate --backend nccl` times cuBLAS on the GPU: a 4,096^3 fp16 GEMM (137 GFLOP)
+// runs between 100 TFLOP/s (no CPU comes near it, so it did run on the tensor cores) and the
+// H100 / H200 dense fp16 peak of 990 TFLOP/s (a time shorter than that would be a timer that
+// does not wait for the kernel).
+TEST_F(ExecGpu, CalibrateGemmTimerTimesCublasOnTheGpu) {
+  NcclCommunicator comm(*g_session);
+  const GemmTimer timer = device_gemm_timer(kernels::DType::kF16, comm.device());
+  timer(4096, 4096, 4096, 1);  // warm-up: cuBLAS's first call
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) t.push_back(timer(4096, 4096, 4096, 1));
+  std::sort(t.begin(), t.end());
+  const double flops = 2.0 * 4096.0 * 4096.0 * 4096.0;
+  const double tflops = flops / t[2] * 1e-12;
+  EXPECT_GT(tflops, 100.0);
+  EXPECT_LT(tflops, 990.0);
+  // A tiny GEMM is launch-bound: far from the large one's rate, still positive.
+  const double small = timer(16, 256, 64, 1);
+  EXPECT_GT(small, 0.0);
+  EXPECT_LT(2.0 * 16 * 256 * 64 / small * 1e-12, tflops);
+  // Eight small GEMMs in one strided-batched call cost far less than eight calls.
+  timer(16, 256, 64, 8);
+  EXPECT_LT(timer(16, 256, 64, 8), 4.0 * small);
+  EXPECT_FALSE(device_name(comm.device()).empty());
 }
 
 }  // namespace

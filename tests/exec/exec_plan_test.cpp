@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/plan.hpp"
+#include "core/scenario_loader.hpp"
+#include "exec/calibrate.hpp"
 #include "exec/executor.hpp"
 #include "exec/moe_data.hpp"
 #include "kernels/moe_kernels.hpp"
@@ -289,6 +291,49 @@ TEST(CheckTolerance, EveryDtypeWithinItsToleranceOfTheReference) {
     prev_err = max_rel;
   }
   EXPECT_EQ(check_tolerance(DType::kF32), 1e-4);
+}
+
+}  // namespace
+}  // namespace moesim::exec
+
+namespace moesim::exec {
+namespace {
+
+bool has_shape(const std::vector<GemmShape>& g, std::int64_t m, std::int64_t n, std::int64_t k) {
+  return std::any_of(g.begin(), g.end(),
+                     [&](const GemmShape& s) { return s.m == m && s.n == n && s.k == k; });
+}
+
+// `moesim calibrate`'s GEMM grid: the host path's small shapes, the GPU's up to where tensor
+// cores saturate, both with the scenario's own (M, H) where it fits and no shape twice.
+TEST(CalibrateGrid, GpuGridReachesSaturatingShapesAndHoldsTheScenarios) {
+  Scenario sc = load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-gpu-1.yaml");
+  ASSERT_EQ(sc.model.model_dim, 512);
+  ASSERT_EQ(sc.model.hidden_dim, 2048);
+  const auto host_quick = gemm_grid(sc, true, false);
+  const auto gpu_quick = gemm_grid(sc, true, true);
+  const auto gpu_full = gemm_grid(sc, false, true);
+  // Host quick: M x H in {64 x 128, 128 x 256} x m in {8, 32, 128}; (512, 2048) is over its bound.
+  EXPECT_EQ(host_quick.size(), 6u);
+  EXPECT_FALSE(has_shape(host_quick, 8, 2048, 512));
+  // GPU quick: (1024, 4096) and the scenario's (512, 2048) x m in {16, 256, 2048}, and the
+  // scenario's batched expert GEMM (ep 1 x 8 local experts) at the same m (8 x 2,048 rows fit).
+  EXPECT_EQ(gpu_quick.size(), 9u);
+  EXPECT_TRUE(has_shape(gpu_quick, 2048, 4096, 1024));
+  EXPECT_TRUE(has_shape(gpu_quick, 256, 2048, 512));
+  EXPECT_EQ(std::count_if(gpu_quick.begin(), gpu_quick.end(),
+                          [](const GemmShape& g) { return g.batch == 8; }),
+            3);
+  // GPU full: (512, 2048) is in the grid already, so the scenario adds 3 x 6 batch-1 shapes and
+  // the batched ones with m x 8 <= 64 Ki rows (m = 16 .. 4,096: 5).
+  EXPECT_EQ(gpu_full.size(), 23u);
+  EXPECT_TRUE(has_shape(gpu_full, 16384, 16384, 4096));
+  for (const auto& g : host_quick) EXPECT_EQ(g.batch, 1);
+  for (const auto& g : {host_quick, gpu_quick, gpu_full})
+    for (size_t i = 0; i < g.size(); ++i)
+      for (size_t j = i + 1; j < g.size(); ++j)
+        EXPECT_FALSE(g[i].m == g[j].m && g[i].n == g[j].n && g[i].k == g[j].k &&
+                     g[i].batch == g[j].batch);
 }
 
 }  // namespace

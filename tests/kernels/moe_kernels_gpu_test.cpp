@@ -240,48 +240,54 @@ TEST_F(KernelGpuTest, BuildSlotIndexMatchesCpu) {
 }
 
 // Encode / decode and backward passes vs CPU, for a row size that takes the 16-byte path (M = 96)
-// and one that does not (M = 35).
+// and one that does not (M = 35), at top-2, top-3 and top-8 (the combine kernel's register
+// sizes: k rounded up to 2, 4 and 8).
 TEST_F(KernelGpuTest, EncodeDecodeAndBackwardMatchCpu) {
-  GateParams p = random_params(false);
-  const std::vector<float> logits =
-      random_floats(std::size_t(p.num_tokens) * p.num_experts, 61, -3, 3);
-  HostRouting r(p.num_tokens, p.top_k, p.num_experts, p.capacity);
-  cpu::Context cctx;
-  cpu::gate_from_logits(cctx, p, logits.data(), r.out());
-  DeviceRouting dr(r);
-  for (int m : {96, 35}) {
-    const std::size_t tokens = std::size_t(r.s) * m, slots = std::size_t(r.e) * r.c * m;
-    for (DType d : kAllDTypes) {
-      SCOPED_TRACE(std::string(dtype_name(d)) + " M=" + std::to_string(m));
-      const float tol = 2 * testing::dtype_eps(d);
-      HostBuffer x(d, random_floats(tokens, 62)), z(d, random_floats(slots, 63)),
-          gy(d, random_floats(tokens, 64)), gd(d, random_floats(slots, 65));
-      DeviceBuffer dx(x), dz(z), dgy(gy), dgd(gd);
-      // encode: exact copy.
-      HostBuffer disp(d, slots);
-      cpu::encode(cctx, d, r.view(), m, x.data(), disp.data());
-      DeviceBuffer ddisp(slots * dtype_size(d));
-      ASSERT_CUDA(cudaMemset(ddisp.get(), 0x55, slots * dtype_size(d)));
-      cuda::encode(ctx(), d, dr.view(), m, dx.get(), ddisp.get());
-      // decode, encode backward, decode backward.
-      HostBuffer y(d, tokens), gx(d, tokens), gz(d, slots);
-      std::vector<float> gw(r.weight.size());
-      cpu::decode(cctx, d, r.view(), m, z.data(), y.data());
-      cpu::encode_backward(cctx, d, r.view(), m, gd.data(), gx.data());
-      cpu::decode_backward(cctx, d, r.view(), m, z.data(), gy.data(), gz.data(), gw.data());
-      DeviceBuffer dy(tokens * dtype_size(d)), dgx(tokens * dtype_size(d)),
-          dgz(slots * dtype_size(d)), dgw(gw.size() * 4);
-      cuda::decode(ctx(), d, dr.view(), m, dz.get(), dy.get());
-      cuda::encode_backward(ctx(), d, dr.view(), m, dgd.get(), dgx.get());
-      cuda::decode_backward(ctx(), d, dr.view(), m, dz.get(), dgy.get(), dgz.get(),
-                            dgw.get<float>());
-      ctx().synchronize();
-      EXPECT_EQ(ddisp.to_buffer(d).bytes, disp.bytes);
-      expect_close(dy.to_buffer(d).to_float(), y.to_float(), tol, 1e-6f, "decode");
-      expect_close(dgx.to_buffer(d).to_float(), gx.to_float(), tol, 1e-6f, "encode_backward");
-      expect_close(dgz.to_buffer(d).to_float(), gz.to_float(), tol, 1e-6f, "decode_backward");
-      // fp32 dot products in a different order: relative to the size of the sum.
-      expect_close(dgw.to_vector<float>(), gw, 1e-4f, 1e-4f * m, "grad_weight");
+  for (int top_k : {2, 3, 8}) {
+    SCOPED_TRACE("top_k " + std::to_string(top_k));
+    GateParams p = random_params(false);
+    p.top_k = top_k;
+    p.capacity = 75 * top_k;  // 1,500 k entries for 1,200 k slots: drops on popular experts
+    const std::vector<float> logits =
+        random_floats(std::size_t(p.num_tokens) * p.num_experts, 61, -3, 3);
+    HostRouting r(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+    cpu::Context cctx;
+    cpu::gate_from_logits(cctx, p, logits.data(), r.out());
+    DeviceRouting dr(r);
+    for (int m : {96, 35}) {
+      const std::size_t tokens = std::size_t(r.s) * m, slots = std::size_t(r.e) * r.c * m;
+      for (DType d : kAllDTypes) {
+        SCOPED_TRACE(std::string(dtype_name(d)) + " M=" + std::to_string(m));
+        const float tol = 2 * testing::dtype_eps(d);
+        HostBuffer x(d, random_floats(tokens, 62)), z(d, random_floats(slots, 63)),
+            gy(d, random_floats(tokens, 64)), gd(d, random_floats(slots, 65));
+        DeviceBuffer dx(x), dz(z), dgy(gy), dgd(gd);
+        // encode: exact copy.
+        HostBuffer disp(d, slots);
+        cpu::encode(cctx, d, r.view(), m, x.data(), disp.data());
+        DeviceBuffer ddisp(slots * dtype_size(d));
+        ASSERT_CUDA(cudaMemset(ddisp.get(), 0x55, slots * dtype_size(d)));
+        cuda::encode(ctx(), d, dr.view(), m, dx.get(), ddisp.get());
+        // decode, encode backward, decode backward.
+        HostBuffer y(d, tokens), gx(d, tokens), gz(d, slots);
+        std::vector<float> gw(r.weight.size());
+        cpu::decode(cctx, d, r.view(), m, z.data(), y.data());
+        cpu::encode_backward(cctx, d, r.view(), m, gd.data(), gx.data());
+        cpu::decode_backward(cctx, d, r.view(), m, z.data(), gy.data(), gz.data(), gw.data());
+        DeviceBuffer dy(tokens * dtype_size(d)), dgx(tokens * dtype_size(d)),
+            dgz(slots * dtype_size(d)), dgw(gw.size() * 4);
+        cuda::decode(ctx(), d, dr.view(), m, dz.get(), dy.get());
+        cuda::encode_backward(ctx(), d, dr.view(), m, dgd.get(), dgx.get());
+        cuda::decode_backward(ctx(), d, dr.view(), m, dz.get(), dgy.get(), dgz.get(),
+                              dgw.get<float>());
+        ctx().synchronize();
+        EXPECT_EQ(ddisp.to_buffer(d).bytes, disp.bytes);
+        expect_close(dy.to_buffer(d).to_float(), y.to_float(), tol, 1e-6f, "decode");
+        expect_close(dgx.to_buffer(d).to_float(), gx.to_float(), tol, 1e-6f, "encode_backward");
+        expect_close(dgz.to_buffer(d).to_float(), gz.to_float(), tol, 1e-6f, "decode_backward");
+        // fp32 dot products in a different order: relative to the size of the sum.
+        expect_close(dgw.to_vector<float>(), gw, 1e-4f, 1e-4f * m, "grad_weight");
+      }
     }
   }
 }

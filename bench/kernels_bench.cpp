@@ -335,6 +335,28 @@ void run_cuda(const Options& o) {
                        }),
               tr.decode_bwd, o.hbm_gbs);
   }
+  {  // The gate after its GEMM: top-k on S x E fp32 logits, then capacity slots in priority order
+     // (choice level, token order; and batch-prioritised: sorted by top probability first) and
+     // the slot index. Latency-bound rather than HBM-bound: shown in us and tokens per us.
+    const std::vector<float> logits = random_floats(std::size_t(r.s) * r.e, 1);
+    DevMem dl(logits), gex(r.expert.size() * 4), gsl(r.slot.size() * 4), gw(r.weight.size() * 4),
+        gse(r.slot_entry.size() * 4), gcount(r.count.size() * 4);
+    const RoutingOut out{gex.get<std::int32_t>(), gsl.get<std::int32_t>(), gw.get<float>(),
+                         gse.get<std::int32_t>(), gcount.get<std::int32_t>()};
+    for (bool prioritized : {false, true}) {
+      GateParams p;
+      p.num_tokens = r.s;
+      p.num_experts = r.e;
+      p.top_k = r.k;
+      p.capacity = r.c;
+      p.batch_prioritized = prioritized;
+      const double t =
+          time_gpu(o, ctx, [&] { cuda::gate_from_logits(ctx, p, dl.get<float>(), out); });
+      fmt::print("  {:<18} {:<5} {:>9.1f} us {:>9.1f} tokens/us\n",
+                 prioritized ? "gate (prioritized)" : "gate (top-k+slots)", "fp32", t * 1e6,
+                 r.s / (t * 1e6));
+    }
+  }
   {  // 2DH stride copy of the dispatched fp16 buffer, T(h = 8, w = 4) (4 nodes x 8 GPUs).
     const std::size_t bytes = std::size_t(r.e) * r.c * m * 2;
     DevMem a(bytes), b(bytes);

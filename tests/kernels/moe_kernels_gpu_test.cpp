@@ -196,6 +196,8 @@ TEST_F(KernelGpuTest, NodeLimitedGateMatchesCpuExactly) {
   ctx().synchronize();
   EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
   EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
+  // 16,384 entries: the capacity passes' 8 tiles of 2,048, with slots left empty.
+  EXPECT_EQ(got.slot_entry.to_vector<std::int32_t>(), want.slot_entry);
   EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
   expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
 }

@@ -126,6 +126,82 @@ __global__ void topk_kernel(int s, int e, int k, bool normalize, int group, int 
   }
 }
 
+// One warp per token for wide gates (E >= kWarpTopKMinExperts): the same rule as topk_kernel
+// (rules::route_token: the k largest logits, the lower index first on ties; node-limited groups
+// by rules::choose_groups), with the row in shared memory and each choice found by a warp-wide
+// argmax. One thread walking E experts k times was 750 us at S = 8,192, E = 256, top-8 on an
+// H200 (64 blocks, each thread reading its own 1 KiB row k + 2 times). The choices and the
+// argmax are exact; the softmax sum is a tree over the lanes (an ulp from the sequential sum, as
+// expf on the device already is from the host's).
+constexpr int kWarpTopKMinExperts = 64;
+constexpr int kWarpTopKWarps = 4;
+
+__global__ void topk_warp_kernel(int s, int e, int k, bool normalize, int group, int limit,
+                                 const float* __restrict__ logits, int* __restrict__ expert,
+                                 float* __restrict__ weight, float* __restrict__ top_prob) {
+  extern __shared__ float rows[];  // kWarpTopKWarps x e
+  __shared__ std::int32_t groups_of[kWarpTopKWarps][rules::kMaxTopK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kWarpTopKWarps + warp;
+  if (t >= s) return;  // whole warps leave: only __syncwarp below
+  float* row = rows + static_cast<std::size_t>(warp) * e;
+  const float* src = logits + static_cast<std::size_t>(t) * e;
+  for (int j = lane; j < e; j += 32) row[j] = src[j];
+  __syncwarp();
+  float mx = -INFINITY;
+  for (int j = lane; j < e; j += 32) mx = fmaxf(mx, row[j]);
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+  for (int j = lane; j < e; j += 32) sum += expf(row[j] - mx);
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const bool limited = rules::group_limit_binds(e, k, group, limit);
+  if (limited) {
+    if (lane == 0) rules::choose_groups(row, e, k, group, limit, groups_of[warp]);
+    __syncwarp();
+  }
+  std::int32_t chosen[rules::kMaxTopK];
+  float chosen_sum = 0.0f, top = 0.0f;
+  for (int c = 0; c < k; ++c) {
+    int best = -1;
+    float best_v = 0.0f;
+    for (int j = lane; j < e; j += 32) {
+      bool used = false;
+      for (int cc = 0; cc < c; ++cc) used = used || chosen[cc] == j;
+      if (limited) {
+        bool eligible = false;
+        for (int a = 0; a < limit; ++a) eligible = eligible || groups_of[warp][a] == j / group;
+        used = used || !eligible;
+      }
+      if (used) continue;
+      if (best < 0 || row[j] > best_v) {  // ascending j: the lower index keeps a tie
+        best = j;
+        best_v = row[j];
+      }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+      const int ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, off);
+      if (ob >= 0 && (best < 0 || ov > best_v || (ov == best_v && ob < best))) {
+        best = ob;
+        best_v = ov;
+      }
+    }
+    chosen[c] = best;
+    const float p = expf(row[best] - mx) / sum;
+    chosen_sum += p;
+    if (c == 0) top = p;
+    if (lane == 0) {
+      expert[static_cast<std::size_t>(t) * k + c] = best;
+      weight[static_cast<std::size_t>(t) * k + c] = p;
+    }
+  }
+  if (lane == 0) {
+    if (normalize)
+      for (int c = 0; c < k; ++c) weight[static_cast<std::size_t>(t) * k + c] /= chosen_sum;
+    top_prob[t] = top;
+  }
+}
+
 __global__ void iota_kernel(int n, int* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = i;
@@ -624,9 +700,16 @@ void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
   int* order_out = reinterpret_cast<int*>(ws + 3 * n4);
   int* tile_count = reinterpret_cast<int*>(ws + 4 * n4);
   int* tile_base = reinterpret_cast<int*>(ws + 4 * n4 + nt);
-  topk_kernel<<<(s + 127) / 128, 128, 0, stream>>>(s, e, k, p.normalize_top_k, p.experts_per_group,
-                                                   p.group_limit, logits, out.expert, out.weight,
-                                                   top_prob);
+  const std::size_t warp_rows = sizeof(float) * kWarpTopKWarps * static_cast<std::size_t>(e);
+  if (e >= kWarpTopKMinExperts && warp_rows <= 48 * 1024) {
+    topk_warp_kernel<<<(s + kWarpTopKWarps - 1) / kWarpTopKWarps, 32 * kWarpTopKWarps, warp_rows,
+                       stream>>>(s, e, k, p.normalize_top_k, p.experts_per_group, p.group_limit,
+                                 logits, out.expert, out.weight, top_prob);
+  } else {
+    topk_kernel<<<(s + 127) / 128, 128, 0, stream>>>(s, e, k, p.normalize_top_k,
+                                                     p.experts_per_group, p.group_limit, logits,
+                                                     out.expert, out.weight, top_prob);
+  }
   MOESIM_KCUDA_LAUNCHED();
   const int* order = nullptr;
   if (p.batch_prioritized) {

@@ -71,6 +71,28 @@ MOESIM_HOST_DEVICE float group_score(const float* row, int g, int group, int r) 
   return score;
 }
 
+/// The `limit` groups a token's choices come from when the limit binds (group_limit_binds): the
+/// groups with the highest group_score (r = ceil(k / limit)), the lower group first on ties.
+MOESIM_HOST_DEVICE void choose_groups(const float* row, int e, int k, int group, int limit,
+                                      std::int32_t* groups) {
+  const int r = (k + limit - 1) / limit;
+  for (int a = 0; a < limit; ++a) {
+    int best = -1;
+    float best_score = 0.0f;
+    for (int g = 0; g < e / group; ++g) {
+      bool used = false;
+      for (int aa = 0; aa < a; ++aa) used = used || groups[aa] == g;
+      if (used) continue;
+      const float sc = group_score(row, g, group, r);
+      if (best < 0 || sc > best_score) {  // strict: the lower group keeps a tie
+        best = g;
+        best_score = sc;
+      }
+    }
+    groups[a] = best;
+  }
+}
+
 /// The softmax probability of expert `chosen` for one token's `e` logits, in double (the
 /// plan-routed layers' combine weight: the plan chose the expert, the gate weighs it).
 MOESIM_HOST_DEVICE float softmax_prob(const float* row, int e, int chosen) {
@@ -94,24 +116,7 @@ MOESIM_HOST_DEVICE float route_token(const float* row, int e, int k, bool normal
   // The token's groups when the limit binds (limit < k <= kMaxTopK, so they fit in registers).
   const bool limited = group_limit_binds(e, k, group, limit);
   std::int32_t groups[kMaxTopK];
-  if (limited) {
-    const int r = (k + limit - 1) / limit;
-    for (int a = 0; a < limit; ++a) {
-      int best = -1;
-      float best_score = 0.0f;
-      for (int g = 0; g < e / group; ++g) {
-        bool used = false;
-        for (int aa = 0; aa < a; ++aa) used = used || groups[aa] == g;
-        if (used) continue;
-        const float sc = group_score(row, g, group, r);
-        if (best < 0 || sc > best_score) {  // strict: the lower group keeps a tie
-          best = g;
-          best_score = sc;
-        }
-      }
-      groups[a] = best;
-    }
-  }
+  if (limited) choose_groups(row, e, k, group, limit, groups);
   float mx = row[0];
   for (int j = 1; j < e; ++j) mx = row[j] > mx ? row[j] : mx;
   float sum = 0.0f;

@@ -148,28 +148,36 @@ std::vector<float> separated_logits(const GateParams& p, std::uint32_t seed) {
   return logits;
 }
 
+// E = 16 (one thread per token) and E = 256, top-8 (one warp per token, topk_warp_kernel; the
+// separated logits are zero but for two experts, so choices 3..8 are ties the lower index wins).
 TEST_F(KernelGpuTest, GateFromLogitsMatchesCpuExactly) {
-  for (bool prioritized : {false, true}) {
-    for (bool normalize : {false, true}) {
-      GateParams p = random_params(prioritized);
-      p.normalize_top_k = normalize;
-      const std::vector<float> logits =
-          prioritized ? separated_logits(p, 31)
-                      : random_floats(std::size_t(p.num_tokens) * p.num_experts, 31, -3, 3);
-      HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
-      cpu::Context cctx;
-      cpu::gate_from_logits(cctx, p, logits.data(), want.out());
-      ASSERT_GT(std::count(want.slot.begin(), want.slot.end(), -1), 0);
-      DeviceBuffer dl(logits);
-      DeviceRouting got(want);  // allocated with the CPU values, then overwritten
-      ASSERT_CUDA(cudaMemset(got.slot.get(), 0x7f, want.slot.size() * 4));
-      cuda::gate_from_logits(ctx(), p, dl.get<float>(), got.out());
-      ctx().synchronize();
-      EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
-      EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
-      EXPECT_EQ(got.slot_entry.to_vector<std::int32_t>(), want.slot_entry);
-      EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
-      expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
+  for (auto [experts, top_k] : {std::pair{16, 2}, std::pair{256, 8}}) {
+    SCOPED_TRACE("E " + std::to_string(experts) + " top-" + std::to_string(top_k));
+    for (bool prioritized : {false, true}) {
+      for (bool normalize : {false, true}) {
+        GateParams p = random_params(prioritized);
+        p.normalize_top_k = normalize;
+        p.num_experts = experts;
+        p.top_k = top_k;
+        p.capacity = 150 * 16 / experts * top_k / 2;  // 80% of the entries: drops
+        const std::vector<float> logits =
+            prioritized ? separated_logits(p, 31)
+                        : random_floats(std::size_t(p.num_tokens) * p.num_experts, 31, -3, 3);
+        HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+        cpu::Context cctx;
+        cpu::gate_from_logits(cctx, p, logits.data(), want.out());
+        ASSERT_GT(std::count(want.slot.begin(), want.slot.end(), -1), 0);
+        DeviceBuffer dl(logits);
+        DeviceRouting got(want);  // allocated with the CPU values, then overwritten
+        ASSERT_CUDA(cudaMemset(got.slot.get(), 0x7f, want.slot.size() * 4));
+        cuda::gate_from_logits(ctx(), p, dl.get<float>(), got.out());
+        ctx().synchronize();
+        EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
+        EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
+        EXPECT_EQ(got.slot_entry.to_vector<std::int32_t>(), want.slot_entry);
+        EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
+        expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
+      }
     }
   }
 }

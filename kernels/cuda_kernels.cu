@@ -221,25 +221,35 @@ constexpr int kScanThreads = 256;
 constexpr int kCapPerThread = 8;
 constexpr int kCapTile = kScanThreads * kCapPerThread;
 
+// kShared: the histogram in shared memory (E ints, up to kCapSharedExperts); otherwise straight
+// into tile_count with global atomics (zeroed beforehand), for gates wider than shared memory.
+constexpr int kCapSharedExperts = 12 * 1024;
+
+template <bool kShared>
 __global__ void capacity_hist_kernel(long long total, int s, int k, int e,
                                      const int* __restrict__ order, const int* __restrict__ expert,
                                      int* __restrict__ tile_count) {
   extern __shared__ int hist[];
   const long long tiles = (total + kCapTile - 1) / kCapTile;
   for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    for (int i = threadIdx.x; i < e; i += blockDim.x) hist[i] = 0;
-    __syncthreads();
+    int* h = kShared ? hist : tile_count + tile * e;
+    if (kShared) {
+      for (int i = threadIdx.x; i < e; i += blockDim.x) hist[i] = 0;
+      __syncthreads();
+    }
     const long long p0 = tile * kCapTile;
     for (int i = threadIdx.x; i < kCapTile; i += blockDim.x) {
       const long long p = p0 + i;
       if (p < total) {
         const int ex = expert[rules::priority_entry(p, s, k, order)];
-        if (ex >= 0 && ex < e) atomicAdd(&hist[ex], 1);
+        if (ex >= 0 && ex < e) atomicAdd(&h[ex], 1);
       }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < e; i += blockDim.x) tile_count[tile * e + i] = hist[i];
-    __syncthreads();  // hist is cleared for the next tile
+    if (kShared) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < e; i += blockDim.x) tile_count[tile * e + i] = hist[i];
+      __syncthreads();  // hist is cleared for the next tile
+    }
   }
 }
 
@@ -727,9 +737,16 @@ void gate_from_logits(Context& ctx, const GateParams& p, const float* logits,
     MOESIM_KCUDA_CHECK(cudaMemsetAsync(
         out.slot_entry, 0xff, sizeof(int) * static_cast<std::size_t>(e) * p.capacity, stream));
   }
-  capacity_hist_kernel<<<static_cast<int>(std::min<long long>(tiles, 65535)), kScanThreads,
-                         sizeof(int) * static_cast<std::size_t>(e), stream>>>(
-      total, s, k, e, order, out.expert, tile_count);
+  const int hist_blocks = static_cast<int>(std::min<long long>(tiles, 65535));
+  if (e <= kCapSharedExperts) {
+    capacity_hist_kernel<true>
+        <<<hist_blocks, kScanThreads, sizeof(int) * static_cast<std::size_t>(e), stream>>>(
+            total, s, k, e, order, out.expert, tile_count);
+  } else {
+    MOESIM_KCUDA_CHECK(cudaMemsetAsync(tile_count, 0, sizeof(int) * tiles * e, stream));
+    capacity_hist_kernel<false>
+        <<<hist_blocks, kScanThreads, 0, stream>>>(total, s, k, e, order, out.expert, tile_count);
+  }
   MOESIM_KCUDA_LAUNCHED();
   capacity_base_kernel<<<(e + 255) / 256, 256, 0, stream>>>(tiles, e, p.capacity, tile_count,
                                                             tile_base, out.expert_count);

@@ -210,6 +210,31 @@ TEST_F(KernelGpuTest, NodeLimitedGateMatchesCpuExactly) {
   expect_close(got.weight.to_vector<float>(), want.weight, 1e-5f, 1e-7f, "weight");
 }
 
+// A gate wider than the capacity histogram's shared memory (16,384 experts > 12,288) and than
+// the warp top-k's row buffer: global-atomic histogram, one thread per token; 20 capacity tiles.
+TEST_F(KernelGpuTest, VeryWideGateMatchesCpuExactly) {
+  GateParams p;
+  p.num_tokens = 5000;
+  p.model_dim = 1;
+  p.num_experts = 16384;
+  p.top_k = 8;
+  p.capacity = 2;  // 40,000 entries for 32,768 slots: drops on the experts chosen 3+ times
+  const std::vector<float> logits = random_floats(std::size_t(p.num_tokens) * p.num_experts, 53);
+  HostRouting want(p.num_tokens, p.top_k, p.num_experts, p.capacity);
+  cpu::Context cctx;
+  cpu::gate_from_logits(cctx, p, logits.data(), want.out());
+  ASSERT_GT(std::count(want.slot.begin(), want.slot.end(), -1), 0);
+  DeviceBuffer dl(logits);
+  DeviceRouting got(want);
+  ASSERT_CUDA(cudaMemset(got.slot.get(), 0x7f, want.slot.size() * 4));
+  cuda::gate_from_logits(ctx(), p, dl.get<float>(), got.out());
+  ctx().synchronize();
+  EXPECT_EQ(got.expert.to_vector<std::int32_t>(), want.expert);
+  EXPECT_EQ(got.slot.to_vector<std::int32_t>(), want.slot);
+  EXPECT_EQ(got.slot_entry.to_vector<std::int32_t>(), want.slot_entry);
+  EXPECT_EQ(got.count.to_vector<std::int32_t>(), want.count);
+}
+
 TEST_F(KernelGpuTest, GateWithCublasGemmAllDTypes) {
   for (DType d : kAllDTypes) {
     GateParams p = random_params(false);

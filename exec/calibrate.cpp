@@ -312,6 +312,12 @@ std::vector<GemmShape> gemm_grid(const Scenario& sc, bool quick, bool gpu) {
   if (own) mh.emplace_back(static_cast<int>(sm), static_cast<int>(sh));
   std::vector<GemmShape> out;
   const auto add = [&](const GemmShape& g) {
+    // Operands of at most 4 GiB in fp32 (A, B and C, every batch): the sweep must fit beside the
+    // rank's other buffers on any GPU it calibrates, not only on an 80 GB one.
+    const double elems = (static_cast<double>(g.m) * g.k + static_cast<double>(g.k) * g.n +
+                          static_cast<double>(g.m) * g.n) *
+                         static_cast<double>(g.batch);
+    if (gpu && elems * 4.0 > 4.0 * 1024 * 1024 * 1024) return;
     for (const auto& o : out)
       if (o.m == g.m && o.n == g.n && o.k == g.k && o.batch == g.batch) return;
     out.push_back(g);

@@ -330,13 +330,14 @@ TEST(CalibrateGrid, GpuGridReachesSaturatingShapesAndHoldsTheScenarios) {
   EXPECT_TRUE(has_shape(gpu_full, 16384, 16384, 4096));
   for (const auto& g : host_quick) EXPECT_EQ(g.batch, 1);
   // A wide model's own shape joins only where its operands fit in 4 GiB (fp32): M 16,384 x
-  // H 65,536 at m = 16 does, at m = 16,384 (9.7 GB) it does not.
+  // H 32,768 at m = 16 (2.1 GB) and 4,096 (3.0 GB) does, at m = 16,384 (5.4 GB) it does not.
   Scenario wide = sc;
   wide.model.model_dim = 16384;
-  wide.model.hidden_dim = 65536;
+  wide.model.hidden_dim = 32768;
   const auto gpu_wide = gemm_grid(wide, false, true);
-  EXPECT_TRUE(has_shape(gpu_wide, 16, 65536, 16384));
-  EXPECT_FALSE(has_shape(gpu_wide, 16384, 65536, 16384));
+  EXPECT_TRUE(has_shape(gpu_wide, 16, 32768, 16384));
+  EXPECT_TRUE(has_shape(gpu_wide, 4096, 32768, 16384));
+  EXPECT_FALSE(has_shape(gpu_wide, 16384, 32768, 16384));
   for (const auto& g : {host_quick, gpu_quick, gpu_full})
     for (size_t i = 0; i < g.size(); ++i)
       for (size_t j = i + 1; j < g.size(); ++j)

@@ -324,13 +324,20 @@ std::vector<GemmShape> gemm_grid(const Scenario& sc, bool quick, bool gpu) {
   };
   for (auto [m_dim, h_dim] : mh)
     for (int m : ms) add(GemmShape{m, h_dim, m_dim, 1});
-  // The plan's batched expert GEMM (plain layout: ep x local experts per call), up to 64 Ki rows
-  // in all, always with the smallest m.
+  // On the GPU also the expert FFN's second GEMM (m x H -> M), whose k is H: at small m its time
+  // is not fc1's. And the plan's batched expert GEMMs (plain layout: ep x local experts per
+  // call), up to 64 Ki rows in all, always with the smallest m.
   const std::int64_t batch =
       static_cast<std::int64_t>(sc.parallelism.ep) * std::max(sc.model.local_experts(), 1);
-  if (gpu && own && batch > 1)
-    for (int m : ms)
-      if (m == ms.front() || m * batch <= 65536) add(GemmShape{m, sh, sm, batch});
+  if (gpu && own) {
+    for (int m : ms) add(GemmShape{m, sm, sh, 1});
+    if (batch > 1)
+      for (int m : ms)
+        if (m == ms.front() || m * batch <= 65536) {
+          add(GemmShape{m, sh, sm, batch});
+          add(GemmShape{m, sm, sh, batch});
+        }
+  }
   return out;
 }
 

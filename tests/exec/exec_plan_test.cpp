@@ -316,17 +316,20 @@ TEST(CalibrateGrid, GpuGridReachesSaturatingShapesAndHoldsTheScenarios) {
   // Host quick: M x H in {64 x 128, 128 x 256} x m in {8, 32, 128}; (512, 2048) is over its bound.
   EXPECT_EQ(host_quick.size(), 6u);
   EXPECT_FALSE(has_shape(host_quick, 8, 2048, 512));
-  // GPU quick: (1024, 4096) and the scenario's (512, 2048) x m in {16, 256, 2048}, and the
-  // scenario's batched expert GEMM (ep 1 x 8 local experts) at the same m (8 x 2,048 rows fit).
-  EXPECT_EQ(gpu_quick.size(), 9u);
+  // GPU quick: (1024, 4096) and the scenario's (512, 2048) x m in {16, 256, 2048}, its fc2
+  // (m x 2048 -> 512) at the same m, and both as the batched expert GEMM (ep 1 x 8 local
+  // experts; 8 x 2,048 rows fit).
+  EXPECT_EQ(gpu_quick.size(), 15u);
   EXPECT_TRUE(has_shape(gpu_quick, 2048, 4096, 1024));
   EXPECT_TRUE(has_shape(gpu_quick, 256, 2048, 512));
+  EXPECT_TRUE(has_shape(gpu_quick, 256, 512, 2048));
   EXPECT_EQ(std::count_if(gpu_quick.begin(), gpu_quick.end(),
                           [](const GemmShape& g) { return g.batch == 8; }),
-            3);
-  // GPU full: (512, 2048) is in the grid already, so the scenario adds 3 x 6 batch-1 shapes and
-  // the batched ones with m x 8 <= 64 Ki rows (m = 16 .. 4,096: 5).
-  EXPECT_EQ(gpu_full.size(), 23u);
+            6);
+  // GPU full: (512, 2048) is in the grid already, so the scenario's fc1 adds nothing to the 3 x 6
+  // batch-1 shapes; its fc2 adds 6, and the batched fc1 / fc2 with m x 8 <= 64 Ki rows (m = 16 ..
+  // 4,096) 2 x 5.
+  EXPECT_EQ(gpu_full.size(), 34u);
   EXPECT_TRUE(has_shape(gpu_full, 16384, 16384, 4096));
   for (const auto& g : host_quick) EXPECT_EQ(g.batch, 1);
   // A wide model's own shape joins only where its operands fit in 4 GiB (fp32): M 16,384 x

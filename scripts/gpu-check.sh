@@ -3,7 +3,8 @@
 #   1. ctest -L gpu: CUDA kernels vs their CPU twins in fp32 / fp16 / bf16, the TA-MoE loss, and
 #      the executor's GPU path on one GPU (exec_gpu_np1: --check at r = 1, 2, 4, fp32 vs host);
 #   2. kernels_bench three times (encode / decode GB/s and % of HBM at S = 16,384, M = 4,096 in
-#      fp16 / bf16, expert GEMMs vs a plain cuBLAS GEMM of the shape; quote the medians);
+#      fp16 / bf16, the gate, expert GEMMs vs a plain cuBLAS GEMM of the shape; quote the
+#      medians), and once at E = 256, top-8, S = 8,192;
 #   3. exec_overhead_bench on the host path and on the GPU path (per-op overhead, empty ops);
 #   4. mpirun -np 1 moesim exec scenarios/exec-gpu-1.yaml --backend nccl --check (fp16, single
 #      GPU, pipeline r = 1, 2, 4) with its JSON;
@@ -116,9 +117,13 @@ if [ -n "$bundle" ]; then
   for s in scenarios/exec-host-4.yaml tests/data/exec/routed-train-4.yaml \
            tests/data/exec/backward-dp2-4.yaml; do
     name=$(basename "$s" .yaml)
-    step "exec $name on one GPU --backend nccl --check" "exec-1gpu-$name.log" \
-      $mpirun_1 "$bin/moesim" exec "$here/$s" --backend nccl --check "${one[@]}" \
-      --json "$out/exec-1gpu-$name.json"
+    if [ $have_gpu = 1 ]; then
+      step "exec $name on one GPU --backend nccl --check" "exec-1gpu-$name.log" \
+        $mpirun_1 "$bin/moesim" exec "$here/$s" --backend nccl --check "${one[@]}" \
+        --json "$out/exec-1gpu-$name.json"
+    else
+      skipped "exec $name on one GPU (no device)"
+    fi
   done
 else
   bin=$build
@@ -136,6 +141,9 @@ for i in 1 2 3; do
   # shellcheck disable=SC2086
   step "kernels_bench run $i" "kernels_bench.$i.log" "$kernels_bench" $bench_args
 done
+# A fine-grained gate (DeepSeek-V3's 256 experts, top-8): the warp top-k and the tiled capacity.
+step "kernels_bench E 256 top-8" kernels_bench.e256.log "$kernels_bench" --experts 256 --top-k 8 \
+  --tokens 8192
 
 if [ -x "$overhead_bench" ]; then
   step "exec_overhead_bench host path" exec_overhead_host.log \

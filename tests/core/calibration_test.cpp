@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -232,6 +233,25 @@ TEST(CalibrationLoader, BundledExampleLoads) {
   EXPECT_EQ(c.ranks, 16);
   EXPECT_NE(c.collective(CollectiveType::kAllToAll, CollectiveAlgo::k2dh, 16), nullptr);
   EXPECT_DOUBLE_EQ(c.tier(1)->fit.beta, 4.4e-11);
+}
+
+// The H200 GEMM calibration measured in session 17 (one GPU: GEMMs only, 18 fc1 shapes and 5
+// batched ones of 8 experts).
+TEST(CalibrationLoader, BundledH200MeasurementLoads) {
+  const Calibration c = load_calibration(std::string(MOESIM_SOURCE_DIR) +
+                                         "/scenarios/calibration/h200-sxm-gemm-measured.yaml");
+  EXPECT_EQ(c.gpu, "h200-sxm");
+  EXPECT_EQ(c.device, "NVIDIA H200");
+  EXPECT_EQ(c.dtype, "fp16");
+  EXPECT_EQ(c.ranks, 1);
+  ASSERT_EQ(c.gemm.efficiency_table.size(), 23u);
+  EXPECT_EQ(std::count_if(c.gemm.efficiency_table.begin(), c.gemm.efficiency_table.end(),
+                          [](const GemmEfficiencyPoint& p) { return p.shape.batch == 8; }),
+            5);
+  ASSERT_TRUE(c.gemm.beta_gemm_s_per_flop.has_value());
+  EXPECT_NEAR(1.0 / *c.gemm.beta_gemm_s_per_flop, 885.7e12, 0.1e12);  // 886 TFLOP/s
+  EXPECT_TRUE(c.collectives.empty());
+  EXPECT_EQ(*c.interference, 0.0);
 }
 
 TEST(GemmModel, CalibratedTimeIsAlphaPlusBetaOverRelativeEfficiency) {

@@ -41,20 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
-[[maybe_unused]] kernels::DType kernel_dtype(Dtype d) {  // used by the NCCL device path
-  switch (d) {
-    case Dtype::kFp32:
-    case Dtype::kTf32:
-      return kernels::DType::kF32;
-    case Dtype::kBf16:
-      return kernels::DType::kBF16;
-    case Dtype::kFp16:
-    case Dtype::kFp8:  // no fp8 kernels: fp8 scenarios run their data in fp16
-      return kernels::DType::kF16;
-  }
-  return kernels::DType::kF32;
-}
-
 }  // namespace
 
 namespace {

@@ -583,4 +583,18 @@ double check_tolerance(kernels::DType dtype) {
   return 1e-4;
 }
 
+kernels::DType kernel_dtype(Dtype d) {
+  switch (d) {
+    case Dtype::kFp32:
+    case Dtype::kTf32:
+      return kernels::DType::kF32;
+    case Dtype::kBf16:
+      return kernels::DType::kBF16;
+    case Dtype::kFp16:
+    case Dtype::kFp8:
+      return kernels::DType::kF16;
+  }
+  return kernels::DType::kF32;
+}
+
 }  // namespace moesim::exec

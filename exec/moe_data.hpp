@@ -176,4 +176,8 @@ ReferenceGrads reference_backward_seeded(
 /// H = 2,048).
 double check_tolerance(kernels::DType dtype);
 
+/// The kernels' element type for a scenario dtype: tf32 runs as fp32 data, fp8 as fp16 (there
+/// are no fp8 kernels). The GPU path's data and `calibrate --backend nccl`'s GEMMs use it.
+kernels::DType kernel_dtype(Dtype d);
+
 }  // namespace moesim::exec

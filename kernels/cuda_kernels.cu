@@ -165,14 +165,7 @@ __global__ void topk_warp_kernel(int s, int e, int k, bool normalize, int group,
     int best = -1;
     float best_v = 0.0f;
     for (int j = lane; j < e; j += 32) {
-      bool used = false;
-      for (int cc = 0; cc < c; ++cc) used = used || chosen[cc] == j;
-      if (limited) {
-        bool eligible = false;
-        for (int a = 0; a < limit; ++a) eligible = eligible || groups_of[warp][a] == j / group;
-        used = used || !eligible;
-      }
-      if (used) continue;
+      if (!rules::choice_open(j, chosen, c, limited, groups_of[warp], limit, group)) continue;
       if (best < 0 || row[j] > best_v) {  // ascending j: the lower index keeps a tie
         best = j;
         best_v = row[j];
@@ -347,65 +340,51 @@ __global__ void encode_kernel(std::size_t rows, int row_words, int k,
 }
 
 // Accumulate w * v into acc, and round acc into o, N elements at a time: fp16 / bf16 convert in
-// pairs (one packed conversion per two elements), fp32 as is.
+// pairs (one packed conversion per two elements, Pair), fp32 and odd N one by one.
+template <typename T>
+struct Pair {  // no packed type: element by element
+  static constexpr bool kPacked = false;
+};
+template <>
+struct Pair<__half> {
+  static constexpr bool kPacked = true;
+  using P = __half2;
+  __device__ static float2 widen(P p) { return __half22float2(p); }
+  __device__ static P narrow(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  static constexpr bool kPacked = true;
+  using P = __nv_bfloat162;
+  __device__ static float2 widen(P p) { return __bfloat1622float2(p); }
+  __device__ static P narrow(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
 template <typename T, int N>
 __device__ __forceinline__ void fma_vec(float (&acc)[N], float w, const Vec<T, N>& v) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) acc[j] += w * to_f(v.v[j]);
-}
-template <int N>
-__device__ __forceinline__ void fma_vec(float (&acc)[N], float w, const Vec<__half, N>& v) {
-  if constexpr (N % 2 == 0) {
+  if constexpr (Pair<T>::kPacked && N % 2 == 0) {
+    using P = typename Pair<T>::P;
 #pragma unroll
     for (int j = 0; j < N; j += 2) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v.v[j]));
+      const float2 f = Pair<T>::widen(*reinterpret_cast<const P*>(&v.v[j]));
       acc[j] += w * f.x;
       acc[j + 1] += w * f.y;
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] += w * __half2float(v.v[j]);
-  }
-}
-template <int N>
-__device__ __forceinline__ void fma_vec(float (&acc)[N], float w, const Vec<__nv_bfloat16, N>& v) {
-  if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < N; j += 2) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.v[j]));
-      acc[j] += w * f.x;
-      acc[j + 1] += w * f.y;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] += w * __bfloat162float(v.v[j]);
+    for (int j = 0; j < N; ++j) acc[j] += w * to_f(v.v[j]);
   }
 }
 template <typename T, int N>
 __device__ __forceinline__ void round_vec(const float (&acc)[N], Vec<T, N>& o) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) o.v[j] = from_f<T>(acc[j]);
-}
-template <int N>
-__device__ __forceinline__ void round_vec(const float (&acc)[N], Vec<__half, N>& o) {
-  if constexpr (N % 2 == 0) {
+  if constexpr (Pair<T>::kPacked && N % 2 == 0) {
+    using P = typename Pair<T>::P;
 #pragma unroll
     for (int j = 0; j < N; j += 2)
-      *reinterpret_cast<__half2*>(&o.v[j]) = __floats2half2_rn(acc[j], acc[j + 1]);
+      *reinterpret_cast<P*>(&o.v[j]) = Pair<T>::narrow(acc[j], acc[j + 1]);
   } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) o.v[j] = __float2half_rn(acc[j]);
-  }
-}
-template <int N>
-__device__ __forceinline__ void round_vec(const float (&acc)[N], Vec<__nv_bfloat16, N>& o) {
-  if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < N; j += 2)
-      *reinterpret_cast<__nv_bfloat162*>(&o.v[j]) = __floats2bfloat162_rn(acc[j], acc[j + 1]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) o.v[j] = __float2bfloat16_rn(acc[j]);
+    for (int j = 0; j < N; ++j) o.v[j] = from_f<T>(acc[j]);
   }
 }
 

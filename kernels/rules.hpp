@@ -93,6 +93,21 @@ MOESIM_HOST_DEVICE void choose_groups(const float* row, int e, int k, int group,
   }
 }
 
+/// Whether expert j may be a token's choice c: none of its choices 0..c-1 (chosen[]) and, when
+/// the group limit binds, in one of its `limit` groups (choose_groups). The rule of route_token's
+/// top-k, shared with the GPU's warp-per-token top-k.
+MOESIM_HOST_DEVICE bool choice_open(int j, const std::int32_t* chosen, int c, bool limited,
+                                    const std::int32_t* groups, int limit, int group) {
+  bool used = false;
+  for (int cc = 0; cc < c; ++cc) used = used || chosen[cc] == j;
+  if (limited) {
+    bool eligible = false;
+    for (int a = 0; a < limit; ++a) eligible = eligible || groups[a] == j / group;
+    used = used || !eligible;
+  }
+  return !used;
+}
+
 /// The softmax probability of expert `chosen` for one token's `e` logits, in double (the
 /// plan-routed layers' combine weight: the plan chose the expert, the gate weighs it).
 MOESIM_HOST_DEVICE float softmax_prob(const float* row, int e, int chosen) {
@@ -125,14 +140,7 @@ MOESIM_HOST_DEVICE float route_token(const float* row, int e, int k, bool normal
   for (int c = 0; c < k; ++c) {
     int best = -1;
     for (int j = 0; j < e; ++j) {
-      bool used = false;
-      for (int cc = 0; cc < c; ++cc) used = used || expert[cc] == j;
-      if (limited) {
-        bool eligible = false;
-        for (int a = 0; a < limit; ++a) eligible = eligible || groups[a] == j / group;
-        used = used || !eligible;
-      }
-      if (used) continue;
+      if (!choice_open(j, expert, c, limited, groups, limit, group)) continue;
       if (best < 0 || row[j] > row[best]) best = j;  // strict: the lower index keeps a tie
     }
     expert[c] = best;

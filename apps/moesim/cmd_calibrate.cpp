@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
 #include "exec/calibrate.hpp"
+#include "exec/moe_data.hpp"
 #include "exec/mpi_communicator.hpp"
 #ifdef MOESIM_HAVE_NCCL
 #include "exec/nccl_communicator.hpp"
@@ -110,16 +111,10 @@ int run_calibrate(const CalibrateArgs& a, exec::MpiSession& session) {
   exec::GemmTimer timer = exec::host_gemm_timer();
 #ifdef MOESIM_HAVE_NCCL
   if (const auto* nccl = dynamic_cast<const exec::NcclCommunicator*>(comm.get())) {
-    // As the executor maps them: tf32 runs as fp32 data, fp8 as fp16.
-    const Dtype dt = sc.model.dtype == Dtype::kFp8    ? Dtype::kFp16
-                     : sc.model.dtype == Dtype::kTf32 ? Dtype::kFp32
-                                                      : sc.model.dtype;
-    const kernels::DType kdt = dt == Dtype::kFp32   ? kernels::DType::kF32
-                               : dt == Dtype::kBf16 ? kernels::DType::kBF16
-                                                    : kernels::DType::kF16;
+    const kernels::DType kdt = exec::kernel_dtype(sc.model.dtype);  // as the executor runs it
     timer = exec::device_gemm_timer(kdt, nccl->device());
     device = exec::device_name(nccl->device());
-    opt.gemm_dtype = std::string(dtype_name(dt));
+    opt.gemm_dtype = kernels::dtype_name(kdt);
     opt.gemm_on_gpu = true;
   }
 #endif

@@ -155,9 +155,18 @@ class DeviceLayerOps final : public LayerOps {
     kcu::gate(cx_, DType::kF32, params, at({LayerBuf::kX32}), at({LayerBuf::kGateW}),
               at<float>({LayerBuf::kLogits}), out);
   }
-  void routed_weights(int tokens, int experts, int top_k) override {
-    kcu::softmax_pick(cx_, tokens, experts, top_k, at<float>({LayerBuf::kLogits}),
-                      at<std::int32_t>({LayerBuf::kRoutedExpert}), at<float>({LayerBuf::kWeight}));
+  void routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
+                      int top_k) override {
+    kcu::softmax_pick(cx_, tokens, experts, top_k, at<float>(logits), at<std::int32_t>(expert),
+                      at<float>(weight));
+  }
+  // a2a deepep's row work: the GPU path does not run deepep layers (DevicePath refuses them
+  // before a step; exec/deepep_path.hpp), so these are never reached.
+  void gather_rows(BufId, BufId, BufId, int, std::size_t) override {
+    throw ExecError("the GPU path has no row gather (a2a deepep runs on --backend mpi)");
+  }
+  void scatter_add_rows(BufId, BufId, BufId, int, std::size_t, bool, BufId, BufId) override {
+    throw ExecError("the GPU path has no row scatter (a2a deepep runs on --backend mpi)");
   }
   void encode(BufId dst, int tokens, int num_experts, int capacity) override {
     kcu::encode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
@@ -454,6 +463,12 @@ void DevicePath::Impl::setup_layers(const std::vector<ProgramLayerRef>& refs) {
   for (size_t li = 0; li < refs.size(); ++li) {
     DevLayer& L = layers[li];
     L.ref = refs[li];
+    if (L.ref.lay->routing == LayerRouting::kDeepep)
+      throw InputError(fmt::format(
+          "MoE layer {} uses a2a: deepep, whose data path (one row per node, forwarded and "
+          "reduced on the rail GPU) runs on the host path only so far: run it with --backend "
+          "mpi, or choose a2a: linear or 2dh",
+          L.ref.lay->moe));
     Arena& a = arenas[li];
     a.reset();
     // The layer program's buffers (layer_buffers: the host path allocates the same list).

@@ -11,6 +11,7 @@
 #include <queue>
 
 #include "exec/cuda_executor.hpp"
+#include "exec/deepep_path.hpp"
 #include "exec/host_layer.hpp"
 #include "exec/layer_program.hpp"
 #include "exec/mpi_communicator.hpp"
@@ -182,6 +183,7 @@ struct Executor::Layer : MoeLayerPlan {
   LayerLayout lay;
   HostLayerBuffers buf;
   std::unique_ptr<RoutedLayer> rpath;  // plan-routed layer (exec/routed_path.hpp), or null
+  std::unique_ptr<DeepepLayer> dpath;  // ... whose dispatch is deepep (exec/deepep_path.hpp)
   std::unique_ptr<BackwardLayer> bwd;  // backward on real data (exec/backward_path.hpp), or null
   ForwardView view() const {
     using B = LayerBuf;
@@ -261,14 +263,6 @@ RunResult Executor::run(const Plan& plan) {
     throw InputError(
         fmt::format("plan of {} ranks run on {} ranks", plan.num_ranks(), comm_.size()));
   const auto& md = sc_.model;
-  for (const Op& op : plan.ops()) {
-    if (op.kind == OpKind::kCollective && op.collective().algo == CollectiveAlgo::kDeepep)
-      throw InputError(
-          "moesim exec does not run the per-node (a2a: deepep) dispatch: it needs a forwarding "
-          "data path (each token received once per node, then copied to the GPUs of its "
-          "experts) that exec does not have; simulate it, or run the strategy with a2a: "
-          "linear or 2dh");
-  }
   const auto wall0 = Clock::now();
 
   layers_.clear();
@@ -306,9 +300,16 @@ RunResult Executor::run(const Plan& plan) {
       if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
       if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
         L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_);
-        L.lay = routed_layout(*L.rpath, shape_);
-        L.buf.allocate(L.lay, shape_);
-        fill_routed_layer(*L.rpath, shape_, seed, L.buf);
+        if (is_deepep_layer(plan, L.block)) {  // the same assignment, moved once per node
+          L.dpath = prepare_deepep_layer(plan, *L.rpath, me, shape_);
+          L.lay = deepep_layout(*L.rpath, *L.dpath, shape_);
+          L.buf.allocate(L.lay, shape_);
+          fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);
+        } else {
+          L.lay = routed_layout(*L.rpath, shape_);
+          L.buf.allocate(L.lay, shape_);
+          fill_routed_layer(*L.rpath, shape_, seed, L.buf);
+        }
       } else {
         L.lay = layer_layout(L, shape_);
         L.buf.allocate(L.lay, shape_);
@@ -517,7 +518,10 @@ void Executor::run_collective(const Plan& plan, const Op& op) {
         const SaaLayout saa(s, static_cast<int>(W), static_cast<double>(send_bytes));
         const auto phases = algo.lower(call, topo_);
         // A 2DH all_to_allv stages forwarded blocks in the receive buffer (phase_runner.hpp).
-        std::vector<std::byte> send(send_bytes, std::byte{1}),
+        // deepep's intra phase sends from the forwarder's rows, which can outnumber its own.
+        std::vector<std::byte> send(
+            std::max(send_bytes, phase_buffer_extent(phases, me, collectives::Buffer::kSend)),
+            std::byte{1}),
             recv(std::max(recv_bytes, phase_buffer_extent(phases, me, collectives::Buffer::kRecv)));
         run_phases(comm_, phases, send.data(), send.size(), recv.data(), recv.size(), op.id % 32000,
                    is_saa ? &saa : nullptr);

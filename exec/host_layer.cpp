@@ -94,10 +94,66 @@ void HostLayerOps::gate(const kernels::GateParams& params) {
            b_.f({LayerBuf::kLogits}).data(), out);
 }
 
-void HostLayerOps::routed_weights(int tokens, int experts, int top_k) {
+void HostLayerOps::routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
+                                  int top_k) {
+  const std::size_t entries = static_cast<std::size_t>(tokens) * top_k;
+  MOESIM_ASSERT(b_.f(logits).size() >= static_cast<std::size_t>(tokens) * experts &&
+                    b_.i(expert).size() >= entries && b_.f(weight).size() >= entries,
+                "routed weights out of bounds");
   kc::Context ctx;
-  kc::softmax_pick(ctx, tokens, experts, top_k, b_.f({LayerBuf::kLogits}).data(),
-                   b_.i({LayerBuf::kRoutedExpert}).data(), b_.f({LayerBuf::kWeight}).data());
+  kc::softmax_pick(ctx, tokens, experts, top_k, b_.f(logits).data(), b_.i(expert).data(),
+                   b_.f(weight).data());
+}
+
+void HostLayerOps::gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) {
+  const std::vector<float>& in = b_.f(src);
+  std::vector<float>& out = b_.f(dst);
+  const std::vector<std::int32_t>& at = b_.i(index);
+  MOESIM_ASSERT(at.size() >= static_cast<std::size_t>(rows) &&
+                    out.size() >= static_cast<std::size_t>(rows) * row_elems,
+                fmt::format("row gather {} -> {} out of bounds", layer_buf_name(src.buf),
+                            layer_buf_name(dst.buf)));
+  for (int i = 0; i < rows; ++i) {
+    const std::int32_t r = at[static_cast<std::size_t>(i)];
+    if (r < 0) continue;
+    MOESIM_ASSERT(
+        static_cast<std::size_t>(r + 1) * row_elems <= in.size(),
+        fmt::format("row gather from {}: row {} out of bounds", layer_buf_name(src.buf), r));
+    std::memcpy(&out[static_cast<std::size_t>(i) * row_elems],
+                &in[static_cast<std::size_t>(r) * row_elems], row_elems * sizeof(float));
+  }
+}
+
+void HostLayerOps::scatter_add_rows(BufId src, BufId dst, BufId index, int rows,
+                                    std::size_t row_elems, bool weighted, BufId weight,
+                                    BufId weight_index) {
+  const std::vector<float>& in = b_.f(src);
+  std::vector<float>& out = b_.f(dst);
+  const std::vector<std::int32_t>& at = b_.i(index);
+  MOESIM_ASSERT(at.size() >= static_cast<std::size_t>(rows) &&
+                    in.size() >= static_cast<std::size_t>(rows) * row_elems,
+                fmt::format("row scatter {} -> {} out of bounds", layer_buf_name(src.buf),
+                            layer_buf_name(dst.buf)));
+  const std::vector<float>* w = weighted ? &b_.f(weight) : nullptr;
+  const std::vector<std::int32_t>* wi = weighted ? &b_.i(weight_index) : nullptr;
+  MOESIM_ASSERT(!weighted || wi->size() >= static_cast<std::size_t>(rows),
+                "row scatter: weight index out of bounds");
+  for (int i = 0; i < rows; ++i) {
+    const std::int32_t r = at[static_cast<std::size_t>(i)];
+    if (r < 0) continue;
+    MOESIM_ASSERT(
+        static_cast<std::size_t>(r + 1) * row_elems <= out.size(),
+        fmt::format("row scatter into {}: row {} out of bounds", layer_buf_name(dst.buf), r));
+    float scale = 1.0f;
+    if (weighted) {
+      const auto x = static_cast<std::size_t>((*wi)[static_cast<std::size_t>(i)]);
+      MOESIM_ASSERT(x < w->size(), "row scatter: weight out of bounds");
+      scale = (*w)[x];
+    }
+    const float* a = &in[static_cast<std::size_t>(i) * row_elems];
+    float* b = &out[static_cast<std::size_t>(r) * row_elems];
+    for (std::size_t e = 0; e < row_elems; ++e) b[e] += scale * a[e];
+  }
 }
 
 void HostLayerOps::encode(BufId dst, int tokens, int num_experts, int capacity) {
@@ -186,7 +242,18 @@ std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
   const auto [gi, pos] = my_group(g, comm_.rank());
   MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
   CollectiveSpec s = spec;
-  if (x.row_elems > 0) {
+  const bool deepep = spec.algo == CollectiveAlgo::kDeepep;
+  if (deepep) {
+    // Its NodeDedup counts token rows: rescale the unit to the host path's fp32 rows (the
+    // buffers are checked against the phases' extents below).
+    MOESIM_ASSERT(x.row_elems > 0 && !spec.node_dedup.empty(), "deepep exchange without rows");
+    s.node_dedup.clear();
+    for (const auto& d : spec.node_dedup) {
+      auto rows = std::make_shared<NodeDedup>(*d);
+      rows->unit = Bytes(static_cast<double>(x.row_elems) * sizeof(float));
+      s.node_dedup.push_back(std::move(rows));
+    }
+  } else if (x.row_elems > 0) {
     // The plan's all_to_allv counts rows: rescale its unit to the host path's fp32 rows.
     collectives::CollectiveCall orig{&spec, &g.groups[gi], gi, true};
     const ByteMatrix* m = orig.matrix();
@@ -206,7 +273,22 @@ std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
   }
   collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
   const auto& algo = collectives::select_algorithm(call, cost_);
-  const std::vector<collectives::Phase> phases = algo.lower(call, topo_);
+  std::vector<collectives::Phase> phases = algo.lower(call, topo_);
+  if (x.phase_count >= 0) {
+    MOESIM_ASSERT(x.first_phase >= 0 &&
+                      static_cast<std::size_t>(x.first_phase + x.phase_count) <= phases.size(),
+                  fmt::format("'{}': phases {}+{} of {}", op.label, x.first_phase, x.phase_count,
+                              phases.size()));
+    phases.erase(phases.begin() + x.first_phase + x.phase_count, phases.end());
+    phases.erase(phases.begin(), phases.begin() + x.first_phase);
+  }
+  if (deepep)
+    MOESIM_ASSERT(
+        phase_buffer_extent(phases, comm_.rank(), collectives::Buffer::kSend) ==
+                x.send_elems * sizeof(float) &&
+            phase_buffer_extent(phases, comm_.rank(), collectives::Buffer::kRecv) <=
+                x.recv_elems * sizeof(float),
+        fmt::format("'{}': buffers disagree with the plan's per-node token counts", op.label));
   // SAA (Parm S2's combine) receives the all-to-all all-gathered over its sub-group, and
   // run_phases posts each slice as whole bytes: the per-peer chunk must split evenly.
   const bool saa = algo.algo() == CollectiveAlgo::kSaa;

@@ -34,7 +34,7 @@ class HostLayerBuffers {
   bool allocated() const { return allocated_; }
 
  private:
-  static constexpr std::size_t kKinds = static_cast<std::size_t>(LayerBuf::kBack) + 1;
+  static constexpr std::size_t kKinds = kLayerBufKinds;
   static LayerBuf resolve(LayerBuf b) { return b == LayerBuf::kX ? LayerBuf::kX32 : b; }
   std::array<std::vector<std::vector<float>>, kKinds> f_;
   std::array<std::vector<std::vector<std::int32_t>>, kKinds> i_;
@@ -67,7 +67,11 @@ class HostLayerOps final : public LayerOps {
         plan_bytes_per_element_(plan_bytes_per_element) {}
 
   void gate(const kernels::GateParams& params) override;
-  void routed_weights(int tokens, int experts, int top_k) override;
+  void routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
+                      int top_k) override;
+  void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) override;
+  void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems,
+                        bool weighted, BufId weight, BufId weight_index) override;
   void encode(BufId dst, int tokens, int num_experts, int capacity) override;
   void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override;
   void zero(BufId buf, std::size_t elements) override;

@@ -18,7 +18,16 @@ ElemType elem_type(LayerBuf b) {
     case LayerBuf::kSlotEntry:
     case LayerBuf::kCount:
     case LayerBuf::kRoutedExpert:
+    case LayerBuf::kTokExpert:
+    case LayerBuf::kSendIdx:
+    case LayerBuf::kFwdOwnIdx:
+    case LayerBuf::kFwdInIdx:
+    case LayerBuf::kEntryRow:
+    case LayerBuf::kEntryWeight:
       return ElemType::kI32;
+    case LayerBuf::kTokLogits:
+    case LayerBuf::kTokWeight:
+      return ElemType::kF32;
     default:
       return ElemType::kData;
   }
@@ -76,6 +85,34 @@ const char* layer_buf_name(LayerBuf b) {
       return "out";
     case LayerBuf::kBack:
       return "back";
+    case LayerBuf::kFwdIn:
+      return "fwd_in";
+    case LayerBuf::kFwdOut:
+      return "fwd_out";
+    case LayerBuf::kFwdBack:
+      return "fwd_back";
+    case LayerBuf::kNodeOut:
+      return "node_out";
+    case LayerBuf::kTokIn:
+      return "tok_in";
+    case LayerBuf::kTokOut:
+      return "tok_out";
+    case LayerBuf::kTokLogits:
+      return "tok_logits";
+    case LayerBuf::kTokExpert:
+      return "tok_expert";
+    case LayerBuf::kTokWeight:
+      return "tok_weight";
+    case LayerBuf::kSendIdx:
+      return "send_idx";
+    case LayerBuf::kFwdOwnIdx:
+      return "fwd_own_idx";
+    case LayerBuf::kFwdInIdx:
+      return "fwd_in_idx";
+    case LayerBuf::kEntryRow:
+      return "entry_row";
+    case LayerBuf::kEntryWeight:
+      return "entry_weight";
   }
   return "?";
 }
@@ -171,6 +208,30 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
   for (int sl = 0; sl < L.slices; ++sl) {
     add(LayerBuf::kW1, M * hid, sl);
     add(LayerBuf::kW2, hid * M, sl);
+  }
+  if (L.routing == LayerRouting::kDeepep) {
+    const auto& d = L.deepep;
+    add(LayerBuf::kRoutedExpert, S * k);
+    add(LayerBuf::kSend, sz(d.send) * M);
+    add(LayerBuf::kBack, sz(d.send) * M);
+    add(LayerBuf::kSendIdx, sz(d.send));
+    add(LayerBuf::kFwdIn, sz(d.fwd_in) * M);
+    add(LayerBuf::kNodeOut, sz(d.fwd_in) * M);
+    add(LayerBuf::kFwdOut, sz(d.fwd_out) * M);
+    add(LayerBuf::kFwdBack, sz(d.fwd_out) * M);
+    add(LayerBuf::kFwdOwnIdx, sz(d.fwd_out));
+    add(LayerBuf::kFwdInIdx, sz(d.fwd_out));
+    add(LayerBuf::kTokIn, sz(d.tok) * M);
+    add(LayerBuf::kTokOut, sz(d.tok) * M);
+    add(LayerBuf::kTokLogits, sz(d.tok) * E);
+    add(LayerBuf::kTokExpert, sz(d.tok) * k);
+    add(LayerBuf::kTokWeight, sz(d.tok) * k);
+    add(LayerBuf::kEntryRow, sz(d.entries));
+    add(LayerBuf::kEntryWeight, sz(d.entries));
+    add(LayerBuf::kIn, sz(d.entries) * M, 0);
+    add(LayerBuf::kHidden, sz(d.entries) * hid, 0);
+    add(LayerBuf::kOut, sz(d.entries) * M, 0);
+    return out;
   }
   if (L.routing == LayerRouting::kPlan) {
     const std::size_t R = sz(L.total_send_rows());
@@ -292,7 +353,7 @@ std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int mod
     g.batch = batch;
     out.push_back(g);
   };
-  if (L.routing == LayerRouting::kPlan) {
+  if (L.routing != LayerRouting::kCapacity) {
     std::size_t row = 0;
     for (const auto& [rows, slice] : L.runs[static_cast<std::size_t>(j)]) {
       if (rows > 0) job(slice, row, rows, 0, 1);
@@ -355,6 +416,94 @@ void combine_returned(const LayerLayout& L, int M, LayerOps& ops) {
     for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
 }
 
+// A deepep layer's steps after the gate (one chunk; exec/deepep_path.hpp builds the tables):
+//  encode    the rows this rank sends to other nodes, one per (token, node): kX -> kSend;
+//  dispatch  dispatch_inter (kSend -> kFwdIn), the rows for each GPU of this node gathered from
+//            its own tokens and what arrived (-> kFwdOut), dispatch_intra (kFwdOut -> kTokIn);
+//  fc1       the gate's probabilities of the rows' experts here, recomputed from the rows
+//            (DeepEP sends them; recomputing keeps the bytes the plan's), the (row, expert)
+//            entries gathered by expert (kTokIn -> kIn), fc1 and the activation;
+//  fc2       fc2, and each row's entries summed with their weights (kOut -> kTokOut);
+//  combine   combine_intra (kTokOut -> kFwdBack), the rows summed per (source, token): this
+//            rank's own tokens straight into kY, the others into kNodeOut; combine_inter
+//            (kNodeOut -> kBack);
+//  decode    each node's row added into its token's output (kBack -> kY).
+std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, const Op& op,
+                             LayerOps& ops) {
+  const auto& d = L.deepep;
+  const std::size_t M = sz(s.model_dim);
+  const int E = s.experts, k = s.top_k;
+  auto exchange = [&](LayerBuf send, int send_rows, LayerBuf recv, int recv_rows, int phase) {
+    Exchange x;
+    x.send = buf(send);
+    x.send_elems = sz(send_rows) * M;
+    x.recv = buf(recv);
+    x.recv_elems = sz(recv_rows) * M;
+    x.row_elems = M;
+    x.first_phase = phase;
+    x.phase_count = 1;
+    return ops.exchange(op, x);
+  };
+  const BufId none = buf(LayerBuf::kX);
+  switch (kind) {
+    case OpRoleKind::kEncode:
+      ops.gather_rows(buf(LayerBuf::kX), buf(LayerBuf::kSend), buf(LayerBuf::kSendIdx), d.send, M);
+      return -1;
+    case OpRoleKind::kDispatch: {
+      exchange(LayerBuf::kSend, d.send, LayerBuf::kFwdIn, d.fwd_in, 0);
+      ops.gather_rows(buf(LayerBuf::kX), buf(LayerBuf::kFwdOut), buf(LayerBuf::kFwdOwnIdx),
+                      d.fwd_out, M);
+      ops.gather_rows(buf(LayerBuf::kFwdIn), buf(LayerBuf::kFwdOut), buf(LayerBuf::kFwdInIdx),
+                      d.fwd_out, M);
+      return exchange(LayerBuf::kFwdOut, d.fwd_out, LayerBuf::kTokIn, d.tok, 1);
+    }
+    case OpRoleKind::kFc1: {
+      GemmJob g;
+      g.a = buf(LayerBuf::kTokIn);
+      g.b = buf(LayerBuf::kGateW);
+      g.c = buf(LayerBuf::kTokLogits);
+      g.m = d.tok;
+      g.n = E;
+      g.k = s.model_dim;
+      if (d.tok > 0) ops.gemm(g, /*f32=*/true);
+      ops.routed_weights(buf(LayerBuf::kTokLogits), buf(LayerBuf::kTokExpert),
+                         buf(LayerBuf::kTokWeight), d.tok, E, k);
+      ops.gather_rows(buf(LayerBuf::kTokIn), buf(LayerBuf::kIn), buf(LayerBuf::kEntryRow),
+                      d.entries, M);
+      for (const GemmJob& job : expert_gemms(L, 0, false, s.model_dim)) ops.gemm(job, false);
+      ops.relu(buf(LayerBuf::kHidden), sz(d.entries) * sz(L.hidden));
+      return -1;
+    }
+    case OpRoleKind::kFc2:
+      for (const GemmJob& job : expert_gemms(L, 0, true, s.model_dim)) ops.gemm(job, false);
+      ops.zero(buf(LayerBuf::kTokOut), sz(d.tok) * M);
+      ops.scatter_add_rows(buf(LayerBuf::kOut), buf(LayerBuf::kTokOut), buf(LayerBuf::kEntryRow),
+                           d.entries, M, true, buf(LayerBuf::kTokWeight),
+                           buf(LayerBuf::kEntryWeight));
+      return -1;
+    case OpRoleKind::kCombine: {
+      const std::int64_t algo =
+          exchange(LayerBuf::kTokOut, d.tok, LayerBuf::kFwdBack, d.fwd_out, 0);
+      ops.zero(buf(LayerBuf::kY), sz(L.unit_tokens(s)) * M);
+      ops.zero(buf(LayerBuf::kNodeOut), sz(d.fwd_in) * M);
+      ops.scatter_add_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kY), buf(LayerBuf::kFwdOwnIdx),
+                           d.fwd_out, M, false, none, none);
+      ops.scatter_add_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kNodeOut),
+                           buf(LayerBuf::kFwdInIdx), d.fwd_out, M, false, none, none);
+      exchange(LayerBuf::kNodeOut, d.fwd_in, LayerBuf::kBack, d.send, 1);
+      return algo;
+    }
+    case OpRoleKind::kDecode:
+      ops.scatter_add_rows(buf(LayerBuf::kBack), buf(LayerBuf::kY), buf(LayerBuf::kSendIdx), d.send,
+                           M, false, none, none);
+      return -1;
+    default:
+      break;
+  }
+  throw InternalError(
+      fmt::format("layer program: op '{}' is not a step of deepep MoE layer {}", op.label, L.moe));
+}
+
 }  // namespace
 
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
@@ -362,8 +511,10 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
   const int M = s.model_dim, E = s.experts, k = s.top_k;
   const int T = L.unit_tokens(s);  // rows of the routing unit
   const std::size_t Mz = sz(M);
-  const bool plan_routed = L.routing == LayerRouting::kPlan;
+  const bool plan_routed = L.routing != LayerRouting::kCapacity;  // the gate is the same
   const int j = chunk;
+  if (L.routing == LayerRouting::kDeepep && kind != OpRoleKind::kGate)
+    return run_deepep_step(L, s, kind, op, ops);
   switch (kind) {
     case OpRoleKind::kEspAllGather:  // the ESP group's tokens: the baseline's routing unit
       MOESIM_ASSERT(L.input == GateInput::kGathered,
@@ -395,7 +546,8 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
       g.n = E;
       g.k = M;
       ops.gemm(g, /*f32=*/true);
-      ops.routed_weights(T, E, k);
+      ops.routed_weights(buf(LayerBuf::kLogits), buf(LayerBuf::kRoutedExpert),
+                         buf(LayerBuf::kWeight), T, E, k);
       return -1;
     }
     case OpRoleKind::kEncode:

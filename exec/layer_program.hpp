@@ -62,8 +62,27 @@ enum class LayerBuf : std::uint8_t {
   kIn,            // [chunk] received rows, (W, slices, rows, M)
   kHidden,        // [chunk] (W, slices, rows, hidden)
   kOut,           // [chunk] expert outputs, as kIn
-  kBack,          // [chunk] returned outputs; routed: [0] every chunk's rows
+  kBack,          // [chunk] returned outputs; routed: [0] every chunk's rows; deepep: the
+                  // per-node output rows (kSend's layout)
+  // a2a deepep (exec/deepep_path.hpp): kSend holds the rows a source sends to other nodes, one
+  // per (token, node); a forwarder receives them, sends on one row per (token, GPU of its node),
+  // and reduces the outputs back; a target computes its experts on the distinct token rows.
+  kFwdIn,        // forwarder: rows received from the other nodes (dispatch_inter)
+  kFwdOut,       // forwarder: rows sent on to the GPUs of its node, per target (dispatch_intra)
+  kFwdBack,      // forwarder: the targets' output rows, kFwdOut's layout (combine_intra)
+  kNodeOut,      // forwarder: those summed per (source, token), kFwdIn's layout (combine_inter)
+  kTokIn,        // target: the distinct token rows it received
+  kTokOut,       // target: their outputs, summed over its experts with the gate's weights
+  kTokLogits,    // target: fp32 gate logits of kTokIn (the weights are recomputed, not sent)
+  kTokExpert,    // target: i32, k per row: the row's experts on this GPU (-1: none)
+  kTokWeight,    // target: fp32, k per row: their gate probabilities
+  kSendIdx,      // i32: kSend row -> token (kX / kY row)
+  kFwdOwnIdx,    // i32: kFwdOut row -> the forwarder's own token (kX / kY row), or -1
+  kFwdInIdx,     // i32: kFwdOut row -> kFwdIn / kNodeOut row, or -1
+  kEntryRow,     // i32: kIn row (one per (token, expert) entry) -> kTokIn / kTokOut row
+  kEntryWeight,  // i32: kIn row -> its kTokWeight element
 };
+inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kEntryWeight) + 1;
 enum class ElemType : std::uint8_t { kF32, kData, kI32 };
 ElemType elem_type(LayerBuf b);
 const char* layer_buf_name(LayerBuf b);
@@ -83,6 +102,7 @@ struct BufferSize {
 enum class LayerRouting : std::uint8_t {
   kCapacity,  // the gate's top-k and capacity rule route the tokens (plain, sharded)
   kPlan,      // the plan's all_to_allv matrices do (routed_path.hpp's assignment)
+  kDeepep,    // the same assignment, moved once per node and GPU (deepep_path.hpp)
 };
 
 /// `rows` consecutive slots of copy `copy` of expert `expert`, from slot `first`: one block of a
@@ -139,9 +159,17 @@ struct LayerLayout {
   // send_first + send_rows)) and the runs it receives: (rows, slice) in receive order.
   std::vector<int> send_rows, send_first;
   std::vector<std::vector<std::pair<int, int>>> runs;
+  // kDeepep (one chunk; runs[0] the entry runs per expert slice): the rows of its buffers.
+  struct DeepepRows {
+    int send = 0;     // kSend / kBack
+    int fwd_in = 0;   // kFwdIn / kNodeOut
+    int fwd_out = 0;  // kFwdOut / kFwdBack
+    int tok = 0;      // kTokIn / kTokOut
+    int entries = 0;  // kIn / kOut: (token, expert) entries
+  } deepep;
 
   int chunks() const {
-    return static_cast<int>(routing == LayerRouting::kPlan ? runs.size() : caps.size());
+    return static_cast<int>(routing == LayerRouting::kCapacity ? caps.size() : runs.size());
   }
   int gather() const { return shards / rho; }  // g: positions that share one hidden slice
   /// Capacity routing: rows of one (source, slice) block in chunk j: c_j / g.
@@ -192,11 +220,14 @@ struct GemmJob {
 
 /// One lowered collective of the data path: the plan's op on [send_off, send_off + send_elems)
 /// of `send` into [recv_off, recv_off + recv_elems) of `recv`. row_elems > 0: the op is an
-/// all_to_allv whose matrix counts rows of row_elems elements (the plan's unit rescaled).
+/// all_to_allv whose matrix (or, deepep, NodeDedup) counts rows of row_elems elements (the plan's
+/// unit rescaled). phase_count >= 0: only phases [first_phase, first_phase + phase_count) of the
+/// lowering (deepep's two sets, with the data path's row work between them).
 struct Exchange {
   BufId send, recv;
   std::size_t send_off = 0, send_elems = 0, recv_off = 0, recv_elems = 0;
   std::size_t row_elems = 0;
+  int first_phase = 0, phase_count = -1;
 };
 
 /// The backend interface of the program: what the host path (exec/host_layer.hpp) and the GPU
@@ -207,9 +238,17 @@ class LayerOps {
   /// kX32 x kGateW -> kLogits, then top-k and the capacity rule -> kExpert, kSlot, kWeight,
   /// kSlotEntry, kCount (kernels gate).
   virtual void gate(const kernels::GateParams& params) = 0;
-  /// kWeight[t*k+c] = softmax(kLogits[t])[kRoutedExpert[t*k+c]] (plan-routed layers; kLogits
-  /// from a GemmJob).
-  virtual void routed_weights(int tokens, int experts, int top_k) = 0;
+  /// weight[t*k+c] = softmax(logits[t])[expert[t*k+c]] (0 where expert is -1), fp32, for
+  /// `tokens` rows of `experts` logits (plan-routed layers: kLogits from a GemmJob, kRoutedExpert,
+  /// kWeight; deepep targets: kTokLogits, kTokExpert, kTokWeight).
+  virtual void routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
+                              int top_k) = 0;
+  /// dst row i = src row index[i] for i < rows where index[i] >= 0 (rows of row_elems, data).
+  virtual void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) = 0;
+  /// dst row index[i] += w_i * src row i for i < rows where index[i] >= 0, w_i = 1, or with
+  /// `weighted` the fp32 weight[weight_index[i]] (rows of row_elems, data).
+  virtual void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems,
+                                bool weighted, BufId weight, BufId weight_index) = 0;
   /// kernels encode / decode with the layer's routing tables (num_experts x capacity slots).
   /// `tokens` rows of kX / kY: the routing unit.
   virtual void encode(BufId dst, int tokens, int num_experts, int capacity) = 0;

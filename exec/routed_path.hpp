@@ -9,19 +9,12 @@
 // outputs are moved back by the plan's combine all_to_allv and summed per token.
 //
 // The rule that turns the plan's counts into (token, choice) -> expert / destination
-// (assign_routed) is one function used by the executor and by the check's reference
-// (reference_layer_routed), from the plan's ExpertRouting (core/plan.hpp) for this rank's row:
-//  1. source a's entries in expert order: expert 0's counts[a][0] entries, then expert 1's, ...
-//     (expert e's entries cut into pieces per destination as ExpertRouting describes);
-//  2. entry i of that list is token i % S, choice i / S. An expert's run is at most S long
-//     (checked), so a token's choices are on distinct experts; list entries past the row's total
-//     do not exist: those (token, choice) entries are dropped (the plan's matrix holds only the
-//     kept tokens, so the check's drop count is S * k - row total on both sides);
-//  3. the entries of a (source, destination) pair, in list order, are cut into the plan's chunks
-//     as the plan builder cuts the pair's count: chunk j takes n / r (+1 for j < n % r)
-//     consecutive entries;
-//  4. send buffers are packed by destination, receive buffers by source (all_to_allv's layout);
-//     the combine moves the expert outputs back in the transposed layout.
+// (assign_routed, core/routed_assignment.hpp) is one function used by the executor and by the
+// check's reference (reference_layer_routed), from the plan's ExpertRouting (core/plan.hpp) for
+// this rank's row. Entries the plan left without a token are dropped (the plan's matrix holds
+// only the kept tokens, so the check's drop count is S * k - row total on both sides). Send
+// buffers are packed by destination, receive buffers by source (all_to_allv's layout); the
+// combine moves the expert outputs back in the transposed layout.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +23,7 @@
 #include <vector>
 
 #include "core/plan.hpp"
+#include "core/routed_assignment.hpp"
 #include "exec/communicator.hpp"
 #include "exec/layer_program.hpp"
 #include "exec/moe_data.hpp"
@@ -40,30 +34,6 @@ class Topology;
 namespace moesim::exec {
 
 class HostLayerBuffers;
-
-/// `count` consecutive entries of a source's expert-ordered list: tokens for expert `expert`
-/// that go to group position `dst`.
-struct RoutedPiece {
-  int expert = 0;
-  int dst = 0;
-  std::uint32_t count = 0;
-  bool operator==(const RoutedPiece&) const = default;
-};
-/// Source position `src`'s list cut into pieces, in list order (ExpertRouting's rule).
-std::vector<RoutedPiece> routed_pieces(const ExpertRouting& r, int src);
-
-/// Chunk j's share of a pair's n tokens: n / chunks, +1 for j < n % chunks (the plan builder's).
-std::uint32_t chunk_share(std::uint32_t n, int chunks, int j);
-
-/// What source position `src` (S tokens, top-k) sends.
-struct RoutedAssignment {
-  std::vector<int> expert;                          // per entry t * k + c; -1: dropped
-  std::vector<std::vector<std::vector<int>>> send;  // [chunk][dst]: entries in send order
-  long long dropped = 0;
-};
-/// The rule above. Throws InputError when a (source, expert) count exceeds the S tokens or a
-/// row exceeds S * k entries (no routing of real tokens can produce them).
-RoutedAssignment assign_routed(const ExpertRouting& r, int src, int tokens, int top_k, int chunks);
 
 /// A run of received rows: `rows` consecutive rows from `src` for expert `expert`.
 struct RoutedRun {

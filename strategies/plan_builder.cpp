@@ -9,11 +9,13 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/routed_assignment.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/schedules/lina.hpp"
 #include "strategies/schedules/parm.hpp"
@@ -402,6 +404,25 @@ class Builder {
     // a2a deepep: the distinct tokens per destination GPU and node, per EP group
     std::vector<std::shared_ptr<const NodeDedup>> dedup;
   };
+  // a2a deepep in a plan for the real backend: the distinct tokens of the assignment exec moves
+  // (core/routed_assignment.hpp), not the workload's sampled token sets, which exec cannot
+  // reproduce from the counts; `exec --predict` then prices what runs. One chunk: exec forwards
+  // a token's rows within the chunk that carried it, and the per-pair chunk split of the counts
+  // does not keep a token's destinations together.
+  std::shared_ptr<const NodeDedup> exec_dedup(const ExpertRouting& split,
+                                              const std::vector<int>& grp, Bytes unit,
+                                              std::uint32_t chunks) const {
+    if (chunks != 1)
+      throw InputError(fmt::format(
+          "a2a deepep on the real backend runs with pipeline degree 1 (found {}): set the "
+          "strategy's pipeline: 1",
+          chunks));
+    std::set<int> nodes;
+    const int gpn = std::max(1, sc_.cluster.gpus_per_node);
+    for (int g : grp) nodes.insert(g / gpn);
+    return assignment_dedup(split, static_cast<int>(S_), sc_.model.top_k,
+                            static_cast<int>(nodes.size()), unit);
+  }
   const std::vector<RoutedChunk>& routed(int moe) {
     if (routed_.size() <= static_cast<std::size_t>(moe)) routed_.resize(moe + 1);
     auto& chunks = routed_[moe];
@@ -454,7 +475,8 @@ class Builder {
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
         if (split) chunks[j].routing.push_back(split);
         if (dec_.a2a == CollectiveAlgo::kDeepep)
-          chunks[j].dedup.push_back(workload::node_dedup(layer, grp, unit, j, r));
+          chunks[j].dedup.push_back(split ? exec_dedup(*split, grp, unit, r)
+                                          : workload::node_dedup(layer, grp, unit, j, r));
       }
     }
     for (std::uint32_t j = 0; j < r; ++j)

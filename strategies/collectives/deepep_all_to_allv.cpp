@@ -14,8 +14,9 @@
 // arrives over RDMA (the combine likewise reduces and sends on chunk by chunk). So both sets are
 // one phase here, and a collective takes about the longer of the two, as DeepEP's does. Not
 // charged: the first chunk's wait before forwarding starts, and the local copies into and out of
-// the forwarding buffers. No chunk layout (exec/ does not run this algorithm; `moesim exec`
-// refuses it).
+// the forwarding buffers. With layout (exec/), the two sets are two phases in order, at the row
+// offsets lower() lists; exec's data path (exec/deepep_path.hpp) packs and reduces the rows
+// between them.
 #include <fmt/format.h>
 
 #include "strategies/collectives/common.hpp"
@@ -61,39 +62,93 @@ class DeepepAllToAllv final : public Algorithm {
     const std::vector<int>& g = *call.group;
     const int m = grid.m, n = grid.n, w = m * n;
     const double unit = d.unit.value();
-    Phase ph;
-    ph.kind = Phase::Kind::kTransfers;
-    ph.label = call.spec->dedup_combine ? "combine" : "dispatch";
     const bool combine = call.spec->dedup_combine;
-    auto add = [&](int from, int to, double bytes) {
+    const auto node_tokens = [&](int s, int b) {
+      return static_cast<double>(d.node_tokens[static_cast<std::size_t>(s) * n + b]);
+    };
+    // Rows forwarder (b, j) sends on to position t of node b: every source of rail j's tokens
+    // with an expert on t (its own node's included).
+    const auto fwd_tokens = [&](int j, int t) {
+      double tokens = 0;
+      for (int a = 0; a < n; ++a)
+        tokens += d.gpu_tokens[static_cast<std::size_t>(a * m + j) * w + t];
+      return tokens;
+    };
+    // Without layout (the simulator): one phase of both sets, as DeepEP pipelines them.
+    // With layout (exec/): the inter set, then the intra set, each a phase of its own (the
+    // forwarder sends on what arrived; exec does not pipeline the two), at these row offsets:
+    //  inter send, at source s = (a, j):  blocks per node b != a, ascending b;
+    //  inter recv, at forwarder (b, j):   blocks per source node a != b, ascending a;
+    //  intra send, at forwarder (b, j):   blocks per target (b, k), ascending k, k = j included;
+    //  intra recv, at target (b, k):      blocks per forwarder (b, j), ascending j, j = k included
+    //                                     (the forwarder's own block is a local copy).
+    // The combine runs the intra set reversed, then the inter set reversed, on the same offsets
+    // with the send and receive sides swapped.
+    const bool layout = call.with_layout;
+    Phase inter, intra;
+    inter.kind = intra.kind = Phase::Kind::kTransfers;
+    if (!layout) {
+      inter.label = combine ? "combine" : "dispatch";
+    } else {
+      inter.label = combine ? "combine_inter" : "dispatch_inter";
+      intra.label = combine ? "combine_intra" : "dispatch_intra";
+    }
+    Phase& second = layout ? intra : inter;
+    auto add = [&](Phase& ph, int from, int to, double bytes, double from_off, double to_off) {
       if (bytes <= 0) return;
-      if (combine)
-        ph.transfers.push_back(
-            {g[static_cast<std::size_t>(to)], g[static_cast<std::size_t>(from)], bytes});
-      else
-        ph.transfers.push_back(
-            {g[static_cast<std::size_t>(from)], g[static_cast<std::size_t>(to)], bytes});
+      const int src = g[static_cast<std::size_t>(combine ? to : from)];
+      const int dst = g[static_cast<std::size_t>(combine ? from : to)];
+      ph.transfers.push_back({src, dst, bytes});
+      if (layout) {
+        if (combine)
+          ph.chunks.push_back({to_off, from_off});
+        else
+          ph.chunks.push_back({from_off, to_off});
+      }
     };
     for (int s = 0; s < w; ++s) {
       const int a = s / m, j = s % m;
+      double send_off = 0;
       for (int b = 0; b < n; ++b) {
         if (b == a) continue;
-        add(s, b * m + j, unit * d.node_tokens[static_cast<std::size_t>(s) * n + b]);
+        double recv_off = 0;
+        for (int a2 = 0; a2 < a; ++a2)
+          if (a2 != b) recv_off += node_tokens(a2 * m + j, b);
+        add(inter, s, b * m + j, unit * node_tokens(s, b), unit * send_off, unit * recv_off);
+        send_off += node_tokens(s, b);
       }
     }
     for (int f = 0; f < w; ++f) {  // forwarder (b, j)
       const int b = f / m, j = f % m;
+      double send_off = 0;
       for (int k = 0; k < m; ++k) {
-        if (k == j) continue;
         const int t = b * m + k;
-        double tokens = 0;
-        for (int a = 0; a < n; ++a)
-          tokens += d.gpu_tokens[static_cast<std::size_t>(a * m + j) * w + t];
-        add(f, t, unit * tokens);
+        const double tokens = fwd_tokens(j, t);
+        double recv_off = 0;
+        for (int j2 = 0; j2 < j; ++j2) recv_off += fwd_tokens(j2, t);
+        if (k != j)
+          add(second, f, t, unit * tokens, unit * send_off, unit * recv_off);
+        else if (layout && tokens > 0)
+          second.copies.push_back({g[static_cast<std::size_t>(f)],
+                                   unit * (combine ? recv_off : send_off),
+                                   unit * (combine ? send_off : recv_off), unit * tokens});
+        send_off += tokens;
       }
     }
-    if (ph.transfers.empty()) return {};
-    return {std::move(ph)};
+    std::vector<Phase> out;
+    if (!layout) {
+      if (!inter.transfers.empty()) out.push_back(std::move(inter));
+      return out;
+    }
+    // Both phases always (a rank may own every token it forwards: the self copies still run).
+    if (combine) {
+      out.push_back(std::move(intra));
+      out.push_back(std::move(inter));
+    } else {
+      out.push_back(std::move(inter));
+      out.push_back(std::move(intra));
+    }
+    return out;
   }
 
   Seconds analytical_time(const CollectiveCall& call, const CostContext& ctx) const override {

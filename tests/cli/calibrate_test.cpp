@@ -271,16 +271,18 @@ TEST(CalibrateCli, ExecRefusesPipelineStagesWhereNoDataPathRunsThem) {
   EXPECT_THAT(r.out, HasSubstr("--backend nccl")) << r.out;
 }
 
-// a2a: deepep has no data path in exec (a token received once per node, then forwarded): the
-// run is refused as invalid input, saying what to use instead.
-TEST(CalibrateCli, ExecRefusesTheDeepepDispatch) {
+// a2a: deepep runs on the host path (exec/deepep_path.hpp) with one pipeline chunk: a strategy
+// that pipelines it is refused as invalid input, naming the setting to change.
+TEST(CalibrateCli, ExecRefusesAPipelinedDeepepDispatch) {
   const std::string q = std::string(MOESIM_SOURCE_DIR) + "/scenarios/exec-host-4.yaml";
   const RunOutput r =
       run(fmt::format("{} exec '{}' --iterations 1 --set model.capacity_factor=0 --set "
-                      "'strategies=[{{name: d, a2a: deepep}}]'",
+                      "'strategies=[{{name: d, a2a: deepep, pipeline: 2}}]'",
                       mpirun(4), q));
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("does not run the per-node (a2a: deepep) dispatch")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("a2a deepep on the real backend runs with pipeline degree 1 "
+                               "(found 2)"))
+      << r.out;
 }
 
 TEST(CalibrateCli, WrongRankCountIsInvalidInput) {

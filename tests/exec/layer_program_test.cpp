@@ -204,7 +204,21 @@ class RecordingOps final : public LayerOps {
   void gate(const kernels::GateParams& p) override {
     log.push_back("gate C" + std::to_string(p.capacity));
   }
-  void routed_weights(int, int, int) override { log.push_back("routed_weights"); }
+  void routed_weights(BufId logits, BufId, BufId weight, int, int, int) override {
+    log.push_back(std::string("routed_weights ") + layer_buf_name(logits.buf) + "->" +
+                  layer_buf_name(weight.buf));
+  }
+  void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t) override {
+    log.push_back(std::string("gather ") + layer_buf_name(src.buf) + "->" +
+                  layer_buf_name(dst.buf) + " by " + layer_buf_name(index.buf) + " " +
+                  std::to_string(rows));
+  }
+  void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t, bool weighted,
+                        BufId, BufId) override {
+    log.push_back(std::string("scatter ") + layer_buf_name(src.buf) + "->" +
+                  layer_buf_name(dst.buf) + " by " + layer_buf_name(index.buf) + " " +
+                  std::to_string(rows) + (weighted ? " weighted" : ""));
+  }
   void encode(BufId dst, int t, int e, int c) override {
     log.push_back(std::string("encode ") + layer_buf_name(dst.buf) + " " + std::to_string(t) + ":" +
                   std::to_string(e) + "x" + std::to_string(c));
@@ -376,7 +390,7 @@ TEST(LayerProgram, PlanRoutedStepsMoveRowsOfTheSendBuffer) {
   run_forward_step(L, s, OpRoleKind::kDispatch, 1, op, ops);
   run_forward_step(L, s, OpRoleKind::kCombine, 1, op, ops);
   run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
-  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w", "routed_weights",
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w", "routed_weights logits->weight",
                                                "encode send 6:1x8", "exchange send->in",
                                                "exchange out->back", "decode back->y 6:1x8"}));
   // Chunk 1: rows 3..7 of the send buffer go, 1 row comes in; the combine is the transpose.
@@ -386,6 +400,71 @@ TEST(LayerProgram, PlanRoutedStepsMoveRowsOfTheSendBuffer) {
   EXPECT_EQ(ops.exchanges[0].row_elems, 4u);
   EXPECT_EQ(ops.exchanges[1].recv_off, 12u);
   EXPECT_EQ(ops.exchanges[1].recv_elems, 20u);
+}
+
+// A deepep layer (exec/deepep_path.hpp) after its gate: the source's node rows gathered, the
+// dispatch as its two phases with the forwarder's gathers between them, the target's weights
+// recomputed (fp32 gate GEMM of its rows), its entries gathered, the expert GEMMs per run, the
+// weighted sum per row, the combine as the two phases reversed with the forwarder's sums between
+// them, and the node rows added into the output. Buffers sized from the layout's row counts.
+TEST(LayerProgram, DeepepLayerRunsBothPhasesWithTheRowWorkBetween) {
+  const MoeShape s{6, 4, 8, 4, 2};  // S 6, M 4, H 8, E 4, k 2
+  LayerLayout L;
+  L.routing = LayerRouting::kDeepep;
+  L.ep = 4;
+  L.slices = 2;
+  L.hidden = 8;
+  L.deepep = {3, 2, 5, 4, 6};  // send, fwd_in, fwd_out, tok, entries
+  L.runs = {{{4, 0}, {2, 1}}};
+  const auto sz = sizes(L, s);
+  EXPECT_EQ(sz.at({LayerBuf::kSend}), 3u * 4);
+  EXPECT_EQ(sz.at({LayerBuf::kNodeOut}), 2u * 4);
+  EXPECT_EQ(sz.at({LayerBuf::kFwdBack}), 5u * 4);
+  EXPECT_EQ(sz.at({LayerBuf::kTokLogits}), 4u * 4);
+  EXPECT_EQ(sz.at({LayerBuf::kTokWeight}), 4u * 2);
+  EXPECT_EQ(sz.at({LayerBuf::kEntryWeight}), 6u);
+  EXPECT_EQ(sz.at({LayerBuf::kHidden, 0}), 6u * 8);
+  const Op op;
+  RecordingOps ops;
+  for (OpRoleKind kind :
+       {OpRoleKind::kGate, OpRoleKind::kEncode, OpRoleKind::kDispatch, OpRoleKind::kFc1,
+        OpRoleKind::kFc2, OpRoleKind::kCombine, OpRoleKind::kDecode})
+    run_forward_step(L, s, kind, 0, op, ops);
+  EXPECT_EQ(ops.log, (std::vector<std::string>{"gemm32 gate_w",
+                                               "routed_weights logits->weight",
+                                               "gather x->send by send_idx 3",
+                                               "exchange send->fwd_in",
+                                               "gather x->fwd_out by fwd_own_idx 5",
+                                               "gather fwd_in->fwd_out by fwd_in_idx 5",
+                                               "exchange fwd_out->tok_in",
+                                               "gemm32 gate_w",
+                                               "routed_weights tok_logits->tok_weight",
+                                               "gather tok_in->in by entry_row 6",
+                                               "gemm w1",
+                                               "gemm w1",
+                                               "relu hidden 48",
+                                               "gemm w2",
+                                               "gemm w2",
+                                               "zero tok_out 16",
+                                               "scatter out->tok_out by entry_row 6 weighted",
+                                               "exchange tok_out->fwd_back",
+                                               "zero y 24",
+                                               "zero node_out 8",
+                                               "scatter fwd_back->y by fwd_own_idx 5",
+                                               "scatter fwd_back->node_out by fwd_in_idx 5",
+                                               "exchange node_out->back",
+                                               "scatter back->y by send_idx 3"}));
+  ASSERT_EQ(ops.exchanges.size(), 4u);
+  // Phase 0 then phase 1 of the dispatch, and of the combine; rows of M = 4 elements.
+  const std::vector<std::pair<int, std::size_t>> want{{0, 12}, {1, 20}, {0, 16}, {1, 8}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ops.exchanges[i].first_phase, want[i].first) << i;
+    EXPECT_EQ(ops.exchanges[i].phase_count, 1) << i;
+    EXPECT_EQ(ops.exchanges[i].send_elems, want[i].second) << i;
+    EXPECT_EQ(ops.exchanges[i].row_elems, 4u) << i;
+  }
+  EXPECT_EQ(ops.exchanges[1].recv_elems, 16u);  // the target's 4 token rows
+  EXPECT_EQ(ops.exchanges[3].recv_elems, 12u);  // the source's 3 node rows
 }
 
 }  // namespace

@@ -61,6 +61,35 @@ TEST(RoutedAssign, TwoByTwoBlockPlacementExact) {
   EXPECT_EQ(routed_receives(r, 1, 1)[0], (std::vector<RoutedRun>{{0, 1, 2}, {1, 1, 3}}));
 }
 
+// The per-node (deepep) counts of the rule, by hand: 2 nodes x 2 GPUs, one expert per GPU, S = 3,
+// k = 2. Source 0 (counts 2 1 2 1): list e0 e0 e1 e2 e2 e3 = tokens 0 1 2 0 1 2, so tokens 0 and
+// 1 choose {e0, e2} and token 2 {e1, e3}: per GPU 2 1 2 1, per node 3 3 (each token on both).
+// Source 1 (e1: 2): tokens 0 and 1 on GPU 1 only: per GPU 0 2 0 0, per node 2 0. Source 2 routes
+// nothing. Source 3 (e1: 3, e3: 3): every token on GPUs 1 and 3: 0 3 0 3, per node 3 3.
+TEST(RoutedAssign, AssignmentDedupCountsEachTokenOncePerGpuAndNode) {
+  ExpertRouting r;
+  r.size = 4;
+  r.experts = 4;
+  r.experts_per_gpu = 1;
+  r.counts = {2, 1, 2, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 3};
+  const auto d = assignment_dedup(r, 3, 2, 2, Bytes(64));
+  EXPECT_EQ(d->size, 4);
+  EXPECT_EQ(d->nodes, 2);
+  EXPECT_EQ(d->unit, Bytes(64));
+  EXPECT_EQ(d->gpu_tokens,
+            (std::vector<std::uint32_t>{2, 1, 2, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 3}));
+  EXPECT_EQ(d->node_tokens, (std::vector<std::uint32_t>{3, 3, 2, 0, 0, 0, 3, 3}));
+  // Two experts per GPU (positions e / 2) on 1 node: source 0's tokens 0 and 1 ({e0, e2}) and
+  // token 2 ({e1, e3}) each reach both positions once.
+  ExpertRouting r2 = r;
+  r2.size = 2;
+  r2.experts_per_gpu = 2;
+  r2.counts = {2, 1, 2, 1, 0, 0, 0, 0};
+  const auto d2 = assignment_dedup(r2, 3, 2, 1, Bytes(1));
+  EXPECT_EQ(d2->gpu_tokens, (std::vector<std::uint32_t>{3, 3, 0, 0}));
+  EXPECT_EQ(d2->node_tokens, (std::vector<std::uint32_t>{3, 0}));
+}
+
 TEST(RoutedAssign, ThreeByThreeReplicasAndChunksExact) {
   // W = 3, E = 3; expert 1 replicated on positions 1 and 2. S = 4, k = 2, r = 2 chunks.
   ExpertRouting r;

@@ -576,8 +576,18 @@ TEST(AllToAllv, LinearSkipsZeroEntriesExactly) {
 // intra: forwarder (b, j) to (b, k), the tokens of every source with local index j for (b, k):
 //   0 -> 1: gpu[0][1] + gpu[2][1] = 3; 1 -> 0: gpu[1][0] + gpu[3][0] = 1;
 //   2 -> 3: gpu[0][3] + gpu[2][3] = 3; 3 -> 2: gpu[1][2] + gpu[3][2] = 0 (nothing).
-// Both sets are one phase (DeepEP pipelines the forwarding with the RDMA sends); the combine runs
-// the same transfers reversed.
+// Without layout (the simulator) both sets are one phase (DeepEP pipelines the forwarding with
+// the RDMA sends); the combine runs the same transfers reversed. With layout (exec/) they are two
+// phases, inter then intra, at row offsets (x 10 bytes):
+//   inter: every send and receive at offset 0 (one block per rank here);
+//   intra: forwarder f's rows per target k ascending (k = f's own index: a local copy), the
+//   target's per forwarder j ascending. The blocks fwd[j][t] = sum over a of gpu[(a, j)][t]:
+//   t = 0: fwd[0] 7 (self copy on 0), fwd[1] 1;  t = 1: fwd[0] 3, fwd[1] 6 (self copy on 1);
+//   t = 2: fwd[0] 11 (self copy on 2), fwd[1] 0;  t = 3: fwd[0] 3, fwd[1] 12 (self copy on 3).
+//   So 0 -> 1 sends from 70 (after its 7 own rows) to 0; 1 -> 0 from 0 to 70 (after the 7 of
+//   forwarder 0); 2 -> 3 from 110 to 0; copies (rank, from, to, bytes): (0, 0, 0, 70),
+//   (1, 10, 30, 60), (2, 0, 0, 110), (3, 0, 30, 120).
+// The combine with layout: the intra set reversed (offsets swapped), then the inter set reversed.
 TEST(AllToAllv, DeepepSendsEachTokenOncePerNodeThenOncePerGpu) {
   FakeCluster topo({});
   const auto group = iota_group(4);
@@ -598,20 +608,90 @@ TEST(AllToAllv, DeepepSendsEachTokenOncePerNodeThenOncePerGpu) {
     for (const Transfer& t : ph.transfers) out.emplace_back(t.src, t.dst, t.bytes);
     return out;
   };
-  auto phases = algo.lower(make_call(spec, group), topo);
+  auto sim_call = [&] {
+    CollectiveCall c = make_call(spec, group);
+    c.with_layout = false;
+    return c;
+  };
+  auto phases = algo.lower(sim_call(), topo);
   ASSERT_EQ(phases.size(), 1u);
   EXPECT_EQ(phases[0].label, "dispatch");
   EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{0, 2, 50}, T{1, 3, 30}, T{2, 0, 20},
                                                       T{0, 1, 30}, T{1, 0, 10}, T{2, 3, 30}));
+  EXPECT_TRUE(phases[0].chunks.empty());
   const CostContext ctx{&topo, {}, BytesPerSecond(0)};
   EXPECT_EQ(algo.analytical_time(make_call(spec, group), ctx), phases_time(phases, ctx));
 
-  spec.dedup_combine = true;
+  using C = std::tuple<double, double>;  // (send offset, receive offset)
+  auto offsets = [](const Phase& ph) {
+    std::vector<C> out;
+    for (const ChunkRef& c : ph.chunks) out.emplace_back(c.send_offset, c.recv_offset);
+    return out;
+  };
+  using L = std::tuple<int, double, double, double>;
+  auto copies = [](const Phase& ph) {
+    std::vector<L> out;
+    for (const LocalCopy& c : ph.copies)
+      out.emplace_back(c.rank, c.src_offset, c.dst_offset, c.bytes);
+    return out;
+  };
   phases = algo.lower(make_call(spec, group), topo);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].label, "dispatch_inter");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{0, 2, 50}, T{1, 3, 30}, T{2, 0, 20}));
+  EXPECT_THAT(offsets(phases[0]), ::testing::ElementsAre(C{0, 0}, C{0, 0}, C{0, 0}));
+  EXPECT_TRUE(phases[0].copies.empty());
+  EXPECT_EQ(phases[1].label, "dispatch_intra");
+  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{0, 1, 30}, T{1, 0, 10}, T{2, 3, 30}));
+  EXPECT_THAT(offsets(phases[1]), ::testing::ElementsAre(C{70, 0}, C{0, 70}, C{110, 0}));
+  EXPECT_THAT(copies(phases[1]), ::testing::ElementsAre(L{0, 0, 0, 70}, L{1, 10, 30, 60},
+                                                        L{2, 0, 0, 110}, L{3, 0, 30, 120}));
+
+  spec.dedup_combine = true;
+  phases = algo.lower(sim_call(), topo);
   ASSERT_EQ(phases.size(), 1u);
   EXPECT_EQ(phases[0].label, "combine");
   EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{2, 0, 50}, T{3, 1, 30}, T{0, 2, 20},
                                                       T{1, 0, 30}, T{0, 1, 10}, T{3, 2, 30}));
+  phases = algo.lower(make_call(spec, group), topo);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].label, "combine_intra");
+  EXPECT_THAT(list(phases[0]), ::testing::ElementsAre(T{1, 0, 30}, T{0, 1, 10}, T{3, 2, 30}));
+  EXPECT_THAT(offsets(phases[0]), ::testing::ElementsAre(C{0, 70}, C{70, 0}, C{0, 110}));
+  EXPECT_THAT(copies(phases[0]), ::testing::ElementsAre(L{0, 0, 0, 70}, L{1, 30, 10, 60},
+                                                        L{2, 0, 0, 110}, L{3, 30, 0, 120}));
+  EXPECT_EQ(phases[1].label, "combine_inter");
+  EXPECT_THAT(list(phases[1]), ::testing::ElementsAre(T{2, 0, 50}, T{3, 1, 30}, T{0, 2, 20}));
+  EXPECT_THAT(offsets(phases[1]), ::testing::ElementsAre(C{0, 0}, C{0, 0}, C{0, 0}));
+
+  // The inter blocks' offsets on 3 nodes of one GPU (every token of another node arrives by
+  // fabric; the intra set is each rank's own copy of sum over sources of gpu[s][t] rows):
+  //   node  0: - 4 2   1: 3 - 5   2: 1 6 -     (own tokens on the diagonal of gpu: 7 8 9)
+  // source s sends its blocks by destination node ascending; forwarder b receives them by
+  // source node ascending: 0 -> 1 (40 @ 0 -> 0), 0 -> 2 (20 @ 40 -> 0), 1 -> 0 (30 @ 0 -> 0),
+  // 1 -> 2 (50 @ 30 -> 20), 2 -> 0 (10 @ 0 -> 30), 2 -> 1 (60 @ 10 -> 40); copies of 11, 18, 16
+  // rows.
+  {
+    FakeCluster three({.nodes = 3, .m = 1});
+    const auto g3 = iota_group(3);
+    auto d3 = std::make_shared<NodeDedup>();
+    d3->size = 3;
+    d3->nodes = 3;
+    d3->unit = Bytes(10);
+    d3->gpu_tokens = {7, 4, 2, 3, 8, 5, 1, 6, 9};
+    d3->node_tokens = {7, 4, 2, 3, 8, 5, 1, 6, 9};
+    auto s3 = make_spec(CollectiveType::kAllToAllv, CollectiveAlgo::kDeepep, 0);
+    s3.node_dedup = {d3};
+    const auto ph = algo.lower(make_call(s3, g3), three);
+    ASSERT_EQ(ph.size(), 2u);
+    EXPECT_THAT(list(ph[0]), ::testing::ElementsAre(T{0, 1, 40}, T{0, 2, 20}, T{1, 0, 30},
+                                                    T{1, 2, 50}, T{2, 0, 10}, T{2, 1, 60}));
+    EXPECT_THAT(offsets(ph[0]),
+                ::testing::ElementsAre(C{0, 0}, C{40, 0}, C{0, 0}, C{30, 20}, C{0, 30}, C{10, 40}));
+    EXPECT_TRUE(ph[1].transfers.empty());
+    EXPECT_THAT(copies(ph[1]),
+                ::testing::ElementsAre(L{0, 0, 0, 110}, L{1, 0, 0, 180}, L{2, 0, 0, 160}));
+  }
 
   // Counts for another group shape are refused with what they are for.
   dedup->nodes = 1;

@@ -1,0 +1,208 @@
+#include "exec/deepep_path.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/routed_assignment.hpp"
+#include "exec/executor.hpp"
+#include "exec/host_layer.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+// The first forward dispatch op of `block` (chunk 0), or null.
+const Op* first_dispatch(const Plan& plan, int block) {
+  for (const Op& op : plan.ops()) {
+    const MoeOpRef ref = moe_op_ref(op);
+    if (ref.block == block && ref.kind == OpRoleKind::kDispatch && op.kind == OpKind::kCollective)
+      return &op;
+  }
+  return nullptr;
+}
+
+std::size_t at(int a, int b, int n) {
+  return static_cast<std::size_t>(a) * static_cast<std::size_t>(n) + static_cast<std::size_t>(b);
+}
+
+}  // namespace
+
+bool is_deepep_layer(const Plan& plan, int block) {
+  const Op* op = first_dispatch(plan, block);
+  return op && op->collective().algo == CollectiveAlgo::kDeepep;
+}
+
+std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const RoutedLayer& R, int rank,
+                                                  const MoeShape& s) {
+  if (R.chunks != 1)
+    throw InputError(fmt::format(
+        "MoE layer {}: a2a deepep runs on the real backend with one pipeline chunk, the plan has "
+        "{}: set the strategy's pipeline: 1",
+        R.moe, R.chunks));
+  const Op* op = first_dispatch(plan, R.block);
+  MOESIM_ASSERT(op != nullptr, "deepep layer without a dispatch");
+  const CollectiveSpec& spec = op->collective();
+  const Grouping& g = plan.grouping(spec.grouping);
+  std::size_t gi = 0;
+  while (gi < g.groups.size() &&
+         std::find(g.groups[gi].begin(), g.groups[gi].end(), rank) == g.groups[gi].end())
+    ++gi;
+  MOESIM_ASSERT(gi < g.groups.size(), "deepep layer: rank outside the EP groups");
+  const auto& all = spec.node_dedup;
+  if (all.empty() || (all.size() > 1 && gi >= all.size()) || !all[all.size() == 1 ? 0 : gi])
+    throw InputError(
+        fmt::format("MoE layer {}: the deepep dispatch carries no per-node token counts", R.moe));
+  const NodeDedup& nd = *all[all.size() == 1 ? 0 : gi];
+  const ExpertRouting& r = *R.routing;
+  const int W = R.group_size, S = s.tokens, k = s.top_k;
+  MOESIM_ASSERT(nd.size == W && nd.nodes >= 1 && W % nd.nodes == 0,
+                "deepep layer: token counts of another group shape");
+  auto D = std::make_unique<DeepepLayer>();
+  const int n = nd.nodes, m = W / n;
+  D->nodes = n;
+  D->per_node = m;
+  // Every source's assignment: a forwarder and a target need the other ranks' tokens.
+  std::vector<RoutedAssignment> assign;
+  std::vector<std::vector<std::vector<int>>> pos_of;  // [source][token]: positions, ascending
+  for (int src = 0; src < W; ++src) {
+    assign.push_back(assign_routed(r, src, S, k, 1));
+    pos_of.push_back(token_positions(r, assign.back(), S, k));
+  }
+  const auto has_node = [&](int src, int t, int node) {
+    for (int q : pos_of[static_cast<std::size_t>(src)][static_cast<std::size_t>(t)])
+      if (q / m == node) return true;
+    return false;
+  };
+  const auto has_pos = [&](int src, int t, int q) {
+    const auto& v = pos_of[static_cast<std::size_t>(src)][static_cast<std::size_t>(t)];
+    return std::binary_search(v.begin(), v.end(), q);
+  };
+  const auto expect = [&](const char* what, int from, int to, std::size_t rows,
+                          std::uint32_t plan_rows) {
+    if (rows != plan_rows)
+      throw InternalError(fmt::format(
+          "deepep layer {}: {} {} -> {}: the assignment gives {} rows, the plan's token counts {}",
+          R.moe, what, from, to, rows, plan_rows));
+  };
+  const int p = R.pos, b = p / m, j = p % m;
+  // Source: one row per (token, other node).
+  for (int node = 0; node < n; ++node) {
+    if (node == b) continue;
+    const std::size_t before = D->send_idx.size();
+    for (int t = 0; t < S; ++t)
+      if (has_node(p, t, node)) D->send_idx.push_back(t);
+    expect("node rows", p, node, D->send_idx.size() - before, nd.node_tokens[at(p, node, n)]);
+  }
+  // Forwarder: what arrives from rail j of the other nodes, then one row per (token, GPU here).
+  std::vector<std::vector<int>> in_row(static_cast<std::size_t>(n), std::vector<int>(S, -1));
+  int fwd_in = 0;
+  for (int a = 0; a < n; ++a) {
+    if (a == b) continue;
+    const int src = a * m + j;
+    const int before = fwd_in;
+    for (int t = 0; t < S; ++t)
+      if (has_node(src, t, b))
+        in_row[static_cast<std::size_t>(a)][static_cast<std::size_t>(t)] = fwd_in++;
+    expect("node rows", src, b, static_cast<std::size_t>(fwd_in - before),
+           nd.node_tokens[at(src, b, n)]);
+  }
+  for (int kk = 0; kk < m; ++kk) {
+    const int target = b * m + kk;
+    for (int a = 0; a < n; ++a) {
+      const int src = a * m + j;
+      const std::size_t before = D->fwd_own_idx.size();
+      for (int t = 0; t < S; ++t) {
+        if (!has_pos(src, t, target)) continue;
+        D->fwd_own_idx.push_back(a == b ? t : -1);
+        D->fwd_in_idx.push_back(
+            a == b ? -1 : in_row[static_cast<std::size_t>(a)][static_cast<std::size_t>(t)]);
+      }
+      expect("GPU rows", src, target, D->fwd_own_idx.size() - before,
+             nd.gpu_tokens[at(src, target, W)]);
+    }
+  }
+  // Target: the distinct token rows from every forwarder of its node, and their entries here.
+  struct Entry {
+    int expert, row, slot;
+  };
+  std::vector<Entry> entries;
+  int tok = 0;
+  const int per_gpu = std::max(1, r.experts_per_gpu);
+  for (int jj = 0; jj < m; ++jj)
+    for (int a = 0; a < n; ++a) {
+      const int src = a * m + jj;
+      const RoutedAssignment& as = assign[static_cast<std::size_t>(src)];
+      for (int t = 0; t < S; ++t) {
+        if (!has_pos(src, t, p)) continue;
+        const int row = tok++;
+        int slot = 0;
+        for (int c = 0; c < k; ++c) {
+          const int e = as.expert[static_cast<std::size_t>(t) * k + c];
+          if (e < 0 || e / per_gpu != p) continue;
+          entries.push_back({e, row, slot++});
+        }
+        D->tok_expert.resize(static_cast<std::size_t>(tok) * k, -1);
+        for (int q = 0, c2 = 0; c2 < k; ++c2) {
+          const int e = as.expert[static_cast<std::size_t>(t) * k + c2];
+          if (e >= 0 && e / per_gpu == p)
+            D->tok_expert[static_cast<std::size_t>(row) * k + q++] = e;
+        }
+      }
+    }
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& x, const Entry& y) { return x.expert < y.expert; });
+  for (const Entry& e : entries) {
+    if (D->experts.empty() || D->experts.back() != e.expert) {
+      D->experts.push_back(e.expert);
+      D->runs.emplace_back(0, static_cast<int>(D->experts.size()) - 1);
+    }
+    ++D->runs.back().first;
+    D->entry_row.push_back(e.row);
+    D->entry_weight.push_back(e.row * k + e.slot);
+  }
+  D->rows.send = static_cast<int>(D->send_idx.size());
+  D->rows.fwd_in = fwd_in;
+  D->rows.fwd_out = static_cast<int>(D->fwd_own_idx.size());
+  D->rows.tok = tok;
+  D->rows.entries = static_cast<int>(entries.size());
+  return D;
+}
+
+LayerLayout deepep_layout(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s) {
+  LayerLayout lay;
+  lay.moe = R.moe;
+  lay.block = R.block;
+  lay.routing = LayerRouting::kDeepep;
+  lay.ep = R.group_size;
+  lay.ep_pos = R.pos;
+  lay.slices = static_cast<int>(D.experts.size());
+  lay.hidden = s.hidden_dim;
+  lay.has_a2a = true;
+  lay.deepep = D.rows;
+  lay.runs.push_back(D.runs);
+  return lay;
+}
+
+void fill_deepep_layer(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s,
+                       std::uint64_t seed, HostLayerBuffers& buffers) {
+  const auto put = [&](LayerBuf b, const std::vector<int>& v) {
+    auto& dst = buffers.i({b});
+    MOESIM_ASSERT(dst.size() == v.size(), fmt::format("deepep table {} size", layer_buf_name(b)));
+    std::copy(v.begin(), v.end(), dst.begin());
+  };
+  put(LayerBuf::kRoutedExpert, R.sent.expert);
+  put(LayerBuf::kSendIdx, D.send_idx);
+  put(LayerBuf::kFwdOwnIdx, D.fwd_own_idx);
+  put(LayerBuf::kFwdInIdx, D.fwd_in_idx);
+  put(LayerBuf::kTokExpert, D.tok_expert);
+  put(LayerBuf::kEntryRow, D.entry_row);
+  put(LayerBuf::kEntryWeight, D.entry_weight);
+  for (std::size_t i = 0; i < D.experts.size(); ++i) {
+    buffers.f({LayerBuf::kW1, static_cast<int>(i)}) = make_w1(s, seed, R.moe, D.experts[i]);
+    buffers.f({LayerBuf::kW2, static_cast<int>(i)}) = make_w2(s, seed, R.moe, D.experts[i]);
+  }
+}
+
+}  // namespace moesim::exec

@@ -126,8 +126,9 @@ struct DevLayer {
 // Data buffers are in the run's dtype, the gate's in fp32.
 class DeviceLayerOps final : public LayerOps {
  public:
+  // The op's lowering on the given buffers; phase_count >= 0: phases [first, first + count) only.
   using Lowered = std::function<std::int64_t(const Op&, CollectiveSpec, const std::byte*,
-                                             std::size_t, std::byte*, std::size_t)>;
+                                             std::size_t, std::byte*, std::size_t, int, int)>;
   DeviceLayerOps(kcu::Context& cx, cudaStream_t st, DType dtype, const MoeShape& shape,
                  const DevLayer& L, const Arena& a, NcclCommunicator& comm, const Plan& plan,
                  int channel, const collectives::CostContext& cost, const topology::Topology& topo,
@@ -160,13 +161,18 @@ class DeviceLayerOps final : public LayerOps {
     kcu::softmax_pick(cx_, tokens, experts, top_k, at<float>(logits), at<std::int32_t>(expert),
                       at<float>(weight));
   }
-  // a2a deepep's row work: the GPU path does not run deepep layers (DevicePath refuses them
-  // before a step; exec/deepep_path.hpp), so these are never reached.
-  void gather_rows(BufId, BufId, BufId, int, std::size_t) override {
-    throw ExecError("the GPU path has no row gather (a2a deepep runs on --backend mpi)");
+  void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) override {
+    kcu::gather_rows(cx_, dtype_, at(src), at<std::int32_t>(index), rows, row_elems, at(dst));
   }
-  void scatter_add_rows(BufId, BufId, BufId, int, std::size_t, bool, BufId, BufId) override {
-    throw ExecError("the GPU path has no row scatter (a2a deepep runs on --backend mpi)");
+  void sum_rows(BufId src, BufId dst, BufId table, int rows, int terms, std::size_t row_elems,
+                bool weighted, BufId weight) override {
+    const std::int32_t* t = at<std::int32_t>(table);
+    const std::int32_t* src_row = t + rows + 1;
+    kcu::sum_rows(cx_, dtype_, at(src), t, src_row, weighted ? at<float>(weight) : nullptr,
+                  weighted ? src_row + terms : nullptr, rows, row_elems, at(dst));
+  }
+  void widen(BufId src, BufId dst, std::size_t elements) override {
+    kcu::convert(cx_, dtype_, at(src), DType::kF32, at(dst), elements);
   }
   void encode(BufId dst, int tokens, int num_experts, int capacity) override {
     kcu::encode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
@@ -217,7 +223,19 @@ class DeviceLayerOps final : public LayerOps {
     if (x.row_elems == 0) {
       spec.bytes = Bytes(static_cast<double>(x.send_elems * es_));
       return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
-                      at(x.recv) + x.recv_off * es_, x.recv_elems * es_);
+                      at(x.recv) + x.recv_off * es_, x.recv_elems * es_, x.first_phase,
+                      x.phase_count);
+    }
+    if (spec.algo == CollectiveAlgo::kDeepep) {
+      // Its NodeDedup counts token rows: the unit rescaled to this path's rows of the dtype.
+      for (auto& d : spec.node_dedup) {
+        auto rows = std::make_shared<NodeDedup>(*d);
+        rows->unit = Bytes(static_cast<double>(x.row_elems * es_));
+        d = std::move(rows);
+      }
+      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
+                      at(x.recv) + x.recv_off * es_, x.recv_elems * es_, x.first_phase,
+                      x.phase_count);
     }
     // The plan's all_to_allv counts rows: its unit rescaled to this path's rows of the dtype.
     const Grouping& g = plan_.grouping(spec.grouping);
@@ -241,11 +259,11 @@ class DeviceLayerOps final : public LayerOps {
                             comm_.rank(), collectives::Buffer::kRecv);
     std::byte* recv = at(x.recv) + x.recv_off * es_;
     if (need <= recv_bytes)
-      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_, recv,
-                      recv_bytes);
+      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_, recv, recv_bytes,
+                      0, -1);
     StreamBuffer staged(need, st_);
-    const std::int64_t algo =
-        lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_, staged.get(), need);
+    const std::int64_t algo = lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
+                                       staged.get(), need, 0, -1);
     if (recv_bytes > 0)
       CUDA_OK(cudaMemcpyAsync(recv, staged.get(), recv_bytes, cudaMemcpyDeviceToDevice, st_));
     return algo;
@@ -382,7 +400,8 @@ struct DevicePath::Impl {
                   std::vector<std::int64_t>& collective_algo);
   void run_lowered(const Plan& plan, const Op& op, CollectiveSpec spec, cudaStream_t st,
                    int channel, const std::byte* send, std::size_t send_bytes, std::byte* recv,
-                   std::size_t recv_bytes, std::vector<std::int64_t>& collective_algo);
+                   std::size_t recv_bytes, std::vector<std::int64_t>& collective_algo,
+                   int first_phase = 0, int phase_count = -1);
 };
 
 namespace {
@@ -463,12 +482,6 @@ void DevicePath::Impl::setup_layers(const std::vector<ProgramLayerRef>& refs) {
   for (size_t li = 0; li < refs.size(); ++li) {
     DevLayer& L = layers[li];
     L.ref = refs[li];
-    if (L.ref.lay->routing == LayerRouting::kDeepep)
-      throw InputError(fmt::format(
-          "MoE layer {} uses a2a: deepep, whose data path (one row per node, forwarded and "
-          "reduced on the rail GPU) runs on the host path only so far: run it with --backend "
-          "mpi, or choose a2a: linear or 2dh",
-          L.ref.lay->moe));
     Arena& a = arenas[li];
     a.reset();
     // The layer program's buffers (layer_buffers: the host path allocates the same list).
@@ -546,7 +559,8 @@ void DevicePath::Impl::setup_scratch(const Plan& plan) {
 void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpec spec,
                                    cudaStream_t st, int channel, const std::byte* send,
                                    std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes,
-                                   std::vector<std::int64_t>& collective_algo) {
+                                   std::vector<std::int64_t>& collective_algo, int first_phase,
+                                   int phase_count) {
   const Grouping& g = plan.grouping(spec.grouping);
   int gi = -1;
   const std::vector<int>* group = my_group(g, comm.rank(), &gi);
@@ -558,21 +572,30 @@ void DevicePath::Impl::run_lowered(const Plan& plan, const Op& op, CollectiveSpe
   const SaaLayout saa(spec, static_cast<int>(group->size()), static_cast<double>(send_bytes));
   DevicePhaseIo io(comm, ctx(st), channel, stream("comm2"),
                    static_cast<int>(plan.stream_names().size()));
-  run_phases(io, comm.rank(), algo.lower(call, topo), send, send_bytes, recv, recv_bytes,
-             op.id % 32000, algo.algo() == CollectiveAlgo::kSaa ? &saa : nullptr);
+  std::vector<collectives::Phase> phases = algo.lower(call, topo);
+  if (phase_count >= 0) {  // deepep's two sets, with the layer program's row work between them
+    MOESIM_ASSERT(
+        first_phase >= 0 && static_cast<std::size_t>(first_phase + phase_count) <= phases.size(),
+        "device exchange: phase range out of the lowering");
+    phases.erase(phases.begin() + first_phase + phase_count, phases.end());
+    phases.erase(phases.begin(), phases.begin() + first_phase);
+  }
+  run_phases(io, comm.rank(), phases, send, send_bytes, recv, recv_bytes, op.id % 32000,
+             algo.algo() == CollectiveAlgo::kSaa ? &saa : nullptr);
 }
 
 void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, int layer, cudaStream_t st,
                               int channel, std::vector<std::int64_t>& collective_algo) {
   const DevLayer& L = layers[static_cast<std::size_t>(layer)];
-  DeviceLayerOps ops(ctx(st), st, dtype, shape, L, arenas[static_cast<std::size_t>(layer)], comm,
-                     plan, channel, cost, topo,
-                     [&](const Op& o, CollectiveSpec spec, const std::byte* send,
-                         std::size_t send_bytes, std::byte* recv, std::size_t recv_bytes) {
-                       run_lowered(plan, o, std::move(spec), st, channel, send, send_bytes, recv,
-                                   recv_bytes, collective_algo);
-                       return collective_algo[o.id];
-                     });
+  DeviceLayerOps ops(
+      ctx(st), st, dtype, shape, L, arenas[static_cast<std::size_t>(layer)], comm, plan, channel,
+      cost, topo,
+      [&](const Op& o, CollectiveSpec spec, const std::byte* send, std::size_t send_bytes,
+          std::byte* recv, std::size_t recv_bytes, int first_phase, int phase_count) {
+        run_lowered(plan, o, std::move(spec), st, channel, send, send_bytes, recv, recv_bytes,
+                    collective_algo, first_phase, phase_count);
+        return collective_algo[o.id];
+      });
   // The layer program (exec/layer_program.hpp), the same steps the host path runs.
   const std::int64_t algo =
       run_forward_step(*L.ref.lay, shape, op.role.kind, op.role.chunk, op, ops);
@@ -608,8 +631,13 @@ void DevicePath::Impl::collective(const Plan& plan, const Op& op, cudaStream_t s
             phase_buffer_extent(collectives::select_algorithm(call, cctx).lower(call, topo),
                                 comm.rank(), collectives::Buffer::kRecv));
       // Contents are whatever the pool hands out: collectives move bytes, values do not matter.
-      StreamBuffer send(send_bytes, st), recv(recv_bytes, st);
-      run_lowered(plan, op, s, st, channel, send.get(), send_bytes, recv.get(), recv_bytes,
+      // (deepep's intra phase sends from the forwarder's rows, which can outnumber its own.)
+      const std::size_t send_room =
+          std::max(send_bytes,
+                   phase_buffer_extent(collectives::select_algorithm(call, cctx).lower(call, topo),
+                                       comm.rank(), collectives::Buffer::kSend));
+      StreamBuffer send(send_room, st), recv(recv_bytes, st);
+      run_lowered(plan, op, s, st, channel, send.get(), send_room, recv.get(), recv_bytes,
                   collective_algo);
       return;
     }

@@ -23,6 +23,28 @@ const Op* first_dispatch(const Plan& plan, int block) {
   return nullptr;
 }
 
+// The CSR table summing every source row j with target[j] = d >= 0 into row d < rows:
+// begin (rows + 1), the source rows by d then ascending j, and with `weight`, their weight[j].
+std::vector<int> sum_table(const std::vector<int>& target, int rows,
+                           const std::vector<int>* weight) {
+  std::vector<int> begin(static_cast<std::size_t>(rows) + 1, 0);
+  for (int d : target)
+    if (d >= 0) ++begin[static_cast<std::size_t>(d) + 1];
+  for (std::size_t d = 0; d < static_cast<std::size_t>(rows); ++d) begin[d + 1] += begin[d];
+  const auto n = static_cast<std::size_t>(begin.back());
+  std::vector<int> out(begin.size() + n * (weight ? 2 : 1));
+  std::copy(begin.begin(), begin.end(), out.begin());
+  std::vector<int> fill(begin.begin(), begin.end() - 1);
+  for (std::size_t j = 0; j < target.size(); ++j) {
+    const int d = target[j];
+    if (d < 0) continue;
+    const auto at = static_cast<std::size_t>(fill[static_cast<std::size_t>(d)]++);
+    out[begin.size() + at] = static_cast<int>(j);
+    if (weight) out[begin.size() + n + at] = (*weight)[j];
+  }
+  return out;
+}
+
 std::size_t at(int a, int b, int n) {
   return static_cast<std::size_t>(a) * static_cast<std::size_t>(n) + static_cast<std::size_t>(b);
 }
@@ -153,6 +175,7 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const Routed
     }
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& x, const Entry& y) { return x.expert < y.expert; });
+  std::vector<int> entry_weight;
   for (const Entry& e : entries) {
     if (D->experts.empty() || D->experts.back() != e.expert) {
       D->experts.push_back(e.expert);
@@ -160,13 +183,21 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const Routed
     }
     ++D->runs.back().first;
     D->entry_row.push_back(e.row);
-    D->entry_weight.push_back(e.row * k + e.slot);
+    entry_weight.push_back(e.row * k + e.slot);
   }
+  // The row sums as CSR tables (LayerOps::sum_rows): a token row's entries, a token's or a node
+  // row's forwarded outputs, a token's node rows, each in ascending source row.
+  D->tok_sum = sum_table(D->entry_row, tok, &entry_weight);
+  D->own_sum = sum_table(D->fwd_own_idx, S, nullptr);
+  D->node_sum = sum_table(D->fwd_in_idx, fwd_in, nullptr);
+  D->back_sum = sum_table(D->send_idx, S, nullptr);
   D->rows.send = static_cast<int>(D->send_idx.size());
   D->rows.fwd_in = fwd_in;
   D->rows.fwd_out = static_cast<int>(D->fwd_own_idx.size());
   D->rows.tok = tok;
   D->rows.entries = static_cast<int>(entries.size());
+  D->rows.own_terms = D->own_sum[static_cast<std::size_t>(S)];
+  D->rows.node_terms = D->node_sum[static_cast<std::size_t>(fwd_in)];
   return D;
 }
 
@@ -198,7 +229,10 @@ void fill_deepep_layer(const RoutedLayer& R, const DeepepLayer& D, const MoeShap
   put(LayerBuf::kFwdInIdx, D.fwd_in_idx);
   put(LayerBuf::kTokExpert, D.tok_expert);
   put(LayerBuf::kEntryRow, D.entry_row);
-  put(LayerBuf::kEntryWeight, D.entry_weight);
+  put(LayerBuf::kTokSum, D.tok_sum);
+  put(LayerBuf::kOwnSum, D.own_sum);
+  put(LayerBuf::kNodeSum, D.node_sum);
+  put(LayerBuf::kBackSum, D.back_sum);
   for (std::size_t i = 0; i < D.experts.size(); ++i) {
     buffers.f({LayerBuf::kW1, static_cast<int>(i)}) = make_w1(s, seed, R.moe, D.experts[i]);
     buffers.f({LayerBuf::kW2, static_cast<int>(i)}) = make_w2(s, seed, R.moe, D.experts[i]);

@@ -14,7 +14,8 @@
 // recomputes the gate's probabilities from the rows it received (DeepEP sends them alongside;
 // recomputing them keeps the bytes exactly the plan's, for one fp32 gate GEMM of the received
 // rows). One pipeline chunk (the plan builder refuses others for the real backend). The GPU path
-// refuses these layers (host path, --backend mpi, only so far).
+// runs the same program on its kernels (gather_rows, sum_rows: one thread per element of a
+// summed row, terms in table order, so no atomics and the CPU twin's sums).
 //
 // Row orders (every rank derives every table from the plan alone):
 //  kSend (source s = (a, j)):  per node b != a ascending, s's tokens with an expert on b, in
@@ -45,11 +46,12 @@ class HostLayerBuffers;
 struct DeepepLayer {
   int nodes = 0, per_node = 0;  // n nodes of m GPUs in the EP group
   LayerLayout::DeepepRows rows;
-  std::vector<int> send_idx, fwd_own_idx, fwd_in_idx;  // per kSend / kFwdOut row
-  std::vector<int> tok_expert;                         // per kTokIn row, k slots (-1: none)
-  std::vector<int> entry_row, entry_weight;            // per kIn row
-  std::vector<int> experts;                            // the experts it computes (slices)
-  std::vector<std::pair<int, int>> runs;               // (entries, slice) per expert
+  std::vector<int> send_idx, fwd_own_idx, fwd_in_idx;     // per kSend / kFwdOut row
+  std::vector<int> tok_expert;                            // per kTokIn row, k slots (-1: none)
+  std::vector<int> entry_row;                             // per kIn row
+  std::vector<int> tok_sum, own_sum, node_sum, back_sum;  // CSR row sums (LayerBuf::k*Sum)
+  std::vector<int> experts;                               // the experts it computes (slices)
+  std::vector<std::pair<int, int>> runs;                  // (entries, slice) per expert
 };
 
 /// True when MoE layer `block`'s forward dispatch runs the deepep algorithm.

@@ -36,7 +36,7 @@ void HostLayerBuffers::allocate(const LayerLayout& L, const MoeShape& s) {
   for (auto& v : f_) v.clear();
   for (auto& v : i_) v.clear();
   for (const BufferSize& b : layer_buffers(L, s)) {
-    if (b.id.buf == LayerBuf::kX) continue;  // aliases kX32
+    if (resolve(b.id.buf) != b.id.buf) continue;  // an alias (kX of kX32, kTokIn32 of kTokIn)
     const std::size_t k = kind_index(b.id.buf), idx = static_cast<std::size_t>(b.id.index);
     if (elem_type(b.id.buf) == ElemType::kI32) {
       if (i_[k].size() <= idx) i_[k].resize(idx + 1);
@@ -109,51 +109,51 @@ void HostLayerOps::gather_rows(BufId src, BufId dst, BufId index, int rows, std:
   const std::vector<float>& in = b_.f(src);
   std::vector<float>& out = b_.f(dst);
   const std::vector<std::int32_t>& at = b_.i(index);
-  MOESIM_ASSERT(at.size() >= static_cast<std::size_t>(rows) &&
+  MOESIM_ASSERT(rows >= 0 && at.size() >= static_cast<std::size_t>(rows) &&
                     out.size() >= static_cast<std::size_t>(rows) * row_elems,
                 fmt::format("row gather {} -> {} out of bounds", layer_buf_name(src.buf),
                             layer_buf_name(dst.buf)));
-  for (int i = 0; i < rows; ++i) {
-    const std::int32_t r = at[static_cast<std::size_t>(i)];
-    if (r < 0) continue;
+  for (int i = 0; i < rows; ++i)
     MOESIM_ASSERT(
-        static_cast<std::size_t>(r + 1) * row_elems <= in.size(),
-        fmt::format("row gather from {}: row {} out of bounds", layer_buf_name(src.buf), r));
-    std::memcpy(&out[static_cast<std::size_t>(i) * row_elems],
-                &in[static_cast<std::size_t>(r) * row_elems], row_elems * sizeof(float));
-  }
+        static_cast<std::size_t>(at[static_cast<std::size_t>(i)] + 1) * row_elems <= in.size(),
+        fmt::format("row gather from {}: row out of bounds", layer_buf_name(src.buf)));
+  kc::Context ctx;
+  kc::gather_rows(ctx, kF32, in.data(), at.data(), rows, row_elems, out.data());
 }
 
-void HostLayerOps::scatter_add_rows(BufId src, BufId dst, BufId index, int rows,
-                                    std::size_t row_elems, bool weighted, BufId weight,
-                                    BufId weight_index) {
+void HostLayerOps::sum_rows(BufId src, BufId dst, BufId table, int rows, int terms,
+                            std::size_t row_elems, bool weighted, BufId weight) {
   const std::vector<float>& in = b_.f(src);
   std::vector<float>& out = b_.f(dst);
-  const std::vector<std::int32_t>& at = b_.i(index);
-  MOESIM_ASSERT(at.size() >= static_cast<std::size_t>(rows) &&
-                    in.size() >= static_cast<std::size_t>(rows) * row_elems,
-                fmt::format("row scatter {} -> {} out of bounds", layer_buf_name(src.buf),
-                            layer_buf_name(dst.buf)));
-  const std::vector<float>* w = weighted ? &b_.f(weight) : nullptr;
-  const std::vector<std::int32_t>* wi = weighted ? &b_.i(weight_index) : nullptr;
-  MOESIM_ASSERT(!weighted || wi->size() >= static_cast<std::size_t>(rows),
-                "row scatter: weight index out of bounds");
-  for (int i = 0; i < rows; ++i) {
-    const std::int32_t r = at[static_cast<std::size_t>(i)];
-    if (r < 0) continue;
-    MOESIM_ASSERT(
-        static_cast<std::size_t>(r + 1) * row_elems <= out.size(),
-        fmt::format("row scatter into {}: row {} out of bounds", layer_buf_name(dst.buf), r));
-    float scale = 1.0f;
-    if (weighted) {
-      const auto x = static_cast<std::size_t>((*wi)[static_cast<std::size_t>(i)]);
-      MOESIM_ASSERT(x < w->size(), "row scatter: weight out of bounds");
-      scale = (*w)[x];
-    }
-    const float* a = &in[static_cast<std::size_t>(i) * row_elems];
-    float* b = &out[static_cast<std::size_t>(r) * row_elems];
-    for (std::size_t e = 0; e < row_elems; ++e) b[e] += scale * a[e];
+  const std::vector<std::int32_t>& t = b_.i(table);
+  const auto r = static_cast<std::size_t>(rows), n = static_cast<std::size_t>(terms);
+  MOESIM_ASSERT(
+      rows >= 0 && terms >= 0 && t.size() >= r + 1 + n * (weighted ? 2 : 1) && t[r] == terms &&
+          out.size() >= r * row_elems,
+      fmt::format("row sum {} -> {} by {}: table or rows out of bounds", layer_buf_name(src.buf),
+                  layer_buf_name(dst.buf), layer_buf_name(table.buf)));
+  const std::int32_t* src_row = t.data() + r + 1;
+  for (std::size_t j = 0; j < n; ++j)
+    MOESIM_ASSERT(static_cast<std::size_t>(src_row[j] + 1) * row_elems <= in.size(),
+                  fmt::format("row sum from {}: row out of bounds", layer_buf_name(src.buf)));
+  const float* w = nullptr;
+  const std::int32_t* wi = nullptr;
+  if (weighted) {
+    w = b_.f(weight).data();
+    wi = src_row + n;
+    for (std::size_t j = 0; j < n; ++j)
+      MOESIM_ASSERT(static_cast<std::size_t>(wi[j]) < b_.f(weight).size(),
+                    "row sum: weight out of bounds");
   }
+  kc::Context ctx;
+  kc::sum_rows(ctx, kF32, in.data(), t.data(), src_row, w, wi, rows, row_elems, out.data());
+}
+
+void HostLayerOps::widen(BufId src, BufId dst, std::size_t elements) {
+  const std::vector<float>& in = b_.f(src);
+  std::vector<float>& out = b_.f(dst);
+  MOESIM_ASSERT(elements <= in.size() && elements <= out.size(), "widen out of bounds");
+  if (&in != &out) std::copy_n(in.begin(), elements, out.begin());  // aliased on the host path
 }
 
 void HostLayerOps::encode(BufId dst, int tokens, int num_experts, int capacity) {

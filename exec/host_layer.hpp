@@ -20,8 +20,8 @@ struct CostContext;
 
 namespace moesim::exec {
 
-/// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32 (the host
-/// path's data type is fp32).
+/// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32 and
+/// kTokIn32 kTokIn (the host path's data type is fp32).
 class HostLayerBuffers {
  public:
   void allocate(const LayerLayout& L, const MoeShape& s);
@@ -35,7 +35,12 @@ class HostLayerBuffers {
 
  private:
   static constexpr std::size_t kKinds = kLayerBufKinds;
-  static LayerBuf resolve(LayerBuf b) { return b == LayerBuf::kX ? LayerBuf::kX32 : b; }
+  // The host path's data type is fp32: its fp32 copies of token rows are the rows themselves.
+  static LayerBuf resolve(LayerBuf b) {
+    if (b == LayerBuf::kX) return LayerBuf::kX32;
+    if (b == LayerBuf::kTokIn32) return LayerBuf::kTokIn;
+    return b;
+  }
   std::array<std::vector<std::vector<float>>, kKinds> f_;
   std::array<std::vector<std::vector<std::int32_t>>, kKinds> i_;
   bool allocated_ = false;
@@ -70,8 +75,9 @@ class HostLayerOps final : public LayerOps {
   void routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
                       int top_k) override;
   void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) override;
-  void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems,
-                        bool weighted, BufId weight, BufId weight_index) override;
+  void sum_rows(BufId src, BufId dst, BufId table, int rows, int terms, std::size_t row_elems,
+                bool weighted, BufId weight) override;
+  void widen(BufId src, BufId dst, std::size_t elements) override;
   void encode(BufId dst, int tokens, int num_experts, int capacity) override;
   void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override;
   void zero(BufId buf, std::size_t elements) override;

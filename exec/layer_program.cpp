@@ -23,8 +23,12 @@ ElemType elem_type(LayerBuf b) {
     case LayerBuf::kFwdOwnIdx:
     case LayerBuf::kFwdInIdx:
     case LayerBuf::kEntryRow:
-    case LayerBuf::kEntryWeight:
+    case LayerBuf::kTokSum:
+    case LayerBuf::kOwnSum:
+    case LayerBuf::kNodeSum:
+    case LayerBuf::kBackSum:
       return ElemType::kI32;
+    case LayerBuf::kTokIn32:
     case LayerBuf::kTokLogits:
     case LayerBuf::kTokWeight:
       return ElemType::kF32;
@@ -111,8 +115,16 @@ const char* layer_buf_name(LayerBuf b) {
       return "fwd_in_idx";
     case LayerBuf::kEntryRow:
       return "entry_row";
-    case LayerBuf::kEntryWeight:
-      return "entry_weight";
+    case LayerBuf::kTokIn32:
+      return "tok_in32";
+    case LayerBuf::kTokSum:
+      return "tok_sum";
+    case LayerBuf::kOwnSum:
+      return "own_sum";
+    case LayerBuf::kNodeSum:
+      return "node_sum";
+    case LayerBuf::kBackSum:
+      return "back_sum";
   }
   return "?";
 }
@@ -222,12 +234,16 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
     add(LayerBuf::kFwdOwnIdx, sz(d.fwd_out));
     add(LayerBuf::kFwdInIdx, sz(d.fwd_out));
     add(LayerBuf::kTokIn, sz(d.tok) * M);
+    add(LayerBuf::kTokIn32, sz(d.tok) * M);
     add(LayerBuf::kTokOut, sz(d.tok) * M);
     add(LayerBuf::kTokLogits, sz(d.tok) * E);
     add(LayerBuf::kTokExpert, sz(d.tok) * k);
     add(LayerBuf::kTokWeight, sz(d.tok) * k);
     add(LayerBuf::kEntryRow, sz(d.entries));
-    add(LayerBuf::kEntryWeight, sz(d.entries));
+    add(LayerBuf::kTokSum, sz(d.tok) + 1 + 2 * sz(d.entries));
+    add(LayerBuf::kOwnSum, S + 1 + sz(d.own_terms));
+    add(LayerBuf::kNodeSum, sz(d.fwd_in) + 1 + sz(d.node_terms));
+    add(LayerBuf::kBackSum, S + 1 + sz(d.send));
     add(LayerBuf::kIn, sz(d.entries) * M, 0);
     add(LayerBuf::kHidden, sz(d.entries) * hid, 0);
     add(LayerBuf::kOut, sz(d.entries) * M, 0);
@@ -420,8 +436,8 @@ void combine_returned(const LayerLayout& L, int M, LayerOps& ops) {
 //  encode    the rows this rank sends to other nodes, one per (token, node): kX -> kSend;
 //  dispatch  dispatch_inter (kSend -> kFwdIn), the rows for each GPU of this node gathered from
 //            its own tokens and what arrived (-> kFwdOut), dispatch_intra (kFwdOut -> kTokIn);
-//  fc1       the gate's probabilities of the rows' experts here, recomputed from the rows
-//            (DeepEP sends them; recomputing keeps the bytes the plan's), the (row, expert)
+//  fc1       the gate's probabilities of the rows' experts here, recomputed from the rows in
+//            fp32 (DeepEP sends them; recomputing keeps the bytes the plan's), the (row, expert)
 //            entries gathered by expert (kTokIn -> kIn), fc1 and the activation;
 //  fc2       fc2, and each row's entries summed with their weights (kOut -> kTokOut);
 //  combine   combine_intra (kTokOut -> kFwdBack), the rows summed per (source, token): this
@@ -432,7 +448,7 @@ std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind
                              LayerOps& ops) {
   const auto& d = L.deepep;
   const std::size_t M = sz(s.model_dim);
-  const int E = s.experts, k = s.top_k;
+  const int E = s.experts, k = s.top_k, T = L.unit_tokens(s);
   auto exchange = [&](LayerBuf send, int send_rows, LayerBuf recv, int recv_rows, int phase) {
     Exchange x;
     x.send = buf(send);
@@ -458,8 +474,9 @@ std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind
       return exchange(LayerBuf::kFwdOut, d.fwd_out, LayerBuf::kTokIn, d.tok, 1);
     }
     case OpRoleKind::kFc1: {
+      ops.widen(buf(LayerBuf::kTokIn), buf(LayerBuf::kTokIn32), sz(d.tok) * M);
       GemmJob g;
-      g.a = buf(LayerBuf::kTokIn);
+      g.a = buf(LayerBuf::kTokIn32);
       g.b = buf(LayerBuf::kGateW);
       g.c = buf(LayerBuf::kTokLogits);
       g.m = d.tok;
@@ -477,25 +494,24 @@ std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind
     case OpRoleKind::kFc2:
       for (const GemmJob& job : expert_gemms(L, 0, true, s.model_dim)) ops.gemm(job, false);
       ops.zero(buf(LayerBuf::kTokOut), sz(d.tok) * M);
-      ops.scatter_add_rows(buf(LayerBuf::kOut), buf(LayerBuf::kTokOut), buf(LayerBuf::kEntryRow),
-                           d.entries, M, true, buf(LayerBuf::kTokWeight),
-                           buf(LayerBuf::kEntryWeight));
+      ops.sum_rows(buf(LayerBuf::kOut), buf(LayerBuf::kTokOut), buf(LayerBuf::kTokSum), d.tok,
+                   d.entries, M, true, buf(LayerBuf::kTokWeight));
       return -1;
     case OpRoleKind::kCombine: {
       const std::int64_t algo =
           exchange(LayerBuf::kTokOut, d.tok, LayerBuf::kFwdBack, d.fwd_out, 0);
-      ops.zero(buf(LayerBuf::kY), sz(L.unit_tokens(s)) * M);
+      ops.zero(buf(LayerBuf::kY), sz(T) * M);
       ops.zero(buf(LayerBuf::kNodeOut), sz(d.fwd_in) * M);
-      ops.scatter_add_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kY), buf(LayerBuf::kFwdOwnIdx),
-                           d.fwd_out, M, false, none, none);
-      ops.scatter_add_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kNodeOut),
-                           buf(LayerBuf::kFwdInIdx), d.fwd_out, M, false, none, none);
+      ops.sum_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kY), buf(LayerBuf::kOwnSum), T,
+                   d.own_terms, M, false, none);
+      ops.sum_rows(buf(LayerBuf::kFwdBack), buf(LayerBuf::kNodeOut), buf(LayerBuf::kNodeSum),
+                   d.fwd_in, d.node_terms, M, false, none);
       exchange(LayerBuf::kNodeOut, d.fwd_in, LayerBuf::kBack, d.send, 1);
       return algo;
     }
     case OpRoleKind::kDecode:
-      ops.scatter_add_rows(buf(LayerBuf::kBack), buf(LayerBuf::kY), buf(LayerBuf::kSendIdx), d.send,
-                           M, false, none, none);
+      ops.sum_rows(buf(LayerBuf::kBack), buf(LayerBuf::kY), buf(LayerBuf::kBackSum), T, d.send, M,
+                   false, none);
       return -1;
     default:
       break;

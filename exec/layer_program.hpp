@@ -67,22 +67,28 @@ enum class LayerBuf : std::uint8_t {
   // a2a deepep (exec/deepep_path.hpp): kSend holds the rows a source sends to other nodes, one
   // per (token, node); a forwarder receives them, sends on one row per (token, GPU of its node),
   // and reduces the outputs back; a target computes its experts on the distinct token rows.
-  kFwdIn,        // forwarder: rows received from the other nodes (dispatch_inter)
-  kFwdOut,       // forwarder: rows sent on to the GPUs of its node, per target (dispatch_intra)
-  kFwdBack,      // forwarder: the targets' output rows, kFwdOut's layout (combine_intra)
-  kNodeOut,      // forwarder: those summed per (source, token), kFwdIn's layout (combine_inter)
-  kTokIn,        // target: the distinct token rows it received
-  kTokOut,       // target: their outputs, summed over its experts with the gate's weights
-  kTokLogits,    // target: fp32 gate logits of kTokIn (the weights are recomputed, not sent)
-  kTokExpert,    // target: i32, k per row: the row's experts on this GPU (-1: none)
-  kTokWeight,    // target: fp32, k per row: their gate probabilities
-  kSendIdx,      // i32: kSend row -> token (kX / kY row)
-  kFwdOwnIdx,    // i32: kFwdOut row -> the forwarder's own token (kX / kY row), or -1
-  kFwdInIdx,     // i32: kFwdOut row -> kFwdIn / kNodeOut row, or -1
-  kEntryRow,     // i32: kIn row (one per (token, expert) entry) -> kTokIn / kTokOut row
-  kEntryWeight,  // i32: kIn row -> its kTokWeight element
+  // The k*Sum tables are CSR row sums (LayerOps::sum_rows): begin (rows + 1), the source row of
+  // every term, and (kTokSum) every term's weight element.
+  kFwdIn,      // forwarder: rows received from the other nodes (dispatch_inter)
+  kFwdOut,     // forwarder: rows sent on to the GPUs of its node, per target (dispatch_intra)
+  kFwdBack,    // forwarder: the targets' output rows, kFwdOut's layout (combine_intra)
+  kNodeOut,    // forwarder: those summed per (source, token), kFwdIn's layout (combine_inter)
+  kTokIn,      // target: the distinct token rows it received
+  kTokIn32,    // target: the same in fp32, the gate's input (the host path aliases kTokIn)
+  kTokOut,     // target: their outputs, summed over its experts with the gate's weights
+  kTokLogits,  // target: fp32 gate logits of kTokIn (the weights are recomputed, not sent)
+  kTokExpert,  // target: i32, k per row: the row's experts on this GPU (-1: none)
+  kTokWeight,  // target: fp32, k per row: their gate probabilities
+  kSendIdx,    // i32: kSend row -> token (kX row)
+  kFwdOwnIdx,  // i32: kFwdOut row -> the forwarder's own token (kX row), or -1
+  kFwdInIdx,   // i32: kFwdOut row -> kFwdIn row, or -1
+  kEntryRow,   // i32: kIn row (one per (token, expert) entry) -> kTokIn row
+  kTokSum,     // i32 table: kTokOut row <- its entries' kOut rows, weighted by kTokWeight
+  kOwnSum,     // i32 table: kY row (own token) <- the kFwdBack rows of it
+  kNodeSum,    // i32 table: kNodeOut row <- the kFwdBack rows of it
+  kBackSum,    // i32 table: kY row <- the kBack rows of it (one per other node)
 };
-inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kEntryWeight) + 1;
+inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kBackSum) + 1;
 enum class ElemType : std::uint8_t { kF32, kData, kI32 };
 ElemType elem_type(LayerBuf b);
 const char* layer_buf_name(LayerBuf b);
@@ -161,11 +167,13 @@ struct LayerLayout {
   std::vector<std::vector<std::pair<int, int>>> runs;
   // kDeepep (one chunk; runs[0] the entry runs per expert slice): the rows of its buffers.
   struct DeepepRows {
-    int send = 0;     // kSend / kBack
-    int fwd_in = 0;   // kFwdIn / kNodeOut
-    int fwd_out = 0;  // kFwdOut / kFwdBack
-    int tok = 0;      // kTokIn / kTokOut
-    int entries = 0;  // kIn / kOut: (token, expert) entries
+    int send = 0;        // kSend / kBack
+    int fwd_in = 0;      // kFwdIn / kNodeOut
+    int fwd_out = 0;     // kFwdOut / kFwdBack
+    int tok = 0;         // kTokIn / kTokOut
+    int entries = 0;     // kIn / kOut: (token, expert) entries (kTokSum's terms)
+    int own_terms = 0;   // kFwdOut rows of its own tokens (kOwnSum's terms)
+    int node_terms = 0;  // kFwdOut rows of other nodes' tokens (kNodeSum's terms)
   } deepep;
 
   int chunks() const {
@@ -243,12 +251,16 @@ class LayerOps {
   /// kWeight; deepep targets: kTokLogits, kTokExpert, kTokWeight).
   virtual void routed_weights(BufId logits, BufId expert, BufId weight, int tokens, int experts,
                               int top_k) = 0;
-  /// dst row i = src row index[i] for i < rows where index[i] >= 0 (rows of row_elems, data).
+  /// dst row i = src row index[i] for i < rows where index[i] >= 0 (rows of row_elems, data;
+  /// kernels gather_rows).
   virtual void gather_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems) = 0;
-  /// dst row index[i] += w_i * src row i for i < rows where index[i] >= 0, w_i = 1, or with
-  /// `weighted` the fp32 weight[weight_index[i]] (rows of row_elems, data).
-  virtual void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t row_elems,
-                                bool weighted, BufId weight, BufId weight_index) = 0;
+  /// dst row d += the weighted src rows of its table's terms, d < rows (kernels sum_rows): the
+  /// i32 `table` holds begin (rows + 1), then the source row of each of the `terms` terms, then,
+  /// `weighted`, each term's element of the fp32 `weight` buffer.
+  virtual void sum_rows(BufId src, BufId dst, BufId table, int rows, int terms,
+                        std::size_t row_elems, bool weighted, BufId weight) = 0;
+  /// dst (fp32) = src (data) for `elements`: a no-op where they are one buffer (host path).
+  virtual void widen(BufId src, BufId dst, std::size_t elements) = 0;
   /// kernels encode / decode with the layer's routing tables (num_experts x capacity slots).
   /// `tokens` rows of kX / kY: the routing unit.
   virtual void encode(BufId dst, int tokens, int num_experts, int capacity) = 0;

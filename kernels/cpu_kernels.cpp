@@ -406,4 +406,38 @@ void add_rows(Context&, DType dtype, const void* src, std::size_t src_pitch, voi
   });
 }
 
+void gather_rows(Context&, DType dtype, const void* src, const std::int32_t* index, int rows,
+                 std::size_t row_elems, void* dst) {
+  if (rows < 0) throw ArgumentError("kernels::gather_rows: negative rows");
+  const std::size_t bytes = row_elems * dtype_size(dtype);
+  const auto* in = static_cast<const std::byte*>(src);
+  auto* out = static_cast<std::byte*>(dst);
+  for (int i = 0; i < rows; ++i) {
+    const std::int32_t r = index[i];
+    if (r >= 0) std::memcpy(out + std::size_t(i) * bytes, in + std::size_t(r) * bytes, bytes);
+  }
+}
+
+void sum_rows(Context&, DType dtype, const void* src, const std::int32_t* begin,
+              const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
+              int rows, std::size_t row_elems, void* dst) {
+  if (rows < 0) throw ArgumentError("kernels::sum_rows: negative rows");
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* in = static_cast<const S*>(src);
+    S* out = static_cast<S*>(dst);
+    for (int d = 0; d < rows; ++d)
+      for (std::size_t e = 0; e < row_elems; ++e) {
+        S& o = out[std::size_t(d) * row_elems + e];
+        float acc = T::load(o);
+        for (std::int32_t j = begin[d]; j < begin[d + 1]; ++j) {
+          const float w = weight ? weight[weight_index[j]] : 1.0f;
+          acc = rules::mul_add(w, T::load(in[std::size_t(src_row[j]) * row_elems + e]), acc);
+        }
+        o = T::store(acc);
+      }
+  });
+}
+
 }  // namespace moesim::kernels::cpu

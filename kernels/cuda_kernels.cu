@@ -555,6 +555,46 @@ __global__ void add_rows_kernel(std::size_t run, int count, const T* __restrict_
   }
 }
 
+// dst row i = src row index[i] (blockIdx.y walks the rows; negative index: left as is).
+template <typename T>
+__global__ void gather_rows_kernel(int rows, std::size_t row_elems, const T* __restrict__ src,
+                                   const std::int32_t* __restrict__ index, T* __restrict__ dst) {
+  for (int i = blockIdx.y; i < rows; i += gridDim.y) {
+    const std::int32_t r = index[i];
+    if (r < 0) continue;
+    const T* in = src + static_cast<std::size_t>(r) * row_elems;
+    T* out = dst + static_cast<std::size_t>(i) * row_elems;
+    for (std::size_t e = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         e < row_elems; e += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+      out[e] = in[e];
+  }
+}
+
+// dst row d += its table's weighted src rows, in table order, in fp32 (one thread per element of
+// the row: no two threads write one element, and the order is the CPU twin's).
+template <typename T>
+__global__ void sum_rows_kernel(int rows, std::size_t row_elems, const T* __restrict__ src,
+                                const std::int32_t* __restrict__ begin,
+                                const std::int32_t* __restrict__ src_row,
+                                const float* __restrict__ weight,
+                                const std::int32_t* __restrict__ weight_index,
+                                T* __restrict__ dst) {
+  for (int d = blockIdx.y; d < rows; d += gridDim.y) {
+    const std::int32_t j0 = begin[d], j1 = begin[d + 1];
+    T* out = dst + static_cast<std::size_t>(d) * row_elems;
+    for (std::size_t e = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         e < row_elems; e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+      float acc = to_f(out[e]);
+      for (std::int32_t j = j0; j < j1; ++j) {
+        const float w = weight ? weight[weight_index[j]] : 1.0f;
+        acc =
+            rules::mul_add(w, to_f(src[static_cast<std::size_t>(src_row[j]) * row_elems + e]), acc);
+      }
+      out[e] = from_f<T>(acc);
+    }
+  }
+}
+
 template <typename S, typename D>
 __global__ void convert_kernel(std::size_t n, const S* __restrict__ src, D* __restrict__ dst) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -960,6 +1000,40 @@ void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch,
     using T = decltype(tag);
     add_rows_kernel<T><<<grid, 256, 0, ctx.stream()>>>(run, count, static_cast<const T*>(src),
                                                        src_pitch, static_cast<T*>(dst), dst_pitch);
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+namespace {
+dim3 row_grid(int rows, std::size_t row_elems) {
+  const std::size_t per_row = (row_elems + 255) / 256;
+  return dim3(static_cast<unsigned>(per_row < 1024 ? per_row : 1024),
+              static_cast<unsigned>(rows < 65535 ? rows : 65535));
+}
+}  // namespace
+
+void gather_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* index, int rows,
+                 std::size_t row_elems, void* dst) {
+  if (rows < 0) throw ArgumentError("kernels::cuda::gather_rows: negative rows");
+  if (rows == 0 || row_elems == 0) return;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    gather_rows_kernel<T><<<row_grid(rows, row_elems), 256, 0, ctx.stream()>>>(
+        rows, row_elems, static_cast<const T*>(src), index, static_cast<T*>(dst));
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void sum_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* begin,
+              const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
+              int rows, std::size_t row_elems, void* dst) {
+  if (rows < 0) throw ArgumentError("kernels::cuda::sum_rows: negative rows");
+  if (rows == 0 || row_elems == 0) return;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sum_rows_kernel<T><<<row_grid(rows, row_elems), 256, 0, ctx.stream()>>>(
+        rows, row_elems, static_cast<const T*>(src), begin, src_row, weight, weight_index,
+        static_cast<T*>(dst));
   });
   MOESIM_KCUDA_LAUNCHED();
 }

@@ -273,6 +273,19 @@ void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float*
 /// one rounding to the dtype). Runs of dst must not overlap.
 void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
               std::size_t dst_pitch, std::size_t run, int count);
+/// dst row i = src row index[i] for i < rows (rows of row_elems elements); rows whose index is
+/// negative are left as they are. (DeepEP-style dispatch: a token's row packed once per node or
+/// per GPU; exec/deepep_path.hpp.)
+void gather_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* index, int rows,
+                 std::size_t row_elems, void* dst);
+/// Row sums by a CSR table: for d < rows, dst row d += sum over j in [begin[d], begin[d + 1]) of
+/// w_j * src row src_row[j], w_j = weight[weight_index[j]] (weight null: 1); summed in fp32 in j
+/// order, one rounding to the dtype. (Its combine: a token's expert outputs summed with the
+/// gate's weights, then per node and per token.) Race-free on the GPU: one dst row per thread
+/// row, its terms in table order.
+void sum_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* begin,
+              const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
+              int rows, std::size_t row_elems, void* dst);
 
 }  // namespace cpu
 
@@ -338,6 +351,11 @@ void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float*
                   const std::int32_t* expert, float* weight);
 void add_rows(Context& ctx, DType dtype, const void* src, std::size_t src_pitch, void* dst,
               std::size_t dst_pitch, std::size_t run, int count);
+void gather_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* index, int rows,
+                 std::size_t row_elems, void* dst);
+void sum_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* begin,
+              const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
+              int rows, std::size_t row_elems, void* dst);
 /// kernels::convert on the device: n elements of `from` at src to `to` at dst (through fp32).
 void convert(Context& ctx, DType from, const void* src, DType to, void* dst, std::size_t n);
 

@@ -31,6 +31,17 @@ namespace rules {
 /// The largest top-k the kernels support (a token's choices live in registers on the GPU).
 inline constexpr int kMaxTopK = 8;
 
+/// acc + w * x rounded twice (product, then sum), never fused: the CPU twin and the GPU (where
+/// nvcc would contract it to an FMA) add the same floats (sum_rows).
+MOESIM_HOST_DEVICE float mul_add(float w, float x, float acc) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(w, x), acc);
+#else
+  const volatile float product = w * x;  // a separate rounding whatever the host's contraction
+  return product + acc;
+#endif
+}
+
 /// act(x) for one element.
 MOESIM_HOST_DEVICE float activate(Activation act, float x) {
   if (act == Activation::kRelu) return x > 0.0f ? x : 0.0f;

@@ -213,11 +213,15 @@ class RecordingOps final : public LayerOps {
                   layer_buf_name(dst.buf) + " by " + layer_buf_name(index.buf) + " " +
                   std::to_string(rows));
   }
-  void scatter_add_rows(BufId src, BufId dst, BufId index, int rows, std::size_t, bool weighted,
-                        BufId, BufId) override {
-    log.push_back(std::string("scatter ") + layer_buf_name(src.buf) + "->" +
-                  layer_buf_name(dst.buf) + " by " + layer_buf_name(index.buf) + " " +
-                  std::to_string(rows) + (weighted ? " weighted" : ""));
+  void sum_rows(BufId src, BufId dst, BufId table, int rows, int terms, std::size_t, bool weighted,
+                BufId) override {
+    log.push_back(std::string("sum ") + layer_buf_name(src.buf) + "->" + layer_buf_name(dst.buf) +
+                  " by " + layer_buf_name(table.buf) + " " + std::to_string(rows) + "<-" +
+                  std::to_string(terms) + (weighted ? " weighted" : ""));
+  }
+  void widen(BufId src, BufId dst, std::size_t n) override {
+    log.push_back(std::string("widen ") + layer_buf_name(src.buf) + "->" + layer_buf_name(dst.buf) +
+                  " " + std::to_string(n));
   }
   void encode(BufId dst, int t, int e, int c) override {
     log.push_back(std::string("encode ") + layer_buf_name(dst.buf) + " " + std::to_string(t) + ":" +
@@ -414,15 +418,19 @@ TEST(LayerProgram, DeepepLayerRunsBothPhasesWithTheRowWorkBetween) {
   L.ep = 4;
   L.slices = 2;
   L.hidden = 8;
-  L.deepep = {3, 2, 5, 4, 6};  // send, fwd_in, fwd_out, tok, entries
+  L.deepep = {3, 2, 5, 4, 6, 1, 4};  // send, fwd_in, fwd_out, tok, entries, own, node terms
   L.runs = {{{4, 0}, {2, 1}}};
   const auto sz = sizes(L, s);
   EXPECT_EQ(sz.at({LayerBuf::kSend}), 3u * 4);
   EXPECT_EQ(sz.at({LayerBuf::kNodeOut}), 2u * 4);
   EXPECT_EQ(sz.at({LayerBuf::kFwdBack}), 5u * 4);
+  EXPECT_EQ(sz.at({LayerBuf::kTokIn32}), 4u * 4);
   EXPECT_EQ(sz.at({LayerBuf::kTokLogits}), 4u * 4);
   EXPECT_EQ(sz.at({LayerBuf::kTokWeight}), 4u * 2);
-  EXPECT_EQ(sz.at({LayerBuf::kEntryWeight}), 6u);
+  EXPECT_EQ(sz.at({LayerBuf::kTokSum}), 4u + 1 + 2 * 6);  // begin, source rows, weights
+  EXPECT_EQ(sz.at({LayerBuf::kOwnSum}), 6u + 1 + 1);
+  EXPECT_EQ(sz.at({LayerBuf::kNodeSum}), 2u + 1 + 4);
+  EXPECT_EQ(sz.at({LayerBuf::kBackSum}), 6u + 1 + 3);
   EXPECT_EQ(sz.at({LayerBuf::kHidden, 0}), 6u * 8);
   const Op op;
   RecordingOps ops;
@@ -437,6 +445,7 @@ TEST(LayerProgram, DeepepLayerRunsBothPhasesWithTheRowWorkBetween) {
                                                "gather x->fwd_out by fwd_own_idx 5",
                                                "gather fwd_in->fwd_out by fwd_in_idx 5",
                                                "exchange fwd_out->tok_in",
+                                               "widen tok_in->tok_in32 16",
                                                "gemm32 gate_w",
                                                "routed_weights tok_logits->tok_weight",
                                                "gather tok_in->in by entry_row 6",
@@ -446,14 +455,14 @@ TEST(LayerProgram, DeepepLayerRunsBothPhasesWithTheRowWorkBetween) {
                                                "gemm w2",
                                                "gemm w2",
                                                "zero tok_out 16",
-                                               "scatter out->tok_out by entry_row 6 weighted",
+                                               "sum out->tok_out by tok_sum 4<-6 weighted",
                                                "exchange tok_out->fwd_back",
                                                "zero y 24",
                                                "zero node_out 8",
-                                               "scatter fwd_back->y by fwd_own_idx 5",
-                                               "scatter fwd_back->node_out by fwd_in_idx 5",
+                                               "sum fwd_back->y by own_sum 6<-1",
+                                               "sum fwd_back->node_out by node_sum 2<-4",
                                                "exchange node_out->back",
-                                               "scatter back->y by send_idx 3"}));
+                                               "sum back->y by back_sum 6<-3"}));
   ASSERT_EQ(ops.exchanges.size(), 4u);
   // Phase 0 then phase 1 of the dispatch, and of the combine; rows of M = 4 elements.
   const std::vector<std::pair<int, std::size_t>> want{{0, 12}, {1, 20}, {0, 16}, {1, 8}};

@@ -427,6 +427,49 @@ TEST_F(KernelGpuTest, SoftmaxPickAndAddRowsMatchCpu) {
   }
 }
 
+// The row gather and the CSR row sum of the DeepEP-style data path (exec/deepep_path.hpp) against
+// the CPU twin: random indices (some -1), random tables with repeated sources, weighted and not.
+// Both sum in fp32 in table order with unfused products (rules::mul_add): equal results.
+TEST_F(KernelGpuTest, GatherAndSumRowsMatchCpu) {
+  const int src_rows = 23, rows = 31;
+  const std::size_t elems = 300;
+  std::vector<std::int32_t> index(rows), begin{0}, src_row, weight_index;
+  for (int i = 0; i < rows; ++i) {
+    index[static_cast<std::size_t>(i)] = i % 5 == 0 ? -1 : (i * 7) % src_rows;
+    for (int t = 0; t < i % 4; ++t) {
+      src_row.push_back((i * 3 + t * 11) % src_rows);
+      weight_index.push_back((i + t) % 9);
+    }
+    begin.push_back(static_cast<std::int32_t>(src_row.size()));
+  }
+  const std::vector<float> weight = random_floats(9, 96, -1.0f, 1.0f);
+  cpu::Context cctx;
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer src(d, random_floats(src_rows * elems, 97)), dst(d, random_floats(rows * elems, 98));
+    HostBuffer gathered = dst, summed = dst, plain = dst;
+    cpu::gather_rows(cctx, d, src.data(), index.data(), rows, elems, gathered.data());
+    cpu::sum_rows(cctx, d, src.data(), begin.data(), src_row.data(), weight.data(),
+                  weight_index.data(), rows, elems, summed.data());
+    cpu::sum_rows(cctx, d, src.data(), begin.data(), src_row.data(), nullptr, nullptr, rows, elems,
+                  plain.data());
+    DeviceBuffer ds(src), di(index), db(begin), dr(src_row), dw(weight), dwi(weight_index);
+    DeviceBuffer dg(dst), dsum(dst), dplain(dst);
+    const auto i32 = [](const DeviceBuffer& b) {
+      return static_cast<const std::int32_t*>(b.get());
+    };
+    cuda::gather_rows(ctx(), d, ds.get(), i32(di), rows, elems, dg.get());
+    cuda::sum_rows(ctx(), d, ds.get(), i32(db), i32(dr), static_cast<const float*>(dw.get()),
+                   i32(dwi), rows, elems, dsum.get());
+    cuda::sum_rows(ctx(), d, ds.get(), i32(db), i32(dr), nullptr, nullptr, rows, elems,
+                   dplain.get());
+    ctx().synchronize();
+    expect_close(dg.to_buffer(d).to_float(), gathered.to_float(), 0.0f, 0.0f, "gather_rows");
+    expect_close(dsum.to_buffer(d).to_float(), summed.to_float(), 0.0f, 0.0f, "sum_rows");
+    expect_close(dplain.to_buffer(d).to_float(), plain.to_float(), 0.0f, 0.0f, "sum_rows plain");
+  }
+}
+
 TEST_F(KernelGpuTest, NoTokensLeavesEverySlotEmpty) {
   GateParams p = random_params(false);
   p.num_tokens = 0;

@@ -602,5 +602,38 @@ TEST(KernelAddRows, SumsStridedRunsInEveryDType) {
   }
 }
 
+TEST(KernelGatherRows, CopiesIndexedRowsAndSkipsNegativeOnes) {
+  // Rows of 2: dst row 0 = src row 2, row 1 untouched (-1), row 2 = src row 0, row 3 = src row 2.
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer src(d, std::vector<float>{1, 2, 3, 4, 5, 6});
+    HostBuffer dst(d, std::vector<float>{9, 9, 8, 8, 9, 9, 9, 9});
+    const std::vector<std::int32_t> index{2, -1, 0, 2};
+    cpu::Context ctx;
+    cpu::gather_rows(ctx, d, src.data(), index.data(), 4, 2, dst.data());
+    EXPECT_EQ(dst.to_float(), (std::vector<float>{5, 6, 8, 8, 1, 2, 5, 6}));
+  }
+}
+
+TEST(KernelSumRows, AddsEachRowsTableInOrderWithItsWeights) {
+  // Rows of 2. dst row 0 += 0.5 * src 1 + 2 * src 0; row 1 has no terms; row 2 += 1 * src 2
+  // (weight[3]). Unweighted, the same table adds the rows as they are.
+  const std::vector<std::int32_t> begin{0, 2, 2, 3}, src_row{1, 0, 2}, weight_index{0, 1, 3};
+  const std::vector<float> weight{0.5f, 2.0f, 7.0f, 1.0f};
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer src(d, std::vector<float>{1, 2, 4, 8, 16, 32});
+    HostBuffer dst(d, std::vector<float>{1, 1, 3, 3, 0, 0});
+    cpu::Context ctx;
+    cpu::sum_rows(ctx, d, src.data(), begin.data(), src_row.data(), weight.data(),
+                  weight_index.data(), 3, 2, dst.data());
+    EXPECT_EQ(dst.to_float(), (std::vector<float>{1 + 2 + 2, 1 + 4 + 4, 3, 3, 16, 32}));
+    HostBuffer plain(d, std::vector<float>{0, 0, 0, 0, 0, 0});
+    cpu::sum_rows(ctx, d, src.data(), begin.data(), src_row.data(), nullptr, nullptr, 3, 2,
+                  plain.data());
+    EXPECT_EQ(plain.to_float(), (std::vector<float>{4 + 1, 8 + 2, 0, 0, 16, 32}));
+  }
+}
+
 }  // namespace
 }  // namespace moesim::kernels

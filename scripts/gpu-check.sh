@@ -9,7 +9,9 @@
 #   4. mpirun -np 1 moesim exec scenarios/exec-gpu-1.yaml --backend nccl --check (fp16, single
 #      GPU, pipeline r = 1, 2, 4) with its JSON;
 #   5. when the build has them: moesim calibrate --out $OUT/calib.yaml, then moesim exec
-#      --predict on exec-gpu-1 with cluster.calibration set to that file.
+#      --predict on exec-gpu-1 with cluster.calibration set to that file;
+#   7. with 4 or more GPUs: exec-host-4 across 4 GPU ranks --backend nccl --check, padded and
+#      routed / deepep (NCCL exchanges between ranks, deepep's row kernels).
 # Every log goes to $OUT (default: ./gpu-check-out) with a summary.txt. Meant for a machine with
 # an NVIDIA GPU (e.g. through the device tool on an H200); without one the tests skip, the
 # benchmarks fall back to the CPU (or say there is no device) and the GPU-only steps are marked
@@ -165,6 +167,26 @@ if [ $have_gpu = 1 ]; then
     $mpirun_1 "$moesim" exec "$scenario" --backend nccl --check --json "$out/exec-gpu-1.json"
 else
   skipped "moesim exec exec-gpu-1 --backend nccl --check (no device)"
+fi
+
+# Step 7, on a machine with 4 or more GPUs: the exchanges between GPU ranks through NCCL, which
+# one GPU cannot exercise, under --check on exec-host-4 (2 "nodes" x 2 GPUs): the padded
+# strategies, the routed all_to_allv beside DeepEP's per-node dispatch (a2a: deepep, its row
+# kernels and two-phase lowering), and the backward on real data.
+ngpu=0
+[ $have_gpu = 1 ] && ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -ge 4 ]; then
+  mpirun_4="mpirun -np 4 --oversubscribe"
+  step "exec exec-host-4 on 4 GPUs --backend nccl --check" exec-4gpu.log \
+    $mpirun_4 "$moesim" exec "$here/scenarios/exec-host-4.yaml" --backend nccl --check \
+    --iterations 2 --json "$out/exec-4gpu.json"
+  step "exec deepep on 4 GPUs --backend nccl --check" exec-4gpu-deepep.log \
+    $mpirun_4 "$moesim" exec "$here/scenarios/exec-host-4.yaml" --backend nccl --check \
+    --iterations 2 --set model.capacity_factor=0 --set workload.routing.node_limit=1 \
+    --set 'strategies=[{name: routed, routing: faster_moe_hir, faster_moe_hir: {max_offnode_share: 1.0}}, {name: deepep, a2a: deepep}]' \
+    --json "$out/exec-4gpu-deepep.json"
+else
+  skipped "exec on 4 GPUs (routed, deepep, backward across ranks): $ngpu GPU(s) visible"
 fi
 
 # Calibration and prediction, when this build has them (another part of issue 7).

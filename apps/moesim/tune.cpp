@@ -74,6 +74,13 @@ std::vector<Role> role_space(const Scenario& sc) {
   }
   roles.push_back({"a2a", {"", "auto"}});
   if (multi_node) roles.back().values.push_back("2dh");
+  // DeepEP's per-node dispatch, for a dropless dispatch of sampled routing across nodes (the role
+  // refuses the stacks it cannot join, topology-aware routing and searched pipeline degrees:
+  // counted as inapplicable).
+  const auto dist = sc.workload.routing.distribution;
+  if (multi_node && sc.model.capacity_factor == 0 && dist != RoutingDistribution::kTrace &&
+      dist != RoutingDistribution::kCorrelated)
+    roles.back().values.push_back("deepep");
   roles.push_back({"layout", {"", "flexible"}});
   roles.push_back({"pipeline", {"", "pipemoe", "tutel_online"}});
   roles.push_back({"parallel", {"", "tutel_router"}});
@@ -101,6 +108,8 @@ std::vector<Role> layout_roles(const std::vector<Role>& all, const TuneLayout& l
       std::erase(role.values, "parm_auto");
     // Topology-aware routing (TA-MoE, FasterMoE's hierarchy) needs unsharded experts, esp = 1.
     if (role.key == "routing" && (l.experts_per_gpu < 1 || l.par.esp > 1)) role.values = {""};
+    // DeepEP sends whole tokens to whole experts.
+    if (role.key == "a2a" && l.experts_per_gpu < 1) std::erase(role.values, "deepep");
   }
   return out;
 }
@@ -386,6 +395,15 @@ class Search {
     return parse_scenario(edited(tree_, edits), path_);
   }
 
+  // The layout scenario stack `spec` runs on: a deepep stack's holds that strategy, so the
+  // workload samples each token's destinations for it (workload::samples_distinct_destinations),
+  // as `simulate` does for a scenario with a deepep strategy (and as scenario_of gives a deepep
+  // stack run alone). The other stacks keep the plain sample.
+  const Scenario* run_scenario(const Scenario* all, int li, const StrategySpec& spec) const {
+    if (!all || spec.a2a != A2aRole::kDeepep) return all;
+    return layout_deepep_sc_.at(li).get();
+  }
+
   // Layout li with every stack of the role space as its strategies ("s<index>", mixed radix over
   // the roles, the first role slowest): parsed once per layout, so a run costs no YAML parse.
   // nullptr when the loader refuses some stack statically (then each stack is parsed alone).
@@ -409,6 +427,13 @@ class Search {
       // strategies with their key locations would be copied along every time.
       specs_[li] = std::move(sc->strategies);
       sc->strategies.assign(1, specs_[li].front());
+      for (const StrategySpec& spec : specs_[li])
+        if (spec.a2a == A2aRole::kDeepep) {  // run_scenario
+          auto with = std::make_unique<Scenario>(*sc);
+          with->strategies.push_back(spec);
+          layout_deepep_sc_[li] = std::move(with);
+          break;
+        }
       std::erase_if(sc->locations,
                     [](const auto& kv) { return kv.first.rfind("strategies[", 0) == 0; });
     } catch (const InputError&) {
@@ -586,7 +611,8 @@ class Search {
       if (j.spec >= 0) {
         const Scenario* all = layout_scenario(r, j.layout);
         if (!all) continue;
-        what.emplace_back(all, &specs_.at(j.layout).at(static_cast<std::size_t>(j.spec)));
+        const StrategySpec* spec = &specs_.at(j.layout).at(static_cast<std::size_t>(j.spec));
+        what.emplace_back(run_scenario(all, j.layout, *spec), spec);
       } else {
         try {
           alone.push_back(scenario_of(r.layouts.at(static_cast<std::size_t>(j.layout)), j.stack));
@@ -721,8 +747,8 @@ class Search {
         return t;
       }
     }
-    const Scenario& sc = all ? *all : *alone;
-    const StrategySpec& spec = all ? specs_.at(li).at(idx) : sc.strategies.at(0);
+    const StrategySpec& spec = all ? specs_.at(li).at(idx) : alone->strategies.at(0);
+    const Scenario& sc = all ? *run_scenario(all, li, spec) : *alone;
     if (auto s = run_spec(sc, spec, opts_.screen_engine, run_key(r, li, stack))) {
       t = s->fits_memory() ? s->step_mean_s : INFINITY;
       add(r, li, stack, describe_roles(spec), *s);
@@ -764,8 +790,9 @@ class Search {
     std::optional<RunSummary> s;
     const std::string stack = stack_yaml(rl, c, "tuned");
     if (all) {
-      s = run_spec(*all, specs_.at(li).at(index_of(rl, c)), opts_.screen_engine,
-                   run_key(r, li, stack), 1);
+      const StrategySpec& spec = specs_.at(li).at(index_of(rl, c));
+      s = run_spec(*run_scenario(all, li, spec), spec, opts_.screen_engine, run_key(r, li, stack),
+                   1);
     } else {
       try {
         s = run_one(r, li, stack, opts_.screen_engine, 1);
@@ -1094,6 +1121,7 @@ class Search {
   // few iterations' worth (k P E 4 bytes each: 134 MB at 4,096 GPUs x 4,096 experts, top-2).
   workload::SampleCache cache_{std::size_t{1} << 30};
   std::map<int, std::unique_ptr<Scenario>> layout_sc_;
+  std::map<int, std::unique_ptr<Scenario>> layout_deepep_sc_;  // run_scenario
   std::map<int, std::vector<StrategySpec>> specs_;
   std::map<std::pair<int, int>, double> seen_;
   std::vector<TuneRow> rows_;

@@ -180,6 +180,36 @@ TEST(Tune, SlowInterNodeLinkMakesTheTunerAvoidOrShapeTheInterNodeAllToAll) {
   EXPECT_LE(free.ranked[0].time_s(), fixed.ranked[0].time_s() * (1 + 1e-12));
 }
 
+// DeepEP's per-node dispatch joins the a2a role for a dropless dispatch across nodes: with
+// node-limited routing (a token's two experts on one node) and a slow NIC its all-to-all time
+// is about half the routed baseline's on the same layout, and stacks it cannot join are refused
+// (counted inapplicable), not run. A capacity factor leaves it out of the space.
+TEST(Tune, DeepepJoinsTheSpaceForADroplessDispatchAcrossNodes) {
+  const YAML::Node tree = YAML::Load(scenario_yaml(
+      2, 2, "{kind: switch, nic_bandwidth: 25Gb/s, nics_per_node: 1, latency: 2us}", 8));
+  TuneOptions o = screening_only();
+  o.search_layouts = false;
+  o.top = 1000;
+  const TuneResult r =
+      tune(tree, "t.yaml", {"model.capacity_factor=0", "workload.routing.node_limit=1"}, o);
+  ASSERT_TRUE(r.complete);
+  const TuneRow* baseline = nullptr;
+  const TuneRow* deepep = nullptr;
+  for (const auto& row : r.ranked) {
+    if (row.roles == "baseline") baseline = &row;
+    if (!deepep && row.roles == "a2a=deepep") deepep = &row;
+  }
+  ASSERT_NE(baseline, nullptr);
+  ASSERT_NE(deepep, nullptr) << "no plain deepep stack ranked";
+  EXPECT_THAT(deepep->screen.decisions, ::testing::HasSubstr("a2a=deepep"));
+  EXPECT_LT(deepep->screen.a2a_mean_s, 0.7 * baseline->screen.a2a_mean_s);
+  EXPECT_GT(deepep->screen.a2a_mean_s, 0.3 * baseline->screen.a2a_mean_s);
+  EXPECT_GT(r.inapplicable, 0);  // deepep with ta_moe / faster_moe_hir / searched pipelines
+  const TuneResult capped = tune(tree, "t.yaml", {}, o);
+  for (const auto& row : capped.ranked)
+    EXPECT_THAT(row.roles, ::testing::Not(::testing::HasSubstr("deepep")));
+}
+
 TEST(Tune, DeterministicWhenComplete) {
   const YAML::Node tree = YAML::Load(scenario_yaml(2, 4,
                                                    "{kind: switch, nic_bandwidth: "

@@ -264,7 +264,7 @@ class Engine {
       if (gating_) wake_gated();
       flush_ready_groups();
       double te = events_.empty() ? kInf : events_.top().t;
-      double tn = net_ ? net_->next_completion_time() : kInf;
+      double tn = net_ ? net_->next_completion_time_before(te) : kInf;
       double t = std::min(te, tn);
       if (t == kInf) break;
       MOESIM_ASSERT(t >= now_, fmt::format("time went backwards: {} < {}", t, now_));

@@ -135,6 +135,7 @@ class FlowModel final : public NetworkModel {
   BatchId start_batch(double now_s, const std::vector<Transfer>& transfers,
                       int priority = 0) override;
   double next_completion_time() override;
+  double next_completion_time_before(double horizon) override;
   std::vector<BatchCompletion> advance_to(double t) override;
   /// Bytes (payload plus per-message overhead bytes) carried per directed link up to the last
   /// processed event; exact whenever the model stands at a completion time it has returned.

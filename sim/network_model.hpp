@@ -6,7 +6,7 @@
 //
 // Time is in seconds of simulated time, a double. The engine calls, in a loop:
 //   start_batch(now, ...)  zero or more times at the current time,
-//   t = next_completion_time(),
+//   t = next_completion_time_before(engine's next own event),
 //   advance_to(min(t, engine's next own event)) and handles the batches it returns.
 #pragma once
 
@@ -53,6 +53,12 @@ class NetworkModel {
 
   /// Earliest time at which a started batch completes; +infinity when none is in flight.
   virtual double next_completion_time() = 0;
+
+  /// The same, found without simulating past `horizon` (the engine's own next event, at which it
+  /// may start batches): next_completion_time() when a batch completes at or before horizon,
+  /// else +infinity (asked again later, the model goes on from where it stopped). A model that
+  /// looks ahead speculatively (flow) then never has to rewind for a batch started at horizon.
+  virtual double next_completion_time_before(double /*horizon*/) { return next_completion_time(); }
 
   /// Advances the model's clock to t (<= next_completion_time()) and returns the batches that
   /// complete at exactly t (all of them, in increasing id order).

@@ -6,22 +6,11 @@
 
 #include "core/error.hpp"
 #include "core/routed_assignment.hpp"
-#include "exec/executor.hpp"
 #include "exec/host_layer.hpp"
 
 namespace moesim::exec {
 
 namespace {
-
-// The first forward dispatch op of `block` (chunk 0), or null.
-const Op* first_dispatch(const Plan& plan, int block) {
-  for (const Op& op : plan.ops()) {
-    const MoeOpRef ref = moe_op_ref(op);
-    if (ref.block == block && ref.kind == OpRoleKind::kDispatch && op.kind == OpKind::kCollective)
-      return &op;
-  }
-  return nullptr;
-}
 
 // The CSR table summing every source row j with target[j] = d >= 0 into row d < rows:
 // begin (rows + 1), the source rows by d then ascending j, and with `weight`, their weight[j].
@@ -51,28 +40,19 @@ std::size_t at(int a, int b, int n) {
 
 }  // namespace
 
-bool is_deepep_layer(const Plan& plan, int block) {
-  const Op* op = first_dispatch(plan, block);
-  return op && op->collective().algo == CollectiveAlgo::kDeepep;
+bool is_deepep_layer(const RoutedLayer& R) {
+  return R.dispatch && R.dispatch->algo == CollectiveAlgo::kDeepep;
 }
 
-std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const RoutedLayer& R, int rank,
-                                                  const MoeShape& s) {
+std::unique_ptr<DeepepLayer> prepare_deepep_layer(const RoutedLayer& R, const MoeShape& s) {
   if (R.chunks != 1)
     throw InputError(fmt::format(
         "MoE layer {}: a2a deepep runs on the real backend with one pipeline chunk, the plan has "
         "{}: set the strategy's pipeline: 1",
         R.moe, R.chunks));
-  const Op* op = first_dispatch(plan, R.block);
-  MOESIM_ASSERT(op != nullptr, "deepep layer without a dispatch");
-  const CollectiveSpec& spec = op->collective();
-  const Grouping& g = plan.grouping(spec.grouping);
-  std::size_t gi = 0;
-  while (gi < g.groups.size() &&
-         std::find(g.groups[gi].begin(), g.groups[gi].end(), rank) == g.groups[gi].end())
-    ++gi;
-  MOESIM_ASSERT(gi < g.groups.size(), "deepep layer: rank outside the EP groups");
-  const auto& all = spec.node_dedup;
+  MOESIM_ASSERT(is_deepep_layer(R), "deepep layer without a deepep dispatch");
+  const auto gi = static_cast<std::size_t>(R.group_index);
+  const auto& all = R.dispatch->node_dedup;
   if (all.empty() || (all.size() > 1 && gi >= all.size()) || !all[all.size() == 1 ? 0 : gi])
     throw InputError(
         fmt::format("MoE layer {}: the deepep dispatch carries no per-node token counts", R.moe));
@@ -83,8 +63,6 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const Routed
                 "deepep layer: token counts of another group shape");
   auto D = std::make_unique<DeepepLayer>();
   const int n = nd.nodes, m = W / n;
-  D->nodes = n;
-  D->per_node = m;
   // Every source's assignment: a forwarder and a target need the other ranks' tokens.
   std::vector<RoutedAssignment> assign;
   std::vector<std::vector<std::vector<int>>> pos_of;  // [source][token]: positions, ascending
@@ -159,17 +137,13 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const Routed
       for (int t = 0; t < S; ++t) {
         if (!has_pos(src, t, p)) continue;
         const int row = tok++;
+        D->tok_expert.resize(static_cast<std::size_t>(tok) * k, -1);
         int slot = 0;
         for (int c = 0; c < k; ++c) {
           const int e = as.expert[static_cast<std::size_t>(t) * k + c];
           if (e < 0 || e / per_gpu != p) continue;
+          D->tok_expert[static_cast<std::size_t>(row) * k + slot] = e;
           entries.push_back({e, row, slot++});
-        }
-        D->tok_expert.resize(static_cast<std::size_t>(tok) * k, -1);
-        for (int q = 0, c2 = 0; c2 < k; ++c2) {
-          const int e = as.expert[static_cast<std::size_t>(t) * k + c2];
-          if (e >= 0 && e / per_gpu == p)
-            D->tok_expert[static_cast<std::size_t>(row) * k + q++] = e;
         }
       }
     }
@@ -202,15 +176,8 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const Routed
 }
 
 LayerLayout deepep_layout(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s) {
-  LayerLayout lay;
-  lay.moe = R.moe;
-  lay.block = R.block;
-  lay.routing = LayerRouting::kDeepep;
-  lay.ep = R.group_size;
-  lay.ep_pos = R.pos;
-  lay.slices = static_cast<int>(D.experts.size());
-  lay.hidden = s.hidden_dim;
-  lay.has_a2a = true;
+  LayerLayout lay =
+      routed_layout_base(R, LayerRouting::kDeepep, static_cast<int>(D.experts.size()), s);
   lay.deepep = D.rows;
   lay.runs.push_back(D.runs);
   return lay;

@@ -44,7 +44,6 @@ class HostLayerBuffers;
 
 /// One deepep layer's tables on one rank (the routing and assignment are its RoutedLayer's).
 struct DeepepLayer {
-  int nodes = 0, per_node = 0;  // n nodes of m GPUs in the EP group
   LayerLayout::DeepepRows rows;
   std::vector<int> send_idx, fwd_own_idx, fwd_in_idx;     // per kSend / kFwdOut row
   std::vector<int> tok_expert;                            // per kTokIn row, k slots (-1: none)
@@ -54,14 +53,13 @@ struct DeepepLayer {
   std::vector<std::pair<int, int>> runs;                  // (entries, slice) per expert
 };
 
-/// True when MoE layer `block`'s forward dispatch runs the deepep algorithm.
-bool is_deepep_layer(const Plan& plan, int block);
+/// True when routed layer `R`'s dispatch runs the deepep algorithm.
+bool is_deepep_layer(const RoutedLayer& R);
 
-/// The tables of routed layer `R` (prepare_routed_layer) on `rank` for a deepep dispatch: every
-/// block of them checked against the plan's per-node and per-GPU token counts (InternalError on a
+/// The tables of routed layer `R` (prepare_routed_layer) for its deepep dispatch: every block of
+/// them checked against the plan's per-node and per-GPU token counts (InternalError on a
 /// disagreement), InputError when the dispatch has more than one chunk or no token counts.
-std::unique_ptr<DeepepLayer> prepare_deepep_layer(const Plan& plan, const RoutedLayer& R, int rank,
-                                                  const MoeShape& s);
+std::unique_ptr<DeepepLayer> prepare_deepep_layer(const RoutedLayer& R, const MoeShape& s);
 
 /// The layer program's record of it (LayerRouting::kDeepep).
 LayerLayout deepep_layout(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s);

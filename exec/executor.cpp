@@ -300,8 +300,8 @@ RunResult Executor::run(const Plan& plan) {
       if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
       if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
         L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_);
-        if (is_deepep_layer(plan, L.block)) {  // the same assignment, moved once per node
-          L.dpath = prepare_deepep_layer(plan, *L.rpath, me, shape_);
+        if (is_deepep_layer(*L.rpath)) {  // the same assignment, moved once per node
+          L.dpath = prepare_deepep_layer(*L.rpath, shape_);
           L.lay = deepep_layout(*L.rpath, *L.dpath, shape_);
           L.buf.allocate(L.lay, shape_);
           fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);

@@ -105,6 +105,8 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
   const Grouping& g = plan.grouping(spec0.grouping);
   const auto [gi, pos] = find_rank(g, rank);
   MOESIM_ASSERT(gi >= 0, "routed layer: rank outside the EP groups");
+  L->dispatch = &spec0;
+  L->group_index = gi;
   L->pos = pos;
   L->group_size = static_cast<int>(g.groups[gi].size());
   const auto& er = spec0.expert_routing;
@@ -147,16 +149,23 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
   return L;
 }
 
-LayerLayout routed_layout(const RoutedLayer& L, const MoeShape& s) {
+LayerLayout routed_layout_base(const RoutedLayer& L, LayerRouting routing, int slices,
+                               const MoeShape& s) {
   LayerLayout lay;
   lay.moe = L.moe;
   lay.block = L.block;
-  lay.routing = LayerRouting::kPlan;
+  lay.routing = routing;
   lay.ep = L.group_size;
   lay.ep_pos = L.pos;
-  lay.slices = static_cast<int>(L.experts.size());
+  lay.slices = slices;
   lay.hidden = s.hidden_dim;
   lay.has_a2a = true;
+  return lay;
+}
+
+LayerLayout routed_layout(const RoutedLayer& L, const MoeShape& s) {
+  LayerLayout lay =
+      routed_layout_base(L, LayerRouting::kPlan, static_cast<int>(L.experts.size()), s);
   int first = 0;
   for (int j = 0; j < L.chunks; ++j) {
     int rows = 0;

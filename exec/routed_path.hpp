@@ -57,6 +57,8 @@ std::vector<float> reference_layer_routed(const MoeShape& s, const std::vector<f
 struct RoutedLayer {
   int block = -1, moe = 0;
   std::shared_ptr<const ExpertRouting> routing;
+  const CollectiveSpec* dispatch = nullptr;  // chunk 0's dispatch
+  int group_index = 0;                       // this rank's EP group in its grouping
   int pos = 0, group_size = 0, chunks = 0;
   RoutedAssignment sent;
   std::vector<std::vector<RoutedRun>> received;  // per chunk
@@ -79,6 +81,10 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
 /// `experts`, chunk j sends the rows of sent.send[j] (destination-major, list order) and receives
 /// the runs of received[j].
 LayerLayout routed_layout(const RoutedLayer& L, const MoeShape& s);
+/// What every plan-routed layout shares (routed_layout, deepep_layout): the layer, its routing
+/// kind, the EP group and position, `slices` expert slices of the full hidden width.
+LayerLayout routed_layout_base(const RoutedLayer& L, LayerRouting routing, int slices,
+                               const MoeShape& s);
 /// The routed layer's tables and weights in its buffers (allocated for routed_layout): entry t*k+c
 /// gets pseudo-expert 0 and, as its slot, its row in the send buffer (-1: dropped), kRoutedExpert
 /// its real expert; kSlotEntry the inverse; kW1 / kW2 the weights of `experts`.

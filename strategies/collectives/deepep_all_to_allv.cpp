@@ -66,14 +66,15 @@ class DeepepAllToAllv final : public Algorithm {
     const auto node_tokens = [&](int s, int b) {
       return static_cast<double>(d.node_tokens[static_cast<std::size_t>(s) * n + b]);
     };
-    // Rows forwarder (b, j) sends on to position t of node b: every source of rail j's tokens
-    // with an expert on t (its own node's included).
-    const auto fwd_tokens = [&](int j, int t) {
-      double tokens = 0;
-      for (int a = 0; a < n; ++a)
-        tokens += d.gpu_tokens[static_cast<std::size_t>(a * m + j) * w + t];
-      return tokens;
-    };
+    // fwd[j * w + t]: rows forwarder (b, j) sends on to position t of node b = t / m: every
+    // source of rail j's tokens with an expert on t (its own node's included).
+    std::vector<double> fwd(static_cast<std::size_t>(m) * w, 0.0);
+    for (int j = 0; j < m; ++j)
+      for (int t = 0; t < w; ++t)
+        for (int a = 0; a < n; ++a)
+          fwd[static_cast<std::size_t>(j) * w + t] +=
+              d.gpu_tokens[static_cast<std::size_t>(a * m + j) * w + t];
+    const auto fwd_tokens = [&](int j, int t) { return fwd[static_cast<std::size_t>(j) * w + t]; };
     // Without layout (the simulator): one phase of both sets, as DeepEP pipelines them.
     // With layout (exec/): the inter set, then the intra set, each a phase of its own (the
     // forwarder sends on what arrived; exec does not pipeline the two), at these row offsets:
@@ -111,9 +112,10 @@ class DeepepAllToAllv final : public Algorithm {
       double send_off = 0;
       for (int b = 0; b < n; ++b) {
         if (b == a) continue;
-        double recv_off = 0;
-        for (int a2 = 0; a2 < a; ++a2)
-          if (a2 != b) recv_off += node_tokens(a2 * m + j, b);
+        double recv_off = 0;  // offsets only for the layout (the simulator's lowering is hot)
+        if (layout)
+          for (int a2 = 0; a2 < a; ++a2)
+            if (a2 != b) recv_off += node_tokens(a2 * m + j, b);
         add(inter, s, b * m + j, unit * node_tokens(s, b), unit * send_off, unit * recv_off);
         send_off += node_tokens(s, b);
       }
@@ -125,7 +127,8 @@ class DeepepAllToAllv final : public Algorithm {
         const int t = b * m + k;
         const double tokens = fwd_tokens(j, t);
         double recv_off = 0;
-        for (int j2 = 0; j2 < j; ++j2) recv_off += fwd_tokens(j2, t);
+        if (layout)
+          for (int j2 = 0; j2 < j; ++j2) recv_off += fwd_tokens(j2, t);
         if (k != j)
           add(second, f, t, unit * tokens, unit * send_off, unit * recv_off);
         else if (layout && tokens > 0)

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "sim/analytical_model.hpp"
+#include "sim/event_queue.hpp"
 #include "sim/flow_model.hpp"
 #include "sim/progress.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -71,13 +72,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 enum class EventType : std::uint8_t { kComputeDone, kCopyDone, kGroupDone, kPhasePartDone };
 
 struct Event {
-  double t;
-  std::uint64_t seq;
   EventType type;
   std::uint32_t version;
   std::int32_t a;  // op (compute/copy/group) or cohort id
   std::int32_t b;  // position in op.ranks, or group index
-  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
 // One op instance in a (rank, stream) queue.
@@ -256,14 +254,14 @@ class Engine {
   // ---- events ----------------------------------------------------------------------------------
 
   void push(double t, EventType type, std::int32_t a, std::int32_t b, std::uint32_t version = 0) {
-    events_.push(Event{t, seq_++, type, version, a, b});
+    events_.push(t, Event{type, version, a, b});
   }
 
   void loop() {
     while (true) {
       if (gating_) wake_gated();
       flush_ready_groups();
-      double te = events_.empty() ? kInf : events_.top().t;
+      double te = events_.empty() ? kInf : events_.top_time();
       double tn = net_ ? net_->next_completion_time_before(te) : kInf;
       double t = std::min(te, tn);
       if (t == kInf) break;
@@ -280,9 +278,8 @@ class Engine {
           phase_part_done(cohort);
         }
       }
-      while (!events_.empty() && events_.top().t <= t) {
-        Event e = events_.top();
-        events_.pop();
+      while (!events_.empty() && events_.top_time() <= t) {
+        const Event e = events_.pop();
         ++result_.num_events;
         progress_tick(t);
         handle(e);
@@ -742,9 +739,8 @@ class Engine {
 
   RunResult result_;
   double now_ = 0;
-  std::uint64_t seq_ = 0;
   std::int64_t finished_ = 0;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  EventQueue<Event> events_;
 
   std::vector<std::int64_t> dep_off_;
   std::vector<OpId> dependents_;

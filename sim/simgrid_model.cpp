@@ -228,23 +228,23 @@ struct SimgridModel::Impl {
       engine->run_until(goal);
     } while (sg4::Engine::get_clock() < goal && ++guard < 1000000);
     MOESIM_ASSERT(sg4::Engine::get_clock() >= goal, "simgrid: run_until makes no progress");
-    // SimGrid can leave an activity a few bytes short, due d > 0 after the clock with
-    // clock + d == clock: run_until(clock) then steps its models by 0 and the activity never
-    // finishes (the engine asked for it at that very time, forever: the DeepSeek-V3 preset's
-    // backward stalled this way in ptask mode). One ulp past the clock lets them step by d.
-    for (int step = 0; step < 64 && !inflight.empty() && due_by(std::max(goal, clock_sg())); ++step)
-      engine->run_until(std::nextafter(clock_sg(), kNever));
+    // SimGrid can leave an activity a few bytes short, due d > 0 after the clock but within its
+    // rounding: run_until() to the time asked for then steps its models by 0 (clock + d == clock,
+    // or base + t rounds below clock + d once runs share the clock, base > 0), the activity never
+    // finishes, and the engine asks for that same time forever (the DeepSeek-V3 and Qwen3 presets
+    // stalled so in ptask mode). One ulp past the clock lets the models step by d.
+    for (int step = 0; step < 64 && !inflight.empty() && due_by(t); ++step)
+      engine->run_until(std::nextafter(sg4::Engine::get_clock(), kNever));
     finished.clear();
   }
 
-  static double clock_sg() { return sg4::Engine::get_clock(); }
-
-  // Whether a model's next event falls at or before `goal_sg` (SimGrid time).
-  bool due_by(double goal_sg) const {
-    const double c = clock_sg();
+  // Whether a model's next event falls at or before model time t, by the arithmetic
+  // next_completion_time() reports it with (clock() + d): an event it reported as due by t is.
+  bool due_by(double t) const {
+    const double c = sg4::Engine::get_clock();
     for (sgres::Model* m : models) {
       const double e = m->next_occurring_event(c);
-      if (e >= 0 && c + e <= goal_sg) return true;
+      if (e >= 0 && c - base + e <= t) return true;
     }
     return false;
   }

@@ -222,6 +222,26 @@ TEST(Cli, SimgridPtaskFinishesAnActivityDueWithinTheClocksRounding) {
     is >> name >> step_ms[mode];
   }
   EXPECT_NEAR(step_ms["ptask"], step_ms["per_flow"], 0.02 * step_ms["per_flow"]);
+
+  // The same after an earlier run in the process (the SimGrid clock then starts at base > 0,
+  // and base + t can round below an event the model reported due by t): Qwen3 with 2 blocks,
+  // 2dh after the baseline, stalled so. 2dh's step is the one it has alone.
+  const std::string qwen = fmt::format(
+      "simulate '{}/scenarios/models/qwen3-235b-a22b.yaml' --engine simgrid --simgrid-mode ptask "
+      "--set model.layers=2 --quiet",
+      kSource);
+  std::map<std::string, double> twodh_ms;
+  for (const std::string which : {"--strategy baseline --strategy 2dh", "--strategy 2dh"}) {
+    auto r = run(qwen + " " + which, /*timeout_s=*/120);
+    ASSERT_EQ(r.exit_code, 0) << which << "\n" << r.out;
+    const auto at = r.out.find("\n2dh ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    std::istringstream is(r.out.substr(at + 1));
+    std::string name;
+    is >> name >> twodh_ms[which];
+  }
+  EXPECT_GT(twodh_ms["--strategy 2dh"], 0);
+  EXPECT_EQ(twodh_ms["--strategy baseline --strategy 2dh"], twodh_ms["--strategy 2dh"]);
 }
 #endif
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -43,6 +44,20 @@ RunOutput run(const std::string& args, int timeout_s = 0) {
   int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Column `column` (0 = step(ms), 4 = a2a(ms)) of strategy `name`'s row in simulate's table; NaN
+// when the row is missing.
+double table_ms(const std::string& out, const std::string& name, int column) {
+  const auto at = out.find("\n" + name + " ");
+  if (at == std::string::npos) return std::numeric_limits<double>::quiet_NaN();
+  std::istringstream is(out.substr(at + 1));
+  std::string skip;
+  is >> skip;  // the name
+  for (int c = 0; c < column; ++c) is >> skip;
+  double ms = std::numeric_limits<double>::quiet_NaN();
+  is >> ms;
+  return ms;
 }
 
 std::string read_file(const fs::path& p) {
@@ -215,11 +230,8 @@ TEST(Cli, SimgridPtaskFinishesAnActivityDueWithinTheClocksRounding) {
             kSource, mode, edits),
         /*timeout_s=*/120);
     ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.out;
-    const auto at = r.out.find("\nbaseline ");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    std::istringstream is(r.out.substr(at + 1));
-    std::string name;
-    is >> name >> step_ms[mode];
+    step_ms[mode] = table_ms(r.out, "baseline", 0);
+    ASSERT_FALSE(std::isnan(step_ms[mode])) << r.out;
   }
   EXPECT_NEAR(step_ms["ptask"], step_ms["per_flow"], 0.02 * step_ms["per_flow"]);
 
@@ -234,11 +246,8 @@ TEST(Cli, SimgridPtaskFinishesAnActivityDueWithinTheClocksRounding) {
   for (const std::string which : {"--strategy baseline --strategy 2dh", "--strategy 2dh"}) {
     auto r = run(qwen + " " + which, /*timeout_s=*/120);
     ASSERT_EQ(r.exit_code, 0) << which << "\n" << r.out;
-    const auto at = r.out.find("\n2dh ");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    std::istringstream is(r.out.substr(at + 1));
-    std::string name;
-    is >> name >> twodh_ms[which];
+    twodh_ms[which] = table_ms(r.out, "2dh", 0);
+    ASSERT_FALSE(std::isnan(twodh_ms[which])) << r.out;
   }
   EXPECT_GT(twodh_ms["--strategy 2dh"], 0);
   EXPECT_EQ(twodh_ms["--strategy baseline --strategy 2dh"], twodh_ms["--strategy 2dh"]);
@@ -262,14 +271,8 @@ TEST(Cli, DeepepDispatchSendsATokenOncePerNode) {
     auto r = run(fmt::format("simulate '{}' --engine {} {}", scen, engine, edits));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     for (const std::string name : {"routed", "deepep"}) {
-      const auto at = r.out.find("\n" + name + " ");
-      ASSERT_NE(at, std::string::npos) << r.out;
-      std::istringstream is(r.out.substr(at + 1));
-      std::string col;
-      double ms = 0;
-      for (int c = 0; c < 5; ++c) is >> col;  // name, step, p50, p95, moe
-      is >> ms;                               // a2a(ms)
-      a2a_ms[engine][name] = ms;
+      a2a_ms[engine][name] = table_ms(r.out, name, 4);  // step, p50, p95, moe, a2a(ms)
+      ASSERT_FALSE(std::isnan(a2a_ms[engine][name])) << r.out;
     }
     EXPECT_LT(a2a_ms[engine]["deepep"], 0.7 * a2a_ms[engine]["routed"]) << engine << r.out;
     EXPECT_GT(a2a_ms[engine]["deepep"], 0.4 * a2a_ms[engine]["routed"]) << engine << r.out;

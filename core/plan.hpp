@@ -60,7 +60,19 @@ struct Grouping {
 using GroupingId = std::int32_t;
 
 enum class OpKind { kCompute, kCollective, kCopy };
-enum class ComputeClass { kGemm, kGate, kEncode, kDecode, kElementwise, kAttention, kOther };
+// kNorm: layer norms, activations, rotary (memory-bound elementwise kernels of a block);
+// kOptimizer: the optimizer step over a rank's parameters. docs/model.md lists which op has which.
+enum class ComputeClass {
+  kGemm,
+  kGate,
+  kEncode,
+  kDecode,
+  kElementwise,
+  kAttention,
+  kOther,
+  kNorm,
+  kOptimizer
+};
 enum class CollectiveType {
   kAllToAll,
   kAllToAllv,
@@ -100,6 +112,10 @@ struct ComputeSpec {
   Flops flops{0};                 // per rank (before rank_scale)
   Bytes bytes{0};                 // memory traffic per rank (before rank_scale)
   std::optional<GemmShape> gemm;  // for kGemm: the shape decides efficiency
+  /// The GEMM runs on the fp8 tensor cores (model.precision.gemm: fp8) at the GPU's fp8 peak.
+  bool fp8 = false;
+  /// The forward kernels of this op run again in backward (model.recompute): for breakdowns.
+  bool recompute = false;
   /// Optional per-rank multiplier (indexed by position in Op::ranks) for skewed load.
   std::shared_ptr<const std::vector<float>> rank_scale;
 };

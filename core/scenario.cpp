@@ -14,6 +14,36 @@ const std::vector<NamedValue<Mode>>& mode_names() {
   return t;
 }
 
+const std::vector<NamedValue<AttentionKind>>& attention_kind_names() {
+  static const std::vector<NamedValue<AttentionKind>> t = {{AttentionKind::kMha, "mha"},
+                                                           {AttentionKind::kMla, "mla"}};
+  return t;
+}
+
+const std::vector<NamedValue<FfnActivation>>& ffn_activation_names() {
+  static const std::vector<NamedValue<FfnActivation>> t = {{FfnActivation::kGelu, "gelu"},
+                                                           {FfnActivation::kSwiglu, "swiglu"}};
+  return t;
+}
+
+const std::vector<NamedValue<RecomputeGranularity>>& recompute_granularity_names() {
+  static const std::vector<NamedValue<RecomputeGranularity>> t = {
+      {RecomputeGranularity::kNone, "none"},
+      {RecomputeGranularity::kSelective, "selective"},
+      {RecomputeGranularity::kFull, "full"}};
+  return t;
+}
+
+// Megatron-Core's --recompute-modules spellings.
+const std::vector<NamedValue<RecomputeModule>>& recompute_module_names() {
+  static const std::vector<NamedValue<RecomputeModule>> t = {
+      {RecomputeModule::kCoreAttn, "core_attn"},  {RecomputeModule::kLayernorm, "layernorm"},
+      {RecomputeModule::kMlaUpProj, "mla_up_proj"}, {RecomputeModule::kMlp, "mlp"},
+      {RecomputeModule::kMoeAct, "moe_act"},      {RecomputeModule::kMoe, "moe"},
+      {RecomputeModule::kSharedExperts, "shared_experts"}};
+  return t;
+}
+
 const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
   static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
                                                       {MpLayout::kOverlapped, "overlapped"}};
@@ -123,6 +153,12 @@ std::string_view lookup(const std::vector<NamedValue<E>>& table, E v) {
 }  // namespace
 
 std::string_view name_of(Mode v) { return lookup(mode_names(), v); }
+std::string_view name_of(AttentionKind v) { return lookup(attention_kind_names(), v); }
+std::string_view name_of(FfnActivation v) { return lookup(ffn_activation_names(), v); }
+std::string_view name_of(RecomputeGranularity v) {
+  return lookup(recompute_granularity_names(), v);
+}
+std::string_view name_of(RecomputeModule v) { return lookup(recompute_module_names(), v); }
 std::string_view name_of(MpLayout v) { return lookup(mp_layout_names(), v); }
 std::string_view name_of(RoutingDistribution v) { return lookup(routing_distribution_names(), v); }
 std::string_view name_of(CapacityKind v) { return lookup(capacity_kind_names(), v); }

@@ -36,6 +36,70 @@ struct NamedValue {
 
 enum class Mode { kTraining, kInference };
 
+// model.attention: the head layout of the attention projections and core (docs/model.md,
+// "Attention"). MHA / GQA: heads query heads of head_dim, kv_heads key/value heads (GQA when
+// kv_heads < heads). MLA (DeepSeek-V2/V3): queries and keys/values projected through low-rank
+// latents (q_lora_rank, 0 = queries projected from M directly; kv_lora_rank), per-head q/k of
+// qk_nope_head_dim + qk_rope_head_dim, values of v_head_dim. Absent from the file: MHA with
+// head_dim 128 (M / 128 heads) when 128 divides M, else one head of width M.
+enum class AttentionKind { kMha, kMla };
+
+struct AttentionSpec {
+  AttentionKind kind = AttentionKind::kMha;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  // A causal mask (decoder LMs): the core's FLOPs are half of the full L x L product, as
+  // FlashAttention skips the masked blocks and Megatron counts them.
+  bool causal = true;
+
+  bool is_mla() const { return kind == AttentionKind::kMla; }
+  /// Width of one query / key head (MLA: nope + rope) and of one value head.
+  int qk_head_dim() const { return is_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int value_head_dim() const { return is_mla() ? v_head_dim : head_dim; }
+  /// Key/value heads the core reads (MLA: every query head has its own after the up-projection).
+  int core_kv_heads() const { return is_mla() ? heads : kv_heads; }
+};
+
+// The FFN's activation. gelu: fc1 M -> H, activation, fc2 H -> M (2 M H weights). swiglu (Llama,
+// Mixtral, Qwen, DeepSeek): fc1 M -> 2H (gate and up projections fused, as Megatron does), the
+// SiLU-gated product to H, fc2 H -> M (3 M H weights); H is the published intermediate size.
+enum class FfnActivation { kGelu, kSwiglu };
+
+// model.precision: what each part of the step computes and moves in (docs/model.md,
+// "Precision"). Every field defaults to model.dtype. gemm fp8 runs the GEMMs on the GPU's fp8
+// peak (refused on GPUs without fp8 tensor cores) and keeps their inputs for backward in fp8
+// (TransformerEngine and DeepSeek cache the cast copy); dispatch fp8 sends tokens as fp8 with one
+// fp32 scale per 128 elements (DeepEP); main_grads is the dtype gradients are accumulated and
+// reduced in (Megatron: fp32 by default, bf16 with --grad-reduce-in-bf16).
+struct PrecisionSpec {
+  Dtype gemm = Dtype::kFp16;
+  Dtype dispatch = Dtype::kFp16;
+  Dtype combine = Dtype::kFp16;
+  Dtype main_grads = Dtype::kFp16;
+};
+
+// model.recompute (Megatron's --recompute-granularity / --recompute-modules): activations not
+// kept for backward are recomputed from a checkpoint, and the recomputed forward is in the plan.
+// full: each block keeps only its input; selective: the listed modules' internals are dropped.
+enum class RecomputeGranularity { kNone, kSelective, kFull };
+enum class RecomputeModule { kCoreAttn, kLayernorm, kMlaUpProj, kMlp, kMoeAct, kMoe, kSharedExperts };
+
+struct RecomputeSpec {
+  RecomputeGranularity granularity = RecomputeGranularity::kNone;
+  std::vector<RecomputeModule> modules;  // selective only; Megatron's default [core_attn]
+  bool has(RecomputeModule m) const {
+    return granularity == RecomputeGranularity::kSelective &&
+           std::find(modules.begin(), modules.end(), m) != modules.end();
+  }
+  bool full() const { return granularity == RecomputeGranularity::kFull; }
+};
+
 struct ModelSpec {
   Mode mode = Mode::kTraining;
   int layers = 1;     // transformer blocks
@@ -78,6 +142,10 @@ struct ModelSpec {
   // f < 0 dropless but capped at -f.
   double capacity_factor = 1.0;
   Dtype dtype = Dtype::kFp16;
+  AttentionSpec attention;
+  FfnActivation activation = FfnActivation::kGelu;
+  PrecisionSpec precision;
+  RecomputeSpec recompute;
 
   /// GPUs one expert is sharded over (x for experts_per_gpu = -x, else 1).
   int expert_shards() const { return experts_per_gpu < 0 ? -experts_per_gpu : 1; }
@@ -100,6 +168,13 @@ struct ModelSpec {
   }
   bool capacity_is_dropless() const { return capacity_factor <= 0.0; }
   int bytes_per_element() const { return dtype_bytes(dtype); }
+  bool swiglu() const { return activation == FfnActivation::kSwiglu; }
+  /// Width of fc1's output for an FFN of hidden size h: 2h for SwiGLU (gate and up), else h.
+  std::int64_t fc1_width(std::int64_t h) const { return swiglu() ? 2 * h : h; }
+  /// Weights of an FFN of hidden size h: 3Mh for SwiGLU, 2Mh otherwise.
+  std::int64_t ffn_params(std::int64_t h) const {
+    return (swiglu() ? 3 : 2) * static_cast<std::int64_t>(model_dim) * h;
+  }
   /// The dense FFN's hidden size: dense_hidden_dim, or 4 M when it is not set.
   std::int64_t dense_hidden() const {
     return dense_hidden_dim > 0 ? dense_hidden_dim : 4 * static_cast<std::int64_t>(model_dim);
@@ -354,6 +429,10 @@ struct Scenario {
 // the first row is the baseline value.
 
 const std::vector<NamedValue<Mode>>& mode_names();
+const std::vector<NamedValue<AttentionKind>>& attention_kind_names();
+const std::vector<NamedValue<FfnActivation>>& ffn_activation_names();
+const std::vector<NamedValue<RecomputeGranularity>>& recompute_granularity_names();
+const std::vector<NamedValue<RecomputeModule>>& recompute_module_names();
 const std::vector<NamedValue<MpLayout>>& mp_layout_names();
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
@@ -371,6 +450,10 @@ const std::vector<NamedValue<ScheduleRole>>& schedule_role_names();
 const std::vector<NamedValue<InferenceRole>>& inference_role_names();
 
 std::string_view name_of(Mode v);
+std::string_view name_of(AttentionKind v);
+std::string_view name_of(FfnActivation v);
+std::string_view name_of(RecomputeGranularity v);
+std::string_view name_of(RecomputeModule v);
 std::string_view name_of(MpLayout v);
 std::string_view name_of(RoutingDistribution v);
 std::string_view name_of(CapacityKind v);

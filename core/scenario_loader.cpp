@@ -89,6 +89,7 @@ constexpr std::int64_t kMaxLayers = 1 << 16;
 constexpr std::int64_t kMaxDim = 1 << 20;  // model_dim, hidden_dim
 constexpr std::int64_t kMaxSharedExperts = 1024;
 constexpr std::int64_t kMaxVocab = 1 << 24;  // vocab_size
+constexpr std::int64_t kMaxHeads = 1 << 16;  // attention heads
 // Every key of `model:` (parse_model and resolve_experts read the same map).
 const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "layers",
@@ -108,7 +109,11 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "top_k",
                                                   "capacity_factor",
                                                   "dtype",
-                                                  "micro_batches"};
+                                                  "micro_batches",
+                                                  "attention",
+                                                  "activation",
+                                                  "precision",
+                                                  "recompute"};
 constexpr std::int64_t kMaxExperts = 1 << 20;                     // E, experts_per_gpu
 constexpr std::int64_t kMaxTokensPerGpu = std::int64_t{1} << 31;  // S = batch_per_gpu x seq_len
 constexpr double kMaxCapacityFactor = 1024;  // |capacity factor|; dC = k f S / E slots
@@ -560,6 +565,136 @@ void attach_cluster_locations(ClusterSpec& c, const Context& ctx) {
 // ---------------------------------------------------------------------------------------------
 // model, parallelism
 
+// model.attention (AttentionSpec). Absent: MHA of 128-wide heads when 128 divides M, else one
+// head of width M (the projections' FLOPs and weights are 4 M^2 either way).
+AttentionSpec parse_attention(const MapReader& model, int M) {
+  AttentionSpec a;
+  if (!model.has("attention")) {
+    a.head_dim = M % 128 == 0 ? 128 : M;
+    a.heads = a.kv_heads = M / a.head_dim;
+    return a;
+  }
+  MapReader m = model.get_map(
+      "attention", {"kind", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
+                    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "causal"});
+  if (auto v = get_enum(m, "kind", attention_kind_names())) a.kind = *v;
+  if (auto v = m.get_bool("causal")) a.causal = *v;
+  m.require("heads", "the number of query heads (an integer >= 1)");
+  a.heads = to_int32(*m.get_int("heads", 1, kMaxHeads));
+  const std::vector<std::string_view> mla_keys = {"q_lora_rank", "kv_lora_rank",
+                                                  "qk_nope_head_dim", "qk_rope_head_dim",
+                                                  "v_head_dim"};
+  if (!a.is_mla()) {
+    for (std::string_view k : mla_keys)
+      if (m.has(k))
+        m.fail(k, fmt::format("'{}' is a multi-head latent attention rank, expected kind: mla "
+                              "with it (kind is mha)",
+                              k));
+    a.kv_heads = a.heads;
+    if (auto v = m.get_int("kv_heads", 1, kMaxHeads)) a.kv_heads = to_int32(*v);
+    if (a.heads % a.kv_heads != 0)
+      m.fail("kv_heads", fmt::format("found {}, expected a divisor of heads = {} (each key/value "
+                                     "head serves heads / kv_heads query heads)",
+                                     a.kv_heads, a.heads));
+    if (m.has("head_dim")) {
+      a.head_dim = to_int32(*m.get_int("head_dim", 1, kMaxDim));
+    } else {
+      if (M % a.heads != 0)
+        m.fail("heads", fmt::format("found {}, expected a divisor of model_dim = {} (or head_dim "
+                                    "written: the head width is model_dim / heads)",
+                                    a.heads, M));
+      a.head_dim = M / a.heads;
+    }
+    return a;
+  }
+  for (std::string_view k : {"kv_heads", "head_dim"})
+    if (m.has(k))
+      m.fail(k, fmt::format("'{}' applies to kind mha (MLA's heads are described by "
+                            "qk_nope_head_dim, qk_rope_head_dim and v_head_dim)",
+                            k));
+  m.require("kv_lora_rank", "the rank of MLA's compressed key/value latent (DeepSeek-V3: 512)");
+  m.require("qk_nope_head_dim", "the per-head query/key width without rotary (DeepSeek-V3: 128)");
+  m.require("qk_rope_head_dim", "the per-head rotary query/key width (DeepSeek-V3: 64)");
+  m.require("v_head_dim", "the per-head value width (DeepSeek-V3: 128)");
+  if (auto v = m.get_int("q_lora_rank", 0, kMaxDim)) a.q_lora_rank = to_int32(*v);
+  a.kv_lora_rank = to_int32(*m.get_int("kv_lora_rank", 1, kMaxDim));
+  a.qk_nope_head_dim = to_int32(*m.get_int("qk_nope_head_dim", 0, kMaxDim));
+  a.qk_rope_head_dim = to_int32(*m.get_int("qk_rope_head_dim", 0, kMaxDim));
+  a.v_head_dim = to_int32(*m.get_int("v_head_dim", 1, kMaxDim));
+  if (a.qk_head_dim() < 1)
+    m.fail("qk_nope_head_dim", "qk_nope_head_dim + qk_rope_head_dim is 0, expected at least 1");
+  a.kv_heads = a.heads;
+  return a;
+}
+
+// model.precision (PrecisionSpec): every field defaults to model.dtype.
+PrecisionSpec parse_precision(const MapReader& model, Dtype dtype) {
+  PrecisionSpec p{dtype, dtype, dtype, dtype};
+  if (!model.has("precision")) return p;
+  MapReader m = model.get_map("precision", {"gemm", "dispatch", "combine", "main_grads"});
+  if (auto v = get_enum(m, "gemm", dtype_table())) p.gemm = *v;
+  if (auto v = get_enum(m, "dispatch", dtype_table())) p.dispatch = *v;
+  if (auto v = get_enum(m, "combine", dtype_table())) p.combine = *v;
+  if (auto v = get_enum(m, "main_grads", dtype_table())) p.main_grads = *v;
+  if (p.main_grads == Dtype::kFp8)
+    m.fail("main_grads", "found fp8, expected fp32, bf16 or fp16 (gradients are accumulated and "
+                         "reduced in a 16- or 32-bit type)");
+  return p;
+}
+
+// model.recompute (RecomputeSpec): {granularity, modules}. Modules the model lacks are refused:
+// recomputing what does not run would change nothing and hide a typo.
+RecomputeSpec parse_recompute(const MapReader& model, const ModelSpec& spec) {
+  RecomputeSpec r;
+  if (!model.has("recompute")) return r;
+  MapReader m = model.get_map("recompute", {"granularity", "modules"});
+  m.require("granularity", "none, selective or full");
+  r.granularity = *get_enum(m, "granularity", recompute_granularity_names());
+  if (!m.has("modules")) {
+    if (r.granularity == RecomputeGranularity::kSelective)
+      r.modules = {RecomputeModule::kCoreAttn};  // Megatron's default for selective
+    return r;
+  }
+  if (r.granularity != RecomputeGranularity::kSelective)
+    m.fail("modules", fmt::format("found modules with granularity {}, expected granularity: "
+                                  "selective (full recomputes the whole block, none nothing)",
+                                  name_of(r.granularity)));
+  Context& ctx = m.context();
+  const std::string path = m.path_of("modules");
+  YAML::Node list = m.get("modules");
+  const std::vector<std::string_view> names = names_of(recompute_module_names());
+  if (!list.IsSequence() || list.size() == 0)
+    m.fail("modules", fmt::format("found {}, expected a non-empty list of {}", describe(list),
+                                  yaml::join_alternatives(names)));
+  ctx.require_list(list, path);
+  const bool has_dense = spec.first_dense_layers > 0 || spec.moe_every > 1;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string item = fmt::format("{}[{}]", path, i);
+    const std::string word = list[i].IsScalar() ? list[i].Scalar() : std::string();
+    std::optional<RecomputeModule> mod;
+    for (const auto& row : recompute_module_names())
+      if (row.name == word) mod = row.value;
+    if (!mod)
+      ctx.fail(list[i], item,
+               fmt::format("found {}, expected one of {}{}", describe(list[i]),
+                           yaml::join_alternatives(names), yaml::did_you_mean(word, names)));
+    std::string lacks;
+    if (*mod == RecomputeModule::kMlaUpProj && !spec.attention.is_mla())
+      lacks = "mla_up_proj recomputes multi-head latent attention's up-projections, but "
+              "model.attention.kind is mha";
+    if (*mod == RecomputeModule::kSharedExperts && spec.shared_experts == 0)
+      lacks = "shared_experts recomputes the shared experts, but model.shared_experts is 0";
+    if (*mod == RecomputeModule::kMlp && !has_dense)
+      lacks = "mlp recomputes the dense FFNs, but every block of the model has an MoE FFN";
+    if (!lacks.empty())
+      ctx.fail(list[i], item, fmt::format("{}; expected a module the model has", lacks));
+    if (std::find(r.modules.begin(), r.modules.end(), *mod) != r.modules.end())
+      ctx.fail(list[i], item, fmt::format("found '{}' twice, expected each module once", word));
+    r.modules.push_back(*mod);
+  }
+  return r;
+}
+
 ModelSpec parse_model(const MapReader& root) {
   ModelSpec model;
   MapReader m = root.get_map("model", kModelKeys);
@@ -632,6 +767,10 @@ ModelSpec parse_model(const MapReader& root) {
         number_in(m, "capacity_factor", -kMaxCapacityFactor, kMaxCapacityFactor);
   if (auto v = get_enum(m, "dtype", dtype_table())) model.dtype = *v;
   if (auto v = m.get_int("micro_batches", 1, kMaxMicroBatches)) model.micro_batches = to_int32(*v);
+  if (auto v = get_enum(m, "activation", ffn_activation_names())) model.activation = *v;
+  model.attention = parse_attention(m, model.model_dim);
+  model.precision = parse_precision(m, model.dtype);
+  model.recompute = parse_recompute(m, model);
   return model;
 }
 

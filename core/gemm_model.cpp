@@ -72,6 +72,15 @@ double gemm_min_bytes(const GemmShape& g, double bytes_per_element) {
   return (m * k + k * n + m * n) * static_cast<double>(g.batch) * bytes_per_element;
 }
 
+double attention_efficiency(const AttentionModelParams& p, double keys, double head_dim,
+                            bool backward) {
+  keys = std::max(keys, 1.0);
+  head_dim = std::max(head_dim, 1.0);
+  const double e = p.max_efficiency * keys / (keys + p.seq_half) * head_dim /
+                   (head_dim + p.head_dim_half);
+  return backward ? e * p.backward_factor : e;
+}
+
 FlopsPerSecond gemm_peak_for(const GpuSpec& gpu, Dtype dtype) {
   std::vector<Dtype> order{dtype};
   switch (dtype) {

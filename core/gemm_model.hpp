@@ -72,6 +72,23 @@ Seconds gemm_time(const GemmModelParams& params, const GemmCalibration& cal, Flo
 /// Minimum HBM traffic of a GEMM (read A and B, write C once each) at `bytes_per_element`.
 double gemm_min_bytes(const GemmShape& s, double bytes_per_element);
 
+/// FlashAttention's fraction of the dense peak (docs/model.md, "Attention core"):
+///   eff = max_efficiency * L / (L + seq_half) * d / (d + head_dim_half) [* backward_factor]
+/// L the keys per query row, d the q/k head width. Defaults from FlashAttention-3 (Shah et al.
+/// 2024, H100 SXM5, BF16): forward, causal, head dim 128 at 4k-16k tokens about 610-640 TFLOPS
+/// (0.62-0.65 of the 989 dense peak), head dim 64 about 0.5, 512 tokens about 0.35-0.4; its
+/// backward does 2.5x the forward's FLOPs at ~0.85 of its rate, i.e. 0.68x the forward's
+/// efficiency on the model's 2x FLOPs. FlashAttention-2 on A100 reaches similar fractions
+/// (50-73% forward).
+struct AttentionModelParams {
+  double max_efficiency = 0.87;
+  double seq_half = 512;      // L at which the sequence factor is 1/2 (short rows: poor overlap)
+  double head_dim_half = 32;  // d at which the head-width factor is 1/2
+  double backward_factor = 0.68;
+};
+double attention_efficiency(const AttentionModelParams& p, double keys, double head_dim,
+                            bool backward);
+
 /// Peak rate of `gpu` for `dtype`, falling back to the closest related dtype (fp8 -> fp16 ->
 /// bf16, bf16 <-> fp16, tf32 -> fp32): an A100 runs fp8 models in fp16. 0 when none is known.
 FlopsPerSecond gemm_peak_for(const GpuSpec& gpu, Dtype dtype);

@@ -114,8 +114,11 @@ struct ComputeSpec {
   std::optional<GemmShape> gemm;  // for kGemm: the shape decides efficiency
   /// The GEMM runs on the fp8 tensor cores (model.precision.gemm: fp8) at the GPU's fp8 peak.
   bool fp8 = false;
-  /// The forward kernels of this op run again in backward (model.recompute): for breakdowns.
+  /// A forward kernel replayed in backward (model.recompute), for breakdowns.
   bool recompute = false;
+  /// A backward kernel (input and weight gradients): the attention core's backward runs at its
+  /// own efficiency (FlashAttention recomputes the scores).
+  bool backward = false;
   /// Optional per-rank multiplier (indexed by position in Op::ranks) for skewed load.
   std::shared_ptr<const std::vector<float>> rank_scale;
 };

@@ -18,12 +18,14 @@ ComputeModel::ComputeModel(const GpuSpec& gpu, Dtype dtype, ComputeParams params
                      fmt::format("GPU '{}' has no peak compute rate for {} (nor a related dtype)",
                                  gpu.name, dtype_name(dtype)));
   peak_ = peak;
+  fp8_peak_ = gemm_peak_for(gpu, Dtype::kFp8);
   hbm_ = gpu.hbm_bandwidth;
   if (hbm_.value() <= 0)
     throw InputError(gpu.where, "cluster.gpu",
                      fmt::format("GPU '{}' has no HBM bandwidth", gpu.name));
   auto in_unit = [](double x) { return x > 0 && x <= 1; };
-  if (!in_unit(params_.max_gemm_efficiency) || !in_unit(params_.other_efficiency))
+  if (!in_unit(params_.max_gemm_efficiency) || !in_unit(params_.other_efficiency) ||
+      !in_unit(params_.max_gemm_efficiency_fp8))
     throw InputError("engine: compute efficiencies must be in (0, 1]");
   if (params_.tile_mn <= 0 || params_.tile_k <= 0)
     throw InputError("engine: GEMM tile sizes must be positive");
@@ -53,6 +55,13 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
   if (bytes <= 0 && gemm) bytes = gemm_min_bytes(*spec.gemm, dtype_bytes(dtype_));
   bytes *= scale;
 
+  if (spec.cls == ComputeClass::kAttention && gemm) {
+    // The fused attention core: its own efficiency curve (FlashAttention), not a GEMM's tiles.
+    const auto& g = *spec.gemm;
+    const double eff = attention_efficiency(params_.attention, static_cast<double>(g.n),
+                                            static_cast<double>(g.k), spec.backward);
+    return Seconds(params_.launch_overhead.value() + flops / (peak_.value() * eff));
+  }
   if (gemm) {
     const auto& g = *spec.gemm;
     GemmWork w;
@@ -63,6 +72,14 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
     w.batch = static_cast<double>(g.batch);
     w.flops = flops;
     w.bytes = bytes;
+    if (spec.fp8) {
+      // fp8 GEMMs: the fp8 peak at the fp8 ceiling; a calibration measured the 16-bit GEMMs, so
+      // it does not apply to them.
+      GemmModelParams p8 = params_.gemm_params();
+      p8.max_gemm_efficiency = params_.max_gemm_efficiency_fp8;
+      if (spec.bytes.value() <= 0) w.bytes = gemm_min_bytes(g, 1) * scale;  // fp8 operands
+      return gemm_time(p8, GemmCalibration{}, fp8_peak_, hbm_, w);
+    }
     return gemm_time(params_.gemm_params(), params_.calibration, peak_, hbm_, w);
   }
   const double flop_time = flops > 0 ? flops / (peak_.value() * params_.other_efficiency) : 0.0;

@@ -53,6 +53,11 @@ struct ComputeParams {
   /// Compute slows by factor (1 + interference) while communication runs on the same GPU.
   double interference = 0;
   double max_gemm_efficiency = 0.8;  // large square GEMMs
+  /// Large fp8 GEMMs (model.precision.gemm: fp8), of the fp8 dense peak: DeepGEMM (DeepSeek's
+  /// fp8 GEMM library) reports 1,200-1,550 TFLOPS on H800 for DeepSeek-V3's shapes, 0.62-0.78 of
+  /// the 1,979 dense peak; per-block scaling and the fp32 accumulation promotions cost the rest.
+  double max_gemm_efficiency_fp8 = 0.7;
+  AttentionModelParams attention;
   double tile_mn = 96;               // effective tile width in m and n (mix of 64/128/256 tiles)
   double tile_k = 32;                // k-loop depth below which pipelining is poor
   /// Fraction of peak reached by non-GEMM kernels (gate, encode, elementwise) on their FLOPs;
@@ -90,6 +95,9 @@ class ComputeModel {
   Seconds copy_duration(Bytes bytes) const;
 
   FlopsPerSecond peak() const { return peak_; }
+  /// The fp8 GEMM peak (falls back to the 16-bit one on GPUs without fp8; the loader's
+  /// check_precision refuses fp8 GEMMs there).
+  FlopsPerSecond fp8_peak() const { return fp8_peak_; }
   BytesPerSecond hbm_bandwidth() const { return hbm_; }
   Dtype dtype() const { return dtype_; }
   const ComputeParams& params() const { return params_; }
@@ -98,6 +106,7 @@ class ComputeModel {
   ComputeParams params_;
   Dtype dtype_;
   FlopsPerSecond peak_{0};
+  FlopsPerSecond fp8_peak_{0};
   BytesPerSecond hbm_{0};
 };
 

@@ -225,6 +225,7 @@ class Builder {
       }
     }
     out.bwd_out = prev;
+    if (training) out.last_micro_batch_only.push_back(optimizer_step(prev));
     if (schedules::is_lina(dec_.schedule)) {
       grad_before_.resize(index_.moe_layers.size(), 0);
       schedules::apply_lina(plan_, index_, dec_.schedule, grad_before_);
@@ -255,6 +256,8 @@ class Builder {
     n_ = m.expert_shards();
     rep_ = dec_.parallel_degree;
     b_ = sc_.bytes_per_element();
+    fp8_gemm_ = m.precision.gemm == Dtype::kFp8;
+    grad_bytes_ = dtype_bytes(m.precision.main_grads);
     // Stream ids are created in a fixed order so that every rank (and exec/) sees the same ids.
     s_compute_ = plan_.stream("compute");
     s_comm_ = plan_.stream("comm");
@@ -363,12 +366,15 @@ class Builder {
   }
 
   OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps, OpTag label,
-            std::shared_ptr<const std::vector<float>> rank_scale = nullptr) {
+            std::shared_ptr<const std::vector<float>> rank_scale = nullptr, bool fp8 = false,
+            bool replay = false) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
     spec.gemm = shape;
     spec.rank_scale = std::move(rank_scale);
+    spec.fp8 = fp8;
+    spec.recompute = replay;
     return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
                              std::move(label));
   }
@@ -541,32 +547,142 @@ class Builder {
 
   // ---- dense parts ------------------------------------------------------------------------
 
-  // Megatron attention (docs/model.md): QKV projection 2*S*M*3M, scores 2*S*L*M and context
-  // 2*S*L*M (as one batched-GEMM op), output projection 2*S*M*M; every weight split mp ways. One
-  // MP all-reduce of S*M*b after the output projection in forward (Megatron's g), one after the
-  // QKV backward (f's backward). Backward ops run in reverse order with 2x the FLOPs.
-  OpId attention(int l, OpId prev, bool backward) {
-    const double f = backward ? 2.0 : 1.0;
-    const std::int64_t Mp = div_up(M_, mp_);
-    const GemmShape qkv{S_, 3 * Mp, M_, 1};
-    const GemmShape core{L_, L_, Mp, 2 * B_};  // QK^T and softmax(.)V per sample
-    const GemmShape proj{S_, M_, Mp, 1};
-    OpId last;
+  // ---- operator-level lowering of a block (docs/model.md, "Transformer block l") ----------
+  // A block's forward is a list of kernels; backward runs the same list reversed at 2x the FLOPs
+  // (input and weight gradients), preceded by the forward kernels model.recompute replays. Each
+  // kernel is described once (KernelDesc) so forward, backward and the recomputed forward cannot
+  // disagree.
+  struct KernelDesc {
+    ComputeClass cls = ComputeClass::kGemm;
+    std::string what;
+    GemmShape shape{};  // GEMMs and the attention core
+    double flops = 0;   // forward FLOPs
+    double bytes = 0;   // elementwise kernels: HBM bytes (read + write)
+    bool fp8 = false;   // a linear layer under model.precision.gemm: fp8
+    bool recompute = false;  // replayed in backward (model.recompute)
+  };
+
+  KernelDesc linear(std::string what, std::int64_t rows, std::int64_t out, std::int64_t in) const {
+    KernelDesc d;
+    d.what = std::move(what);
+    d.shape = GemmShape{rows, out, in, 1};
+    d.flops = d.shape.flops();
+    d.fp8 = fp8_gemm_;
+    return d;
+  }
+  static KernelDesc elementwise(std::string what, double elements_read, double elements_written,
+                                double bytes_per_element) {
+    KernelDesc d;
+    d.cls = ComputeClass::kNorm;
+    d.what = std::move(what);
+    d.bytes = (elements_read + elements_written) * bytes_per_element;
+    return d;
+  }
+  // RMSNorm / LayerNorm with the residual add fused (TransformerEngine, Megatron): reads the
+  // residual stream and the sublayer output, writes the new residual and the normalised input.
+  KernelDesc norm(std::string what, double rows, double width) const {
+    return elementwise(std::move(what), 2 * rows * width, 2 * rows * width, b_);
+  }
+
+  OpId emit(const KernelDesc& d, bool backward, bool replay, int l, OpId dep) {
+    ComputeSpec spec;
+    spec.cls = d.cls;
+    spec.flops = Flops(backward && !replay ? 2.0 * d.flops : d.flops);
+    spec.bytes = Bytes(d.bytes);
+    if (d.cls == ComputeClass::kGemm || d.cls == ComputeClass::kAttention) spec.gemm = d.shape;
+    if (d.cls == ComputeClass::kNorm) spec.flops = Flops(0);
+    spec.fp8 = d.fp8;
+    spec.recompute = replay;
+    spec.backward = backward && !replay;
+    const std::string label = replay ? lbl(l, true, "recompute." + d.what) : lbl(l, backward, d.what);
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}),
+                             label);
+  }
+  // Forward: the kernels in order. Backward: the recomputed ones first (in forward order), then
+  // every kernel in reverse.
+  OpId run_kernels(const std::vector<KernelDesc>& ks, int l, bool backward, OpId prev) {
+    OpId last = prev;
     if (!backward) {
-      OpId a = gemm(ComputeClass::kGemm, qkv, f * qkv.flops(), deps_of({prev}),
-                    lbl(l, false, "attn.qkv"));
-      OpId c = gemm(ComputeClass::kAttention, core, f * core.flops(), deps_of({a}),
-                    lbl(l, false, "attn.core"));
-      last = gemm(ComputeClass::kGemm, proj, f * proj.flops(), deps_of({c}),
-                  lbl(l, false, "attn.proj"));
-    } else {
-      OpId a = gemm(ComputeClass::kGemm, proj, f * proj.flops(), deps_of({prev}),
-                    lbl(l, true, "attn.proj"));
-      OpId c = gemm(ComputeClass::kAttention, core, f * core.flops(), deps_of({a}),
-                    lbl(l, true, "attn.core"));
-      last =
-          gemm(ComputeClass::kGemm, qkv, f * qkv.flops(), deps_of({c}), lbl(l, true, "attn.qkv"));
+      for (const auto& k : ks) last = emit(k, false, false, l, last);
+      return last;
     }
+    for (const auto& k : ks)
+      if (k.recompute) last = emit(k, true, true, l, last);
+    for (auto it = ks.rbegin(); it != ks.rend(); ++it) last = emit(*it, true, false, l, last);
+    return last;
+  }
+
+  // The attention sublayer's kernels (MHA / GQA / MLA by model.attention), split over mp by heads
+  // as Megatron splits them (MLA's down-projections are not split).
+  std::vector<KernelDesc> attention_kernels() const {
+    const AttentionSpec& a = sc_.model.attention;
+    const ModelSpec& m = sc_.model;
+    const RecomputeSpec& rc = m.recompute;
+    const double S = static_cast<double>(S_);
+    // Per MP rank: heads / mp (the loader checks mp | heads where attention is written).
+    const auto per_rank = [this](std::int64_t width) { return div_up(width, mp_); };
+    const std::int64_t dqk = a.qk_head_dim(), dv = a.value_head_dim();
+    const std::int64_t h = a.heads;
+    std::vector<KernelDesc> ks;
+    ks.push_back(norm("attn.norm", S, static_cast<double>(M_)));
+    ks.back().recompute = rc.has(RecomputeModule::kLayernorm);
+    if (!a.is_mla()) {
+      const std::int64_t qkv = per_rank((h + 2 * a.kv_heads) * a.head_dim);
+      ks.push_back(linear("attn.qkv", S_, qkv, M_));
+      // Rotary on q and k: read and write them once.
+      const double qk = S * static_cast<double>(per_rank((h + a.kv_heads) * a.head_dim));
+      ks.push_back(elementwise("attn.rope", qk, qk, b_));
+    } else {
+      const std::int64_t ql = a.q_lora_rank, kvl = a.kv_lora_rank, rope = a.qk_rope_head_dim;
+      if (ql > 0) {
+        ks.push_back(linear("attn.qkv_down", S_, ql + kvl + rope, M_));
+      } else {
+        ks.push_back(linear("attn.q", S_, per_rank(h * dqk), M_));
+        ks.push_back(linear("attn.kv_down", S_, kvl + rope, M_));
+      }
+      // The latents' RMSNorms.
+      const double latent = S * static_cast<double>(ql + kvl);
+      ks.push_back(elementwise("attn.latent_norm", latent, latent, b_));
+      ks.back().recompute = rc.has(RecomputeModule::kLayernorm);
+      const bool up = rc.has(RecomputeModule::kMlaUpProj);
+      if (ql > 0) {
+        ks.push_back(linear("attn.q_up", S_, per_rank(h * dqk), ql));
+        ks.back().recompute = up;
+      }
+      ks.push_back(linear("attn.kv_up", S_, per_rank(h * (a.qk_nope_head_dim + dv)), kvl));
+      ks.back().recompute = up;
+      const double roped = S * static_cast<double>(per_rank(h * rope) + rope);
+      ks.push_back(elementwise("attn.rope", roped, roped, b_));
+      ks.back().recompute = up;
+    }
+    // The core (FlashAttention): QK^T over dqk and PV over dv per query head; causal skips half.
+    const double hp = static_cast<double>(h) / static_cast<double>(mp_);
+    KernelDesc core;
+    core.cls = ComputeClass::kAttention;
+    core.what = "attn.core";
+    core.shape = GemmShape{L_, L_, dqk, std::max<std::int64_t>(1, B_ * h / mp_)};
+    core.flops = 2.0 * S * static_cast<double>(L_) * hp * static_cast<double>(dqk + dv) *
+                 (a.causal ? 0.5 : 1.0);
+    core.recompute = rc.has(RecomputeModule::kCoreAttn);
+    ks.push_back(core);
+    ks.push_back(linear("attn.proj", S_, M_, per_rank(h * dv)));
+    if (rc.full())
+      for (auto& k : ks) k.recompute = true;
+    return ks;
+  }
+
+  // Weights of a kernel list: the linear layers' in x out (the parameters a rank holds).
+  static double linear_params(const std::vector<KernelDesc>& ks) {
+    double p = 0;
+    for (const auto& k : ks)
+      if (k.cls == ComputeClass::kGemm)
+        p += static_cast<double>(k.shape.n) * static_cast<double>(k.shape.k);
+    return p;
+  }
+
+  OpId attention(int l, OpId prev, bool backward) {
+    OpId last = run_kernels(attention_kernels(), l, backward, prev);
+    // Megatron's g (forward) after the output projection, f's backward after the QKV backward.
     if (mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
@@ -574,30 +690,45 @@ class Builder {
     return last;
   }
 
-  // An FFN of total hidden size `hidden` on the block's S tokens, split mp ways, with its MP
-  // all-reduce: forward fc1, fc2; backward fc2, fc1 at 2x the FLOPs. Labels "{what}.fc1" etc.
-  OpId ffn(int l, OpId prev, bool backward, std::int64_t hidden, std::string_view what) {
-    const double f = backward ? 2.0 : 1.0;
+  // The kernels of an FFN of hidden size `hidden` on the block's S tokens, split mp ways: its
+  // norm (dense blocks; an MoE block's norm runs before the gate), fc1 (2x wide under SwiGLU),
+  // the activation, fc2.
+  std::vector<KernelDesc> ffn_kernels(std::int64_t hidden, const std::string& what, bool with_norm,
+                                      bool replay) const {
+    const ModelSpec& m = sc_.model;
     const std::int64_t Hp = div_up(hidden, mp_);
-    const GemmShape fc1{S_, Hp, M_, 1};
-    const GemmShape fc2{S_, M_, Hp, 1};
-    const GemmShape& first = backward ? fc2 : fc1;
-    const GemmShape& second = backward ? fc1 : fc2;
-    const std::string name(what);
-    OpId a = gemm(ComputeClass::kGemm, first, f * first.flops(), deps_of({prev}),
-                  lbl(l, backward, name + (backward ? ".fc2" : ".fc1")));
-    OpId last = gemm(ComputeClass::kGemm, second, f * second.flops(), deps_of({a}),
-                     lbl(l, backward, name + (backward ? ".fc1" : ".fc2")));
+    const std::int64_t w1 = m.fc1_width(Hp);
+    std::vector<KernelDesc> ks;
+    if (with_norm) {
+      ks.push_back(norm(what + ".norm", static_cast<double>(S_), static_cast<double>(M_)));
+      ks.back().recompute = m.recompute.has(RecomputeModule::kLayernorm);
+    }
+    ks.push_back(linear(what + ".fc1", S_, w1, M_));
+    ks.back().recompute = replay;
+    ks.push_back(elementwise(what + ".act", static_cast<double>(S_ * w1),
+                             static_cast<double>(S_ * Hp), b_));
+    ks.back().recompute = replay;
+    ks.push_back(linear(what + ".fc2", S_, M_, Hp));
+    ks.back().recompute = replay;
+    if (m.recompute.full())
+      for (auto& k : ks) k.recompute = true;
+    return ks;
+  }
+
+  OpId ffn(int l, OpId prev, bool backward, std::int64_t hidden, const std::string& what,
+           bool with_norm, bool replay) {
+    OpId last = run_kernels(ffn_kernels(hidden, what, with_norm, replay), l, backward, prev);
     if (mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
-                        lbl(l, backward, name + ".mp_allreduce"));
+                        lbl(l, backward, what + ".mp_allreduce"));
     return last;
   }
 
   // Dense FFN of hidden size model.dense_hidden() (4M unless dense_hidden_dim is set).
   OpId dense_ffn(int l, OpId prev, bool backward) {
-    return ffn(l, prev, backward, sc_.model.dense_hidden(), "ffn");
+    return ffn(l, prev, backward, sc_.model.dense_hidden(), "ffn", true,
+               sc_.model.recompute.has(RecomputeModule::kMlp));
   }
 
   // Token embedding (vocab-parallel over mp, Megatron): a row gather of S*M*b, then an MP
@@ -642,9 +773,41 @@ class Builder {
   void vocab_gradient_sync(const std::string& label, OpId after) {
     if (groups_.dense_dp.group_size() <= 1) return;
     const double bytes = static_cast<double>(sc_.model.vocab_size) *
-                         static_cast<double>(div_up(M_, mp_)) * static_cast<double>(b_);
+                         static_cast<double>(div_up(M_, mp_)) * grad_bytes_;
     gradient_allreduce(groups_.dense_dp, bytes, after, label,
                        OpRole{OpRoleKind::kDenseGradSync, true, -1, -1});
+  }
+
+  // The optimizer step (Adam, memory-bound) over the parameters this rank updates, once the
+  // step's backward and every gradient reduction are done: read the gradient (main_grads), read
+  // and write the fp32 master copy (mixed precision) and both fp32 moments, write the weight.
+  // parallelism.zero: 1 (Megatron's distributed optimizer) updates a 1/replicas share of them.
+  OpId optimizer_step(OpId after) {
+    const ModelSpec& m = sc_.model;
+    const bool zero = sc_.parallelism.zero >= 1;
+    const double dense_replicas = zero ? std::max(1, groups_.dense_dp.group_size()) : 1;
+    const double expert_replicas = zero ? std::max(1, groups_.dp.group_size()) : 1;
+    double dense = 0, experts = 0;
+    for (int l = part_.first_block; l < part_.end_block; ++l) {
+      dense += dense_param_bytes(l) / grad_bytes_;
+      if (is_moe(l))
+        experts += static_cast<double>(m.ffn_params(H_)) * static_cast<double>(dE_) /
+                   static_cast<double>(esp_ * n_);
+    }
+    const double vocab = static_cast<double>(m.vocab_size) * static_cast<double>(div_up(M_, mp_));
+    if (m.vocab_size > 0 && part_.embedding) dense += vocab;
+    if (m.vocab_size > 0 && part_.head && !(m.tie_embeddings && part_.embedding)) dense += vocab;
+    const double params = dense / dense_replicas + experts / expert_replicas;
+    const double per_param =
+        grad_bytes_ + 16.0 + (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
+    std::vector<OpId> deps = index_.gradient_sync;
+    deps.push_back(after);
+    ComputeSpec spec;
+    spec.cls = ComputeClass::kOptimizer;
+    spec.flops = Flops(0);
+    spec.bytes = Bytes(params * per_param);
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
+                             "optimizer.step");
   }
 
   // The shared experts of MoE block l (model.shared_experts = N): one FFN of hidden N*H on the
@@ -652,24 +815,24 @@ class Builder {
   OpId shared_experts(int l, OpId prev, bool backward) {
     const int n = sc_.model.shared_experts;
     if (n <= 0) return kNone;
-    return ffn(l, prev, backward, static_cast<std::int64_t>(n) * H_, "shared");
+    const RecomputeSpec& rc = sc_.model.recompute;
+    return ffn(l, prev, backward, static_cast<std::int64_t>(n) * H_, "shared", false,
+               rc.has(RecomputeModule::kSharedExperts) || rc.has(RecomputeModule::kMoe));
   }
 
   // Dense parameters of block l (per GPU): attention 4*M*M/mp, dense FFN 2*M*Hd/mp (Hd =
   // model.dense_hidden(), 8*M*M/mp at the default 4M); an MoE block's gate M*E and shared experts
   // 2*M*N*H/mp.
   double dense_param_bytes(int l) const {
-    const double Mp = static_cast<double>(div_up(M_, mp_));
-    double params = 4.0 * static_cast<double>(M_) * Mp;
+    const ModelSpec& m = sc_.model;
+    double params = linear_params(attention_kernels());
     if (is_moe(l))
       params += static_cast<double>(M_) * static_cast<double>(E_) +
-                2.0 * static_cast<double>(M_) *
-                    static_cast<double>(
-                        div_up(static_cast<std::int64_t>(sc_.model.shared_experts) * H_, mp_));
+                linear_params(ffn_kernels(static_cast<std::int64_t>(m.shared_experts) * H_,
+                                          "shared", false, false));
     else
-      params += 2.0 * static_cast<double>(M_) *
-                static_cast<double>(div_up(sc_.model.dense_hidden(), mp_));
-    return params * static_cast<double>(b_);
+      params += linear_params(ffn_kernels(m.dense_hidden(), "ffn", false, false));
+    return params * grad_bytes_;
   }
 
   void dense_gradient_sync(int l, OpId after) {
@@ -711,30 +874,58 @@ class Builder {
   // over the n / rep replicas of its hidden slice; hidden dim per GPU H / (esp * rep).
   struct ExpertShapes {
     GemmShape fc1, fc2;
-    double flops_each = 0;  // exact FLOPs of each GEMM (the plain shape rounds rows up)
+    // Exact FLOPs of each GEMM (the plain shape rounds rows up); fc1 is 2x wide under SwiGLU.
+    double flops_fc1 = 0, flops_fc2 = 0;
+    double rows = 0;  // token rows this GPU's experts process (all local experts), exact
+    std::int64_t hs = 0;
   };
   ExpertShapes expert_shapes(std::int64_t cap) const {
     const std::int64_t per_source = cap * esp_ * rep_;  // before the replica split
     const std::int64_t tokens = W_ / n_ * per_source;   // per local expert, exact
     const std::int64_t hs = div_up(H_, static_cast<std::int64_t>(esp_) * rep_);
+    const std::int64_t w1 = sc_.model.fc1_width(hs);
     ExpertShapes s;
     if (dec_.layout == LayoutRole::kFlexible) {
-      s.fc1 = GemmShape{tokens, hs, M_, dE_};
+      s.fc1 = GemmShape{tokens, w1, M_, dE_};
       s.fc2 = GemmShape{tokens, M_, hs, dE_};
     } else {
       const std::int64_t rows = div_up(per_source, n_);
-      s.fc1 = GemmShape{rows, hs, M_, W_ * dE_};
+      s.fc1 = GemmShape{rows, w1, M_, W_ * dE_};
       s.fc2 = GemmShape{rows, M_, hs, W_ * dE_};
     }
-    s.flops_each = 2.0 * static_cast<double>(tokens) * static_cast<double>(dE_) *
-                   static_cast<double>(M_) * static_cast<double>(hs);
+    s.rows = static_cast<double>(tokens) * static_cast<double>(dE_);
+    s.hs = hs;
+    s.flops_fc1 = 2.0 * s.rows * static_cast<double>(M_) * static_cast<double>(w1);
+    s.flops_fc2 = 2.0 * s.rows * static_cast<double>(M_) * static_cast<double>(hs);
     return s;
+  }
+
+  // The MoE block's pre-FFN norm (with the residual add), replayed in backward under
+  // recompute layernorm / moe / full.
+  KernelDesc moe_norm() const {
+    KernelDesc d = norm("moe.norm", static_cast<double>(S_), static_cast<double>(M_));
+    return d;
+  }
+  // The expert FFN's activation on a chunk's rows (SwiGLU reads 2 hs and writes hs per row),
+  // scaled per rank like the expert GEMMs.
+  OpId expert_act(int l, int moe, std::size_t j, const ExpertShapes& sh, bool backward,
+                  bool replay, OpId dep) {
+    const double w1 = static_cast<double>(sc_.model.fc1_width(sh.hs));
+    ComputeSpec spec;
+    spec.cls = ComputeClass::kNorm;
+    spec.bytes = Bytes(sh.rows * (w1 + static_cast<double>(sh.hs)) * static_cast<double>(b_));
+    spec.rank_scale = expert_scale(moe, j);
+    spec.recompute = replay;
+    spec.backward = backward && !replay;
+    const std::string what = fmt::format("{}expert.act.c{}", replay ? "recompute." : "", j);
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}),
+                             lbl(l, backward || replay, what));
   }
 
   // Expert parameter bytes one GPU holds after the P1 / intermediate all-gather: the H/rep
   // slice of both weight matrices. Only for sharded experts with n / rep > 1.
   double gathered_expert_bytes() const {
-    return 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ / rep_;
+    return static_cast<double>(sc_.model.ffn_params(H_)) * static_cast<double>(b_) / rep_;
   }
   bool needs_param_gather() const { return n_ / rep_ > 1; }
   // Groups of n / rep consecutive shard positions that gather one hidden slice together.
@@ -808,6 +999,8 @@ class Builder {
     const MoeDims dims = moe_dims(moe);
     const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
 
+    // The pre-FFN norm: the gate, the shared experts and the dispatch read its output.
+    prev = emit(moe_norm(), false, false, l, prev);
     OpId in = prev;
     if (esp_ > 1)
       in = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
@@ -845,11 +1038,12 @@ class Builder {
         ops.dispatch.push_back(disp);
       }
       const ExpertShapes sh = expert_shapes(cap);
-      OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_each,
+      OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
-                     tag(l, false, OpRoleKind::kFc1, j), expert_scale(moe, j));
-      OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_each, deps_of({f1}),
-                     tag(l, false, OpRoleKind::kFc2, j), expert_scale(moe, j));
+                     tag(l, false, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_);
+      OpId act = expert_act(l, moe, j, sh, false, false, f1);
+      OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_fc2, deps_of({act}),
+                     tag(l, false, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_);
       ops.expert.push_back(f1);
       ops.expert.push_back(f2);
       last_expert = f2;
@@ -903,6 +1097,16 @@ class Builder {
       ops.backward.push_back(id);
       return id;
     };
+    // Recomputed router (moe module or full recompute): its norm and gate run again first.
+    const RecomputeSpec& rc = sc_.model.recompute;
+    const bool replay_moe = rc.full() || rc.has(RecomputeModule::kMoe);
+    if (replay_moe || rc.has(RecomputeModule::kLayernorm))
+      prev = note(emit(moe_norm(), true, true, l, prev));
+    if (replay_moe) {
+      const GemmShape gate{St, E_, M_, 1};
+      prev = note(gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({prev}),
+                       lbl(l, true, "recompute.gate"), nullptr, false, true));
+    }
     OpId dec = note(kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
                            deps_of({prev}), tag(l, true, OpRoleKind::kDecode)));
     OpId in = dec;
@@ -925,10 +1129,20 @@ class Builder {
         ops.combine.push_back(cb);
       }
       const ExpertShapes sh = expert_shapes(cap);
-      OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_each, deps_of({in, cb}),
-                          tag(l, true, OpRoleKind::kFc2, j), expert_scale(moe, j)));
-      OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_each, deps_of({f2}),
-                          tag(l, true, OpRoleKind::kFc1, j), expert_scale(moe, j)));
+      // Replayed expert forward (model.recompute): fc1 under moe / full, the activation also
+      // under moe_act; they need only the kept expert input, not the incoming gradients.
+      OpId rin = in;
+      if (replay_moe)
+        rin = note(gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1, deps_of({rin}),
+                        lbl(l, true, fmt::format("recompute.expert.fc1.c{}", j)),
+                        expert_scale(moe, j), fp8_gemm_, true));
+      if (replay_moe || rc.has(RecomputeModule::kMoeAct))
+        rin = note(expert_act(l, moe, j, sh, true, true, rin));
+      OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_fc2, deps_of({rin, cb}),
+                          tag(l, true, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_));
+      OpId act = note(expert_act(l, moe, j, sh, true, false, f2));
+      OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_fc1, deps_of({act}),
+                          tag(l, true, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_));
       ops.expert.push_back(f2);
       ops.expert.push_back(f1);
       last_expert = f1;
@@ -951,6 +1165,7 @@ class Builder {
     const GemmShape gate{St, E_, M_, 1};
     OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
                           tag(l, true, OpRoleKind::kGate)));
+    last = note(emit(moe_norm(), true, false, l, last));
     if (esp_ > 1)
       last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                              grouping(groups_.esp), static_cast<double>(St * M_ * b_),
@@ -983,7 +1198,7 @@ class Builder {
     }
     if (dp_ > 1) {
       // Expert parameters one GPU owns: dE experts' H/esp slices, or a 1/n slice when sharded.
-      const double bytes = 2.0 * static_cast<double>(M_) * static_cast<double>(H_) * b_ *
+      const double bytes = static_cast<double>(sc_.model.ffn_params(H_)) * grad_bytes_ *
                            static_cast<double>(dE_) / (esp_ * n_);
       gradient_allreduce(groups_.dp, bytes, prev, fmt::format("L{}.grad.expert_allreduce", l),
                          grad_role(l, true));
@@ -1022,6 +1237,8 @@ class Builder {
   int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
   std::int64_t b_ = 2;
+  double grad_bytes_ = 2;  // bytes per gradient element reduced (model.precision.main_grads)
+  bool fp8_gemm_ = false;  // model.precision.gemm is fp8: the linear layers' GEMMs run in fp8
   StreamId s_compute_ = 0, s_comm_ = 0, s_comm_out_ = 0, s_param_ = 0, s_grad_ = 0;
 };
 

@@ -64,6 +64,8 @@ struct StagePlan {
   OpId bwd_begin = 0;
   OpId fwd_out = -1;
   OpId bwd_out = -1;
+  /// Backward ops that run once per step, in the last micro-batch only (the optimizer step).
+  std::vector<OpId> last_micro_batch_only;
 };
 
 /// The groups of `parallelism` under the rank map above (group order = increasing varying index):

@@ -114,9 +114,12 @@ class Stitcher {
     recv_grad_.assign(pp_, std::vector<OpId>(m_, kUnset));
     last_out_.assign(pp_, kUnset);
     grad_ops_.resize(pp_);
-    for (int s = 0; s < pp_; ++s)
+    for (int s = 0; s < pp_; ++s) {
       grad_ops_[s].insert(stages_[s].built.index.gradient_sync.begin(),
                           stages_[s].built.index.gradient_sync.end());
+      grad_ops_[s].insert(stages_[s].last_micro_batch_only.begin(),
+                          stages_[s].last_micro_batch_only.end());
+    }
   }
 
   // Stage s's grouping g moved to the stage's GPUs (added on first use).

@@ -863,6 +863,27 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
   return par;
 }
 
+// Tensor parallelism splits attention by heads (Megatron): mp must divide the query heads and,
+// for GQA, the key/value heads (or be a multiple of them, each MP rank then holding a copy).
+void check_attention_split(const MapReader& root, const ModelSpec& model,
+                           const ParallelismSpec& par) {
+  MapReader m = root.get_map("model", kModelKeys);
+  if (!m.has("attention") || par.mp == 1) return;
+  MapReader a = m.get_map("attention", {"kind", "heads", "kv_heads", "head_dim", "q_lora_rank",
+                                        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                        "v_head_dim", "causal"});
+  const AttentionSpec& at = model.attention;
+  if (at.heads % par.mp != 0)
+    a.fail("heads", fmt::format("found {} with parallelism.mp = {}, expected a multiple of mp "
+                                "(tensor parallelism splits attention by heads)",
+                                at.heads, par.mp));
+  if (!at.is_mla() && at.kv_heads % par.mp != 0 && par.mp % at.kv_heads != 0)
+    a.fail(a.has("kv_heads") ? "kv_heads" : "heads",
+           fmt::format("found {} key/value heads with parallelism.mp = {}, expected a multiple "
+                       "or a divisor of mp",
+                       at.kv_heads, par.mp));
+}
+
 // Fills experts / experts_per_gpu from whichever was given; checks top_k against E.
 void resolve_experts(const MapReader& root, ModelSpec& model, const ParallelismSpec& par) {
   MapReader m = root.get_map("model", kModelKeys);
@@ -1461,6 +1482,7 @@ Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
   s.model = parse_model(m);
   s.parallelism = parse_parallelism(m, s.cluster, s.model, ctx);
   resolve_experts(m, s.model, s.parallelism);
+  check_attention_split(m, s.model, s.parallelism);
   s.workload = parse_workload(m);
   check_plan_sizes(ctx, s);
   s.engine = parse_engine(m);

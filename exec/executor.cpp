@@ -212,6 +212,13 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
       comm_(comm),
       options_(options) {
   const auto& md = sc.model;
+  // The data paths run GELU expert FFNs with every tensor in model.dtype.
+  const PrecisionSpec& pr = md.precision;
+  if (md.swiglu() || pr.gemm != md.dtype || pr.dispatch != md.dtype || pr.combine != md.dtype)
+    throw InputError(fmt::format(
+        "exec runs GELU expert FFNs with every tensor in model.dtype ({}); this scenario sets "
+        "model.activation {} / model.precision: expected activation gelu and no precision map",
+        dtype_name(md.dtype), name_of(md.activation)));
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
   std::tie(shape_.experts_per_group, shape_.group_limit) = node_limit_groups(sc, comm_.rank());

@@ -314,6 +314,12 @@ class Builder {
       throw InputError(where, "a2a",
                        "strategy role a2a: deepep is the routed all_to_allv dispatch of the "
                        "sampled tokens; this decision sends padded buffers");
+    if (schedules::is_fused_parm(dec_.schedule) && sc_.model.swiglu())
+      throw InputError(where, "schedule",
+                       fmt::format("strategy role schedule {} builds GELU expert FFNs (two "
+                                   "GEMMs); model.activation is swiglu: expected another "
+                                   "schedule, or activation gelu with expert_hidden_dim x 1.5",
+                                   name_of(dec_.schedule)));
     if (schedules::is_parm(dec_.schedule)) {
       const std::string why = schedules::parm_inapplicable_reason(sc_, rep_);
       if (!why.empty())
@@ -409,6 +415,10 @@ class Builder {
     std::shared_ptr<const std::vector<float>> rank_scale;
     // a2a deepep: the distinct tokens per destination GPU and node, per EP group
     std::vector<std::shared_ptr<const NodeDedup>> dedup;
+    // The forward dispatch's matrices and counts at model.precision.dispatch's bytes per token,
+    // when they differ from the combine's (fp8 dispatch, bf16 combine); else empty.
+    std::vector<std::shared_ptr<const ByteMatrix>> to_experts_fwd;
+    std::vector<std::shared_ptr<const NodeDedup>> dedup_fwd;
   };
   // a2a deepep in a plan for the real backend: the distinct tokens of the assignment exec moves
   // (core/routed_assignment.hpp), not the workload's sampled token sets, which exec cannot
@@ -436,7 +446,9 @@ class Builder {
     const MoeDims dims = moe_dims(moe);
     const auto& layer = work_.layers[moe];
     const auto placement = workload::ExpertPlacement::of(sc_.model);
-    const Bytes unit(static_cast<double>(M_ * b_));
+    const Bytes unit(token_bytes(sc_.model.precision.combine));
+    const Bytes fwd_unit(token_bytes(sc_.model.precision.dispatch));
+    const bool own_fwd = fwd_unit.value() != unit.value();
     const auto r = static_cast<std::uint32_t>(dims.chunks.size());
     chunks.resize(r);
     std::vector<std::vector<float>> scale(r, std::vector<float>(P_, 0.0f));
@@ -477,12 +489,23 @@ class Builder {
         for (std::size_t a = 0; a < w; ++a)
           for (std::size_t c = a + 1; c < w; ++c)
             std::swap(t.counts[a * w + c], t.counts[c * w + a]);
+        if (own_fwd) {
+          ByteMatrix f = m;
+          f.unit = fwd_unit;
+          chunks[j].to_experts_fwd.push_back(std::make_shared<const ByteMatrix>(std::move(f)));
+        }
         chunks[j].to_experts.push_back(std::make_shared<const ByteMatrix>(std::move(m)));
         chunks[j].to_tokens.push_back(std::make_shared<const ByteMatrix>(std::move(t)));
         if (split) chunks[j].routing.push_back(split);
-        if (dec_.a2a == CollectiveAlgo::kDeepep)
+        if (dec_.a2a == CollectiveAlgo::kDeepep) {
           chunks[j].dedup.push_back(split ? exec_dedup(*split, grp, unit, r)
                                           : workload::node_dedup(layer, grp, unit, j, r));
+          if (own_fwd) {
+            NodeDedup f = *chunks[j].dedup.back();
+            f.unit = fwd_unit;
+            chunks[j].dedup_fwd.push_back(std::make_shared<const NodeDedup>(std::move(f)));
+          }
+        }
       }
     }
     for (std::uint32_t j = 0; j < r; ++j)
@@ -492,8 +515,9 @@ class Builder {
 
   // Dispatch / combine collective of chunk j: the padded all_to_all, or the routed all_to_allv
   // (to_experts: dispatch forward and combine backward; else combine forward, dispatch backward).
+  // forward_dispatch: the forward pass's dispatch, at model.precision.dispatch's bytes.
   OpId moe_a2a(StreamId stream, int moe, std::size_t j, bool to_experts, double padded_bytes,
-               std::vector<OpId> deps, OpTag label) {
+               std::vector<OpId> deps, OpTag label, bool forward_dispatch = false) {
     if (!dec_.variable_dispatch)
       return collective(stream, CollectiveType::kAllToAll, dec_.a2a, grouping(groups_.ep),
                         padded_bytes, std::move(deps), std::move(label));
@@ -502,14 +526,15 @@ class Builder {
     spec.type = CollectiveType::kAllToAllv;
     spec.algo = dec_.a2a;
     spec.grouping = grouping(groups_.ep);
-    const auto& mats = to_experts ? rc.to_experts : rc.to_tokens;
+    const bool fwd = forward_dispatch && !rc.to_experts_fwd.empty();
+    const auto& mats = fwd ? rc.to_experts_fwd : to_experts ? rc.to_experts : rc.to_tokens;
     if (mats.size() == 1)
       spec.matrix = mats[0];
     else
       spec.per_group = mats;
     if (rc.routing.size() == mats.size()) spec.expert_routing = rc.routing;
     if (!rc.dedup.empty()) {
-      spec.node_dedup = rc.dedup;
+      spec.node_dedup = forward_dispatch && !rc.dedup_fwd.empty() ? rc.dedup_fwd : rc.dedup;
       spec.dedup_combine = !to_experts;
     }
     return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
@@ -865,8 +890,19 @@ class Builder {
 
   // Bytes one rank sends in the dispatch (and combine) all-to-all of a chunk of `cap` slots:
   // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens) and the token repeat factor.
-  double a2a_bytes(std::int64_t cap) const {
-    return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap * M_ * b_);
+  // forward_dispatch: the forward dispatch, at model.precision.dispatch's token bytes; every other
+  // all-to-all (combine, the backward's) at model.precision.combine's.
+  double a2a_bytes(std::int64_t cap, bool forward_dispatch = false) const {
+    const ModelSpec& m = sc_.model;
+    const double token =
+        token_bytes(forward_dispatch ? m.precision.dispatch : m.precision.combine);
+    return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap) * token;
+  }
+  // Bytes of one token of M elements sent as `d`: fp8 carries one fp32 scale per 128 elements
+  // (DeepEP's fp8 dispatch: 7,168 + 56 x 4 = 7,392 bytes at M = 7,168).
+  double token_bytes(Dtype d) const {
+    if (d == Dtype::kFp8) return static_cast<double>(M_ + 4 * div_up(M_, 128));
+    return static_cast<double>(M_ * dtype_bytes(d));
   }
 
   // Expert GEMM shapes of a chunk of `cap` slots (docs/model.md, "expert FFN"). Tokens one GPU
@@ -1033,8 +1069,8 @@ class Builder {
       const std::int64_t cap = dims.chunks[j];
       OpId disp = kNone;
       if (W_ > 1) {
-        disp = moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap), deps_of({enc}),
-                       tag(l, false, OpRoleKind::kDispatch, j));
+        disp = moe_a2a(s_comm_, moe, j, true, a2a_bytes(cap, true), deps_of({enc}),
+                       tag(l, false, OpRoleKind::kDispatch, j), true);
         ops.dispatch.push_back(disp);
       }
       const ExpertShapes sh = expert_shapes(cap);

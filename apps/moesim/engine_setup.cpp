@@ -25,8 +25,21 @@ void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
   // betas reach every engine through the link capacities (simulation_topology).
 }
 
+void check_precision(const Scenario& sc, const GpuSpec& gpu) {
+  const PrecisionSpec& p = sc.model.precision;
+  if (p.gemm != Dtype::kFp8 || gpu.peak.count(Dtype::kFp8) > 0) return;
+  const bool from_dtype = sc.locations.count("model.precision.gemm") == 0;
+  const std::string key = from_dtype ? "model.dtype" : "model.precision.gemm";
+  throw InputError(sc.location_of(key), key,
+                   fmt::format("found fp8, but GPU '{}' has no fp8 tensor cores; expected bf16 or "
+                               "fp16{} (fp8 GEMMs run on h100-sxm, h200-sxm, h800-sxm, b200, "
+                               "gb200, rtx-4090)",
+                               gpu.name, from_dtype ? " (or model.precision.gemm: bf16)" : ""));
+}
+
 std::unique_ptr<topology::Topology> simulation_topology(const Scenario& sc) {
   auto topo = topology::build_topology(sc.cluster);
+  check_precision(sc, topo->gpu());
   const auto cal = strategies::scenario_calibration(sc);
   if (!cal) return topo;
   return topology::calibrated_topology(std::move(topo), *cal);

@@ -17,6 +17,10 @@ namespace moesim::app {
 sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engine_override,
                                      const std::string& simgrid_mode_override = "");
 
+/// InputError at model.precision.gemm (or model.dtype when it set the GEMMs' precision) when the
+/// GEMMs are fp8 and `gpu` (resolved) has no fp8 tensor cores. simulation_topology calls it.
+void check_precision(const Scenario& sc, const GpuSpec& gpu);
+
 /// The SimGrid mode a run on `gpus` GPUs uses ("per_flow" or "ptask", auto resolved), or "" when
 /// the engine is not simgrid. Commands print it (announce_simgrid_mode) and write it to JSON, as
 /// `auto` switches to ptask above 64 GPUs.

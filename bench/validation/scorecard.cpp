@@ -462,6 +462,41 @@ CaseOutput case_v7(const Options& o) {
   return out;
 }
 
+// V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out, as far as today's
+// layouts allow (1F1B stands for DualPipe / interleaved stages). One point, one stack each.
+CaseOutput whole_step_case(const Options& o, const std::string& file, const std::string& stack,
+                           const std::string& schedule_note) {
+  const auto points = sweep_points(o.dir + "/" + file);
+  const Scenario& sc = points.at(0);
+  auto runs = run_point(sc);
+  const auto& run = runs.at(stack);
+  const auto& it = run.iterations.back();
+  const double tokens = static_cast<double>(sc.tokens_per_gpu()) * sc.model.micro_batches *
+                        sc.stage_gpus() / sc.parallelism.mp;
+  const double tok_s_gpu = tokens / it.step_time_s / sc.num_gpus();
+  const auto& b = run.last_result.breakdown;
+  CaseOutput out{{}, engine_of(sc), 1};
+  out.quantities.push_back(
+      {"step_time_s", it.step_time_s, false,
+       fmt::format("{:.2f} s ({:.0f} tokens/s/GPU) {}; compute {:.2f} s, exposed comm {:.2f} s",
+                   it.step_time_s, tok_s_gpu, schedule_note, b.compute_s, b.exposed_comm_s)});
+  out.quantities.push_back({"memory_over_capacity",
+                            it.memory.total_bytes() / run.gpu_memory_bytes, false,
+                            fmt::format("{:.1f} of {:.1f} GiB", it.memory.total_bytes() / 1073741824.0,
+                                        run.gpu_memory_bytes / 1073741824.0)});
+  return out;
+}
+
+CaseOutput case_v10(const Options& o) {
+  auto out = whole_step_case(o, "v10-deepseek-v3.yaml", "deepseek", "1F1B for DualPipe");
+  out.quantities.push_back({"dualpipe_over_1f1b", NAN, true,
+                            "DualPipe cannot be written yet: parallelism.pp runs 1F1B"});
+  return out;
+}
+CaseOutput case_v11(const Options& o) {
+  return whole_step_case(o, "v11-megatron-bridge-dsv3.yaml", "megatron", "1F1B for VP 4");
+}
+
 // ---- verdicts and output ------------------------------------------------------------------
 
 struct Row {
@@ -495,7 +530,8 @@ std::string fmt_value(double v, const std::string& unit) {
 const std::map<std::string, std::function<CaseOutput(const Options&)>>& cases() {
   static const std::map<std::string, std::function<CaseOutput(const Options&)>> m = {
       {"V1", case_v1}, {"V2", case_v2}, {"V3", case_v3}, {"V4", case_v4},
-      {"V5", case_v5}, {"V6", case_v6}, {"V7", case_v7}};
+      {"V5", case_v5}, {"V6", case_v6}, {"V7", case_v7}, {"V10", case_v10},
+      {"V11", case_v11}};
   return m;
 }
 

@@ -167,7 +167,7 @@ GemmShape CostModel::expert_gemm_shape(double chunk_capacity, LayoutRole layout,
     g.batch = static_cast<std::int64_t>(w) * md.local_experts();
   }
   g.k = second ? hidden : md.model_dim;
-  g.n = second ? md.model_dim : hidden;
+  g.n = second ? md.model_dim : md.fc1_width(hidden);  // SwiGLU's fc1 is 2x wide
   return g;
 }
 
@@ -211,14 +211,15 @@ MoeLayerShape CostModel::layer_shape(std::int64_t capacity, int parallel_degree)
                            md.bytes_per_element());
   // Work per GPU: W sources x dC slots x local experts x M x H, an n-sharded expert's work shared
   // by its n GPUs (the same for every r: r times the tokens, 1/r of the hidden dimension).
-  s.expert_work =
-      w * cap * md.local_experts() / shards * md.model_dim * static_cast<double>(md.hidden_dim);
+  // (SwiGLU: 1.5x, its three M x H matrices)
+  s.expert_work = w * cap * md.local_experts() / shards *
+                  static_cast<double>(md.ffn_params(md.hidden_dim)) / 2.0;
   return s;
 }
 
 Bytes CostModel::expert_parameter_bytes() const {
   const auto& md = sc_.model;
-  return Bytes(2.0 * md.model_dim * static_cast<double>(md.hidden_dim) * md.bytes_per_element());
+  return Bytes(static_cast<double>(md.ffn_params(md.hidden_dim)) * md.bytes_per_element());
 }
 
 }  // namespace moesim::strategies

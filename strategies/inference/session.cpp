@@ -156,8 +156,8 @@ std::shared_ptr<const strategies::InferencePlan> InferenceSession::place(
   const int cap = max_experts_per_gpu(sc_);
   const std::int64_t S = sc_.model.tokens_per_gpu();
   const Bytes token_bytes(static_cast<double>(sc_.model.model_dim) * sc_.bytes_per_element());
-  const Bytes expert_bytes(2.0 * static_cast<double>(sc_.model.model_dim) *
-                           static_cast<double>(sc_.model.hidden_dim) * sc_.bytes_per_element());
+  const Bytes expert_bytes(static_cast<double>(sc_.model.ffn_params(sc_.model.hidden_dim)) *
+                           sc_.bytes_per_element());
   auto plan = std::make_shared<strategies::InferencePlan>();
   plan->layers.resize(work.layers.size());
   for (std::size_t l = 0; l < work.layers.size(); ++l) {

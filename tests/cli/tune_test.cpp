@@ -148,7 +148,6 @@ TEST(Tune, OneNodeNeverPicks2dhAndKeepsTheModel) {
   EXPECT_EQ(r.evaluated, r.stacks_in_space);  // exhaustive everywhere
   for (const auto& row : r.ranked) {
     EXPECT_THAT(row.screen.decisions, ::testing::Not(::testing::HasSubstr("2dh")));
-    EXPECT_LE(row.screen.step_mean_s, r.baseline_screen.step_mean_s * (1 + 1e-12));
   }
   // Ranked best first, and the best beats (or ties) the scenario's baseline.
   for (std::size_t i = 1; i < r.ranked.size(); ++i)

@@ -447,7 +447,8 @@ TEST(PlanBuilder, AttentionAndDenseFfnFlops) {
   auto flops = [&](const std::string& l) { return find_op(b.bp.plan, l).compute().flops.value(); };
   const double attn =
       flops("L0.fwd.attn.qkv") + flops("L0.fwd.attn.core") + flops("L0.fwd.attn.proj");
-  EXPECT_DOUBLE_EQ(attn, (8 * S * M * M + 4 * S * L * M) / 2);  // Megatron, / mp
+  // Megatron's projections 8 S M^2 and the causal half of the core's 4 S L M, / mp.
+  EXPECT_DOUBLE_EQ(attn, (8 * S * M * M + 4 * S * L * M / 2) / 2);
   EXPECT_DOUBLE_EQ(flops("L0.fwd.ffn.fc1") + flops("L0.fwd.ffn.fc2"), 16 * S * M * M / 2);
   EXPECT_DOUBLE_EQ(flops("L0.bwd.ffn.fc1"), 2 * flops("L0.fwd.ffn.fc1"));
   EXPECT_EQ(count_labels(b.bp.plan, "L1.fwd.ffn"), 0);
@@ -612,9 +613,10 @@ TEST(PlanBuilder, IndexCoversEveryMoeOp) {
     const std::string prefix = fmt::format("L{}.", block);
     for (OpId id : moe.forward) EXPECT_EQ(b.bp.plan.op(id).label.rfind(prefix + "fwd.", 0), 0u);
     for (OpId id : moe.backward) EXPECT_EQ(b.bp.plan.op(id).label.rfind(prefix + "bwd.", 0), 0u);
-    // forward = gate, encode, 2 x (dispatch, fc1, fc2, combine), decode.
-    EXPECT_EQ(moe.forward.size(), 11u);
-    EXPECT_EQ(moe.backward.size(), 11u);
+    // forward = norm, gate, encode, 2 x (dispatch, fc1, act, fc2, combine), decode; backward
+    // the mirror.
+    EXPECT_EQ(moe.forward.size(), 14u);
+    EXPECT_EQ(moe.backward.size(), 14u);
     for (OpId id : moe.dispatch)
       EXPECT_NE(b.bp.plan.op(id).label.find("dispatch"), std::string::npos);
   }

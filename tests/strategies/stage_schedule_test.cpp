@@ -266,14 +266,18 @@ TEST(StageTiming, EqualStagesFollowTheOneFOneBScheduleExactly) {
       const RunResult r = run_analytical(b, kind);
       // F and B of each stage: its forward and backward compute, per micro-batch.
       std::vector<double> fwd(static_cast<std::size_t>(pp), 0.0), bwd = fwd;
-      std::vector<double> sends;
+      std::vector<double> sends, optimizer;
       for (const Op& op : b.bp.plan.ops()) {
         const double d = r.op_last_end(op.id) - r.op_first_start(op.id);
         if (op.kind == OpKind::kCollective)
           sends.push_back(d);
+        else if (op.compute().cls == ComputeClass::kOptimizer)
+          optimizer.push_back(d);  // once per stage, after its last backward
         else
           (op.label.find(".bwd.") != std::string::npos ? bwd : fwd)[op.ranks.at(0)] += d / m;
       }
+      ASSERT_EQ(optimizer.size(), static_cast<std::size_t>(pp));
+      for (double d : optimizer) EXPECT_NEAR(d, optimizer[0], 1e-15);
       ASSERT_EQ(sends.size(), 2u * (pp - 1) * m);
       for (double d : sends) EXPECT_NEAR(d, sends[0], 1e-12);
       for (int s = 1; s < pp; ++s) {
@@ -281,7 +285,9 @@ TEST(StageTiming, EqualStagesFollowTheOneFOneBScheduleExactly) {
         EXPECT_NEAR(bwd[s], bwd[0], 1e-12);
       }
       EXPECT_GT(sends[0], 0.01 * fwd[0]);  // the sends matter: the check below sees them
-      EXPECT_NEAR(r.makespan_s, one_f_one_b_makespan(pp, m, fwd[0], bwd[0], sends[0]), 1e-9)
+      // Stage 0 finishes last under 1F1B; its optimizer step ends the step.
+      EXPECT_NEAR(r.makespan_s,
+                  one_f_one_b_makespan(pp, m, fwd[0], bwd[0], sends[0]) + optimizer[0], 1e-9)
           << sim::network_kind_name(kind) << " pp " << pp << " m " << m;
     }
 }

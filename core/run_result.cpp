@@ -87,8 +87,44 @@ double intersection_measure(const std::vector<Interval>& a, const std::vector<In
   return s;
 }
 
-// Interval categories per rank.
-enum Cat { kCompute, kCopy, kComm, kA2a, kAllReduce, kAllGather, kReduceScatter, kSendRecv, kNum };
+// Interval categories per rank. An op is in at most kMaxCats of them: a collective in kComm and
+// its type's; a compute op in kCompute, its class group and kRecompute when flagged.
+enum Cat {
+  kCompute,
+  kCopy,
+  kComm,
+  kA2a,
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kSendRecv,
+  kGemmClass,
+  kAttentionClass,
+  kMemoryBoundClass,
+  kOptimizerClass,
+  kRecompute,
+  kNum
+};
+constexpr int kMaxCats = 3;
+
+Cat class_group(ComputeClass c) {
+  switch (c) {
+    case ComputeClass::kGemm:
+    case ComputeClass::kGate:
+      return kGemmClass;
+    case ComputeClass::kAttention:
+      return kAttentionClass;
+    case ComputeClass::kOptimizer:
+      return kOptimizerClass;
+    case ComputeClass::kEncode:
+    case ComputeClass::kDecode:
+    case ComputeClass::kElementwise:
+    case ComputeClass::kNorm:
+    case ComputeClass::kOther:
+      break;
+  }
+  return kMemoryBoundClass;
+}
 
 }  // namespace
 
@@ -100,10 +136,14 @@ void summarize_run(const Plan& plan, RunResult& result) {
   // Bucket intervals per (category, rank) with a counting pass first, so the arrays are sized
   // exactly (4,096 ranks x many ops must not reallocate per push).
   std::vector<std::int64_t> count(static_cast<size_t>(kNum) * P + 1, 0);
-  auto cats_of = [](const Op& op, int out[2]) {
+  auto cats_of = [](const Op& op, int out[kMaxCats]) {
     if (op.kind == OpKind::kCompute) {
+      const ComputeSpec& c = op.compute();
       out[0] = kCompute;
-      return 1;
+      out[1] = class_group(c.cls);
+      if (!c.recompute) return 2;
+      out[2] = kRecompute;
+      return 3;
     }
     if (op.kind == OpKind::kCopy) {
       out[0] = kCopy;
@@ -134,7 +174,7 @@ void summarize_run(const Plan& plan, RunResult& result) {
   double makespan = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    int cats[2];
+    int cats[kMaxCats];
     int nc = cats_of(op, cats);
     for (int p = 0; p < op.ranks.size(); ++p) {
       auto e = result.op_offset[i] + p;
@@ -151,7 +191,7 @@ void summarize_run(const Plan& plan, RunResult& result) {
   std::vector<std::int64_t> fill(count.begin(), count.end() - 1);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    int cats[2];
+    int cats[kMaxCats];
     int nc = cats_of(op, cats);
     for (int p = 0; p < op.ranks.size(); ++p) {
       auto e = result.op_offset[i] + p;
@@ -188,6 +228,11 @@ void summarize_run(const Plan& plan, RunResult& result) {
   b.send_recv_s = sum[kSendRecv] * inv;
   b.exposed_comm_s = exposed * inv;
   b.overlap_s = overlap * inv;
+  b.gemm_s = sum[kGemmClass] * inv;
+  b.attention_s = sum[kAttentionClass] * inv;
+  b.memory_bound_s = sum[kMemoryBoundClass] * inv;
+  b.optimizer_s = sum[kOptimizerClass] * inv;
+  b.recompute_s = sum[kRecompute] * inv;
   result.makespan_s = makespan;
 }
 

@@ -57,6 +57,14 @@ struct Breakdown {
   double send_recv_s = 0;
   double exposed_comm_s = 0;  // communication while no compute op runs on the rank
   double overlap_s = 0;       // communication while a compute op runs: comm_s = exposed + overlap
+  // compute_s by ComputeClass group (docs/figures.md). The four groups partition the compute ops:
+  // on one compute stream (the plan builder's) they add up to compute_s; ops of two groups that
+  // overlap on two streams would count in both.
+  double gemm_s = 0;          // kGemm, kGate: the tensor-core work
+  double attention_s = 0;     // kAttention: the attention core
+  double memory_bound_s = 0;  // kEncode, kDecode, kElementwise, kNorm, kOther
+  double optimizer_s = 0;     // kOptimizer
+  double recompute_s = 0;     // ops with ComputeSpec::recompute, any class (also in their class)
 };
 
 /// Utilisation of the directed links of one tier (topology::Link::tier) over the makespan:

@@ -5,8 +5,10 @@
 #include <optional>
 
 #include "core/error.hpp"
+#include "core/gemm_model.hpp"
 #include "strategies/cost_model.hpp"
 #include "strategies/inference/session.hpp"
+#include "strategies/model_flops.hpp"
 #include "strategies/strategy.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
@@ -54,6 +56,7 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
   rec.allreduce_s = result.breakdown.allreduce_s;
   rec.compute_s = result.breakdown.compute_s;
   rec.exposed_comm_s = result.breakdown.exposed_comm_s;
+  rec.breakdown = result.breakdown;
   std::int64_t capacity = 0;
   for (const auto& l : work.layers) {
     rec.dropped_tokens += l.dropped;
@@ -102,6 +105,10 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   StackRun run;
   run.strategy = spec.name;
   run.gpu_memory_bytes = topo.gpu().memory.value();
+  run.tokens_per_step = static_cast<double>(tokens_per_step(whole));
+  run.model_flops_per_token = model_flops_per_token(whole);
+  run.training = whole.model.mode == Mode::kTraining;
+  run.gpu_peak_flops_per_s = gemm_peak_for(topo.gpu(), whole.model.dtype).value();
   run.iterations.reserve(static_cast<size_t>(iterations));
   for (int i = 0; i < iterations; ++i) {
     const double f = generator.capacity_factor(i);

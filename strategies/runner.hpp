@@ -38,6 +38,8 @@ struct IterationRecord {
   double allreduce_s = 0;
   double compute_s = 0;
   double exposed_comm_s = 0;
+  /// The whole breakdown of the run (RunResult::breakdown): the compute classes among it.
+  Breakdown breakdown;
   std::int64_t dropped_tokens = 0;
   /// Per-GPU memory of this iteration's layout and decision at its largest MoE layer's dC.
   MemoryEstimate memory;
@@ -51,6 +53,12 @@ struct StackRun {
   RunResult last_result;  // of the last iteration (for traces and breakdowns)
   BuiltPlan last_plan;
   double gpu_memory_bytes = 0;  // the cluster's GPU memory (catalog or inline), for the estimate
+  // What tokens/s/GPU, model FLOP/s/GPU and MFU need (strategies/model_flops.hpp), from the whole
+  // scenario and its GPU, so every writer of a run derives the same figures from its step time.
+  double tokens_per_step = 0;
+  double model_flops_per_token = 0;  // training: forward + backward; inference: forward
+  bool training = true;
+  double gpu_peak_flops_per_s = 0;  // dense peak for model.dtype (gemm_peak_for), 0 if unknown
 };
 
 /// The decision `spec`'s stack takes at iteration 0 (no history) when dC = `capacity`, without

@@ -225,9 +225,18 @@ void write_compare_report(const std::string& path, const CompareReport& r) {
   h += "</table>\n";
 
   h += "<h2>Breakdown</h2>\n<table>\n";
-  h += row({"topology", "strategy", "step (ms)", "p50 (ms)", "p95 (ms)", "MoE layer (ms)",
-            "all-to-all (ms)", "allreduce (ms)", "compute (ms)", "exposed comm (ms)", "speedup",
-            "decisions (last iteration)"},
+  // The figures and the compute classes (docs/figures.md) before the decisions, which stay last
+  // (left-aligned below).
+  h += row({"topology",          "strategy",
+            "step (ms)",         "p50 (ms)",
+            "p95 (ms)",          "MoE layer (ms)",
+            "all-to-all (ms)",   "allreduce (ms)",
+            "compute (ms)",      "exposed comm (ms)",
+            "speedup",           "tokens/s/GPU",
+            "model TFLOP/s/GPU", "MFU",
+            "GEMM (ms)",         "attention (ms)",
+            "memory-bound (ms)", "optimizer (ms)",
+            "recompute (ms)",    "decisions (last iteration)"},
            true, 2);
   for (std::size_t t = 0; t < r.runs.size(); ++t)
     for (const auto& run : r.runs[t]) {
@@ -243,6 +252,14 @@ void write_compare_report(const std::string& path, const CompareReport& r) {
                                         ms(m.compute_mean_s),
                                         ms(m.exposed_comm_mean_s),
                                         speedup_text(m.speedup),
+                                        tokens_text(m),
+                                        tflops_text(m),
+                                        mfu_text(m),
+                                        ms(m.gemm_mean_s),
+                                        ms(m.attention_mean_s),
+                                        ms(m.memory_bound_mean_s),
+                                        ms(m.optimizer_mean_s),
+                                        ms(m.recompute_mean_s),
                                         html_escape(m.decisions)};
       std::string line = row(cells, false, 2);
       // The decisions column reads better left-aligned.
@@ -325,8 +342,9 @@ void write_sweep_report(const std::string& path, const SweepReport& r) {
   h += "<table id=\"comparison\">\n";
   std::vector<std::string> head = {"point"};
   for (const auto& a : spec.axes) head.push_back(html_escape(a.key));
-  for (const char* c : {"strategy", "GPUs", "step (ms)", "MoE layer (ms)", "all-to-all (ms)",
-                        "exposed comm (ms)", "speedup", "decisions (last iteration)"})
+  for (const char* c :
+       {"strategy", "GPUs", "step (ms)", "MoE layer (ms)", "all-to-all (ms)", "exposed comm (ms)",
+        "speedup", "tokens/s/GPU", "model TFLOP/s/GPU", "MFU", "decisions (last iteration)"})
     head.push_back(c);
   h += row(head, true, 0);
   for (std::size_t i = 0; i < res.rows.size() && i < r.max_rows; ++i) {
@@ -341,6 +359,9 @@ void write_sweep_report(const std::string& path, const SweepReport& r) {
     cells.push_back(ms(m.a2a_mean_s));
     cells.push_back(ms(m.exposed_comm_mean_s));
     cells.push_back(speedup_text(m.speedup));
+    cells.push_back(tokens_text(m));
+    cells.push_back(tflops_text(m));
+    cells.push_back(mfu_text(m));
     cells.push_back(html_escape(m.decisions));
     h += row(cells, false, 0);
   }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "strategies/model_flops.hpp"
+
 namespace moesim::app {
 
 namespace {
@@ -37,6 +39,20 @@ std::string ms(double s) { return fmt::format("{:.3f}", s * 1e3); }
 
 }  // namespace
 
+std::string tokens_text(const RunSummary& r) {
+  return r.tokens_per_s_per_gpu > 0 ? fmt::format("{:.0f}", r.tokens_per_s_per_gpu) : "-";
+}
+
+std::string tflops_text(const RunSummary& r) {
+  return r.has_model_flops && r.model_tflops_per_gpu > 0
+             ? fmt::format("{:.1f}", r.model_tflops_per_gpu)
+             : "-";
+}
+
+std::string mfu_text(const RunSummary& r) {
+  return r.has_model_flops && r.mfu > 0 ? fmt::format("{:.1f}%", 100 * r.mfu) : "-";
+}
+
 RunSummary summarize(const strategies::StackRun& run, const std::string& topology, int gpus,
                      double wall_s) {
   RunSummary s;
@@ -53,6 +69,25 @@ RunSummary summarize(const strategies::StackRun& run, const std::string& topolog
   s.allreduce_mean_s = mean_of(run.iterations, &strategies::IterationRecord::allreduce_s);
   s.compute_mean_s = mean_of(run.iterations, &strategies::IterationRecord::compute_s);
   s.exposed_comm_mean_s = mean_of(run.iterations, &strategies::IterationRecord::exposed_comm_s);
+  if (!run.iterations.empty()) {
+    const double n = static_cast<double>(run.iterations.size());
+    for (const auto& r : run.iterations) {
+      s.gemm_mean_s += r.breakdown.gemm_s / n;
+      s.attention_mean_s += r.breakdown.attention_s / n;
+      s.memory_bound_mean_s += r.breakdown.memory_bound_s / n;
+      s.optimizer_mean_s += r.breakdown.optimizer_s / n;
+      s.recompute_mean_s += r.breakdown.recompute_s / n;
+    }
+  }
+  const auto fig =
+      strategies::step_figures(run.tokens_per_step, run.model_flops_per_token, run.training, gpus,
+                               s.step_mean_s, run.gpu_peak_flops_per_s);
+  s.tokens_per_step = fig.tokens_per_step;
+  s.model_flops_per_token = fig.model_flops_per_token;
+  s.tokens_per_s_per_gpu = fig.tokens_per_s_per_gpu;
+  s.has_model_flops = fig.has_model_flops;
+  s.model_tflops_per_gpu = fig.model_flops_per_s_per_gpu / 1e12;
+  s.mfu = fig.mfu;
   if (!run.iterations.empty()) s.decisions = run.iterations.back().decision.describe();
   s.wall_s = wall_s;
   s.gpu_memory_bytes = run.gpu_memory_bytes;
@@ -143,14 +178,16 @@ void print_verdict(const std::vector<RunSummary>& rows) {
 }
 
 void print_table(const std::vector<RunSummary>& rows) {
-  fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8}  {}\n", "strategy", "step(ms)",
-             "p50(ms)", "p95(ms)", "moe(ms)", "a2a(ms)", "exposed(ms)", "speedup",
-             "decisions (last iteration)");
+  // The figures frameworks print go after the speedup; the free-width decisions stay last.
+  fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8} {:>11} {:>11} {:>6}  {}\n",
+             "strategy", "step(ms)", "p50(ms)", "p95(ms)", "moe(ms)", "a2a(ms)", "exposed(ms)",
+             "speedup", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "decisions (last iteration)");
   for (const auto& r : rows) {
     std::string speedup = r.speedup > 0 ? fmt::format("{:.2f}x", r.speedup) : "-";
-    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8}  {}\n", r.strategy,
-               ms(r.step_mean_s), ms(r.step_p50_s), ms(r.step_p95_s), ms(r.moe_layer_mean_s),
-               ms(r.a2a_mean_s), ms(r.exposed_comm_mean_s), speedup, r.decisions);
+    fmt::print("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>8} {:>11} {:>11} {:>6}  {}\n",
+               r.strategy, ms(r.step_mean_s), ms(r.step_p50_s), ms(r.step_p95_s),
+               ms(r.moe_layer_mean_s), ms(r.a2a_mean_s), ms(r.exposed_comm_mean_s), speedup,
+               tokens_text(r), tflops_text(r), mfu_text(r), r.decisions);
   }
   print_verdict(rows);
   // Inference placement (STRATEGIES §7): batch latency median / p95 against the baseline's.
@@ -191,6 +228,26 @@ nlohmann::ordered_json number_or_null(double x, bool valid) {
 }
 
 }  // namespace
+
+nlohmann::ordered_json breakdown_json(const RunSummary& s) {
+  return {{"compute_s", s.compute_mean_s},
+          {"a2a_s", s.a2a_mean_s},
+          {"allreduce_s", s.allreduce_mean_s},
+          {"exposed_comm_s", s.exposed_comm_mean_s},
+          {"gemm_s", s.gemm_mean_s},
+          {"attention_s", s.attention_mean_s},
+          {"memory_bound_s", s.memory_bound_mean_s},
+          {"optimizer_s", s.optimizer_mean_s},
+          {"recompute_s", s.recompute_mean_s}};
+}
+
+void add_figures_json(nlohmann::ordered_json& j, const RunSummary& s) {
+  j["tokens_per_step"] = s.tokens_per_step;
+  j["tokens_per_s_per_gpu"] = s.tokens_per_s_per_gpu;
+  j["model_flops_per_token"] = s.model_flops_per_token;
+  j["model_tflops_per_gpu"] = number_or_null(s.model_tflops_per_gpu, s.has_model_flops);
+  j["mfu"] = number_or_null(s.mfu, s.has_model_flops && s.mfu > 0);
+}
 
 nlohmann::ordered_json decision_json(const Scenario& sc, const strategies::Decision& d) {
   nlohmann::ordered_json j;
@@ -263,10 +320,7 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
     if (r.inference) it["inference"] = inference_json(*r.inference);
     its.push_back(std::move(it));
   }
-  j["breakdown"] = {{"compute_s", s.compute_mean_s},
-                    {"a2a_s", s.a2a_mean_s},
-                    {"allreduce_s", s.allreduce_mean_s},
-                    {"exposed_comm_s", s.exposed_comm_mean_s}};
+  j["breakdown"] = breakdown_json(s);
   if (!run.iterations.empty()) j["decisions"] = decision_json(sc, run.iterations.back().decision);
   j["memory_bytes"] = s.memory_bytes;
   j["memory"] = memory_json(s.memory, s.gpu_memory_bytes);
@@ -274,6 +328,7 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
     j["speedup_vs_baseline"] = s.speedup;
   else
     j["speedup_vs_baseline"] = nullptr;
+  add_figures_json(j, s);
   if (s.inference) {
     auto& inf = j["inference"];
     inf["latency_p50_s"] = s.step_p50_s;
@@ -292,20 +347,34 @@ nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& 
 void write_csv_header(std::ostream& os) {
   os << "scenario,topology,strategy,iteration,capacity_factor,step_time_s,moe_layer_time_s,a2a_s,"
         "allreduce_s,compute_s,exposed_comm_s,dropped_tokens,pipeline_degree,a2a,parallel,layout,"
-        "schedule,memory_bytes\n";
+        "schedule,memory_bytes,tokens_per_s_per_gpu,model_tflops_per_gpu,mfu,"
+        "model_flops_per_token,gemm_s,attention_s,memory_bound_s,optimizer_s,recompute_s\n";
 }
 
 void write_csv_rows(std::ostream& os, const Scenario& sc, const strategies::StackRun& run,
                     const std::string& topology) {
   for (const auto& r : run.iterations) {
     const auto& d = r.decision;
+    const auto& b = r.breakdown;
+    // This iteration's figures (the table and the JSON take them at the mean step time). No
+    // model FLOP/s for inference and no MFU without a peak: empty fields.
+    const auto fig =
+        strategies::step_figures(run.tokens_per_step, run.model_flops_per_token, run.training,
+                                 sc.num_gpus(), r.step_time_s, run.gpu_peak_flops_per_s);
+    const std::string tflops =
+        fig.has_model_flops ? fmt::format("{:.9g}", fig.model_flops_per_s_per_gpu / 1e12) : "";
+    const std::string mfu =
+        fig.has_model_flops && fig.mfu > 0 ? fmt::format("{:.9g}", fig.mfu) : "";
     os << fmt::format(
-        "{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{},{},{},{}\n", sc.name,
-        topology, run.strategy, r.index, r.capacity_factor, r.step_time_s, r.moe_layer_time_s,
-        r.a2a_s, r.allreduce_s, r.compute_s, r.exposed_comm_s, r.dropped_tokens, d.pipeline_degree,
-        collective_algo_name(d.a2a), parallel_name(sc, d.parallel_degree),
+        "{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{},{},{},{},{:.0f},{:.9g},{"
+        "},"
+        "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g}\n",
+        sc.name, topology, run.strategy, r.index, r.capacity_factor, r.step_time_s,
+        r.moe_layer_time_s, r.a2a_s, r.allreduce_s, r.compute_s, r.exposed_comm_s, r.dropped_tokens,
+        d.pipeline_degree, collective_algo_name(d.a2a), parallel_name(sc, d.parallel_degree),
         d.layout == LayoutRole::kFlexible ? "flexible" : "plain", name_of(d.schedule),
-        r.memory.total_bytes());
+        r.memory.total_bytes(), fig.tokens_per_s_per_gpu, tflops, mfu, fig.model_flops_per_token,
+        b.gemm_s, b.attention_s, b.memory_bound_s, b.optimizer_s, b.recompute_s);
   }
 }
 

@@ -19,9 +19,20 @@ struct RunSummary {
   double step_mean_s = 0, step_p50_s = 0, step_p95_s = 0;
   double moe_layer_mean_s = 0;
   double a2a_mean_s = 0, allreduce_mean_s = 0, compute_mean_s = 0, exposed_comm_mean_s = 0;
-  std::string decisions;     // the last iteration's decision, described
-  double speedup = 0;        // baseline step mean / this step mean (0 = no baseline)
-  bool is_baseline = false;  // the row speedups are relative to (apply_speedups)
+  // compute_mean_s by class group (core::Breakdown, docs/figures.md), means over iterations.
+  double gemm_mean_s = 0, attention_mean_s = 0, memory_bound_mean_s = 0, optimizer_mean_s = 0,
+         recompute_mean_s = 0;
+  // The figures frameworks print (strategies/model_flops.hpp) at the mean step time. Model FLOP/s
+  // and MFU are training figures: has_model_flops is false for inference (tokens/s/GPU only).
+  double tokens_per_step = 0;
+  double model_flops_per_token = 0;  // training: forward + backward; inference: forward
+  double tokens_per_s_per_gpu = 0;
+  bool has_model_flops = false;
+  double model_tflops_per_gpu = 0;  // model TFLOP/s per GPU
+  double mfu = 0;                   // model FLOP/s per GPU / the GPU's dense peak for model.dtype
+  std::string decisions;            // the last iteration's decision, described
+  double speedup = 0;               // baseline step mean / this step mean (0 = no baseline)
+  bool is_baseline = false;         // the row speedups are relative to (apply_speedups)
   double wall_s = 0;
   // Inference expert placement (STRATEGIES §7), when the scenario uses it: one batch = one
   // iteration, so the batch latency median / p95 are step_p50_s / step_p95_s.
@@ -55,12 +66,25 @@ int baseline_index(const std::vector<StrategySpec>& specs);
 void apply_speedups(std::vector<RunSummary>& rows, int baseline);
 
 void print_table(const std::vector<RunSummary>& rows);
+/// The table's figure cells: tokens/s/GPU, model TFLOP/s/GPU, MFU ("-" where there is none:
+/// inference has no model FLOP/s, an unknown peak no MFU).
+std::string tokens_text(const RunSummary& r);
+std::string tflops_text(const RunSummary& r);
+std::string mfu_text(const RunSummary& r);
 /// "fastest: NAME (T ms per step, X.XXx over baseline at T0 ms)", or "" with < 2 timed rows.
 std::string verdict_line(const std::vector<RunSummary>& rows);
 
 /// One entry of the "runs" array of DESIGN §5.
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,
                                 const RunSummary& s);
+
+/// The "breakdown" object of a run: compute_s, a2a_s, allreduce_s, exposed_comm_s, then the
+/// compute classes gemm_s, attention_s, memory_bound_s, optimizer_s, recompute_s.
+nlohmann::ordered_json breakdown_json(const RunSummary& s);
+
+/// Adds tokens_per_step, tokens_per_s_per_gpu, model_flops_per_token, model_tflops_per_gpu and
+/// mfu (null where there is none: inference, or an unknown peak for mfu) to a run's object.
+void add_figures_json(nlohmann::ordered_json& j, const RunSummary& s);
 
 /// The "memory" object of a run: memory_bytes, each part, gpu_memory_bytes and fits.
 nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double gpu_memory_bytes);

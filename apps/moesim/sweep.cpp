@@ -649,6 +649,15 @@ const std::vector<std::string>& result_columns() {
                                                 "memory_bytes",
                                                 "gpu_memory_bytes",
                                                 "fits_memory",
+                                                "tokens_per_s_per_gpu",
+                                                "model_tflops_per_gpu",
+                                                "mfu",
+                                                "model_flops_per_token",
+                                                "gemm_s",
+                                                "attention_s",
+                                                "memory_bound_s",
+                                                "optimizer_s",
+                                                "recompute_s",
                                                 "wall_s"};  // wall-clock last: tests strip it
   return cols;
 }
@@ -660,14 +669,19 @@ std::string csv_line(const SweepRow& r) {
     s += csv_field(v);
   }
   const RunSummary& m = r.summary;
+  // Model TFLOP/s and MFU are empty where there are none (inference; MFU without a peak).
   s += fmt::format(
       ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.0f},{:.0f},{},"
-      "{:.6f}\n",
+      "{:.9g},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f}\n",
       csv_field(r.scenario), csv_field(m.strategy), csv_field(m.topology), m.gpus, m.step_mean_s,
       m.step_p50_s, m.step_p95_s, m.moe_layer_mean_s, m.a2a_mean_s, m.allreduce_mean_s,
       m.compute_mean_s, m.exposed_comm_mean_s,
       m.speedup > 0 ? fmt::format("{:.9g}", m.speedup) : "", csv_field(m.decisions), m.memory_bytes,
-      m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.wall_s);
+      m.gpu_memory_bytes, m.fits_memory() ? 1 : 0, m.tokens_per_s_per_gpu,
+      m.has_model_flops ? fmt::format("{:.9g}", m.model_tflops_per_gpu) : "",
+      m.has_model_flops && m.mfu > 0 ? fmt::format("{:.9g}", m.mfu) : "", m.model_flops_per_token,
+      m.gemm_mean_s, m.attention_mean_s, m.memory_bound_mean_s, m.optimizer_mean_s,
+      m.recompute_mean_s, m.wall_s);
   return s;
 }
 
@@ -695,6 +709,15 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
     m.memory_bytes = std::stod(f[i++]);
     m.gpu_memory_bytes = std::stod(f[i++]);
     ++i;  // fits_memory: derived from the two
+    m.tokens_per_s_per_gpu = std::stod(f[i++]);
+    m.has_model_flops = !f[i].empty();
+    m.model_tflops_per_gpu = m.has_model_flops ? std::stod(f[i]) : 0;
+    ++i;
+    m.mfu = f[i].empty() ? 0 : std::stod(f[i]);
+    ++i;
+    for (double* d : {&m.model_flops_per_token, &m.gemm_mean_s, &m.attention_mean_s,
+                      &m.memory_bound_mean_s, &m.optimizer_mean_s, &m.recompute_mean_s})
+      *d = std::stod(f[i++]);
     m.wall_s = std::stod(f[i++]);
     return r;
   } catch (const std::exception&) {
@@ -779,6 +802,17 @@ std::string rows_message(int rank, const std::vector<SweepRow>& rows) {
     rj["times"] = {m.step_mean_s, m.step_p50_s,       m.step_p95_s,     m.moe_layer_mean_s,
                    m.a2a_mean_s,  m.allreduce_mean_s, m.compute_mean_s, m.exposed_comm_mean_s,
                    m.speedup,     m.wall_s,           m.memory_bytes,   m.gpu_memory_bytes};
+    rj["figures"] = {m.tokens_per_step,
+                     m.model_flops_per_token,
+                     m.tokens_per_s_per_gpu,
+                     m.model_tflops_per_gpu,
+                     m.mfu,
+                     m.gemm_mean_s,
+                     m.attention_mean_s,
+                     m.memory_bound_mean_s,
+                     m.optimizer_mean_s,
+                     m.recompute_mean_s};
+    rj["has_model_flops"] = m.has_model_flops;
     rj["decisions"] = m.decisions;
     rj["run"] = r.run;
     arr.push_back(std::move(rj));
@@ -805,6 +839,15 @@ std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
       const auto& v = t.at(i++);
       *d = v.is_number() ? v.get<double>() : 0.0;  // JSON has no NaN: dump() wrote null
     }
+    const auto& fig = rj.at("figures");
+    i = 0;
+    for (double* d : {&m.tokens_per_step, &m.model_flops_per_token, &m.tokens_per_s_per_gpu,
+                      &m.model_tflops_per_gpu, &m.mfu, &m.gemm_mean_s, &m.attention_mean_s,
+                      &m.memory_bound_mean_s, &m.optimizer_mean_s, &m.recompute_mean_s}) {
+      const auto& v = fig.at(i++);
+      *d = v.is_number() ? v.get<double>() : 0.0;
+    }
+    m.has_model_flops = rj.at("has_model_flops").get<bool>();
     m.decisions = rj.at("decisions").get<std::string>();
     r.run = rj.at("run");
     rows.push_back(std::move(r));
@@ -1140,16 +1183,15 @@ void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
       rj["step_time_p50_s"] = s.step_p50_s;
       rj["step_time_p95_s"] = s.step_p95_s;
       rj["moe_layer_time_s"] = s.moe_layer_mean_s;
-      rj["breakdown"] = {{"compute_s", s.compute_mean_s},
-                         {"a2a_s", s.a2a_mean_s},
-                         {"allreduce_s", s.allreduce_mean_s},
-                         {"exposed_comm_s", s.exposed_comm_mean_s}};
+      rj["breakdown"] = breakdown_json(s);
       rj["decisions"] = s.decisions;
       rj["speedup_vs_baseline"] = s.speedup > 0 ? nlohmann::ordered_json(s.speedup) : nullptr;
       rj["memory_bytes"] = s.memory_bytes;
       rj["memory"] = {{"memory_bytes", s.memory_bytes},
                       {"gpu_memory_bytes", s.gpu_memory_bytes},
                       {"fits", s.fits_memory()}};
+      add_figures_json(rj, s);
+      rj.erase("tokens_per_step");  // the CSV does not keep it
       rj["resumed"] = true;
       runs.push_back(std::move(rj));
     }

@@ -239,7 +239,13 @@ nlohmann::json stored_json(const Stored& st) {
           {"exposed_comm_mean_s", x.exposed_comm_mean_s},
           {"decisions", x.decisions},
           {"memory_bytes", x.memory_bytes},
-          {"gpu_memory_bytes", x.gpu_memory_bytes}};
+          {"gpu_memory_bytes", x.gpu_memory_bytes},
+          {"tokens_per_step", x.tokens_per_step},
+          {"model_flops_per_token", x.model_flops_per_token},
+          {"tokens_per_s_per_gpu", x.tokens_per_s_per_gpu},
+          {"has_model_flops", x.has_model_flops},
+          {"model_tflops_per_gpu", x.model_tflops_per_gpu},
+          {"mfu", x.mfu}};
 }
 
 Stored stored_of(const nlohmann::json& v) {
@@ -261,6 +267,13 @@ Stored stored_of(const nlohmann::json& v) {
   x.decisions = v.at("decisions");
   x.memory_bytes = v.at("memory_bytes");
   x.gpu_memory_bytes = v.at("gpu_memory_bytes");
+  // The figures (docs/figures.md); absent from a state file written before them.
+  x.tokens_per_step = v.value("tokens_per_step", 0.0);
+  x.model_flops_per_token = v.value("model_flops_per_token", 0.0);
+  x.tokens_per_s_per_gpu = v.value("tokens_per_s_per_gpu", 0.0);
+  x.has_model_flops = v.value("has_model_flops", false);
+  x.model_tflops_per_gpu = v.value("model_tflops_per_gpu", 0.0);
+  x.mfu = v.value("mfu", 0.0);
   return st;
 }
 
@@ -1233,9 +1246,16 @@ void print_tune(const TuneResult& r) {
 std::string tune_json(const TuneResult& r) {
   using nlohmann::json;
   auto summary = [](const RunSummary& s) {
-    return json{{"step_time_s", s.step_mean_s},  {"a2a_s", s.a2a_mean_s},
-                {"compute_s", s.compute_mean_s}, {"exposed_comm_s", s.exposed_comm_mean_s},
-                {"decisions", s.decisions},      {"memory_bytes", s.memory_bytes}};
+    return json{
+        {"step_time_s", s.step_mean_s},
+        {"a2a_s", s.a2a_mean_s},
+        {"compute_s", s.compute_mean_s},
+        {"exposed_comm_s", s.exposed_comm_mean_s},
+        {"decisions", s.decisions},
+        {"memory_bytes", s.memory_bytes},
+        {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
+        {"model_tflops_per_gpu", s.has_model_flops ? json(s.model_tflops_per_gpu) : json(nullptr)},
+        {"mfu", s.has_model_flops && s.mfu > 0 ? json(s.mfu) : json(nullptr)}};
   };
   json j;
   j["scenario"] = r.scenario;

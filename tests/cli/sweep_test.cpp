@@ -267,7 +267,8 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
             "point,model.capacity_factor,model.top_k,scenario,strategy,topology,gpus,step_time_s,"
             "step_time_p50_s,step_time_p95_s,moe_layer_time_s,a2a_s,allreduce_s,compute_s,"
             "exposed_comm_s,speedup_vs_baseline,decisions,memory_bytes,gpu_memory_bytes,"
-            "fits_memory,wall_s");
+            "fits_memory,tokens_per_s_per_gpu,model_tflops_per_gpu,mfu,model_flops_per_token,"
+            "gemm_s,attention_s,memory_bound_s,optimizer_s,recompute_s,wall_s");
   // Sorted by point, strategies in the subset's order; axis values verbatim.
   std::vector<std::string> want_prefix = {
       "0,1.0,1,quickstart,baseline,", "0,1.0,1,quickstart,tutel,",

@@ -51,7 +51,9 @@ using Interval = std::pair<double, double>;
 
 // Sorts and merges in place; returns the merged list (disjoint, ascending).
 void merge_intervals(std::vector<Interval>& v) {
-  std::sort(v.begin(), v.end());
+  // Mostly in start order already (a stream's ops are recorded in plan order): sort only if not.
+  const auto by_start = [](const Interval& a, const Interval& b) { return a.first < b.first; };
+  if (!std::is_sorted(v.begin(), v.end(), by_start)) std::sort(v.begin(), v.end(), by_start);
   size_t out = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i].second <= v[i].first) continue;  // empty intervals take no time
@@ -134,8 +136,8 @@ void summarize_run(const Plan& plan, RunResult& result) {
   const int P = plan.num_ranks();
 
   // Bucket intervals per (category, rank) with a counting pass first, so the arrays are sized
-  // exactly (4,096 ranks x many ops must not reallocate per push).
-  std::vector<std::int64_t> count(static_cast<size_t>(kNum) * P + 1, 0);
+  // exactly (4,096 ranks x many ops must not reallocate per push). Ranks are taken in blocks, so
+  // the buckets hold one block's intervals at a time (a DeepSeek-V3 step has ~50 M instances).
   auto cats_of = [](const Op& op, int out[kMaxCats]) {
     if (op.kind == OpKind::kCompute) {
       const ComputeSpec& c = op.compute();
@@ -170,50 +172,74 @@ void summarize_run(const Plan& plan, RunResult& result) {
     }
     return 2;
   };
+  // Positions [lo, hi) of an op's ranks inside [r0, r1) (rank sets are ascending).
+  auto positions = [](const RankSet& rs, int r0, int r1) {
+    auto first_at_least = [&rs](int r) {
+      int lo = 0, hi = rs.size();
+      while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (rs.at(mid) < r)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      return lo;
+    };
+    return std::pair{first_at_least(r0), first_at_least(r1)};
+  };
 
+  constexpr int kBlock = 256;
   double makespan = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    int cats[kMaxCats];
-    int nc = cats_of(op, cats);
-    for (int p = 0; p < op.ranks.size(); ++p) {
-      auto e = result.op_offset[i] + p;
-      double s = result.start_s[e], t = result.end_s[e];
-      if (std::isnan(s) || std::isnan(t))
-        throw InternalError(fmt::format("run result: op {} '{}' has no time on rank {}", op.id,
-                                        op.label, op.ranks.at(p)));
-      makespan = std::max(makespan, t);
-      for (int c = 0; c < nc; ++c) ++count[static_cast<size_t>(cats[c]) * P + op.ranks.at(p) + 1];
-    }
-  }
-  for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
-  std::vector<Interval> iv(count.back());
-  std::vector<std::int64_t> fill(count.begin(), count.end() - 1);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    int cats[kMaxCats];
-    int nc = cats_of(op, cats);
-    for (int p = 0; p < op.ranks.size(); ++p) {
-      auto e = result.op_offset[i] + p;
-      for (int c = 0; c < nc; ++c)
-        iv[fill[static_cast<size_t>(cats[c]) * P + op.ranks.at(p)]++] = {result.start_s[e],
-                                                                         result.end_s[e]};
-    }
-  }
-
   double sum[kNum] = {};
   double exposed = 0, overlap = 0;
   std::vector<Interval> merged[kNum];
-  for (int r = 0; r < P; ++r) {
-    for (int c = 0; c < kNum; ++c) {
-      size_t k = static_cast<size_t>(c) * P + r;
-      merged[c].assign(iv.begin() + count[k], iv.begin() + count[k + 1]);
-      merge_intervals(merged[c]);
-      sum[c] += measure(merged[c]);
+  std::vector<std::int64_t> count;
+  std::vector<Interval> iv;
+  for (int r0 = 0; r0 < P; r0 += kBlock) {
+    const int r1 = std::min(P, r0 + kBlock), nr = r1 - r0;
+    count.assign(static_cast<size_t>(kNum) * nr + 1, 0);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      int cats[kMaxCats];
+      const int nc = cats_of(op, cats);
+      const auto [lo, hi] = positions(op.ranks, r0, r1);
+      for (int p = lo; p < hi; ++p) {
+        const auto e = result.op_offset[i] + p;
+        const double s = result.start_s[e], t = result.end_s[e];
+        if (std::isnan(s) || std::isnan(t))
+          throw InternalError(fmt::format("run result: op {} '{}' has no time on rank {}", op.id,
+                                          op.label, op.ranks.at(p)));
+        makespan = std::max(makespan, t);
+        for (int c = 0; c < nc; ++c)
+          ++count[static_cast<size_t>(cats[c]) * nr + (op.ranks.at(p) - r0) + 1];
+      }
     }
-    double ov = intersection_measure(merged[kComm], merged[kCompute]);
-    overlap += ov;
-    exposed += measure(merged[kComm]) - ov;
+    for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
+    iv.resize(static_cast<size_t>(count.back()));
+    std::vector<std::int64_t> fill(count.begin(), count.end() - 1);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      int cats[kMaxCats];
+      const int nc = cats_of(op, cats);
+      const auto [lo, hi] = positions(op.ranks, r0, r1);
+      for (int p = lo; p < hi; ++p) {
+        const auto e = result.op_offset[i] + p;
+        for (int c = 0; c < nc; ++c)
+          iv[fill[static_cast<size_t>(cats[c]) * nr + (op.ranks.at(p) - r0)]++] = {
+              result.start_s[e], result.end_s[e]};
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      for (int c = 0; c < kNum; ++c) {
+        const size_t k = static_cast<size_t>(c) * nr + r;
+        merged[c].assign(iv.begin() + count[k], iv.begin() + count[k + 1]);
+        merge_intervals(merged[c]);
+        sum[c] += measure(merged[c]);
+      }
+      const double ov = intersection_measure(merged[kComm], merged[kCompute]);
+      overlap += ov;
+      exposed += measure(merged[kComm]) - ov;
+    }
   }
 
   const double inv = P > 0 ? 1.0 / P : 0.0;

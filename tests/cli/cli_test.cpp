@@ -898,4 +898,22 @@ TEST(Cli, CompareRunsStacksTimesTopologies) {
   fs::remove_all(dir);
 }
 
+// fp8 GEMMs on a GPU without fp8 tensor cores: exit 2 naming the key that asked for them (the
+// precision map's, or model.dtype's when it set the GEMMs' precision) and the GPUs that have them.
+TEST(Cli, Fp8GemmsOnAGpuWithoutFp8AreRefused) {
+  const std::string base = fmt::format("validate '{}/scenarios/quickstart.yaml'", kSource);
+  auto r = run(base + " --set model.precision.gemm=fp8");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr(
+                         "model.precision.gemm: found fp8, but GPU 'a100-sxm-80gb' has no fp8 "
+                         "tensor cores; expected bf16 or fp16 (fp8 GEMMs run on h100-sxm"));
+  r = run(base + " --set model.dtype=fp8");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("model.dtype: found fp8, but GPU 'a100-sxm-80gb'"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("(or model.precision.gemm: bf16)"));
+  // The same GEMMs on an H100 run, in fp8.
+  r = run(base + " --set model.precision.gemm=fp8 --set cluster.gpu=h100-sxm");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 }  // namespace

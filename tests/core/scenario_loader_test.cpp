@@ -1019,3 +1019,78 @@ TEST(ScenarioBounds, IntegerRangesAreStated) {
 
 }  // namespace
 }  // namespace moesim
+
+namespace moesim {
+namespace {
+
+// model.attention / activation / precision / recompute: what each resolves to, and the errors
+// with the key and what is allowed.
+TEST(ScenarioModelLayout, AttentionActivationPrecisionRecompute) {
+  const Scenario plain = parse(kTiny);
+  // Absent attention: one head of width M when 128 does not divide M (M = 16).
+  EXPECT_EQ(plain.model.attention.heads, 1);
+  EXPECT_EQ(plain.model.attention.head_dim, 16);
+  EXPECT_EQ(plain.model.activation, FfnActivation::kGelu);
+  EXPECT_EQ(plain.model.precision.gemm, Dtype::kFp16);  // model.dtype's default
+  EXPECT_EQ(plain.model.recompute.granularity, RecomputeGranularity::kNone);
+
+  const Scenario gqa = parse(tiny_with(
+      "  experts_per_gpu: 1\n",
+      "  experts_per_gpu: 1\n  attention: {heads: 4, kv_heads: 2}\n  activation: swiglu\n"
+      "  precision: {gemm: fp8, dispatch: fp8, combine: bf16, main_grads: fp32}\n"
+      "  recompute: {granularity: selective}\n"));
+  EXPECT_EQ(gqa.model.attention.head_dim, 4);  // M / heads
+  EXPECT_EQ(gqa.model.attention.kv_heads, 2);
+  EXPECT_TRUE(gqa.model.swiglu());
+  EXPECT_EQ(gqa.model.fc1_width(32), 64);
+  EXPECT_EQ(gqa.model.ffn_params(32), 3 * 16 * 32);
+  EXPECT_EQ(gqa.model.precision.gemm, Dtype::kFp8);
+  EXPECT_EQ(gqa.model.precision.combine, Dtype::kBf16);
+  EXPECT_EQ(gqa.model.precision.main_grads, Dtype::kFp32);
+  // Selective without modules: Megatron's default, the attention core.
+  ASSERT_EQ(gqa.model.recompute.modules.size(), 1u);
+  EXPECT_TRUE(gqa.model.recompute.has(RecomputeModule::kCoreAttn));
+
+  const auto with = [](const std::string& lines) {
+    return error_of(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n" + lines));
+  };
+  EXPECT_THAT(with("  attention: {heads: 3}\n"),
+              HasSubstr("model.attention.heads: found 3, expected a divisor of model_dim = 16"));
+  EXPECT_THAT(with("  attention: {heads: 4, kv_heads: 3}\n"),
+              HasSubstr("model.attention.kv_heads: found 3, expected a divisor of heads = 4"));
+  EXPECT_THAT(with("  attention: {heads: 4, kv_lora_rank: 8}\n"),
+              HasSubstr("model.attention.kv_lora_rank: 'kv_lora_rank' is a multi-head latent "
+                        "attention rank, expected kind: mla"));
+  EXPECT_THAT(with("  attention: {kind: mla, heads: 4, kv_lora_rank: 8, qk_nope_head_dim: 4}\n"),
+              HasSubstr("missing required key 'qk_rope_head_dim'"));
+  // Tensor parallelism splits heads: mp must divide them.
+  EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n",
+                                 "  experts_per_gpu: 2\n  attention: {heads: 2, head_dim: 8}\n"
+                                 "parallelism: {mp: 4}\n")),
+              AllOf(StartsWith("test.yaml:14:"),
+                    HasSubstr("model.attention.heads: found 2 with parallelism.mp = 4, expected "
+                              "a multiple of mp")));
+  EXPECT_THAT(with("  recompute: {granularity: selective, modules: [mla_up_proj]}\n"),
+              HasSubstr("model.recompute.modules[0]: mla_up_proj recomputes multi-head latent "
+                        "attention's up-projections, but model.attention.kind is mha; expected a "
+                        "module the model has"));
+  EXPECT_THAT(with("  recompute: {granularity: selective, modules: [shared_experts]}\n"),
+              HasSubstr("model.recompute.modules[0]: shared_experts recomputes the shared "
+                        "experts, but model.shared_experts is 0"));
+  EXPECT_THAT(with("  recompute: {granularity: selective, modules: [mlp]}\n"),
+              HasSubstr("every block of the model has an MoE FFN"));
+  EXPECT_THAT(with("  recompute: {granularity: selective, modules: [core_atn]}\n"),
+              AllOf(HasSubstr("model.recompute.modules[0]: found 'core_atn', expected one of "
+                              "core_attn, layernorm"),
+                    HasSubstr("did you mean 'core_attn'")));
+  EXPECT_THAT(with("  recompute: {granularity: full, modules: [moe]}\n"),
+              HasSubstr("model.recompute.modules: found modules with granularity full, expected "
+                        "granularity: selective"));
+  EXPECT_THAT(with("  precision: {main_grads: fp8}\n"),
+              HasSubstr("model.precision.main_grads: found fp8, expected fp32, bf16 or fp16"));
+  EXPECT_THAT(with("  activation: relu\n"),
+              HasSubstr("model.activation: found 'relu', expected one of gelu or swiglu"));
+}
+
+}  // namespace
+}  // namespace moesim

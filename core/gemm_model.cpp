@@ -76,8 +76,8 @@ double attention_efficiency(const AttentionModelParams& p, double keys, double h
                             bool backward) {
   keys = std::max(keys, 1.0);
   head_dim = std::max(head_dim, 1.0);
-  const double e = p.max_efficiency * keys / (keys + p.seq_half) * head_dim /
-                   (head_dim + p.head_dim_half);
+  const double e =
+      p.max_efficiency * keys / (keys + p.seq_half) * head_dim / (head_dim + p.head_dim_half);
   return backward ? e * p.backward_factor : e;
 }
 

@@ -72,9 +72,8 @@ bool RankSet::operator==(const RankSet& o) const {
 
 namespace {
 constexpr std::array kOpKinds = {"compute", "collective", "copy"};
-constexpr std::array kComputeClasses = {"gemm",        "gate",      "encode", "decode",
-                                        "elementwise", "attention", "other",
-                                        "norm",        "optimizer"};
+constexpr std::array kComputeClasses = {"gemm",      "gate",  "encode", "decode",   "elementwise",
+                                        "attention", "other", "norm",   "optimizer"};
 constexpr std::array kCollectiveTypes = {"all_to_all", "all_to_allv",    "all_reduce",
                                          "all_gather", "reduce_scatter", "send_recv"};
 constexpr std::array kCollectiveAlgos = {"auto",         "linear", "2dh", "ring",  "tree",

@@ -198,37 +198,34 @@ void summarize_run(const Plan& plan, RunResult& result) {
   for (int r0 = 0; r0 < P; r0 += kBlock) {
     const int r1 = std::min(P, r0 + kBlock), nr = r1 - r0;
     count.assign(static_cast<size_t>(kNum) * nr + 1, 0);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      int cats[kMaxCats];
-      const int nc = cats_of(op, cats);
-      const auto [lo, hi] = positions(op.ranks, r0, r1);
-      for (int p = lo; p < hi; ++p) {
-        const auto e = result.op_offset[i] + p;
-        const double s = result.start_s[e], t = result.end_s[e];
-        if (std::isnan(s) || std::isnan(t))
-          throw InternalError(fmt::format("run result: op {} '{}' has no time on rank {}", op.id,
-                                          op.label, op.ranks.at(p)));
-        makespan = std::max(makespan, t);
-        for (int c = 0; c < nc; ++c)
-          ++count[static_cast<size_t>(cats[c]) * nr + (op.ranks.at(p) - r0) + 1];
+    // f(op index, position, bucket) for every instance of the block's ranks and category.
+    const auto for_each_instance = [&](const auto& f) {
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        int cats[kMaxCats];
+        const int nc = cats_of(op, cats);
+        const auto [lo, hi] = positions(op.ranks, r0, r1);
+        for (int p = lo; p < hi; ++p)
+          for (int c = 0; c < nc; ++c)
+            f(i, p, static_cast<size_t>(cats[c]) * nr + (op.ranks.at(p) - r0));
       }
-    }
+    };
+    for_each_instance([&](size_t i, int p, size_t bucket) {
+      const auto e = result.op_offset[i] + p;
+      const double s = result.start_s[e], t = result.end_s[e];
+      if (std::isnan(s) || std::isnan(t))
+        throw InternalError(fmt::format("run result: op {} '{}' has no time on rank {}", ops[i].id,
+                                        ops[i].label, ops[i].ranks.at(p)));
+      makespan = std::max(makespan, t);
+      ++count[bucket + 1];
+    });
     for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
     iv.resize(static_cast<size_t>(count.back()));
     std::vector<std::int64_t> fill(count.begin(), count.end() - 1);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      int cats[kMaxCats];
-      const int nc = cats_of(op, cats);
-      const auto [lo, hi] = positions(op.ranks, r0, r1);
-      for (int p = lo; p < hi; ++p) {
-        const auto e = result.op_offset[i] + p;
-        for (int c = 0; c < nc; ++c)
-          iv[fill[static_cast<size_t>(cats[c]) * nr + (op.ranks.at(p) - r0)]++] = {
-              result.start_s[e], result.end_s[e]};
-      }
-    }
+    for_each_instance([&](size_t i, int p, size_t bucket) {
+      const auto e = result.op_offset[i] + p;
+      iv[fill[bucket]++] = {result.start_s[e], result.end_s[e]};
+    });
     for (int r = 0; r < nr; ++r) {
       for (int c = 0; c < kNum; ++c) {
         const size_t k = static_cast<size_t>(c) * nr + r;

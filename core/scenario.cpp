@@ -37,9 +37,12 @@ const std::vector<NamedValue<RecomputeGranularity>>& recompute_granularity_names
 // Megatron-Core's --recompute-modules spellings.
 const std::vector<NamedValue<RecomputeModule>>& recompute_module_names() {
   static const std::vector<NamedValue<RecomputeModule>> t = {
-      {RecomputeModule::kCoreAttn, "core_attn"},  {RecomputeModule::kLayernorm, "layernorm"},
-      {RecomputeModule::kMlaUpProj, "mla_up_proj"}, {RecomputeModule::kMlp, "mlp"},
-      {RecomputeModule::kMoeAct, "moe_act"},      {RecomputeModule::kMoe, "moe"},
+      {RecomputeModule::kCoreAttn, "core_attn"},
+      {RecomputeModule::kLayernorm, "layernorm"},
+      {RecomputeModule::kMlaUpProj, "mla_up_proj"},
+      {RecomputeModule::kMlp, "mlp"},
+      {RecomputeModule::kMoeAct, "moe_act"},
+      {RecomputeModule::kMoe, "moe"},
       {RecomputeModule::kSharedExperts, "shared_experts"}};
   return t;
 }

@@ -88,7 +88,15 @@ struct PrecisionSpec {
 // kept for backward are recomputed from a checkpoint, and the recomputed forward is in the plan.
 // full: each block keeps only its input; selective: the listed modules' internals are dropped.
 enum class RecomputeGranularity { kNone, kSelective, kFull };
-enum class RecomputeModule { kCoreAttn, kLayernorm, kMlaUpProj, kMlp, kMoeAct, kMoe, kSharedExperts };
+enum class RecomputeModule {
+  kCoreAttn,
+  kLayernorm,
+  kMlaUpProj,
+  kMlp,
+  kMoeAct,
+  kMoe,
+  kSharedExperts
+};
 
 struct RecomputeSpec {
   RecomputeGranularity granularity = RecomputeGranularity::kNone;

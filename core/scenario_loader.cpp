@@ -581,9 +581,8 @@ AttentionSpec parse_attention(const MapReader& model, int M) {
   if (auto v = m.get_bool("causal")) a.causal = *v;
   m.require("heads", "the number of query heads (an integer >= 1)");
   a.heads = to_int32(*m.get_int("heads", 1, kMaxHeads));
-  const std::vector<std::string_view> mla_keys = {"q_lora_rank", "kv_lora_rank",
-                                                  "qk_nope_head_dim", "qk_rope_head_dim",
-                                                  "v_head_dim"};
+  const std::vector<std::string_view> mla_keys = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                  "qk_rope_head_dim", "v_head_dim"};
   if (!a.is_mla()) {
     for (std::string_view k : mla_keys)
       if (m.has(k))
@@ -637,8 +636,9 @@ PrecisionSpec parse_precision(const MapReader& model, Dtype dtype) {
   if (auto v = get_enum(m, "combine", dtype_table())) p.combine = *v;
   if (auto v = get_enum(m, "main_grads", dtype_table())) p.main_grads = *v;
   if (p.main_grads == Dtype::kFp8)
-    m.fail("main_grads", "found fp8, expected fp32, bf16 or fp16 (gradients are accumulated and "
-                         "reduced in a 16- or 32-bit type)");
+    m.fail("main_grads",
+           "found fp8, expected fp32, bf16 or fp16 (gradients are accumulated and "
+           "reduced in a 16- or 32-bit type)");
   return p;
 }
 
@@ -680,8 +680,9 @@ RecomputeSpec parse_recompute(const MapReader& model, const ModelSpec& spec) {
                            yaml::join_alternatives(names), yaml::did_you_mean(word, names)));
     std::string lacks;
     if (*mod == RecomputeModule::kMlaUpProj && !spec.attention.is_mla())
-      lacks = "mla_up_proj recomputes multi-head latent attention's up-projections, but "
-              "model.attention.kind is mha";
+      lacks =
+          "mla_up_proj recomputes multi-head latent attention's up-projections, but "
+          "model.attention.kind is mha";
     if (*mod == RecomputeModule::kSharedExperts && spec.shared_experts == 0)
       lacks = "shared_experts recomputes the shared experts, but model.shared_experts is 0";
     if (*mod == RecomputeModule::kMlp && !has_dense)
@@ -869,9 +870,9 @@ void check_attention_split(const MapReader& root, const ModelSpec& model,
                            const ParallelismSpec& par) {
   MapReader m = root.get_map("model", kModelKeys);
   if (!m.has("attention") || par.mp == 1) return;
-  MapReader a = m.get_map("attention", {"kind", "heads", "kv_heads", "head_dim", "q_lora_rank",
-                                        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                        "v_head_dim", "causal"});
+  MapReader a = m.get_map("attention",
+                          {"kind", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
+                           "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "causal"});
   const AttentionSpec& at = model.attention;
   if (at.heads % par.mp != 0)
     a.fail("heads", fmt::format("found {} with parallelism.mp = {}, expected a multiple of mp "

@@ -58,8 +58,8 @@ struct ComputeParams {
   /// the 1,979 dense peak; per-block scaling and the fp32 accumulation promotions cost the rest.
   double max_gemm_efficiency_fp8 = 0.7;
   AttentionModelParams attention;
-  double tile_mn = 96;               // effective tile width in m and n (mix of 64/128/256 tiles)
-  double tile_k = 32;                // k-loop depth below which pipelining is poor
+  double tile_mn = 96;  // effective tile width in m and n (mix of 64/128/256 tiles)
+  double tile_k = 32;   // k-loop depth below which pipelining is poor
   /// Fraction of peak reached by non-GEMM kernels (gate, encode, elementwise) on their FLOPs;
   /// they are normally bandwidth-bound anyway.
   double other_efficiency = 0.5;

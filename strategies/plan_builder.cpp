@@ -580,10 +580,10 @@ class Builder {
   struct KernelDesc {
     ComputeClass cls = ComputeClass::kGemm;
     std::string what;
-    GemmShape shape{};  // GEMMs and the attention core
-    double flops = 0;   // forward FLOPs
-    double bytes = 0;   // elementwise kernels: HBM bytes (read + write)
-    bool fp8 = false;   // a linear layer under model.precision.gemm: fp8
+    GemmShape shape{};       // GEMMs and the attention core
+    double flops = 0;        // forward FLOPs
+    double bytes = 0;        // elementwise kernels: HBM bytes (read + write)
+    bool fp8 = false;        // a linear layer under model.precision.gemm: fp8
     bool recompute = false;  // replayed in backward (model.recompute)
   };
 
@@ -619,9 +619,9 @@ class Builder {
     spec.fp8 = d.fp8;
     spec.recompute = replay;
     spec.backward = backward && !replay;
-    const std::string label = replay ? lbl(l, true, "recompute." + d.what) : lbl(l, backward, d.what);
-    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}),
-                             label);
+    const std::string label =
+        replay ? lbl(l, true, "recompute." + d.what) : lbl(l, backward, d.what);
+    return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}), label);
   }
   // Forward: the kernels in order. Backward: the recomputed ones first (in forward order), then
   // every kernel in reverse.
@@ -730,8 +730,8 @@ class Builder {
     }
     ks.push_back(linear(what + ".fc1", S_, w1, M_));
     ks.back().recompute = replay;
-    ks.push_back(elementwise(what + ".act", static_cast<double>(S_ * w1),
-                             static_cast<double>(S_ * Hp), b_));
+    ks.push_back(
+        elementwise(what + ".act", static_cast<double>(S_ * w1), static_cast<double>(S_ * Hp), b_));
     ks.back().recompute = replay;
     ks.push_back(linear(what + ".fc2", S_, M_, Hp));
     ks.back().recompute = replay;
@@ -823,8 +823,7 @@ class Builder {
     if (m.vocab_size > 0 && part_.embedding) dense += vocab;
     if (m.vocab_size > 0 && part_.head && !(m.tie_embeddings && part_.embedding)) dense += vocab;
     const double params = dense / dense_replicas + experts / expert_replicas;
-    const double per_param =
-        grad_bytes_ + 16.0 + (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
+    const double per_param = grad_bytes_ + 16.0 + (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
     std::vector<OpId> deps = index_.gradient_sync;
     deps.push_back(after);
     ComputeSpec spec;
@@ -894,8 +893,7 @@ class Builder {
   // all-to-all (combine, the backward's) at model.precision.combine's.
   double a2a_bytes(std::int64_t cap, bool forward_dispatch = false) const {
     const ModelSpec& m = sc_.model;
-    const double token =
-        token_bytes(forward_dispatch ? m.precision.dispatch : m.precision.combine);
+    const double token = token_bytes(forward_dispatch ? m.precision.dispatch : m.precision.combine);
     return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap) * token;
   }
   // Bytes of one token of M elements sent as `d`: fp8 carries one fp32 scale per 128 elements
@@ -944,8 +942,8 @@ class Builder {
   }
   // The expert FFN's activation on a chunk's rows (SwiGLU reads 2 hs and writes hs per row),
   // scaled per rank like the expert GEMMs.
-  OpId expert_act(int l, int moe, std::size_t j, const ExpertShapes& sh, bool backward,
-                  bool replay, OpId dep) {
+  OpId expert_act(int l, int moe, std::size_t j, const ExpertShapes& sh, bool backward, bool replay,
+                  OpId dep) {
     const double w1 = static_cast<double>(sc_.model.fc1_width(sh.hs));
     ComputeSpec spec;
     spec.cls = ComputeClass::kNorm;

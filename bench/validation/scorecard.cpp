@@ -480,10 +480,10 @@ CaseOutput whole_step_case(const Options& o, const std::string& file, const std:
       {"step_time_s", it.step_time_s, false,
        fmt::format("{:.2f} s ({:.0f} tokens/s/GPU) {}; compute {:.2f} s, exposed comm {:.2f} s",
                    it.step_time_s, tok_s_gpu, schedule_note, b.compute_s, b.exposed_comm_s)});
-  out.quantities.push_back({"memory_over_capacity",
-                            it.memory.total_bytes() / run.gpu_memory_bytes, false,
-                            fmt::format("{:.1f} of {:.1f} GiB", it.memory.total_bytes() / 1073741824.0,
-                                        run.gpu_memory_bytes / 1073741824.0)});
+  out.quantities.push_back(
+      {"memory_over_capacity", it.memory.total_bytes() / run.gpu_memory_bytes, false,
+       fmt::format("{:.1f} of {:.1f} GiB", it.memory.total_bytes() / 1073741824.0,
+                   run.gpu_memory_bytes / 1073741824.0)});
   return out;
 }
 
@@ -529,9 +529,8 @@ std::string fmt_value(double v, const std::string& unit) {
 
 const std::map<std::string, std::function<CaseOutput(const Options&)>>& cases() {
   static const std::map<std::string, std::function<CaseOutput(const Options&)>> m = {
-      {"V1", case_v1}, {"V2", case_v2}, {"V3", case_v3}, {"V4", case_v4},
-      {"V5", case_v5}, {"V6", case_v6}, {"V7", case_v7}, {"V10", case_v10},
-      {"V11", case_v11}};
+      {"V1", case_v1}, {"V2", case_v2}, {"V3", case_v3},   {"V4", case_v4},  {"V5", case_v5},
+      {"V6", case_v6}, {"V7", case_v7}, {"V10", case_v10}, {"V11", case_v11}};
   return m;
 }
 

@@ -1034,11 +1034,11 @@ TEST(ScenarioModelLayout, AttentionActivationPrecisionRecompute) {
   EXPECT_EQ(plain.model.precision.gemm, Dtype::kFp16);  // model.dtype's default
   EXPECT_EQ(plain.model.recompute.granularity, RecomputeGranularity::kNone);
 
-  const Scenario gqa = parse(tiny_with(
-      "  experts_per_gpu: 1\n",
-      "  experts_per_gpu: 1\n  attention: {heads: 4, kv_heads: 2}\n  activation: swiglu\n"
-      "  precision: {gemm: fp8, dispatch: fp8, combine: bf16, main_grads: fp32}\n"
-      "  recompute: {granularity: selective}\n"));
+  const Scenario gqa = parse(
+      tiny_with("  experts_per_gpu: 1\n",
+                "  experts_per_gpu: 1\n  attention: {heads: 4, kv_heads: 2}\n  activation: swiglu\n"
+                "  precision: {gemm: fp8, dispatch: fp8, combine: bf16, main_grads: fp32}\n"
+                "  recompute: {granularity: selective}\n"));
   EXPECT_EQ(gqa.model.attention.head_dim, 4);  // M / heads
   EXPECT_EQ(gqa.model.attention.kv_heads, 2);
   EXPECT_TRUE(gqa.model.swiglu());

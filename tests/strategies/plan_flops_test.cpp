@@ -18,13 +18,13 @@ namespace moesim::strategies {
 namespace {
 
 struct PlanFlops {
-  double model = 0;         // the model's FLOPs (GEMMs and the attention core), per token
-  double recomputed = 0;    // replayed forward kernels, per token
+  double model = 0;       // the model's FLOPs (GEMMs and the attention core), per token
+  double recomputed = 0;  // replayed forward kernels, per token
 };
 
 PlanFlops plan_flops_per_token(const std::string& preset) {
-  Scenario sc = load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/" + preset +
-                              ".yaml");
+  Scenario sc =
+      load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/" + preset + ".yaml");
   sc.model.micro_batches = 1;  // the same work per token, one instance of each op
   sc.workload.iterations = 1;
   StrategySpec spec;
@@ -54,8 +54,8 @@ PlanFlops plan_flops_per_token(const std::string& preset) {
 
 TEST(PlanFlops, PresetsMatchMegatronsModelFlopsWithinFivePercent) {
   for (const std::string preset : {"mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3"}) {
-    const Scenario sc = load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/" +
-                                      preset + ".yaml");
+    const Scenario sc =
+        load_scenario(std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/" + preset + ".yaml");
     const double megatron = model_flops(sc.model).training();
     const PlanFlops plan = plan_flops_per_token(preset);
     RecordProperty(preset + "_plan_gflops_per_token", fmt::format("{:.2f}", plan.model / 1e9));

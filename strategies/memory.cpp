@@ -129,10 +129,10 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   const std::int64_t h_slice = (m.hidden_dim + slices - 1) / slices;
   const bool moe = rc.has(RecomputeModule::kMoe);
   const bool moe_act = moe || rc.has(RecomputeModule::kMoeAct);
-  const double experts_kept =
-      moe ? 0
-          : s_esp * E * b + rows * M * g + rows * static_cast<double>(m.fc1_width(h_slice)) * b +
-                rows * M * b;
+  const double experts_kept = moe ? 0
+                                  : s_esp * E * b + rows * M * g +
+                                        rows * static_cast<double>(m.fc1_width(h_slice)) * b +
+                                        rows * M * b;
   // moe_act recomputes the activation from fc1's output: its output (fc2's input) is dropped.
   const double act_out = moe_act ? 0 : rows * static_cast<double>(h_slice) * g;
   // Shared experts (N of width H: one FFN of hidden N H) read the norm's output (their own fp8
@@ -323,7 +323,8 @@ std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu
     for (auto mod : modules) more = more || !m.recompute.has(mod);
     if (more) {
       std::string names;
-      for (auto mod : modules) names += fmt::format("{}{}", names.empty() ? "" : ", ", name_of(mod));
+      for (auto mod : modules)
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", name_of(mod));
       Option o{fmt::format("model.recompute: {{granularity: selective, modules: [{}]}}", names),
                sc};
       o.sc.model.recompute.granularity = RecomputeGranularity::kSelective;

@@ -97,8 +97,8 @@ Prepared prepare_iteration(const Scenario& sc, const StrategySpec& spec,
   if (session && f <= 0 && md.num_moe_layers() > 0)
     capacity = session->workload(i, f, 1).layers[0].capacity;
   else if (f > 0 || md.num_moe_layers() == 0)
-    capacity = workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(),
-                                        md.experts, 0, 1);
+    capacity =
+        workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(), md.experts, 0, 1);
   else {
     sampled = generator.next(i, 1);
     capacity = sampled->layers[0].capacity;

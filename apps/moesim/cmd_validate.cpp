@@ -44,8 +44,7 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
   // One sampling of the workload for every strategy (they draw the same counts).
   workload::SampleCache cache;
   const int iterations = sc.workload.iterations;
-  const auto layout_est =
-      strategies::planned_memory(sc, StrategySpec{}, topo, iterations, &cache);
+  const auto layout_est = strategies::planned_memory(sc, StrategySpec{}, topo, iterations, &cache);
   fmt::print("  memory/GPU   {}{}{}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters",
              mode, zero, recompute, fp8, layout_est.capacity, layout_est.dense_params,
              layout_est.expert_params);

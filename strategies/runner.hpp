@@ -54,8 +54,8 @@ struct StackRun {
 };
 
 /// The decision `spec`'s stack takes at iteration 0 (no history) when dC = `capacity`, without
-/// sampling a workload or building a plan: what `moesim validate` estimates memory for (Lina's
-/// expert packing, the parallel degree). Throws InputError where the stack cannot apply.
+/// sampling a workload or building a plan (Lina's expert packing, the parallel degree). Throws
+/// InputError where the stack cannot apply.
 Decision first_decision(const Scenario& sc, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity);
 

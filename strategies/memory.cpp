@@ -1,6 +1,9 @@
 #include "strategies/memory.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "core/error.hpp"
 #include "strategies/schedules/lina.hpp"
@@ -13,14 +16,139 @@ int optimizer_bytes_per_param(Dtype dtype) {
   return dtype_bytes(dtype) < 4 ? 12 : 8;
 }
 
+int dense_replicas(const Scenario& sc) { return sc.stage_gpus() / sc.parallelism.mp; }
+
+int expert_replicas(const Scenario& sc) {
+  const auto& p = sc.parallelism;
+  return p.dp * (p.overlapped() ? 1 : p.mp);
+}
+
+int in_flight_micro_batches(const Scenario& sc, int stage) {
+  if (sc.model.mode != Mode::kTraining) return 1;
+  // 1F1B: stage s runs pp - s forwards before its first backward (at most m of them).
+  return std::min(sc.parallelism.pp - stage, sc.model.micro_batches);
+}
+
 namespace {
 
 // What one pipeline stage holds (the whole model when pp = 1).
 struct StageShare {
   int moe_layers = 0, dense_layers = 0;
   bool embedding = true, head = true;
-  int in_flight = 1;  // micro-batches whose activations are kept at once (training)
+  int in_flight = 1;
 };
+
+// Parameters of one attention block on one MP rank (docs/model.md, "Memory"). The projections
+// that produce heads are split over mp as Megatron splits them; MLA's down-projections to the
+// latents are not (every TP rank holds them whole).
+double attention_params(const ModelSpec& m, double mp) {
+  const auto& a = m.attention;
+  const double M = m.model_dim, h = a.heads;
+  if (!a.is_mla()) {
+    const double d = a.head_dim, kv = a.kv_heads;
+    return (M * h * d + 2 * M * kv * d + h * d * M) / mp;
+  }
+  const double qk = a.qk_head_dim(), v = a.v_head_dim, rope = a.qk_rope_head_dim;
+  const double q_lora = a.q_lora_rank, kv_lora = a.kv_lora_rank;
+  const double replicated = (q_lora > 0 ? M * q_lora : 0) + M * (kv_lora + rope);
+  const double split = (q_lora > 0 ? q_lora * h * qk : M * h * qk) +
+                       kv_lora * h * (a.qk_nope_head_dim + v) + h * v * M;
+  return replicated + split / mp;
+}
+
+// Norm weights of one block, counted as RMSNorm's (one M-vector each, replicated over mp): the
+// attention's and the FFN's input norms, and MLA's norms of its q and kv latents.
+double norm_params(const ModelSpec& m) {
+  const auto& a = m.attention;
+  return 2.0 * m.model_dim + (a.is_mla() ? a.q_lora_rank + a.kv_lora_rank : 0.0);
+}
+
+// Bytes of the tensors one block keeps for backward, per micro-batch (docs/model.md, "Memory":
+// Korthikanti et al. 2022's accounting with flash attention: no L x L scores). `rc` drops what
+// selective recomputation recomputes; pass a default RecomputeSpec for everything.
+struct BlockActivations {
+  double attention = 0, dense_ffn = 0, moe_ffn = 0;
+};
+
+BlockActivations block_activations(const Scenario& sc, const Decision& decision,
+                                   std::int64_t capacity, const RecomputeSpec& rc) {
+  const auto& m = sc.model;
+  const auto& a = m.attention;
+  const double M = m.model_dim, E = m.experts, H = m.hidden_dim;
+  const double S = static_cast<double>(m.tokens_per_gpu());
+  const double mp = sc.parallelism.mp, esp = sc.parallelism.esp, rho = decision.parallel_degree;
+  const double b = dtype_bytes(m.dtype);
+  // GEMM inputs saved for backward: TransformerEngine (and DeepSeek-V3) keep the fp8 cast copy.
+  const double g = m.precision.gemm == Dtype::kFp8 ? 1 : b;
+  const bool ln = rc.has(RecomputeModule::kLayernorm);
+  BlockActivations out;
+
+  // Attention: the norm's input (the residual stream) and output (the projections' input).
+  const double h = a.heads;
+  double attn = S * M * b + (ln ? 0 : S * M * g);
+  // The core (flash attention) keeps Q, K, V, its output O and the fp32 logsumexp per head.
+  double qkv = 0;
+  double o_width = h * a.value_head_dim() / mp;
+  if (a.is_mla()) {
+    // The latents: the q and kv norms' inputs (dtype) and outputs (the up-projections' inputs).
+    const double q_lora = a.q_lora_rank, kv_lora = a.kv_lora_rank;
+    attn += S * (q_lora + kv_lora) * (b + g);
+    // Q and K of (nope + rope) per head, V of v_head_dim: the up-projections' outputs.
+    qkv = S * h * (2.0 * a.qk_head_dim() + a.v_head_dim) / mp * b;
+    if (rc.has(RecomputeModule::kMlaUpProj)) qkv = 0;
+  } else {
+    qkv = S * (h + 2.0 * a.kv_heads) * a.head_dim / mp * b;
+  }
+  attn += qkv;
+  const double o = S * o_width * b, lse = S * h / mp * 4;
+  // The out projection's input is O itself, unless fp8 GEMMs keep their own 1-byte copy of it;
+  // core_attn recomputation drops what the core keeps beyond its inputs Q, K, V (its O is still
+  // the projection's input when that has no copy of its own).
+  const bool own_copy = g < b;
+  if (rc.has(RecomputeModule::kCoreAttn))
+    attn += own_copy ? S * o_width * g : o;
+  else
+    attn += o + lse + (own_copy ? S * o_width * g : 0);
+  out.attention = attn;
+
+  // Dense FFN (hidden Hd): the norm's input and output (fc1's input), fc1's output (the
+  // activation's input), the activation's output (fc2's input). mlp recomputation keeps the
+  // FFN's input only (the checkpoint's, at dtype).
+  const double Hd = static_cast<double>(m.dense_hidden());
+  const bool mlp = rc.has(RecomputeModule::kMlp);
+  out.dense_ffn = S * M * b + (ln ? 0 : S * M * (mlp ? b : g)) +
+                  (mlp ? 0 : S * m.fc1_width(m.dense_hidden()) / mp * b + S * Hd / mp * g);
+
+  // MoE FFN. Gate input S' M (S' = S esp, the ESP-gathered tokens; the router stays at dtype)
+  // and probabilities S' E; R = E dC esp rho expert rows received (the padded buffer) of H_s =
+  // ceil(H / (esp rho)) hidden each: the permuted rows (fc1's input), fc1's output, the
+  // activation's output (fc2's input), and the expert outputs the probabilities' gradient needs.
+  const double s_esp = S * esp;
+  const double rows = E * static_cast<double>(capacity) * esp * rho;
+  const std::int64_t slices = static_cast<std::int64_t>(esp * rho);
+  const std::int64_t h_slice = (m.hidden_dim + slices - 1) / slices;
+  const bool moe = rc.has(RecomputeModule::kMoe);
+  const bool moe_act = moe || rc.has(RecomputeModule::kMoeAct);
+  const double experts_kept = moe ? 0
+                                  : s_esp * E * b + rows * M * g +
+                                        rows * static_cast<double>(m.fc1_width(h_slice)) * b +
+                                        rows * M * b;
+  // moe_act recomputes the activation from fc1's output: its output (fc2's input) is dropped.
+  const double act_out = moe_act ? 0 : rows * static_cast<double>(h_slice) * g;
+  // Shared experts (N of width H: one FFN of hidden N H) read the norm's output (their own fp8
+  // copy of it under fp8 GEMMs) and keep fc1's and the activation's outputs.
+  double shared = 0;
+  if (m.shared_experts > 0 && !moe && !rc.has(RecomputeModule::kSharedExperts)) {
+    const std::int64_t hs = static_cast<std::int64_t>(m.shared_experts) * m.hidden_dim;
+    shared = (own_copy ? S * M * g : 0) + S * static_cast<double>(m.fc1_width(hs)) / mp * b +
+             S * static_cast<double>(hs) / mp * g;
+  }
+  // The norm's output as the gate's input (kept by moe recomputation as the checkpoint's input).
+  const double gate_in = ln && !moe ? 0 : s_esp * M * b;
+  out.moe_ffn = S * M * b + gate_in + experts_kept + act_out + shared;
+  (void)H;
+  return out;
+}
 
 MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std::int64_t capacity,
                               const StageShare& part) {
@@ -30,7 +158,7 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   const double mp = sc.parallelism.mp, esp = sc.parallelism.esp;
   const double n = m.expert_shards(), rho = decision.parallel_degree;
   const double local = m.local_experts();
-  const double b = sc.bytes_per_element();
+  const double b = dtype_bytes(m.dtype);
   const int moe_layers = part.moe_layers;
   const int dense_layers = part.dense_layers;
   const int layers = moe_layers + dense_layers;
@@ -38,80 +166,87 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
 
   MemoryEstimate est;
   est.capacity = capacity;
-  // Parameters (docs/model.md: attention 4 M^2 / mp, dense FFN 2 M Hd / mp with Hd =
-  // dense_hidden() (8 M^2 / mp at the default 4 M), gate M E held by every rank of an MP index; an
-  // expert's 2 M H split over esp hidden slices and n shards).
+  est.in_flight = part.in_flight;
+  est.recompute = training ? m.recompute.granularity : RecomputeGranularity::kNone;
+  est.expert_pack = decision.expert_pack;
+  est.parallel_degree = decision.parallel_degree;
+
+  // Parameters. Dense: attention and norms of every block, the dense FFN (hidden Hd) and the
+  // shared experts (one FFN of hidden N H) split over mp, the gate M E held whole by every rank.
   const double Hd = static_cast<double>(m.dense_hidden());
-  // Shared experts (N of width H, one FFN of hidden N H) are dense parameters of every MoE block.
   const double Hs = static_cast<double>(m.shared_experts) * H;
+  const auto ffn = [&](double hidden) { return (m.swiglu() ? 3 : 2) * M * hidden; };
   // Vocabulary: the V x M embedding, and as much again for an untied LM head, split over mp. With
   // pipeline stages the embedding sits on the first stage and the head on the last, each a V x M
-  // matrix even when tied (the last stage keeps its own copy, as Megatron does).
+  // matrix even when tied (the last stage keeps its own copy, as Megatron does); the final norm
+  // sits with the head.
   const double V = m.vocab_size;
   const double vocab_copies = part.embedding && part.head
                                   ? (m.tie_embeddings ? 1 : 2)
                                   : (part.embedding ? 1 : 0) + (part.head ? 1 : 0);
-  est.dense_params = layers * 4 * M * M / mp + dense_layers * 2 * M * Hd / mp +
-                     moe_layers * (M * E + 2 * M * Hs / mp) + vocab_copies * V * M / mp;
-  est.expert_params = moe_layers * local * 2 * M * H / (esp * n);
+  const double final_norm = V > 0 && part.head ? M : 0;
+  est.dense_params = layers * (attention_params(m, mp) + norm_params(m)) +
+                     dense_layers * ffn(Hd) / mp + moe_layers * (M * E + ffn(Hs) / mp) +
+                     vocab_copies * V * M / mp + final_norm;
+  // Experts: an expert's FFN split over its esp hidden slices and n shards.
+  est.expert_params = moe_layers * local * ffn(H) / (esp * n);
   const double params = est.dense_params + est.expert_params;
   est.weights_bytes = params * b;
   if (training) {
-    est.gradients_bytes = params * b;
-    // ZeRO-1: each rank keeps the optimizer state of 1 / (the parameter's replica count) of it:
-    // dense parameters over the dense DP group (P / pp / mp ranks), experts over their dp
-    // replicas.
-    const double dense_shards =
-        sc.parallelism.zero >= 1 ? static_cast<double>(sc.stage_gpus()) / mp : 1.0;
-    const double expert_shards = sc.parallelism.zero >= 1 ? sc.parallelism.dp : 1.0;
+    est.gradients_bytes = params * dtype_bytes(m.precision.main_grads);
+    // ZeRO-1 (Megatron's distributed optimizer): each rank keeps the master copy and moments of
+    // 1 / (the parameter's replica count) of it; the gradient buffer stays whole.
+    const bool zero = sc.parallelism.zero >= 1;
+    const double dense_shards = zero ? dense_replicas(sc) : 1.0;
+    const double expert_shards = zero ? expert_replicas(sc) : 1.0;
     est.optimizer_bytes = (est.dense_params / dense_shards + est.expert_params / expert_shards) *
                           optimizer_bytes_per_param(m.dtype);
   }
 
-  // Activations, in elements. Per block: the two layer-norm inputs (residual stream, 2 S M), the
-  // attention's QKV input (S M), Q, K, V (3 S M / mp) and the projection input (S M / mp); the
-  // L x L scores are not kept (memory-efficient attention recomputes them in backward).
-  const double attention = 2 * S * M + S * M + 4 * S * M / mp;
-  // Dense FFN (hidden Hd): fc1 input S M, fc1 output and fc2 input (the activation's input and
-  // output) 2 x S Hd / mp.
-  const double dense_ffn = S * M + 2 * S * Hd / mp;
-  // MoE FFN: gate input S' M (S' = S esp, the ESP-gathered tokens), gate probabilities S' E, the
-  // received expert input R M, fc1 output and fc2 input 2 R H_s, the combined outputs R M the
-  // gate-weight gradient needs. R = E dC esp rho rows per GPU (the padded buffer), H_s = H /
-  // (esp rho) rounded up.
-  const double s_esp = S * esp;
-  const double rows = E * static_cast<double>(capacity) * esp * rho;
-  const double h_slice =
-      static_cast<double>((m.hidden_dim + static_cast<std::int64_t>(esp * rho) - 1) /
-                          static_cast<std::int64_t>(esp * rho));
-  // Shared experts: their fc1 output and fc2 input, 2 S N H / mp (their input is the gate's).
-  const double moe_ffn =
-      s_esp * M + s_esp * E + 2 * rows * M + 2 * rows * h_slice + 2 * S * Hs / mp;
-  // The LM head's input S M and its S V / mp logits (kept for the loss's backward).
-  const double head = V > 0 && part.head ? S * M + S * V / mp : 0;
+  // Activations. The LM head: the final norm's input, the head's input and its S V / mp logits
+  // (kept for the loss's backward); the embedding's token ids are not counted.
+  const double head = V > 0 && part.head ? 2 * S * M * b + S * V / mp * b : 0;
+  const RecomputeSpec none;
   if (training) {
+    const RecomputeSpec& rc = m.recompute;
+    const BlockActivations full = block_activations(sc, decision, capacity, none);
+    double per_micro_batch = 0;
+    double extra = 0;
+    if (rc.full()) {
+      // Full recomputation keeps each block's input; the block being back-propagated
+      // rematerialises all of its own (the largest block kind of the stage).
+      per_micro_batch = layers * S * M * b + head;
+      if (dense_layers > 0) extra = std::max(extra, full.attention + full.dense_ffn);
+      if (moe_layers > 0) extra = std::max(extra, full.attention + full.moe_ffn);
+    } else {
+      const BlockActivations kept = block_activations(sc, decision, capacity, rc);
+      per_micro_batch = layers * kept.attention + dense_layers * kept.dense_ffn +
+                        moe_layers * kept.moe_ffn + head;
+    }
     // Every micro-batch in flight keeps its own (1F1B: min(pp - s, m) on stage s).
-    est.activations_bytes =
-        part.in_flight *
-        (layers * attention + dense_layers * dense_ffn + moe_layers * moe_ffn + head) * b;
+    est.activations_bytes = part.in_flight * per_micro_batch + extra;
   } else {
     // Inference keeps nothing for backward: the largest block in flight.
+    const BlockActivations full = block_activations(sc, decision, capacity, none);
     double block = 0;
-    if (dense_layers > 0) block = std::max(block, attention + dense_ffn);
-    if (moe_layers > 0) block = std::max(block, attention + moe_ffn);
-    block = std::max(block, head);
-    est.activations_bytes = block * b;
+    if (dense_layers > 0) block = std::max(block, full.attention + full.dense_ffn);
+    if (moe_layers > 0) block = std::max(block, full.attention + full.moe_ffn);
+    est.activations_bytes = std::max(block, head);
   }
 
   // Buffers: the dispatch send buffer (the encode's padded output) and the combine send buffer
-  // (the expert outputs), R M each, of the MoE layer in flight. Pipeline chunks are slices of
-  // these buffers (as in Tutel), so r does not multiply them.
-  if (moe_layers > 0) est.buffers_bytes = 2 * rows * M * b;
-  // Sharded experts with n / rho > 1 (P1, intermediate rho): the all-gathered hidden slice
-  // 2 M H / rho of every MoE layer is kept from forward to backward (no re-gather), plus one
+  // (the expert outputs), R M each at their precision (fp8 adds DeepEP's fp32 scale per 128
+  // elements), of the MoE layer in flight. Pipeline chunks are slices of these buffers (as in
+  // Tutel), so r does not multiply them.
+  const double rows = E * static_cast<double>(capacity) * esp * rho;
+  const auto wire = [](Dtype d) { return dtype_bytes(d) + (d == Dtype::kFp8 ? 4.0 / 128 : 0.0); };
+  if (moe_layers > 0)
+    est.buffers_bytes = rows * M * (wire(m.precision.dispatch) + wire(m.precision.combine));
+  // Sharded experts with n / rho > 1 (P1, intermediate rho): the all-gathered 1 / rho of an
+  // expert's FFN of every MoE layer is kept from forward to backward (no re-gather), plus one
   // layer's full-size gradient before its reduce-scatter; inference gathers one layer at a time.
   if (moe_layers > 0 && n / rho > 1) {
-    const double gathered = 2 * M * H / rho;
+    const double gathered = ffn(H) / rho;
     est.buffers_bytes += training ? (moe_layers + 1) * gathered * b : gathered * b;
   }
   return est;
@@ -138,12 +273,100 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
     for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? part.moe_layers : part.dense_layers);
     part.embedding = stage == 0;
     part.head = stage == pp - 1;
-    // 1F1B: stage s holds the activations of min(pp - s, m) micro-batches at its peak.
-    part.in_flight = std::min(pp - stage, m.micro_batches);
-    const MemoryEstimate est = estimate_share(sc, decision, capacity, part);
+    part.in_flight = in_flight_micro_batches(sc, stage);
+    MemoryEstimate est = estimate_share(sc, decision, capacity, part);
+    est.stage = stage;
     if (stage == 0 || est.total_bytes() > worst.total_bytes()) worst = est;
   }
   return worst;
+}
+
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+// The selective recomputation fit_advice proposes: every light module the model has (core_attn,
+// layernorm, mla_up_proj, mlp, moe_act, shared_experts), as DeepSeek-V3 and Megatron's MoE
+// recipes combine them; `moe` is left out, as it re-runs the layer's all-to-alls.
+std::vector<RecomputeModule> light_modules(const ModelSpec& m) {
+  std::vector<RecomputeModule> out = {RecomputeModule::kCoreAttn, RecomputeModule::kLayernorm};
+  if (m.attention.is_mla()) out.push_back(RecomputeModule::kMlaUpProj);
+  if (m.num_moe_layers() < m.layers) out.push_back(RecomputeModule::kMlp);
+  if (m.num_moe_layers() > 0) out.push_back(RecomputeModule::kMoeAct);
+  if (m.shared_experts > 0 && m.num_moe_layers() > 0)
+    out.push_back(RecomputeModule::kSharedExperts);
+  return out;
+}
+
+}  // namespace
+
+std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu_memory_bytes) {
+  if (gpu_memory_bytes <= 0 || est.total_bytes() <= gpu_memory_bytes) return "";
+  Decision d;
+  d.expert_pack = est.expert_pack;
+  d.parallel_degree = est.parallel_degree;
+  struct Option {
+    std::string key;
+    Scenario sc;
+  };
+  std::vector<Option> options;
+  const auto& m = sc.model;
+  const bool training = m.mode == Mode::kTraining;
+  if (training && sc.parallelism.zero == 0) {
+    Option o{"parallelism.zero: 1", sc};
+    o.sc.parallelism.zero = 1;
+    options.push_back(std::move(o));
+  }
+  if (training && !m.recompute.full()) {
+    const auto modules = light_modules(m);
+    bool more = false;  // does the selective set add a module to the scenario's?
+    for (auto mod : modules) more = more || !m.recompute.has(mod);
+    if (more) {
+      std::string names;
+      for (auto mod : modules)
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", name_of(mod));
+      Option o{fmt::format("model.recompute: {{granularity: selective, modules: [{}]}}", names),
+               sc};
+      o.sc.model.recompute.granularity = RecomputeGranularity::kSelective;
+      o.sc.model.recompute.modules = modules;
+      options.push_back(std::move(o));
+    }
+    Option f{"model.recompute: {granularity: full}", sc};
+    f.sc.model.recompute.granularity = RecomputeGranularity::kFull;
+    f.sc.model.recompute.modules.clear();
+    options.push_back(std::move(f));
+  }
+  // The smallest larger pipeline depth that divides the nodes and keeps the stage's degrees (dp
+  // absorbs the change, as `dp: auto` does).
+  const auto& p = sc.parallelism;
+  const int per_dp = p.ep * p.esp * (p.overlapped() ? 1 : p.mp);
+  for (int pp = p.pp + 1; pp <= std::min(sc.cluster.nodes, m.layers); ++pp) {
+    if (sc.cluster.nodes % pp != 0) continue;
+    const int stage_gpus = sc.num_gpus() / pp;
+    if (stage_gpus % per_dp != 0) continue;
+    Scenario s = sc;
+    s.parallelism.pp = pp;
+    s.parallelism.dp = stage_gpus / per_dp;
+    if (estimate_memory(s, d, est.capacity).total_bytes() > gpu_memory_bytes) continue;
+    options.push_back(Option{fmt::format("parallelism.pp: {}", pp), std::move(s)});
+    break;
+  }
+  if (m.precision.gemm != Dtype::kFp8 && sc.cluster.gpu.peak.count(Dtype::kFp8) > 0) {
+    Option o{"model.precision.gemm: fp8", sc};
+    o.sc.model.precision.gemm = Dtype::kFp8;
+    options.push_back(std::move(o));
+  }
+  std::string fits, tried;
+  for (const auto& o : options) {
+    const double bytes = estimate_memory(o.sc, d, est.capacity).total_bytes();
+    tried += fmt::format("{}{}", tried.empty() ? "" : ", ", o.key);
+    if (bytes <= gpu_memory_bytes)
+      fits += fmt::format("{}{} ({})", fits.empty() ? "" : " or ", o.key, gib(bytes));
+  }
+  std::string out = fmt::format("does not fit {}; ", gib(gpu_memory_bytes));
+  if (!fits.empty()) return out + "fits with " + fits;
+  if (tried.empty()) return out + "no single key of the scenario makes it fit";
+  return out + "no single change fits (tried " + tried + ")";
 }
 
 std::int64_t nominal_capacity(const Scenario& sc, int multiple) {

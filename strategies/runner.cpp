@@ -35,6 +35,14 @@ double durations_s(const RunResult& r, const std::vector<OpId>& ops) {
   return sum;
 }
 
+// The dC an iteration's memory estimate assumes: its largest MoE layer's (an upper bound of
+// every layer's padded buffers).
+std::int64_t memory_capacity(const workload::IterationWorkload& work) {
+  std::int64_t capacity = 0;
+  for (const auto& l : work.layers) capacity = std::max(capacity, l.capacity);
+  return capacity;
+}
+
 IterationRecord make_record(const Scenario& sc, int index, double f, const Decision& d,
                             const workload::IterationWorkload& work, const BuiltPlan& built,
                             const RunResult& result) {
@@ -57,13 +65,59 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
   rec.compute_s = result.breakdown.compute_s;
   rec.exposed_comm_s = result.breakdown.exposed_comm_s;
   rec.breakdown = result.breakdown;
-  std::int64_t capacity = 0;
-  for (const auto& l : work.layers) {
-    rec.dropped_tokens += l.dropped;
-    capacity = std::max(capacity, l.capacity);
-  }
-  rec.memory = estimate_memory(sc, d, capacity);
+  for (const auto& l : work.layers) rec.dropped_tokens += l.dropped;
+  rec.memory = estimate_memory(sc, d, memory_capacity(work));
   return rec;
+}
+
+// Iteration i up to its plan: dC before rounding (what the stack decides for), the stack's
+// decision, and the workload rounded to the decision's capacity multiple. run_stack and
+// planned_memory share it, so both estimate memory from the same decision and dC.
+struct Prepared {
+  double f = 0;
+  std::int64_t capacity = 0;
+  Decision decision;
+  workload::IterationWorkload work;
+};
+
+Prepared prepare_iteration(const Scenario& sc, const StrategySpec& spec,
+                           const topology::Topology& topo, const CostModel& cost,
+                           StrategyStack& stack, workload::WorkloadGenerator& generator,
+                           inference::InferenceSession* session,
+                           const std::vector<IterationRecord>& history, int i, bool for_execution) {
+  const auto& md = sc.model;
+  Prepared p;
+  p.f = generator.capacity_factor(i);
+  const double f = p.f;
+  // dC before rounding to the capacity multiple: closed form for f > 0; dropless factors need
+  // the sampled counts (the first MoE layer's), so the iteration is sampled once here, with
+  // capacity multiple 1, and round_capacity re-rounds dC to capacity_multiple after the
+  // decision: the same counts next(i, multiple) would draw (only a capped f < 0 that dropped
+  // choices has to sample again, as a larger dC keeps more of them).
+  std::int64_t capacity = 0;
+  std::optional<workload::IterationWorkload> sampled;
+  if (session) session->generate(i);
+  if (session && f <= 0 && md.num_moe_layers() > 0)
+    capacity = session->workload(i, f, 1).layers[0].capacity;
+  else if (f > 0 || md.num_moe_layers() == 0)
+    capacity =
+        workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(), md.experts, 0, 1);
+  else {
+    sampled = generator.next(i, 1);
+    capacity = sampled->layers[0].capacity;
+  }
+  p.capacity = std::max<std::int64_t>(capacity, 1);
+
+  const StrategyContext ctx{sc, spec, topo, cost, i, f, p.capacity, &history};
+  p.decision.expert_routing = for_execution;
+  stack.decide(ctx, p.decision);
+  // dC rounded up so that every chunk's per-peer share is whole (capacity_multiple): the
+  // pipeline degree, times n / rho for sharded experts and mp for Parm's fused schedules.
+  const int multiple = capacity_multiple(sc, p.decision);
+  p.work = session ? session->workload(i, f, multiple)
+           : sampled && generator.round_capacity(*sampled, multiple) ? std::move(*sampled)
+                                                                     : generator.next(i, multiple);
+  return p;
 }
 
 }  // namespace
@@ -82,6 +136,29 @@ Decision first_decision(const Scenario& whole, const StrategySpec& spec,
   return decision;
 }
 
+MemoryEstimate planned_memory(const Scenario& whole, const StrategySpec& spec,
+                              const topology::Topology& topo, int iterations,
+                              workload::SampleCache* cache) {
+  const Scenario sc = whole.stage_scenario();  // as run_stack: one stage decides and samples
+  workload::WorkloadGenerator generator(sc);
+  generator.set_keep_demanded(false);
+  generator.set_cache(cache);
+  const CostModel cost(sc, topo);
+  std::unique_ptr<StrategyStack> stack = make_stack(spec);
+  std::optional<inference::InferenceSession> session;
+  if (inference::placement_active(sc)) session.emplace(sc, spec);
+  const std::vector<IterationRecord> history;
+  MemoryEstimate worst;
+  for (int i = 0; i < std::max(iterations, 1); ++i) {
+    const Prepared p = prepare_iteration(sc, spec, topo, cost, *stack, generator,
+                                         session ? &*session : nullptr, history, i, false);
+    const MemoryEstimate est = estimate_memory(whole, p.decision, memory_capacity(p.work));
+    // The first iteration that needs the most, as the run's summary picks it.
+    if (i == 0 || est.total_bytes() > worst.total_bytes()) worst = est;
+  }
+  return worst;
+}
+
 StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topology::Topology& topo,
                    const Backend& backend, int iterations, workload::SampleCache* cache,
                    bool for_execution) {
@@ -96,7 +173,6 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   generator.set_cache(cache);
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
-  const auto& md = sc.model;
   // Inference expert placement (STRATEGIES §7): the batches come from the correlated routing
   // generator and every MoE layer's tokens go where the inference role placed the experts.
   std::optional<inference::InferenceSession> session;
@@ -111,37 +187,12 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   run.gpu_peak_flops_per_s = gemm_peak_for(topo.gpu(), whole.model.dtype).value();
   run.iterations.reserve(static_cast<size_t>(iterations));
   for (int i = 0; i < iterations; ++i) {
-    const double f = generator.capacity_factor(i);
-    // dC before rounding to the capacity multiple: closed form for f > 0; dropless factors need
-    // the sampled counts (the first MoE layer's), so the iteration is sampled once here, with
-    // capacity multiple 1, and round_capacity re-rounds dC to capacity_multiple after the
-    // decision: the same counts next(i, multiple) would draw (only a capped f < 0 that dropped
-    // choices has to sample again, as a larger dC keeps more of them).
-    std::int64_t capacity = 0;
-    std::optional<workload::IterationWorkload> sampled;
-    if (session) session->generate(i);
-    if (session && f <= 0 && md.num_moe_layers() > 0)
-      capacity = session->workload(i, f, 1).layers[0].capacity;
-    else if (f > 0 || md.num_moe_layers() == 0)
-      capacity = workload::capacity_slots(f > 0 ? f : 1.0, md.top_k, md.tokens_per_gpu(),
-                                          md.experts, 0, 1);
-    else {
-      sampled = generator.next(i, 1);
-      capacity = sampled->layers[0].capacity;
-    }
-    capacity = std::max<std::int64_t>(capacity, 1);
-
-    const StrategyContext ctx{sc, spec, topo, cost, i, f, capacity, &run.iterations};
-    Decision decision;
-    decision.expert_routing = for_execution;
-    stack->decide(ctx, decision);
-    // dC rounded up so that every chunk's per-peer share is whole (capacity_multiple): the
-    // pipeline degree, times n / rho for sharded experts and mp for Parm's fused schedules.
-    const int multiple = capacity_multiple(sc, decision);
-    workload::IterationWorkload work = session ? session->workload(i, f, multiple)
-                                       : sampled && generator.round_capacity(*sampled, multiple)
-                                           ? std::move(*sampled)
-                                           : generator.next(i, multiple);
+    Prepared p = prepare_iteration(sc, spec, topo, cost, *stack, generator,
+                                   session ? &*session : nullptr, run.iterations, i, for_execution);
+    const double f = p.f;
+    const StrategyContext ctx{sc, spec, topo, cost, i, f, p.capacity, &run.iterations};
+    Decision& decision = p.decision;
+    workload::IterationWorkload& work = p.work;
     stack->route(ctx, decision, work);
     InferenceRecord placed;
     if (session) {

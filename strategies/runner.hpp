@@ -62,10 +62,20 @@ struct StackRun {
 };
 
 /// The decision `spec`'s stack takes at iteration 0 (no history) when dC = `capacity`, without
-/// sampling a workload or building a plan: what `moesim validate` estimates memory for (Lina's
-/// expert packing, the parallel degree). Throws InputError where the stack cannot apply.
+/// sampling a workload or building a plan (Lina's expert packing, the parallel degree). Throws
+/// InputError where the stack cannot apply.
 Decision first_decision(const Scenario& sc, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity);
+
+/// The per-GPU memory estimate `run_stack(sc, spec, topo, ..., iterations)` records for the
+/// iteration that needs the most, without building or running a plan: the same decision and
+/// the same sampled dC (a dropless layer's dC is its sampled largest count), through the same
+/// estimate_memory. What `moesim validate` and `tune` print, so they agree with simulate's
+/// memory_bytes. Adaptive stacks decide every iteration here without the history a run
+/// observes, so past iteration 0 their decision (and estimate) may differ from the run's.
+MemoryEstimate planned_memory(const Scenario& sc, const StrategySpec& spec,
+                              const topology::Topology& topo, int iterations,
+                              workload::SampleCache* cache = nullptr);
 
 /// Runs `iterations` iterations of the stack described by `spec`. The workload is sampled from
 /// the scenario's seed, so every stack of one scenario sees the same token routing. `cache`

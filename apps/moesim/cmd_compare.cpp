@@ -135,7 +135,7 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
     progress.finish();  // before the warnings below
     std::vector<RunSummary> rows;
     for (const auto& o : results.back()) rows.push_back(o.summary);
-    warn_memory(rows, fmt::format("{} on {}", topo->gpu().name, v.topology_name));
+    warn_memory(v.sc, rows, fmt::format("{} on {}", topo->gpu().name, v.topology_name));
   }
   sim::throw_if_interrupted();  // Ctrl-C after the last poll: still no output files
 

@@ -317,7 +317,7 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::vector<RunSummary> rows;
   for (const auto& o : outcomes) rows.push_back(o.summary);
   print_table(rows);
-  warn_memory(rows, topo->gpu().name);
+  warn_memory(sc, rows, topo->gpu().name);
 
   if (!a.json_path.empty()) {
     nlohmann::ordered_json j;

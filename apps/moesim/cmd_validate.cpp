@@ -17,34 +17,47 @@ namespace moesim::app {
 
 namespace {
 
-// Per-GPU memory (docs/model.md, "Memory"): the layout alone, then each strategy's first
-// decision (Lina packing, parallel degree), at the largest dC the workload reaches. A warning on
-// stderr for each that does not fit; validation still succeeds (the file is valid).
+// Per-GPU memory (docs/model.md, "Memory"): the layout alone (the baseline stack), then each
+// strategy, each through planned_memory: the decision and the sampled dC that simulate's run
+// records, so the figure printed here is simulate's memory_bytes. A warning on stderr for each
+// that does not fit, with the single keys that would make it fit; validation still succeeds.
 void print_memory(const Scenario& sc, const topology::Topology& topo) {
   const double gpu_bytes = topo.gpu().memory.value();
-  const std::string mode = sc.model.mode == Mode::kTraining
-                               ? fmt::format("training, Adam: {} + {} + {} bytes per parameter",
-                                             sc.bytes_per_element(), sc.bytes_per_element(),
-                                             strategies::optimizer_bytes_per_param(sc.model.dtype))
-                               : std::string("inference: weights and one block in flight");
+  const auto& m = sc.model;
+  const bool training = m.mode == Mode::kTraining;
+  const std::string mode =
+      training ? fmt::format("training, Adam: {} + {} + {} bytes per parameter",
+                             sc.bytes_per_element(), dtype_bytes(m.precision.main_grads),
+                             strategies::optimizer_bytes_per_param(m.dtype))
+               : std::string("inference: weights and one block in flight");
   const std::string zero =
-      sc.parallelism.zero >= 1 && sc.model.mode == Mode::kTraining
+      sc.parallelism.zero >= 1 && training
           ? fmt::format(" (ZeRO-1: optimizer state sharded over {} dense / {} expert replicas)",
-                        sc.stage_gpus() / sc.parallelism.mp, sc.parallelism.dp)
+                        strategies::dense_replicas(sc), strategies::expert_replicas(sc))
           : std::string();
-  const strategies::Decision layout;
-  const auto layout_est = strategies::estimate_memory(
-      sc, layout, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, layout)));
-  fmt::print("  memory/GPU   {}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters\n", mode,
-             zero, layout_est.capacity, layout_est.dense_params, layout_est.expert_params);
+  const std::string recompute =
+      training && m.recompute.granularity != RecomputeGranularity::kNone
+          ? fmt::format("; recompute {}", name_of(m.recompute.granularity))
+          : std::string();
+  const std::string fp8 =
+      m.precision.gemm == Dtype::kFp8 ? std::string("; fp8 GEMM inputs cached") : std::string();
+  // One sampling of the workload for every strategy (they draw the same counts).
+  workload::SampleCache cache;
+  const int iterations = sc.workload.iterations;
+  const auto layout_est = strategies::planned_memory(sc, StrategySpec{}, topo, iterations, &cache);
+  fmt::print("  memory/GPU   {}{}{}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters",
+             mode, zero, recompute, fp8, layout_est.capacity, layout_est.dense_params,
+             layout_est.expert_params);
+  if (sc.parallelism.pp > 1)
+    fmt::print("; stage {} with {} micro-batch(es) in flight", layout_est.stage,
+               layout_est.in_flight);
+  fmt::print("\n");
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;
   for (const auto& spec : sc.strategies) {
-    const auto d = strategies::first_decision(sc, spec, topo, strategies::nominal_capacity(sc));
-    const auto est = strategies::estimate_memory(
-        sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)));
+    const auto est = strategies::planned_memory(sc, spec, topo, iterations, &cache);
     fmt::print("  memory/GPU   {:<16} {}{}\n", spec.name, describe_memory(est, gpu_bytes),
-               d.expert_pack > 1 ? fmt::format(" [pack={}]", d.expert_pack) : "");
+               est.expert_pack > 1 ? fmt::format(" [pack={}]", est.expert_pack) : "");
     RunSummary r;
     r.strategy = spec.name;
     r.memory = est;
@@ -52,7 +65,7 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
     r.gpu_memory_bytes = gpu_bytes;
     rows.push_back(std::move(r));
   }
-  warn_memory(rows, topo.gpu().name);
+  warn_memory(sc, rows, topo.gpu().name);
 }
 
 void print_summary(const Scenario& sc, const topology::Topology& topo) {

@@ -270,6 +270,9 @@ nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double g
   j["dense_params"] = m.dense_params;
   j["expert_params"] = m.expert_params;
   j["capacity"] = m.capacity;
+  j["pipeline_stage"] = m.stage;
+  j["in_flight_micro_batches"] = m.in_flight;
+  j["recompute"] = std::string(name_of(m.recompute));
   j["gpu_memory_bytes"] = gpu_memory_bytes;
   j["fits"] = gpu_memory_bytes <= 0 || m.total_bytes() <= gpu_memory_bytes;
   return j;
@@ -287,14 +290,20 @@ std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memo
   return s;
 }
 
-void warn_memory(const std::vector<RunSummary>& rows, const std::string& gpu_name) {
+void warn_memory(const Scenario& sc, const std::vector<RunSummary>& rows,
+                 const std::string& gpu_name) {
   for (const auto& r : rows) {
     if (r.fits_memory()) continue;
+    // The single keys that would make it fit (strategies::fit_advice; every command prints the
+    // same). A summary restored from a sweep's CSV has no parts to re-estimate from.
+    const std::string advice = r.memory.total_bytes() > 0
+                                   ? strategies::fit_advice(sc, r.memory, r.gpu_memory_bytes)
+                                   : std::string();
     std::fprintf(stderr,
                  "moesim: warning: strategy '%s' does not fit in memory: estimated %s per GPU, "
-                 "more than the %s's memory (docs/model.md, \"Memory\")\n",
+                 "more than the %s's memory (docs/model.md, \"Memory\")%s%s\n",
                  r.strategy.c_str(), describe_memory(r.memory, r.gpu_memory_bytes).c_str(),
-                 gpu_name.c_str());
+                 gpu_name.c_str(), advice.empty() ? "" : "; ", advice.c_str());
   }
 }
 

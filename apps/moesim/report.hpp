@@ -92,8 +92,10 @@ nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double g
 /// "weights 1.2 GiB, gradients ..., total 9.8 GiB of 40.0 GiB" (one line, for the CLI).
 std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memory_bytes);
 
-/// A warning on stderr for every row whose estimate exceeds the GPU's memory.
-void warn_memory(const std::vector<RunSummary>& rows, const std::string& gpu_name);
+/// A warning on stderr for every row whose estimate exceeds the GPU's memory, with the single
+/// keys of `sc` (the scenario the rows ran) that would make it fit (strategies::fit_advice).
+void warn_memory(const Scenario& sc, const std::vector<RunSummary>& rows,
+                 const std::string& gpu_name);
 
 /// CSV header and one row per (strategy, iteration).
 void write_csv_header(std::ostream& os);

@@ -706,11 +706,11 @@ class Search {
     }
     const double gpu_bytes = topo_->gpu().memory.value();
     for (auto& l : all) {
+      // The estimate the baseline's screen run records (planned_memory: same decision, same
+      // sampled dC), sharing the screen runs' sample cache.
       const Scenario sc = scenario_of(l, "{name: baseline}");
-      const strategies::Decision d;
       l.memory_bytes =
-          strategies::estimate_memory(
-              sc, d, strategies::nominal_capacity(sc, strategies::capacity_multiple(sc, d)))
+          strategies::planned_memory(sc, sc.strategies.at(0), *topo_, iterations_, &cache_)
               .total_bytes();
       if (gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes) ++r.layouts_fit;
     }

@@ -1,0 +1,104 @@
+// One memory estimate everywhere (docs/model.md, "Memory"): the figure `moesim validate` prints
+// for a strategy is the memory_bytes `moesim simulate` writes for it, also for a dropless preset
+// whose dC is sampled (validate once printed 153 GiB for Mixtral where simulate wrote 166 GiB:
+// validate took the mean load as dC, simulate the sampled largest count), and a layout that
+// does not fit names the single keys that would make it fit.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kSource = MOESIM_SOURCE_DIR;
+const std::string kBinary = MOESIM_BINARY;
+
+struct RunOutput {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunOutput run(const std::string& args) {
+  const std::string cmd = fmt::format("timeout 300 '{}' {} 2>&1", kBinary, args);
+  RunOutput r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream is(p);
+  std::stringstream ss;
+  ss << is.rdbuf();
+  return ss.str();
+}
+
+// The "12.34 GiB" validate prints on strategy `name`'s memory line ("" when missing).
+std::string validate_gib(const std::string& out, const std::string& name) {
+  const std::string key = fmt::format("  memory/GPU   {:<16} ", name);
+  const auto at = out.find(key);
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size();
+  return out.substr(begin, out.find(" = ", begin) - begin);
+}
+
+TEST(MemoryCli, ValidatePrintsSimulatesMemoryBytesForADroplessPreset) {
+  const fs::path json =
+      fs::temp_directory_path() / fmt::format("moesim_memory_cli_{}.json", getpid());
+  const std::string preset = kSource + "/scenarios/models/mixtral-8x7b.yaml";
+  const auto v = run(fmt::format("validate '{}'", preset));
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  const auto s =
+      run(fmt::format("simulate '{}' --strategy baseline --engine analytical -q --json '{}'",
+                      preset, json.string()));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  const auto j = nlohmann::json::parse(read_file(json));
+  fs::remove(json);
+  const auto& mem = j["runs"][0]["memory"];
+  const double bytes = j["runs"][0]["memory_bytes"].get<double>();
+  EXPECT_EQ(validate_gib(v.out, "baseline"),
+            fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)))
+      << v.out;
+  // The same dC, stage and in-flight micro-batches behind it.
+  EXPECT_NE(v.out.find(fmt::format("dC = {} slots", mem["capacity"].get<long>())),
+            std::string::npos)
+      << v.out;
+  EXPECT_EQ(mem["pipeline_stage"], 0);
+  EXPECT_EQ(mem["in_flight_micro_batches"], 1);
+  EXPECT_EQ(mem["recompute"], "none");
+  // Over 80 GiB: both warn, with the same advice.
+  const auto advice = [](const std::string& out) {
+    const auto at = out.find("does not fit 80.0 GiB; ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(advice(v.out).empty()) << v.out;
+  EXPECT_EQ(advice(v.out), advice(s.out)) << s.out;
+}
+
+// A layout that fits only with a change says which: Mixtral at 16 blocks is 85 GiB on an 80 GB
+// H100; ZeRO-1 (the optimizer state over 64 dense / 8 expert replicas), recomputation or two
+// pipeline stages each make it fit.
+TEST(MemoryCli, AdviceNamesTheKeysThatMakeItFit) {
+  const std::string preset = kSource + "/scenarios/models/mixtral-8x7b.yaml";
+  const auto v = run(fmt::format("validate '{}' --set model.layers=16", preset));
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  for (const char* key : {"fits with parallelism.zero: 1 (",
+                          "model.recompute: {granularity: full} (", "parallelism.pp: 2 ("})
+    EXPECT_NE(v.out.find(key), std::string::npos) << key << "\n" << v.out;
+}
+
+}  // namespace

@@ -94,7 +94,7 @@ TEST(MemoryCli, ValidatePrintsSimulatesMemoryBytesForADroplessPreset) {
 // pipeline stages each make it fit.
 TEST(MemoryCli, AdviceNamesTheKeysThatMakeItFit) {
   const std::string preset = kSource + "/scenarios/models/mixtral-8x7b.yaml";
-  const auto v = run(fmt::format("validate '{}' --set model.layers=16", preset));
+  const auto v = run(fmt::format("validate '{}' --set model.layers=20", preset));
   ASSERT_EQ(v.exit_code, 0) << v.out;
   for (const char* key : {"fits with parallelism.zero: 1 (",
                           "model.recompute: {granularity: full} (", "parallelism.pp: 2 ("})

@@ -129,9 +129,12 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   const std::int64_t h_slice = (m.hidden_dim + slices - 1) / slices;
   const bool moe = rc.has(RecomputeModule::kMoe);
   const bool moe_act = moe || rc.has(RecomputeModule::kMoeAct);
+  // Under moe_act, fc1's output is kept only as the activation's recompute input, in the GEMMs'
+  // precision: DeepSeek-V3 caches the SwiGLU's input in fp8 (its report, section 3.3).
+  const double fc1_out = moe_act ? g : b;
   const double experts_kept = moe ? 0
                                   : s_esp * E * b + rows * M * g +
-                                        rows * static_cast<double>(m.fc1_width(h_slice)) * b +
+                                        rows * static_cast<double>(m.fc1_width(h_slice)) * fc1_out +
                                         rows * M * b;
   // moe_act recomputes the activation from fc1's output: its output (fc2's input) is dropped.
   const double act_out = moe_act ? 0 : rows * static_cast<double>(h_slice) * g;

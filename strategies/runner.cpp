@@ -9,6 +9,7 @@
 #include "strategies/cost_model.hpp"
 #include "strategies/inference/session.hpp"
 #include "strategies/model_flops.hpp"
+#include "strategies/plan_builder.hpp"
 #include "strategies/strategy.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
@@ -37,10 +38,32 @@ double durations_s(const RunResult& r, const std::vector<OpId>& ops) {
 
 // The dC an iteration's memory estimate assumes: its largest MoE layer's (an upper bound of
 // every layer's padded buffers).
-std::int64_t memory_capacity(const workload::IterationWorkload& work) {
+// dC the memory estimate sizes the expert rows with (R = E dC): the padded buffer's, or, for a
+// routed dispatch (variable_dispatch, unsharded experts, no packing or placement), the rows the
+// fullest GPU really receives, as E dC: those send and keep only the routed tokens (DeepEP's
+// dispatch among them), not a buffer padded to the busiest (source, expert) pair's count.
+// `sc` is the stage's scenario the workload was sampled on.
+std::int64_t memory_capacity(const Scenario& sc, const Decision& d,
+                             const workload::IterationWorkload& work) {
   std::int64_t capacity = 0;
   for (const auto& l : work.layers) capacity = std::max(capacity, l.capacity);
-  return capacity;
+  const ModelSpec& m = sc.model;
+  if (!d.variable_dispatch || d.expert_pack > 1 || d.inference || m.expert_shards() > 1 ||
+      sc.parallelism.esp > 1 || work.layers.empty())
+    return capacity;
+  const Groups groups = make_groups(sc);
+  const int dE = m.local_experts();
+  std::int64_t rows = 0;
+  for (const auto& l : work.layers)
+    for (const auto& grp : groups.ep.groups)
+      for (std::size_t pos = 0; pos < grp.size(); ++pos) {
+        std::int64_t received = 0;
+        for (int src : grp)
+          for (int e = static_cast<int>(pos) * dE; e < static_cast<int>(pos + 1) * dE; ++e)
+            received += l.at(src, e);
+        rows = std::max(rows, received);
+      }
+  return std::min(capacity, (rows + m.experts - 1) / m.experts);
 }
 
 IterationRecord make_record(const Scenario& sc, int index, double f, const Decision& d,
@@ -66,7 +89,7 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
   rec.exposed_comm_s = result.breakdown.exposed_comm_s;
   rec.breakdown = result.breakdown;
   for (const auto& l : work.layers) rec.dropped_tokens += l.dropped;
-  rec.memory = estimate_memory(sc, d, memory_capacity(work));
+  rec.memory = estimate_memory(sc, d, memory_capacity(sc.stage_scenario(), d, work));
   return rec;
 }
 
@@ -152,7 +175,8 @@ MemoryEstimate planned_memory(const Scenario& whole, const StrategySpec& spec,
   for (int i = 0; i < std::max(iterations, 1); ++i) {
     const Prepared p = prepare_iteration(sc, spec, topo, cost, *stack, generator,
                                          session ? &*session : nullptr, history, i, false);
-    const MemoryEstimate est = estimate_memory(whole, p.decision, memory_capacity(p.work));
+    const MemoryEstimate est =
+        estimate_memory(whole, p.decision, memory_capacity(sc, p.decision, p.work));
     // The first iteration that needs the most, as the run's summary picks it.
     if (i == 0 || est.total_bytes() > worst.total_bytes()) worst = est;
   }

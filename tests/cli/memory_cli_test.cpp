@@ -89,6 +89,39 @@ TEST(MemoryCli, ValidatePrintsSimulatesMemoryBytesForADroplessPreset) {
   EXPECT_EQ(advice(v.out), advice(s.out)) << s.out;
 }
 
+// A routed dispatch (deepep) keeps the rows its GPUs really receive, not the dropless buffer padded
+// to the busiest (source, expert) pair: its dC lies between the mean ceil(S k / E) = 128 and the
+// padded one, and validate prints the figure simulate writes for it too.
+TEST(MemoryCli, RoutedDispatchKeepsTheRowsItReceives) {
+  const fs::path json =
+      fs::temp_directory_path() / fmt::format("moesim_memory_routed_{}.json", getpid());
+  const std::string args = fmt::format(
+      "'{}/scenarios/models/deepseek-v3.yaml' --set model.layers=5 --set cluster.nodes=8 --set "
+      "parallelism.pp=2 --set parallelism.ep=32 --set model.micro_batches=2",
+      kSource);
+  const auto v = run("validate " + args);
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  const auto s = run(fmt::format(
+      "simulate {} --strategy baseline --strategy deepep --engine analytical -q --json '{}'", args,
+      json.string()));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  const auto j = nlohmann::json::parse(read_file(json));
+  fs::remove(json);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  const auto& base = j["runs"][0];
+  const auto& routed = j["runs"][1];
+  ASSERT_EQ(routed["strategy"], "deepep");
+  const long padded = base["memory"]["capacity"].get<long>();
+  const long rows = routed["memory"]["capacity"].get<long>();
+  EXPECT_GE(rows, 4096L * 8 / 256);
+  EXPECT_LT(rows, padded);
+  EXPECT_LT(routed["memory_bytes"].get<double>(), base["memory_bytes"].get<double>());
+  for (const auto* run : {&base, &routed})
+    EXPECT_EQ(validate_gib(v.out, (*run)["strategy"].get<std::string>()),
+              fmt::format("{:.2f} GiB", (*run)["memory_bytes"].get<double>() / 1073741824.0))
+        << v.out;
+}
+
 // A layout that fits only with a change says which: Mixtral at 16 blocks is 85 GiB on an 80 GB
 // H100; ZeRO-1 (the optimizer state over 64 dense / 8 expert replicas), recomputation or two
 // pipeline stages each make it fit.

@@ -98,6 +98,25 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
           : (m.capacity_factor == 0 ? std::string("f=dropless")
                                     : fmt::format("f=dropless<={}", -m.capacity_factor));
   fmt::print("  experts      {}; top-{}; {}; {}\n", experts, m.top_k, cf, dtype_name(m.dtype));
+  // The block's kernels as the plan lowers them (docs/model.md, "A block as the kernels").
+  const AttentionSpec& at = m.attention;
+  const std::string heads =
+      at.is_mla()
+          ? fmt::format("mla, {} heads (q_lora {}, kv_lora {}, qk {}+{}, v {})", at.heads,
+                        at.q_lora_rank, at.kv_lora_rank, at.qk_nope_head_dim, at.qk_rope_head_dim,
+                        at.v_head_dim)
+          : fmt::format("{}, {} heads of {} over {} kv heads",
+                        at.kv_heads < at.heads ? "gqa" : "mha", at.heads, at.head_dim, at.kv_heads);
+  fmt::print("  attention    {}{}; ffn {}\n", heads, at.causal ? ", causal" : "",
+             name_of(m.activation));
+  std::string modules;
+  for (RecomputeModule mod : m.recompute.modules)
+    modules += fmt::format("{}{}", modules.empty() ? " [" : ", ", name_of(mod));
+  if (!modules.empty()) modules += "]";
+  const PrecisionSpec& pr = m.precision;
+  fmt::print("  precision    gemm {}, dispatch {}, combine {}, main grads {}; recompute {}{}\n",
+             dtype_name(pr.gemm), dtype_name(pr.dispatch), dtype_name(pr.combine),
+             dtype_name(pr.main_grads), name_of(m.recompute.granularity), modules);
   const std::string per = p.pp > 1 ? "P / pp" : "P";
   fmt::print("  parallelism  ep={} esp={} mp={} dp={} layout={} ({})\n", p.ep, p.esp, p.mp, p.dp,
              name_of(p.layout),

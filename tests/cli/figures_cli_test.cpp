@@ -18,36 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kSource = MOESIM_SOURCE_DIR;
-const std::string kBinary = MOESIM_BINARY;
-
-struct RunOutput {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-RunOutput run(const std::string& args) {
-  const std::string cmd = fmt::format("timeout 300 '{}' {} 2>&1", kBinary, args);
-  RunOutput r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream is(p);
-  std::stringstream ss;
-  ss << is.rdbuf();
-  return ss.str();
-}
+using namespace moesim::cli_test;
 
 fs::path temp_dir() {
   fs::path d = fs::temp_directory_path() /

@@ -951,7 +951,8 @@ class Builder {
     spec.rank_scale = expert_scale(moe, j);
     spec.recompute = replay;
     spec.backward = backward && !replay;
-    const std::string what = fmt::format("{}expert.act.c{}", replay ? "recompute." : "", j);
+    // Chunks are numbered from 1 in labels, as role_label numbers the chunk's GEMMs.
+    const std::string what = fmt::format("{}expert.act.c{}", replay ? "recompute." : "", j + 1);
     return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}),
                              lbl(l, backward || replay, what));
   }
@@ -1168,7 +1169,7 @@ class Builder {
       OpId rin = in;
       if (replay_moe)
         rin = note(gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1, deps_of({rin}),
-                        lbl(l, true, fmt::format("recompute.expert.fc1.c{}", j)),
+                        lbl(l, true, fmt::format("recompute.expert.fc1.c{}", j + 1)),
                         expert_scale(moe, j), fp8_gemm_, true));
       if (replay_moe || rc.has(RecomputeModule::kMoeAct))
         rin = note(expert_act(l, moe, j, sh, true, true, rin));

@@ -74,7 +74,7 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
                                    std::int64_t capacity, const RecomputeSpec& rc) {
   const auto& m = sc.model;
   const auto& a = m.attention;
-  const double M = m.model_dim, E = m.experts, H = m.hidden_dim;
+  const double M = m.model_dim, E = m.experts;
   const double S = static_cast<double>(m.tokens_per_gpu());
   const double mp = sc.parallelism.mp, esp = sc.parallelism.esp, rho = decision.parallel_degree;
   const double b = dtype_bytes(m.dtype);
@@ -149,7 +149,6 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   // The norm's output as the gate's input (kept by moe recomputation as the checkpoint's input).
   const double gate_in = ln && !moe ? 0 : s_esp * M * b;
   out.moe_ffn = S * M * b + gate_in + experts_kept + act_out + shared;
-  (void)H;
   return out;
 }
 

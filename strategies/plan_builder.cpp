@@ -937,8 +937,7 @@ class Builder {
   // The MoE block's pre-FFN norm (with the residual add), replayed in backward under
   // recompute layernorm / moe / full.
   KernelDesc moe_norm() const {
-    KernelDesc d = norm("moe.norm", static_cast<double>(S_), static_cast<double>(M_));
-    return d;
+    return norm("moe.norm", static_cast<double>(S_), static_cast<double>(M_));
   }
   // The expert FFN's activation on a chunk's rows (SwiGLU reads 2 hs and writes hs per row),
   // scaled per rank like the expert GEMMs.

@@ -47,7 +47,7 @@ struct CollectiveArgs {
   std::string csv_path;
   std::string collective;
   std::vector<std::string> sizes;
-  std::string algo = "auto";
+  std::string algo = "nccl";
   std::string engine;
   std::string json_path;
   std::string trace_path;
@@ -163,11 +163,17 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
   const bool variable = *type == CollectiveType::kAllToAllv;
   if (!a.skew.empty() && !variable)
     throw InputError("--skew: only meaningful with --collective all_to_allv");
-  auto algo = parse_collective_algo(a.algo);
+  // "nccl" (the default) is what NCCL runs, so a row compares with nccl-tests as it stands: its
+  // all-to-all is one send/receive per peer (linear); the other collectives take moesim's cheapest
+  // applicable algorithm, as NCCL's tuner picks among ring and tree by its cost model.
+  const bool a2a_type = *type == CollectiveType::kAllToAll || *type == CollectiveType::kAllToAllv;
+  auto algo = a.algo == "nccl"
+                  ? std::optional(a2a_type ? CollectiveAlgo::kLinear : CollectiveAlgo::kAuto)
+                  : parse_collective_algo(a.algo);
   if (!algo)
     throw InputError(
-        fmt::format("--algo: found '{}', expected one of linear, 2dh, 3dh, deepep, ring, tree, "
-                    "hierarchical, auto",
+        fmt::format("--algo: found '{}', expected one of nccl, linear, 2dh, 3dh, deepep, ring, "
+                    "tree, hierarchical, auto",
                     a.algo));
   std::vector<Bytes> sizes;
   for (const auto& s : a.sizes)
@@ -378,7 +384,9 @@ void register_simulate(CLI::App& app) {
                   "send_recv");
   cmd->add_option("--size", a->sizes,
                   "Collective size per rank, e.g. 128MiB, at most 1024TiB (repeatable)");
-  cmd->add_option("--algo", a->algo, "linear, 2dh, 3dh, ring, tree, hierarchical or auto");
+  cmd->add_option("--algo", a->algo,
+                  "nccl (default: what NCCL runs; linear for all-to-all), linear, 2dh, 3dh, "
+                  "deepep, ring, tree, hierarchical or auto (the cheapest by moesim's cost model)");
   cmd->add_option("--skew", a->skew,
                   "With --collective all_to_allv: uniform, zipf:S or dirichlet:A (default: the "
                   "scenario's workload.routing); --size is then the mean bytes each GPU sends");

@@ -519,6 +519,31 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
 // 2,416,705,536; activations (12 x 7 + 6 x 9 + 6 x 21) S M + 6 S E = 2,214,985,728 elements x 2 =
 // 4,429,971,456 (R = E dC = 2 S rows: 2 R M = 4 S M, 2 R H = 16 S M); buffers 2 R M x 2 =
 // 67,108,864. Total 6,913,785,856 bytes, of 40 GiB.
+// --collective without --algo runs what NCCL runs, so a row compares with nccl-tests: its
+// all-to-all is linear (one send / receive per peer) even where moesim's cost model would pick
+// 2dh (quickstart: 2 nodes, where `--algo auto` takes 2dh at 1 MiB).
+TEST(Cli, CollectiveDefaultsToWhatNcclRuns) {
+  const fs::path dir = temp_dir();
+  auto algo_of = [&](const std::string& args) {
+    const fs::path f = dir / "c.json";
+    fs::remove(f);
+    auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --size 1MiB {} --json '{}'",
+                             kSource, args, f.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(read_file(f))["collective"]["algo"].get<std::string>();
+  };
+  EXPECT_EQ(algo_of("--collective all_to_all"), "linear");
+  EXPECT_EQ(algo_of("--collective all_to_all --algo nccl"), "linear");
+  EXPECT_EQ(algo_of("--collective all_to_allv --skew uniform"), "linear");
+  EXPECT_EQ(algo_of("--collective all_to_all --algo auto"), "2dh");
+  auto bad =
+      run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --collective all_to_all "
+                      "--size 1MiB --algo nvls",
+                      kSource));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("expected one of nccl, linear"));
+}
+
 // --collective all_to_allv: one dispatch of the routing model, --size the mean bytes each GPU
 // sends. Uniform routing costs about what all_to_all of the same size does (sampling noise: the
 // most loaded receiver gets a few % more); Zipf skew concentrates the bytes on the popular

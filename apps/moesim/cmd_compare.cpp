@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
@@ -123,11 +124,13 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
   // results[t][s]
   std::vector<std::vector<StackOutcome>> results;
   std::string engine_name;
+  std::optional<double> flow_tolerance;  // the flow engine's event_tolerance (JSON), when flow
   for (const auto& v : variants) {
     auto topo = simulation_topology(v.sc);
     sim::EngineConfig cfg = engine_config_from(v.sc, a.engine, a.simgrid_mode);
     announce_simgrid_mode(cfg, topo->num_gpus());
     engine_name = std::string(sim::network_kind_name(cfg.network));
+    if (cfg.network == sim::NetworkKind::kFlow) flow_tolerance = cfg.flow_event_tolerance;
     const int iterations =
         iterations_flag ? static_cast<int>(*iterations_flag) : v.sc.workload.iterations;
     results.push_back(run_stacks(v.sc, specs, *topo, cfg, iterations, v.topology_name, !a.quiet,
@@ -159,6 +162,7 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
     j["moesim_version"] = MOESIM_VERSION;
     j["scenario"] = base.name;
     j["engine"] = engine_name;
+    if (flow_tolerance) j["flow_event_tolerance"] = *flow_tolerance;
     auto& runs = j["runs"] = nlohmann::ordered_json::array();
     for (size_t t = 0; t < variants.size(); ++t)
       for (const auto& o : results[t]) runs.push_back(run_json(variants[t].sc, o.run, o.summary));

@@ -268,6 +268,8 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
       c["gpus"] = gpus;
       c["engine"] = std::string(sim::network_kind_name(cfg.network));
       if (auto m = simgrid_mode_used(cfg, gpus); !m.empty()) c["simgrid_mode"] = m;
+      if (cfg.network == sim::NetworkKind::kFlow)
+        c["flow_event_tolerance"] = cfg.flow_event_tolerance;
       c["time_s"] = r.time_s;
       c["algbw_GBps"] = r.algbw_Bps / 1e9;
       c["busbw_GBps"] = r.busbw_Bps / 1e9;
@@ -331,6 +333,8 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
     j["scenario"] = sc.name;
     j["engine"] = std::string(sim::network_kind_name(cfg.network));
     if (auto m = simgrid_mode_used(cfg, topo->num_gpus()); !m.empty()) j["simgrid_mode"] = m;
+    if (cfg.network == sim::NetworkKind::kFlow)
+      j["flow_event_tolerance"] = cfg.flow_event_tolerance;
     j["seed"] = sc.workload.routing.seed;
     auto& runs = j["runs"] = nlohmann::ordered_json::array();
     double wall = 0;

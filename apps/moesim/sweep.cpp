@@ -1016,7 +1016,11 @@ std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
     r.values = p.values;
     r.scenario = sc.name;
     r.summary = o.summary;
-    if (!opts.json_path.empty()) r.run = run_json(sc, o.run, o.summary);
+    if (!opts.json_path.empty()) {
+      r.run = run_json(sc, o.run, o.summary);
+      if (cfg.network == sim::NetworkKind::kFlow)
+        r.run["flow_event_tolerance"] = cfg.flow_event_tolerance;
+    }
     rows.push_back(std::move(r));
   }
   return rows;

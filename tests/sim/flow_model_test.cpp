@@ -852,7 +852,7 @@ TEST(FlowModel, ScenarioKeysForRoutingAndEventTolerance) {
   const std::string fat = "    kind: fat_tree\n    switch_radix: 8\n";
   Scenario s = parse_scenario_string(scenario_yaml(fat, ""), "t.yaml");
   EXPECT_EQ(s.cluster.inter.ecmp, EcmpMode::kDmodk);
-  EXPECT_EQ(s.engine.flow_event_tolerance, 1e-9);
+  EXPECT_EQ(s.engine.flow_event_tolerance, 3e-3);  // the default: within 0.1% of exact, finishes
   const std::pair<const char*, EcmpMode> modes[] = {
       {"dmodk", EcmpMode::kDmodk}, {"hash", EcmpMode::kHash}, {"spray", EcmpMode::kSpray}};
   for (const auto& [name, mode] : modes) {

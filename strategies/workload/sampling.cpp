@@ -362,6 +362,11 @@ std::uint32_t ChoiceSampler::draw_excluding(Xoshiro256& rng, const std::uint32_t
     const std::uint32_t e = draw(rng);
     if (std::find(chosen, chosen + n, e) == chosen + n) return e;
   }
+  return draw_excluding_scan(rng, chosen, n);
+}
+
+std::uint32_t ChoiceSampler::draw_excluding_scan(Xoshiro256& rng, const std::uint32_t* chosen,
+                                                 int n) const {
   double remaining = 1.0;
   for (int i = 0; i < n; ++i) remaining -= p_[chosen[i]];
   auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
@@ -416,6 +421,12 @@ std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t*
     const std::uint32_t e = node_experts_[node_begin_[n] + node_alias_[n].sample(rng)];
     if (!is_chosen(e)) return e;
   }
+  return draw_on_nodes_scan(rng, chosen, n, nodes, num_nodes);
+}
+
+std::uint32_t ChoiceSampler::draw_on_nodes_scan(Xoshiro256& rng, const std::uint32_t* chosen, int n,
+                                                const std::uint32_t* nodes, int num_nodes) const {
+  auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
   // The same conditional law by a scan of the allowed nodes' experts only.
   double mass = 0;
   std::uint32_t available = 0;
@@ -491,6 +502,10 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
   // `limit` nodes, the rest come from those nodes only: the token's top experts pick its nodes.
   // Two loops and branch-free node bookkeeping: which phase a choice is in, and whether its node
   // is new, are coin flips the branch predictor would miss (twice the sampling time).
+  if (uniform_ && node_size_ > 0) {
+    sample_tokens_node_limited_uniform(rng, counts, distinct);
+    return;
+  }
   const std::size_t E = num_experts_;
   std::uint32_t chosen[64];
   std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
@@ -514,6 +529,80 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
     for (; j < top_k_; ++j) take(j, draw_on_nodes(rng, chosen, j, nodes, num_nodes));
     for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
     if (distinct != nullptr) count_distinct(chosen, distinct, seen.data());
+  }
+}
+
+void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
+                                                       std::span<std::uint32_t> counts,
+                                                       std::uint32_t* distinct) const {
+  // sample_tokens_node_limited with draw, draw_excluding, draw_on_nodes and count_distinct
+  // inlined for uniform p on nodes of node_size_ experts: the same draws from rng in the same
+  // order, the same fallbacks after 64 attempts, so the same counts.
+  const std::size_t E = num_experts_;
+  const std::uint32_t num_experts = num_experts_;
+  const std::uint32_t node_size = node_size_;
+  const std::uint32_t* node_of = node_of_.data();
+  const std::uint32_t* node_begin = node_begin_.data();
+  const std::uint32_t* node_experts = node_experts_.data();
+  std::uint32_t* c = counts.data();
+  std::uint32_t chosen[64];
+  std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
+  std::vector<std::uint8_t> on(node_begin_.size() - 1, 0);  // nodes the token uses, as flags
+  std::vector<std::uint8_t> taken(E, 0);                    // the token's choices, as flags
+  const std::uint32_t w = distinct != nullptr ? distinct_.positions : 0;
+  const std::uint32_t* pos_of = distinct != nullptr ? distinct_.pos_of.data() : nullptr;
+  const std::uint32_t* dnode_of = distinct != nullptr ? distinct_.node_of.data() : nullptr;
+  std::vector<std::uint8_t> seen(distinct != nullptr ? std::size_t{w} + distinct_.nodes : 0, 0);
+  int num_nodes = 0;
+  auto take = [&](int j, std::uint32_t e) {
+    chosen[j] = e;
+    taken[e] = 1;
+    ++c[static_cast<std::size_t>(j) * E + e];
+    const std::uint32_t n = node_of[e];
+    nodes[num_nodes] = n;
+    num_nodes += on[n] ^ 1;
+    on[n] = 1;
+  };
+  const int k = top_k_;
+  const int limit = node_limit_;
+  for (std::int64_t t = 0; t < tokens_; ++t) {
+    num_nodes = 0;
+    take(0, rng.below(num_experts));
+    int j = 1;
+    for (; j < k && num_nodes < limit; ++j) {
+      std::uint32_t e = 0;
+      int attempt = 0;
+      for (; attempt < 64; ++attempt)
+        if (!taken[e = rng.below(num_experts)]) break;
+      take(j, attempt < 64 ? e : draw_excluding_scan(rng, chosen, j));
+    }
+    for (; j < k; ++j) {
+      std::uint32_t e = 0;
+      int attempt = 0;
+      for (; attempt < 64; ++attempt) {
+        const std::uint32_t n = nodes[rng.below(static_cast<std::uint32_t>(num_nodes))];
+        e = node_experts[node_begin[n] + rng.below(node_size)];
+        if (!taken[e]) break;
+      }
+      take(j, attempt < 64 ? e : draw_on_nodes_scan(rng, chosen, j, nodes, num_nodes));
+    }
+    for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
+    for (int i = 0; i < k; ++i) taken[chosen[i]] = 0;
+    if (distinct != nullptr) {
+      // count_distinct, inlined.
+      for (int i = 0; i < k; ++i) {
+        const std::uint32_t q = pos_of[chosen[i]];
+        const std::uint32_t b = w + dnode_of[chosen[i]];
+        distinct[q] += seen[q] ^ 1u;
+        seen[q] = 1;
+        distinct[b] += seen[b] ^ 1u;
+        seen[b] = 1;
+      }
+      for (int i = 0; i < k; ++i) {
+        seen[pos_of[chosen[i]]] = 0;
+        seen[w + dnode_of[chosen[i]]] = 0;
+      }
+    }
   }
 }
 

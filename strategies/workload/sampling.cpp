@@ -547,13 +547,32 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
   std::uint32_t* c = counts.data();
   std::uint32_t chosen[64];
   std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
-  std::vector<std::uint8_t> on(node_begin_.size() - 1, 0);  // nodes the token uses, as flags
-  std::vector<std::uint8_t> taken(E, 0);                    // the token's choices, as flags
+  std::vector<std::uint8_t> on_flags(node_begin_.size() - 1, 0);  // nodes the token uses
+  std::vector<std::uint8_t> taken_flags(E, 0);                    // the token's choices
+  std::uint8_t* on = on_flags.data();
+  std::uint8_t* taken = taken_flags.data();
   const std::uint32_t w = distinct != nullptr ? distinct_.positions : 0;
   const std::uint32_t* pos_of = distinct != nullptr ? distinct_.pos_of.data() : nullptr;
   const std::uint32_t* dnode_of = distinct != nullptr ? distinct_.node_of.data() : nullptr;
-  std::vector<std::uint8_t> seen(distinct != nullptr ? std::size_t{w} + distinct_.nodes : 0, 0);
+  std::vector<std::uint8_t> seen_flags(distinct != nullptr ? std::size_t{w} + distinct_.nodes : 0,
+                                       0);
+  std::uint8_t* seen = seen_flags.data();
+  // A local generator whose address never escapes stays in registers: through `rng` every byte
+  // flag store (which may alias anything) forced its state back to memory.
+  Xoshiro256 r = rng;
   int num_nodes = 0;
+  auto scan_excluding = [&](int j) {
+    Xoshiro256 g = r;
+    const std::uint32_t e = draw_excluding_scan(g, chosen, j);
+    r = g;
+    return e;
+  };
+  auto scan_on_nodes = [&](int j) {
+    Xoshiro256 g = r;
+    const std::uint32_t e = draw_on_nodes_scan(g, chosen, j, nodes, num_nodes);
+    r = g;
+    return e;
+  };
   auto take = [&](int j, std::uint32_t e) {
     chosen[j] = e;
     taken[e] = 1;
@@ -567,24 +586,24 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
   const int limit = node_limit_;
   for (std::int64_t t = 0; t < tokens_; ++t) {
     num_nodes = 0;
-    take(0, rng.below(num_experts));
+    take(0, r.below(num_experts));
     int j = 1;
     for (; j < k && num_nodes < limit; ++j) {
       std::uint32_t e = 0;
       int attempt = 0;
       for (; attempt < 64; ++attempt)
-        if (!taken[e = rng.below(num_experts)]) break;
-      take(j, attempt < 64 ? e : draw_excluding_scan(rng, chosen, j));
+        if (!taken[e = r.below(num_experts)]) break;
+      take(j, attempt < 64 ? e : scan_excluding(j));
     }
     for (; j < k; ++j) {
       std::uint32_t e = 0;
       int attempt = 0;
       for (; attempt < 64; ++attempt) {
-        const std::uint32_t n = nodes[rng.below(static_cast<std::uint32_t>(num_nodes))];
-        e = node_experts[node_begin[n] + rng.below(node_size)];
+        const std::uint32_t n = nodes[r.below(static_cast<std::uint32_t>(num_nodes))];
+        e = node_experts[node_begin[n] + r.below(node_size)];
         if (!taken[e]) break;
       }
-      take(j, attempt < 64 ? e : draw_on_nodes_scan(rng, chosen, j, nodes, num_nodes));
+      take(j, attempt < 64 ? e : scan_on_nodes(j));
     }
     for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
     for (int i = 0; i < k; ++i) taken[chosen[i]] = 0;
@@ -604,6 +623,7 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
       }
     }
   }
+  rng = r;
 }
 
 void ChoiceSampler::sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const {

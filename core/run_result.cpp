@@ -8,6 +8,7 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -52,8 +53,8 @@ namespace {
 
 using Interval = std::pair<double, double>;
 
-// Sorts and merges in place; returns the merged list (disjoint, ascending).
-void merge_intervals(std::vector<Interval>& v) {
+// Sorts and merges in place; the merged list (disjoint, ascending) is the prefix it returns.
+std::span<Interval> merge_intervals(std::span<Interval> v) {
   // Mostly in start order already (a stream's ops are recorded in plan order): sort only if not.
   const auto by_start = [](const Interval& a, const Interval& b) { return a.first < b.first; };
   if (!std::is_sorted(v.begin(), v.end(), by_start)) std::sort(v.begin(), v.end(), by_start);
@@ -66,17 +67,17 @@ void merge_intervals(std::vector<Interval>& v) {
       v[out++] = v[i];
     }
   }
-  v.resize(out);
+  return v.first(out);
 }
 
-double measure(const std::vector<Interval>& merged) {
+double measure(std::span<const Interval> merged) {
   double s = 0;
   for (const auto& [a, b] : merged) s += b - a;
   return s;
 }
 
 // Measure of the intersection of two merged interval lists.
-double intersection_measure(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+double intersection_measure(std::span<const Interval> a, std::span<const Interval> b) {
   double s = 0;
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
@@ -226,7 +227,7 @@ void summarize_run(const Plan& plan, RunResult& result) {
   std::vector<double> block_makespan(static_cast<size_t>(num_blocks), 0.0);
 
   auto run_block = [&](int b, std::vector<std::int64_t>& count, std::vector<std::int64_t>& fill,
-                       std::vector<Interval>& iv, std::vector<Interval>* merged) {
+                       std::vector<Interval>& iv) {
     const int r0 = b * kBlock;
     const int r1 = std::min(P, r0 + kBlock), nr = r1 - r0;
     count.assign(static_cast<size_t>(kNum) * nr + 1, 0);
@@ -246,6 +247,15 @@ void summarize_run(const Plan& plan, RunResult& result) {
       }
       return true;
     };
+    // Counting needs the rank sets only; the times are read once, by the fill pass, which meets
+    // the instances in the same order, so a missing time is found where the count pass found it.
+    for_each_instance([&](size_t, int, size_t bucket) {
+      ++count[bucket + 1];
+      return true;
+    });
+    for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
+    iv.resize(static_cast<size_t>(count.back()));
+    fill.assign(count.begin(), count.end() - 1);
     double makespan = 0;
     const bool complete = for_each_instance([&](size_t i, int p, size_t bucket) {
       const auto e = result.op_offset[i] + p;
@@ -255,25 +265,19 @@ void summarize_run(const Plan& plan, RunResult& result) {
         return false;
       }
       makespan = std::max(makespan, t);
-      ++count[bucket + 1];
+      iv[fill[bucket]++] = {s, t};
       return true;
     });
     block_makespan[static_cast<size_t>(b)] = makespan;
     if (!complete) return;
-    for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
-    iv.resize(static_cast<size_t>(count.back()));
-    fill.assign(count.begin(), count.end() - 1);
-    for_each_instance([&](size_t i, int p, size_t bucket) {
-      const auto e = result.op_offset[i] + p;
-      iv[fill[bucket]++] = {result.start_s[e], result.end_s[e]};
-      return true;
-    });
+    std::span<Interval> merged[kNum];
     for (int r = 0; r < nr; ++r) {
       double* out = per_rank.data() + static_cast<size_t>(kPerRank) * (r0 + r);
       for (int c = 0; c < kNum; ++c) {
         const size_t k = static_cast<size_t>(c) * nr + r;
-        merged[c].assign(iv.begin() + count[k], iv.begin() + count[k + 1]);
-        merge_intervals(merged[c]);
+        // Merged where they lie: each bucket is used once.
+        merged[c] = merge_intervals(std::span<Interval>(iv).subspan(
+            static_cast<size_t>(count[k]), static_cast<size_t>(count[k + 1] - count[k])));
         out[c] = measure(merged[c]);
       }
       const double ov = intersection_measure(merged[kComm], merged[kCompute]);
@@ -291,9 +295,7 @@ void summarize_run(const Plan& plan, RunResult& result) {
     try {
       std::vector<std::int64_t> count, fill;
       std::vector<Interval> iv;
-      std::vector<Interval> merged[kNum];
-      for (int b; (b = next_block.fetch_add(1)) < num_blocks;)
-        run_block(b, count, fill, iv, merged);
+      for (int b; (b = next_block.fetch_add(1)) < num_blocks;) run_block(b, count, fill, iv);
     } catch (...) {
       failure[static_cast<size_t>(t)] = std::current_exception();
     }

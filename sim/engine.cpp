@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <span>
+#include <thread>
 #include <unordered_map>
 
 #include "core/error.hpp"
@@ -166,16 +168,37 @@ class Engine {
         for (OpId d : op.deps) dependents_[fill[d]++] = op.id;
     }
 
-    // Remaining deps per instance: deps that share the instance's rank.
+    // Remaining deps per instance: deps that share the instance's rank. Counted on a second
+    // thread while this one builds the queues (it writes deps_left_ alone); a dep on the same
+    // ranks (most of them) counts for every position without a search.
     deps_left_.assign(n_entries, 0);
-    for (const Op& op : ops) {
-      if (op.deps.empty()) continue;
-      for (int p = 0; p < op.ranks.size(); ++p) {
-        int r = op.ranks.at(p);
-        std::int32_t c = 0;
-        for (OpId d : op.deps) c += ops[d].ranks.contains(r) ? 1 : 0;
-        deps_left_[entry(op.id, p)] = c;
+    auto count_deps = [this, &ops] {
+      for (const Op& op : ops) {
+        if (op.deps.empty()) continue;
+        std::int32_t* left = deps_left_.data() + entry(op.id, 0);
+        const int n = op.ranks.size();
+        for (OpId d : op.deps) {
+          const RankSet& dr = ops[d].ranks;
+          if (dr == op.ranks) {
+            for (int p = 0; p < n; ++p) ++left[p];
+          } else {
+            for (int p = 0; p < n; ++p) left[p] += dr.contains(op.ranks.at(p)) ? 1 : 0;
+          }
+        }
       }
+    };
+    std::exception_ptr deps_error;
+    std::jthread deps_thread;
+    if (n_entries >= 1'000'000 && std::thread::hardware_concurrency() > 1) {
+      deps_thread = std::jthread([&] {
+        try {
+          count_deps();
+        } catch (...) {
+          deps_error = std::current_exception();
+        }
+      });
+    } else {
+      count_deps();
     }
 
     // Per (rank, stream) queues in plan order, CSR.
@@ -225,6 +248,8 @@ class Engine {
       gated_.assign(P_, {});
     }
     if (interference_ > 0) running_.resize(P_);
+    if (deps_thread.joinable()) deps_thread.join();
+    if (deps_error) std::rethrow_exception(deps_error);
   }
 
   CollectiveRecord make_record(const Op& op) {

@@ -201,23 +201,24 @@ class Engine {
       count_deps();
     }
 
-    // Per (rank, stream) queues in plan order, CSR.
+    // Per (rank, stream) queues in plan order, as links: next_q_[entry] is the instance after
+    // that one on its rank's stream. A CSR by stream put the entries that advance together (an
+    // op's ranks finishing) 2,048 segments apart; the links lie in entry order, beside them.
     const size_t n_keys = static_cast<size_t>(P_) * S_;
-    queue_off_.assign(n_keys + 1, 0);
-    for (const Op& op : ops)
-      for (int p = 0; p < op.ranks.size(); ++p) ++queue_off_[key(op.ranks.at(p), op.stream) + 1];
-    for (size_t k = 1; k <= n_keys; ++k) queue_off_[k] += queue_off_[k - 1];
-    queue_.resize(queue_off_.back());
+    head_q_.assign(n_keys, QueueEntry{-1, 0});
+    next_q_.resize(static_cast<size_t>(n_entries));
     {
-      std::vector<std::int64_t> fill(queue_off_.begin(), queue_off_.end() - 1);
+      std::vector<std::int64_t> last(n_keys, -1);
       for (const Op& op : ops)
-        for (int p = 0; p < op.ranks.size(); ++p)
-          queue_[fill[key(op.ranks.at(p), op.stream)]++] = {op.id, p};
+        for (int p = 0; p < op.ranks.size(); ++p) {
+          const size_t k = key(op.ranks.at(p), op.stream);
+          const std::int64_t e = entry(op.id, p);
+          next_q_[static_cast<size_t>(e)] = QueueEntry{-1, 0};
+          (last[k] < 0 ? head_q_[k] : next_q_[static_cast<size_t>(last[k])]) = QueueEntry{op.id, p};
+          last[k] = e;
+        }
     }
-    head_.assign(queue_off_.begin(), queue_off_.end() - 1);
     head_started_.assign(n_keys, 0);
-    head_q_.resize(n_keys);
-    for (size_t k = 0; k < n_keys; ++k) load_head(k);
 
     // Collectives: rank -> group maps per grouping used, ready counters, records.
     group_of_.resize(plan_.groupings().size());
@@ -346,12 +347,6 @@ class Engine {
 
   // ---- per-rank instances ----------------------------------------------------------------------
 
-  // Copies a stream's head entry next to the other per-stream state: queue_ is one CSR over
-  // every instance (400 MB on DeepSeek-V3), so reading it on each try_start missed the cache.
-  void load_head(size_t k) {
-    head_q_[k] = head_[k] < queue_off_[k + 1] ? queue_[head_[k]] : QueueEntry{-1, 0};
-  }
-
   void try_start(size_t k) {
     if (head_started_[k]) return;
     const QueueEntry q = head_q_[k];
@@ -369,8 +364,6 @@ class Engine {
       }
     }
     head_started_[k] = 1;
-    // The stream's next entry is read when this one finishes: fetch it meanwhile.
-    __builtin_prefetch(queue_.data() + head_[k] + 1);
     start_instance(q.op, q.pos);
   }
 
@@ -424,8 +417,7 @@ class Engine {
     if (gating_ && op.priority > 0 && --reserve_[r] == 0) wake_.push_back(r);
     const size_t k = key(r, op.stream);
     MOESIM_ASSERT(head_q_[k].op == id, "finished op is not the head of its stream");
-    ++head_[k];
-    load_head(k);
+    head_q_[k] = next_q_[static_cast<size_t>(entry(id, pos))];
     head_started_[k] = 0;
     try_start(k);
     for (auto i = dep_off_[id]; i < dep_off_[id + 1]; ++i) {
@@ -689,8 +681,8 @@ class Engine {
         std::string why;
         if (deps_left_[entry(op.id, p)] > 0) {
           why = fmt::format("{} of its deps never finished there", deps_left_[entry(op.id, p)]);
-        } else if (queue_[head_[key(r, op.stream)]].op != op.id) {
-          const Op& h = plan_.op(queue_[head_[key(r, op.stream)]].op);
+        } else if (head_q_[key(r, op.stream)].op != op.id) {
+          const Op& h = plan_.op(head_q_[key(r, op.stream)].op);
           why = fmt::format("stream '{}' is blocked by op {} '{}'", plan_.stream_names()[op.stream],
                             h.id, h.label);
         } else if (op.kind == OpKind::kCollective) {
@@ -778,11 +770,9 @@ class Engine {
   std::vector<std::int64_t> dep_off_;
   std::vector<OpId> dependents_;
   std::vector<std::int32_t> deps_left_;
-  std::vector<std::int64_t> queue_off_;
-  std::vector<QueueEntry> queue_;
-  std::vector<std::int64_t> head_;
+  std::vector<QueueEntry> next_q_;  // per instance: the next one on its (rank, stream), op -1
   std::vector<char> head_started_;
-  std::vector<QueueEntry> head_q_;  // queue_[head_[k]], or op -1 once the stream is done
+  std::vector<QueueEntry> head_q_;  // each (rank, stream)'s next instance, op -1 once done
 
   std::vector<std::vector<int>> group_of_;  // per grouping: rank -> group index (-1)
   std::vector<std::int64_t> group_ready_off_;

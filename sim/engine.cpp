@@ -281,7 +281,7 @@ class Engine {
   // ---- events ----------------------------------------------------------------------------------
 
   void push(double t, EventType type, std::int32_t a, std::int32_t b, std::uint32_t version = 0) {
-    events_.push(t, Event{type, version, a, b});
+    events_.emplace(t, type, version, a, b);
   }
 
   void loop() {

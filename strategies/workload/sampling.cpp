@@ -547,6 +547,8 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
   std::uint32_t* c = counts.data();
   std::uint32_t chosen[64];
   std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
+  // node_experts offset of each of the token's nodes: one load less between a draw and its test
+  const std::uint32_t* experts_of[65];
   std::vector<std::uint8_t> on_flags(node_begin_.size() - 1, 0);  // nodes the token uses
   std::vector<std::uint8_t> taken_flags(E, 0);                    // the token's choices
   std::uint8_t* on = on_flags.data();
@@ -579,6 +581,7 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
     ++c[static_cast<std::size_t>(j) * E + e];
     const std::uint32_t n = node_of[e];
     nodes[num_nodes] = n;
+    experts_of[num_nodes] = node_experts + node_begin[n];
     num_nodes += on[n] ^ 1;
     on[n] = 1;
   };
@@ -599,8 +602,8 @@ void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
       std::uint32_t e = 0;
       int attempt = 0;
       for (; attempt < 64; ++attempt) {
-        const std::uint32_t n = nodes[r.below(static_cast<std::uint32_t>(num_nodes))];
-        e = node_experts[node_begin[n] + r.below(node_size)];
+        const std::uint32_t* of = experts_of[r.below(static_cast<std::uint32_t>(num_nodes))];
+        e = of[r.below(node_size)];
         if (!taken[e]) break;
       }
       take(j, attempt < 64 ? e : scan_on_nodes(j));

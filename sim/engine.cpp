@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <span>
+#include <thread>
 #include <unordered_map>
 
 #include "core/error.hpp"
@@ -166,32 +168,56 @@ class Engine {
         for (OpId d : op.deps) dependents_[fill[d]++] = op.id;
     }
 
-    // Remaining deps per instance: deps that share the instance's rank.
+    // Remaining deps per instance: deps that share the instance's rank. Counted on a second
+    // thread while this one builds the queues (it writes deps_left_ alone); a dep on the same
+    // ranks (most of them) counts for every position without a search.
     deps_left_.assign(n_entries, 0);
-    for (const Op& op : ops) {
-      if (op.deps.empty()) continue;
-      for (int p = 0; p < op.ranks.size(); ++p) {
-        int r = op.ranks.at(p);
-        std::int32_t c = 0;
-        for (OpId d : op.deps) c += ops[d].ranks.contains(r) ? 1 : 0;
-        deps_left_[entry(op.id, p)] = c;
+    auto count_deps = [this, &ops] {
+      for (const Op& op : ops) {
+        if (op.deps.empty()) continue;
+        std::int32_t* left = deps_left_.data() + entry(op.id, 0);
+        const int n = op.ranks.size();
+        for (OpId d : op.deps) {
+          const RankSet& dr = ops[d].ranks;
+          if (dr == op.ranks) {
+            for (int p = 0; p < n; ++p) ++left[p];
+          } else {
+            for (int p = 0; p < n; ++p) left[p] += dr.contains(op.ranks.at(p)) ? 1 : 0;
+          }
+        }
       }
+    };
+    std::exception_ptr deps_error;
+    std::jthread deps_thread;
+    if (n_entries >= 1'000'000 && std::thread::hardware_concurrency() > 1) {
+      deps_thread = std::jthread([&] {
+        try {
+          count_deps();
+        } catch (...) {
+          deps_error = std::current_exception();
+        }
+      });
+    } else {
+      count_deps();
     }
 
-    // Per (rank, stream) queues in plan order, CSR.
+    // Per (rank, stream) queues in plan order, as links: next_q_[entry] is the instance after
+    // that one on its rank's stream. A CSR by stream put the entries that advance together (an
+    // op's ranks finishing) 2,048 segments apart; the links lie in entry order, beside them.
     const size_t n_keys = static_cast<size_t>(P_) * S_;
-    queue_off_.assign(n_keys + 1, 0);
-    for (const Op& op : ops)
-      for (int p = 0; p < op.ranks.size(); ++p) ++queue_off_[key(op.ranks.at(p), op.stream) + 1];
-    for (size_t k = 1; k <= n_keys; ++k) queue_off_[k] += queue_off_[k - 1];
-    queue_.resize(queue_off_.back());
+    head_q_.assign(n_keys, QueueEntry{-1, 0});
+    next_q_.resize(static_cast<size_t>(n_entries));
     {
-      std::vector<std::int64_t> fill(queue_off_.begin(), queue_off_.end() - 1);
+      std::vector<std::int64_t> last(n_keys, -1);
       for (const Op& op : ops)
-        for (int p = 0; p < op.ranks.size(); ++p)
-          queue_[fill[key(op.ranks.at(p), op.stream)]++] = {op.id, p};
+        for (int p = 0; p < op.ranks.size(); ++p) {
+          const size_t k = key(op.ranks.at(p), op.stream);
+          const std::int64_t e = entry(op.id, p);
+          next_q_[static_cast<size_t>(e)] = QueueEntry{-1, 0};
+          (last[k] < 0 ? head_q_[k] : next_q_[static_cast<size_t>(last[k])]) = QueueEntry{op.id, p};
+          last[k] = e;
+        }
     }
-    head_.assign(queue_off_.begin(), queue_off_.end() - 1);
     head_started_.assign(n_keys, 0);
 
     // Collectives: rank -> group maps per grouping used, ready counters, records.
@@ -223,6 +249,8 @@ class Engine {
       gated_.assign(P_, {});
     }
     if (interference_ > 0) running_.resize(P_);
+    if (deps_thread.joinable()) deps_thread.join();
+    if (deps_error) std::rethrow_exception(deps_error);
   }
 
   CollectiveRecord make_record(const Op& op) {
@@ -253,7 +281,7 @@ class Engine {
   // ---- events ----------------------------------------------------------------------------------
 
   void push(double t, EventType type, std::int32_t a, std::int32_t b, std::uint32_t version = 0) {
-    events_.push(t, Event{type, version, a, b});
+    events_.emplace(t, type, version, a, b);
   }
 
   void loop() {
@@ -321,9 +349,8 @@ class Engine {
 
   void try_start(size_t k) {
     if (head_started_[k]) return;
-    auto h = head_[k];
-    if (h == queue_off_[k + 1]) return;
-    const QueueEntry q = queue_[h];
+    const QueueEntry q = head_q_[k];
+    if (q.op < 0) return;
     if (deps_left_[entry(q.op, q.pos)] > 0) return;
     if (gating_ && plan_.op(q.op).priority < 0) {
       const int r = static_cast<int>(k / static_cast<size_t>(S_));
@@ -389,9 +416,8 @@ class Engine {
     ++finished_;
     if (gating_ && op.priority > 0 && --reserve_[r] == 0) wake_.push_back(r);
     const size_t k = key(r, op.stream);
-    MOESIM_ASSERT(head_[k] < queue_off_[k + 1] && queue_[head_[k]].op == id,
-                  "finished op is not the head of its stream");
-    ++head_[k];
+    MOESIM_ASSERT(head_q_[k].op == id, "finished op is not the head of its stream");
+    head_q_[k] = next_q_[static_cast<size_t>(entry(id, pos))];
     head_started_[k] = 0;
     try_start(k);
     for (auto i = dep_off_[id]; i < dep_off_[id + 1]; ++i) {
@@ -655,8 +681,8 @@ class Engine {
         std::string why;
         if (deps_left_[entry(op.id, p)] > 0) {
           why = fmt::format("{} of its deps never finished there", deps_left_[entry(op.id, p)]);
-        } else if (queue_[head_[key(r, op.stream)]].op != op.id) {
-          const Op& h = plan_.op(queue_[head_[key(r, op.stream)]].op);
+        } else if (head_q_[key(r, op.stream)].op != op.id) {
+          const Op& h = plan_.op(head_q_[key(r, op.stream)].op);
           why = fmt::format("stream '{}' is blocked by op {} '{}'", plan_.stream_names()[op.stream],
                             h.id, h.label);
         } else if (op.kind == OpKind::kCollective) {
@@ -744,10 +770,9 @@ class Engine {
   std::vector<std::int64_t> dep_off_;
   std::vector<OpId> dependents_;
   std::vector<std::int32_t> deps_left_;
-  std::vector<std::int64_t> queue_off_;
-  std::vector<QueueEntry> queue_;
-  std::vector<std::int64_t> head_;
+  std::vector<QueueEntry> next_q_;  // per instance: the next one on its (rank, stream), op -1
   std::vector<char> head_started_;
+  std::vector<QueueEntry> head_q_;  // each (rank, stream)'s next instance, op -1 once done
 
   std::vector<std::vector<int>> group_of_;  // per grouping: rank -> group index (-1)
   std::vector<std::int64_t> group_ready_off_;

@@ -362,6 +362,11 @@ std::uint32_t ChoiceSampler::draw_excluding(Xoshiro256& rng, const std::uint32_t
     const std::uint32_t e = draw(rng);
     if (std::find(chosen, chosen + n, e) == chosen + n) return e;
   }
+  return draw_excluding_scan(rng, chosen, n);
+}
+
+std::uint32_t ChoiceSampler::draw_excluding_scan(Xoshiro256& rng, const std::uint32_t* chosen,
+                                                 int n) const {
   double remaining = 1.0;
   for (int i = 0; i < n; ++i) remaining -= p_[chosen[i]];
   auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
@@ -416,6 +421,12 @@ std::uint32_t ChoiceSampler::draw_on_nodes(Xoshiro256& rng, const std::uint32_t*
     const std::uint32_t e = node_experts_[node_begin_[n] + node_alias_[n].sample(rng)];
     if (!is_chosen(e)) return e;
   }
+  return draw_on_nodes_scan(rng, chosen, n, nodes, num_nodes);
+}
+
+std::uint32_t ChoiceSampler::draw_on_nodes_scan(Xoshiro256& rng, const std::uint32_t* chosen, int n,
+                                                const std::uint32_t* nodes, int num_nodes) const {
+  auto is_chosen = [&](std::uint32_t e) { return std::find(chosen, chosen + n, e) != chosen + n; };
   // The same conditional law by a scan of the allowed nodes' experts only.
   double mass = 0;
   std::uint32_t available = 0;
@@ -491,6 +502,10 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
   // `limit` nodes, the rest come from those nodes only: the token's top experts pick its nodes.
   // Two loops and branch-free node bookkeeping: which phase a choice is in, and whether its node
   // is new, are coin flips the branch predictor would miss (twice the sampling time).
+  if (uniform_ && node_size_ > 0) {
+    sample_tokens_node_limited_uniform(rng, counts, distinct);
+    return;
+  }
   const std::size_t E = num_experts_;
   std::uint32_t chosen[64];
   std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
@@ -515,6 +530,103 @@ void ChoiceSampler::sample_tokens_node_limited(Xoshiro256& rng, std::span<std::u
     for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
     if (distinct != nullptr) count_distinct(chosen, distinct, seen.data());
   }
+}
+
+void ChoiceSampler::sample_tokens_node_limited_uniform(Xoshiro256& rng,
+                                                       std::span<std::uint32_t> counts,
+                                                       std::uint32_t* distinct) const {
+  // sample_tokens_node_limited with draw, draw_excluding, draw_on_nodes and count_distinct
+  // inlined for uniform p on nodes of node_size_ experts: the same draws from rng in the same
+  // order, the same fallbacks after 64 attempts, so the same counts.
+  const std::size_t E = num_experts_;
+  const std::uint32_t num_experts = num_experts_;
+  const std::uint32_t node_size = node_size_;
+  const std::uint32_t* node_of = node_of_.data();
+  const std::uint32_t* node_begin = node_begin_.data();
+  const std::uint32_t* node_experts = node_experts_.data();
+  std::uint32_t* c = counts.data();
+  std::uint32_t chosen[64];
+  std::uint32_t nodes[65];  // take() writes one past the token's nodes (limit <= 64)
+  // node_experts offset of each of the token's nodes: one load less between a draw and its test
+  const std::uint32_t* experts_of[65];
+  std::vector<std::uint8_t> on_flags(node_begin_.size() - 1, 0);  // nodes the token uses
+  std::vector<std::uint8_t> taken_flags(E, 0);                    // the token's choices
+  std::uint8_t* on = on_flags.data();
+  std::uint8_t* taken = taken_flags.data();
+  const std::uint32_t w = distinct != nullptr ? distinct_.positions : 0;
+  const std::uint32_t* pos_of = distinct != nullptr ? distinct_.pos_of.data() : nullptr;
+  const std::uint32_t* dnode_of = distinct != nullptr ? distinct_.node_of.data() : nullptr;
+  std::vector<std::uint8_t> seen_flags(distinct != nullptr ? std::size_t{w} + distinct_.nodes : 0,
+                                       0);
+  std::uint8_t* seen = seen_flags.data();
+  // A local generator whose address never escapes stays in registers: through `rng` every byte
+  // flag store (which may alias anything) forced its state back to memory.
+  Xoshiro256 r = rng;
+  int num_nodes = 0;
+  auto scan_excluding = [&](int j) {
+    Xoshiro256 g = r;
+    const std::uint32_t e = draw_excluding_scan(g, chosen, j);
+    r = g;
+    return e;
+  };
+  auto scan_on_nodes = [&](int j) {
+    Xoshiro256 g = r;
+    const std::uint32_t e = draw_on_nodes_scan(g, chosen, j, nodes, num_nodes);
+    r = g;
+    return e;
+  };
+  auto take = [&](int j, std::uint32_t e) {
+    chosen[j] = e;
+    taken[e] = 1;
+    ++c[static_cast<std::size_t>(j) * E + e];
+    const std::uint32_t n = node_of[e];
+    nodes[num_nodes] = n;
+    experts_of[num_nodes] = node_experts + node_begin[n];
+    num_nodes += on[n] ^ 1;
+    on[n] = 1;
+  };
+  const int k = top_k_;
+  const int limit = node_limit_;
+  for (std::int64_t t = 0; t < tokens_; ++t) {
+    num_nodes = 0;
+    take(0, r.below(num_experts));
+    int j = 1;
+    for (; j < k && num_nodes < limit; ++j) {
+      std::uint32_t e = 0;
+      int attempt = 0;
+      for (; attempt < 64; ++attempt)
+        if (!taken[e = r.below(num_experts)]) break;
+      take(j, attempt < 64 ? e : scan_excluding(j));
+    }
+    for (; j < k; ++j) {
+      std::uint32_t e = 0;
+      int attempt = 0;
+      for (; attempt < 64; ++attempt) {
+        const std::uint32_t* of = experts_of[r.below(static_cast<std::uint32_t>(num_nodes))];
+        e = of[r.below(node_size)];
+        if (!taken[e]) break;
+      }
+      take(j, attempt < 64 ? e : scan_on_nodes(j));
+    }
+    for (int a = 0; a < num_nodes; ++a) on[nodes[a]] = 0;
+    for (int i = 0; i < k; ++i) taken[chosen[i]] = 0;
+    if (distinct != nullptr) {
+      // count_distinct, inlined.
+      for (int i = 0; i < k; ++i) {
+        const std::uint32_t q = pos_of[chosen[i]];
+        const std::uint32_t b = w + dnode_of[chosen[i]];
+        distinct[q] += seen[q] ^ 1u;
+        seen[q] = 1;
+        distinct[b] += seen[b] ^ 1u;
+        seen[b] = 1;
+      }
+      for (int i = 0; i < k; ++i) {
+        seen[pos_of[chosen[i]]] = 0;
+        seen[w + dnode_of[chosen[i]]] = 0;
+      }
+    }
+  }
+  rng = r;
 }
 
 void ChoiceSampler::sample_tokens(Xoshiro256& rng, std::span<std::uint32_t> counts) const {

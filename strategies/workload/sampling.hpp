@@ -86,12 +86,21 @@ class ChoiceSampler {
     return uniform_ ? rng.below(num_experts_) : alias_.sample(rng);
   }
   std::uint32_t draw_excluding(Xoshiro256& rng, const std::uint32_t* chosen, int n) const;
+  // draw_excluding after its 64 rejected attempts: the exact scan.
+  std::uint32_t draw_excluding_scan(Xoshiro256& rng, const std::uint32_t* chosen, int n) const;
   // A draw from p conditioned on not being chosen and lying on one of the token's `num_nodes`
   // nodes (the limit reached).
   std::uint32_t draw_on_nodes(Xoshiro256& rng, const std::uint32_t* chosen, int n,
                               const std::uint32_t* nodes, int num_nodes) const;
+  // draw_on_nodes after its attempts by node mass: the exact scan of the token's nodes.
+  std::uint32_t draw_on_nodes_scan(Xoshiro256& rng, const std::uint32_t* chosen, int n,
+                                   const std::uint32_t* nodes, int num_nodes) const;
   void sample_tokens_node_limited(Xoshiro256& rng, std::span<std::uint32_t> counts,
                                   std::uint32_t* distinct) const;
+  // The same draws for uniform p on equal nodes (DeepSeek-V3's case), inlined, with the token's
+  // choices as flags instead of searches.
+  void sample_tokens_node_limited_uniform(Xoshiro256& rng, std::span<std::uint32_t> counts,
+                                          std::uint32_t* distinct) const;
   // Every token's choices drawn in order (draw, then draw_excluding), distinct counted.
   void sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
                               std::uint32_t* distinct) const;

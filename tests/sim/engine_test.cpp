@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -776,6 +778,67 @@ TEST(RunResultTest, SummaryRejectsMissingTimes) {
   summarize_run(plan, r);
   EXPECT_DOUBLE_EQ(r.makespan_s, 3);
   EXPECT_DOUBLE_EQ(r.breakdown.compute_s, (1 + 2.5) / 2);
+}
+
+// A missing time is reported as the 256-rank-block pass found it: the lowest op among the first
+// 256 ranks with a gap, even when a later op misses a lower rank or the ranks span many blocks.
+TEST(RunResultTest, SummaryNamesTheFirstMissingTimeOfTheFirstRankBlock) {
+  Plan plan(600);
+  auto s = plan.stream("compute");
+  plan.add_compute(RankSet::all(600), s, flops_op(1), {}, "a");
+  plan.add_compute(RankSet::all(600), s, flops_op(1), {}, "b");
+  RunResult r;
+  init_run_result(plan, r);
+  std::fill(r.start_s.begin(), r.start_s.end(), 0.0);
+  std::fill(r.end_s.begin(), r.end_s.end(), 1.0);
+  auto message = [&] {
+    try {
+      summarize_run(plan, r);
+    } catch (const InternalError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  r.end_s[r.entry(0, 200)] = std::numeric_limits<double>::quiet_NaN();  // a, rank 200
+  r.end_s[r.entry(1, 10)] = std::numeric_limits<double>::quiet_NaN();   // b, rank 10
+  EXPECT_NE(message().find("op 0 'a' has no time on rank 200"), std::string::npos) << message();
+  r.end_s[r.entry(0, 200)] = 1.0;
+  r.end_s[r.entry(0, 300)] = std::numeric_limits<double>::quiet_NaN();  // a, rank 300
+  EXPECT_NE(message().find("op 1 'b' has no time on rank 10"), std::string::npos) << message();
+  r.end_s[r.entry(1, 10)] = 1.0;
+  EXPECT_NE(message().find("op 0 'a' has no time on rank 300"), std::string::npos) << message();
+}
+
+// Large enough (4,096 ranks x 1,000 ops) for the summary to split its rank blocks over threads;
+// the totals are exact binary fractions, so any lost, doubled or misplaced block shows.
+TEST(RunResultTest, SummaryOfManyRanksIsExact) {
+  const int P = 4096, n = 1000;
+  Plan plan(P);
+  auto s = plan.stream("compute");
+  for (int i = 0; i < n; ++i) plan.add_compute(RankSet::all(P), s, flops_op(1), {}, "c");
+  RunResult r;
+  init_run_result(plan, r);
+  // Op i runs [i, i + d_r) on rank r, d_r = 0.25 * (1 + r % 3): ranks of 0.25, 0.5, 0.75 s.
+  for (int i = 0; i < n; ++i)
+    for (int rank = 0; rank < P; ++rank) {
+      r.start_s[r.entry(i, rank)] = i;
+      r.end_s[r.entry(i, rank)] = i + 0.25 * (1 + rank % 3);
+    }
+  summarize_run(plan, r);
+  // 1,366 ranks of 0.25, 1,365 of 0.5 and 1,365 of 0.75 s per op.
+  const double per_op = (1366 * 0.25 + 1365 * 0.5 + 1365 * 0.75) / P;
+  EXPECT_DOUBLE_EQ(r.breakdown.compute_s, n * per_op);
+  EXPECT_DOUBLE_EQ(r.makespan_s, (n - 1) + 0.75);
+  EXPECT_DOUBLE_EQ(r.breakdown.exposed_comm_s, 0.0);
+  r.start_s[r.entry(n - 1, P - 1)] = std::numeric_limits<double>::quiet_NaN();
+  r.start_s[r.entry(7, 3000)] = std::numeric_limits<double>::quiet_NaN();
+  try {
+    summarize_run(plan, r);
+    ADD_FAILURE() << "a missing time passed";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("op 7 'c' has no time on rank 3000"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- trace ------------------------------------------------------------------------------------

@@ -228,13 +228,13 @@ TEST(StageLoader, RefusesSchedulesTheLayoutCannotRun) {
   c.pp = 4;
   c.layers = 12;
   c.micro_batches = 8;
+  c.layers = 8;
   c.parallel_extra = ", vp: 2";
   EXPECT_EQ(make_scenario(c).parallelism.schedule, PipelineSchedule::kInterleaved);  // implied
   c.parallel_extra = ", vp: 2, schedule: 1f1b";
   EXPECT_TRUE(has(error(c), "parallelism.vp")) << error(c);
   c.parallel_extra = ", vp: 2";
   c.layers = 12;  // 3 blocks per stage: vp 2 does not split them
-  c.parallel_extra = ", vp: 2";
   EXPECT_TRUE(has(error(c),
                   "expected a divisor of the 3 blocks per stage (model.layers / pp = "
                   "12 / 4): 1, 3"))
@@ -526,11 +526,23 @@ TEST(ScheduleTiming, EngineFollowsEverySchedulesOrder) {
       const int copies = schedule == "dualpipe" ? 2 * pieces : pieces;
       ASSERT_EQ(static_cast<int>(optimizer.size()), copies) << schedule;
       ASSERT_EQ(sends.size(), 2u * (pieces - 1) * 8) << schedule;
-      for (double d : sends) EXPECT_NEAR(d, sends[0], 1e-12);
       for (double d : optimizer) EXPECT_NEAR(d, optimizer[0], 1e-15);
       const double F = std::accumulate(fwd.begin(), fwd.end(), 0.0) / (pieces * 8);
       const double B = std::accumulate(bwd.begin(), bwd.end(), 0.0) / (pieces * 8);
-      EXPECT_NEAR(r.makespan_s, schedule_makespan(b.sc, F, B, sends[0], optimizer[0]), 1e-9)
+      const auto [lo, hi] = std::minmax_element(sends.begin(), sends.end());
+      if (kind == sim::NetworkKind::kFlow && schedule != "1f1b") {
+        // Flow: sends share links (DualPipe: one direction's activations and the other's
+        // gradients cross a boundary the same way at once; interleaved: the wrap from the last
+        // stage to the first meets a gradient arriving there), so they take between the lone and
+        // the shared time; the step lies between the schedules worked out with each (max-plus is
+        // monotone).
+        EXPECT_GT(*hi, *lo * 1.5);
+        EXPECT_GE(r.makespan_s, schedule_makespan(b.sc, F, B, *lo, optimizer[0]) - 1e-9);
+        EXPECT_LE(r.makespan_s, schedule_makespan(b.sc, F, B, *hi, optimizer[0]) + 1e-9);
+        continue;
+      }
+      EXPECT_NEAR(*hi, *lo, 1e-12) << sim::network_kind_name(kind) << " " << schedule;
+      EXPECT_NEAR(r.makespan_s, schedule_makespan(b.sc, F, B, *lo, optimizer[0]), 1e-9)
           << sim::network_kind_name(kind) << " " << schedule;
     }
 }

@@ -313,6 +313,22 @@ TEST(StageStitch, DualPipeRunsBothDirectionsAndSyncsEachCopyOnce) {
       EXPECT_NE(op.kind, OpKind::kCompute) << op.label;  // the compute stream is shared
     }
   }
+  // Stage 0 runs F0 F2 F1 B2 F3&B0 B3 B1 (pp 2, m 4; stage 0 is a middle stage, so its first
+  // main-step pair is apart): F3's and B0's compute ops interleave on GPU 0 (at each all-to-all).
+  int first_f3 = -1, last_f3 = -1, first_b0 = -1;
+  for (const Op& op : b.bp.plan.ops()) {
+    if (op.kind != OpKind::kCompute || op.ranks.at(0) != 0) continue;
+    const bool f3 = op.label.rfind("mb3.", 0) == 0 && op.label.find(".fwd.") != std::string::npos;
+    const bool b0 = op.label.rfind("mb0.", 0) == 0 && op.label.find(".bwd.") != std::string::npos;
+    if (f3 && first_f3 < 0) first_f3 = op.id;
+    if (f3) last_f3 = op.id;
+    if (b0 && first_b0 < 0) first_b0 = op.id;
+  }
+  ASSERT_GE(first_f3, 0);
+  ASSERT_GE(first_b0, 0);
+  EXPECT_LT(first_f3, first_b0);  // the forward leads
+  EXPECT_LT(first_b0, last_f3);   // the backward starts before the forward's last op
+  EXPECT_EQ(chunk_order(dualpipe(2, 0, 4)), "F0.0 F2.1 F1.0 B2.1 F3.1&B0.0 B3.1 B1.0 ");
   EXPECT_EQ(act_up, 2);    // micro-batches 0, 1 enter at stage 0
   EXPECT_EQ(act_down, 2);  // 2, 3 at stage 1
   EXPECT_GT(rev_streams, 0);

@@ -47,6 +47,14 @@ const std::vector<NamedValue<RecomputeModule>>& recompute_module_names() {
   return t;
 }
 
+const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names() {
+  static const std::vector<NamedValue<PipelineSchedule>> t = {
+      {PipelineSchedule::kOneFOneB, "1f1b"},
+      {PipelineSchedule::kInterleaved, "interleaved"},
+      {PipelineSchedule::kDualPipe, "dualpipe"}};
+  return t;
+}
+
 const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
   static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
                                                       {MpLayout::kOverlapped, "overlapped"}};
@@ -163,6 +171,7 @@ std::string_view name_of(RecomputeGranularity v) {
 }
 std::string_view name_of(RecomputeModule v) { return lookup(recompute_module_names(), v); }
 std::string_view name_of(MpLayout v) { return lookup(mp_layout_names(), v); }
+std::string_view name_of(PipelineSchedule v) { return lookup(pipeline_schedule_names(), v); }
 std::string_view name_of(RoutingDistribution v) { return lookup(routing_distribution_names(), v); }
 std::string_view name_of(CapacityKind v) { return lookup(capacity_kind_names(), v); }
 std::string_view name_of(NetworkModelKind v) { return lookup(network_model_names(), v); }
@@ -225,6 +234,8 @@ Scenario Scenario::stage_scenario() const {
   Scenario out = *this;
   out.cluster.nodes /= parallelism.pp;
   out.parallelism.pp = 1;
+  out.parallelism.vp = 1;
+  out.parallelism.schedule = PipelineSchedule::kOneFOneB;
   return out;
 }
 

@@ -198,12 +198,18 @@ struct ModelSpec {
 //    blocks of mp consecutive ranks (t = rank % mp), so mp must divide ep * esp.
 
 enum class MpLayout { kDisjoint, kOverlapped };
+// The order pipeline stages run their micro-batches in (docs/model.md, "Pipeline stages").
+enum class PipelineSchedule { kOneFOneB, kInterleaved, kDualPipe };
 
 struct ParallelismSpec {
   // Pipeline stages (Megatron's pipeline-model-parallel size): the blocks are split into pp
   // stages of P / pp GPUs each (whole nodes); ep / esp / mp / dp describe one stage, so their
   // product is P / pp. Rank = stage * (P / pp) + the rank inside the stage.
   int pp = 1;
+  // Pipeline schedule and model chunks per rank-stage (Megatron's virtual pipeline size): with
+  // vp > 1 (interleaved) the blocks split into pp * vp chunks, stage s holding s, s + pp, ...
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int vp = 1;
   // ZeRO stage (Rajbhandari et al. 2020): 0, or 1 = the optimizer state sharded over the ranks
   // that hold a replica of the parameters (dense: the dense DP group of P / pp / mp ranks;
   // experts: the dp replicas). Memory only: ZeRO-1's reduce-scatter of the gradients plus
@@ -443,6 +449,7 @@ const std::vector<NamedValue<FfnActivation>>& ffn_activation_names();
 const std::vector<NamedValue<RecomputeGranularity>>& recompute_granularity_names();
 const std::vector<NamedValue<RecomputeModule>>& recompute_module_names();
 const std::vector<NamedValue<MpLayout>>& mp_layout_names();
+const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names();
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
 const std::vector<NamedValue<NetworkModelKind>>& network_model_names();
@@ -464,6 +471,7 @@ std::string_view name_of(FfnActivation v);
 std::string_view name_of(RecomputeGranularity v);
 std::string_view name_of(RecomputeModule v);
 std::string_view name_of(MpLayout v);
+std::string_view name_of(PipelineSchedule v);
 std::string_view name_of(RoutingDistribution v);
 std::string_view name_of(CapacityKind v);
 std::string_view name_of(NetworkModelKind v);

@@ -790,6 +790,72 @@ int int_or_auto(const MapReader& m, std::string_view key, int fallback) {
   m.fail(key, fmt::format("found {}, expected an integer >= 1 or 'auto'", describe(n)));
 }
 
+// parallelism.schedule and parallelism.vp (docs/model.md, "Pipeline schedules"): the rules each
+// schedule's order needs, each refused at the key that can fix it.
+void parse_pipeline_schedule(const MapReader& root, const MapReader& m, const ModelSpec& model,
+                             ParallelismSpec& par) {
+  if (auto v = m.get_int("vp", 1, kMaxLayers)) par.vp = to_int32(*v);
+  const auto schedule = get_enum(m, "schedule", pipeline_schedule_names());
+  par.schedule =
+      schedule.value_or(par.vp > 1 ? PipelineSchedule::kInterleaved : PipelineSchedule::kOneFOneB);
+  if (par.schedule == PipelineSchedule::kOneFOneB && par.pp == 1 && par.vp == 1) return;
+  const std::string_view key = schedule ? "schedule" : "vp";
+  const std::string name(name_of(par.schedule));
+  if (par.vp > 1 && par.schedule != PipelineSchedule::kInterleaved)
+    m.fail("vp", fmt::format("found vp = {} with schedule {}, expected vp = 1 (model chunks per "
+                             "stage are the interleaved schedule's)",
+                             par.vp, name));
+  if (par.schedule == PipelineSchedule::kOneFOneB) return;
+  if (model.mode != Mode::kTraining)
+    m.fail(key, fmt::format("found schedule {} with model.mode {}, expected model.mode training "
+                            "(inference runs the forwards in order: schedule 1f1b)",
+                            name, name_of(model.mode)));
+  MapReader mm = root.get_map("model", kModelKeys);
+  const int micro = model.micro_batches;
+  if (par.schedule == PipelineSchedule::kInterleaved) {
+    if (par.vp < 2)
+      m.fail(key,
+             "found schedule interleaved with vp = 1, expected parallelism.vp >= 2 (model "
+             "chunks per stage; vp = 1 is 1f1b)");
+    if (par.pp < 2)
+      m.fail("vp", fmt::format("found vp = {} with pp = 1, expected pp >= 2 (interleaving "
+                               "splits pipeline stages)",
+                               par.vp));
+    // Each rank-stage's blocks split into vp equal chunks (Megatron: layers % (pp * vp) == 0).
+    if (model.layers % par.pp != 0)
+      m.fail("vp", fmt::format("found vp = {}, but model.layers = {} does not split evenly over "
+                               "pp = {} stages ({} or {} blocks), so only vp = 1 fits",
+                               par.vp, model.layers, par.pp, model.layers / par.pp + 1,
+                               model.layers / par.pp));
+    const int per_stage = model.layers / par.pp;
+    if (per_stage % par.vp != 0) {
+      std::string fits;
+      for (int d = 1; d <= per_stage; ++d)
+        if (per_stage % d == 0) fits += fmt::format("{}{}", fits.empty() ? "" : ", ", d);
+      m.fail("vp", fmt::format("found vp = {}, expected a divisor of the {} blocks per stage "
+                               "(model.layers / pp = {} / {}): {}",
+                               par.vp, per_stage, model.layers, par.pp, fits));
+    }
+    if (micro % par.pp != 0)
+      mm.fail("micro_batches",
+              fmt::format("found {} with parallelism.pp = {} and the interleaved schedule, "
+                          "expected a multiple of pp (Megatron's interleaved order)",
+                          micro, par.pp));
+    return;
+  }
+  // DualPipe: two directions of pp / 2 stage pairs, m / 2 micro-batches fed from each end.
+  if (par.pp < 2 || par.pp % 2 != 0)
+    m.fail(key, fmt::format("found schedule dualpipe with pp = {}, expected an even pp >= 2 "
+                            "(each rank holds stage s and stage pp - 1 - s)",
+                            par.pp));
+  if (micro % 2 != 0 || micro < 2 * par.pp)
+    mm.fail("micro_batches",
+            fmt::format("found {} with parallelism.schedule dualpipe and pp = {}, expected an "
+                        "even number >= 2 * pp = {} (half enter at each end; DualPipe's order "
+                        "needs pp micro-batches per direction)",
+                        micro, par.pp, 2 * par.pp));
+}
+
 ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& cluster,
                                   const ModelSpec& model, const Context& ctx) {
   ParallelismSpec par;
@@ -799,7 +865,8 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism", {"pp", "zero", "ep", "esp", "mp", "dp", "layout"});
+  MapReader m = root.get_map("parallelism",
+                             {"pp", "vp", "schedule", "zero", "ep", "esp", "mp", "dp", "layout"});
   if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
@@ -861,6 +928,7 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
                              "overlapped: the MP groups are blocks of mp consecutive ranks "
                              "among the EP x ESP GPUs of one DP index)",
                              par.mp, par.ep, par.esp, static_cast<std::int64_t>(par.ep) * par.esp));
+  parse_pipeline_schedule(root, m, model, par);
   return par;
 }
 

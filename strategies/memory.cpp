@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "strategies/schedules/lina.hpp"
+#include "strategies/stage_schedule.hpp"
 #include "strategies/workload/workload.hpp"
 
 namespace moesim::strategies {
@@ -25,8 +26,9 @@ int expert_replicas(const Scenario& sc) {
 
 int in_flight_micro_batches(const Scenario& sc, int stage) {
   if (sc.model.mode != Mode::kTraining) return 1;
-  // 1F1B: stage s runs pp - s forwards before its first backward (at most m of them).
-  return std::min(sc.parallelism.pp - stage, sc.model.micro_batches);
+  // The schedule's own order (1F1B: stage s runs min(pp - s, m) forwards before its first
+  // backward; interleaved: Megatron's warm-up + 1 chunks; DualPipe: pp + 1 on the first stage).
+  return peak_in_flight(stage_order(sc, stage));
 }
 
 namespace {
@@ -35,7 +37,8 @@ namespace {
 struct StageShare {
   int moe_layers = 0, dense_layers = 0;
   bool embedding = true, head = true;
-  int in_flight = 1;
+  int in_flight = 1;  // model chunks of this share's activations kept (training)
+  int chunks = 1;     // model chunks the share is made of (interleaved: vp; DualPipe: 2)
 };
 
 // Parameters of one attention block on one MP rank (docs/model.md, "Memory"). The projections
@@ -169,6 +172,7 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   MemoryEstimate est;
   est.capacity = capacity;
   est.in_flight = part.in_flight;
+  est.chunks = part.chunks;
   est.recompute = training ? m.recompute.granularity : RecomputeGranularity::kNone;
   est.expert_pack = decision.expert_pack;
   est.parallel_degree = decision.parallel_degree;
@@ -225,8 +229,10 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
       per_micro_batch = layers * kept.attention + dense_layers * kept.dense_ffn +
                         moe_layers * kept.moe_ffn + head;
     }
-    // Every micro-batch in flight keeps its own (1F1B: min(pp - s, m) on stage s).
-    est.activations_bytes = part.in_flight * per_micro_batch + extra;
+    // Every micro-batch chunk in flight keeps its own (1F1B: min(pp - s, m) on stage s); a
+    // chunk is 1 / chunks of the share (exact when the chunks hold equal blocks).
+    est.activations_bytes =
+        static_cast<double>(part.in_flight) / part.chunks * per_micro_batch + extra;
   } else {
     // Inference keeps nothing for backward: the largest block in flight.
     const BlockActivations full = block_activations(sc, decision, capacity, none);
@@ -269,12 +275,19 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   const int pp = sc.parallelism.pp;
   MemoryEstimate worst;
   // With pipeline stages every stage holds its own blocks; the estimate is the fullest stage's.
+  // A stage holds the blocks of every model chunk it runs (DualPipe: two stages' worth).
+  const int chunks = chunks_per_stage(sc), pieces = model_pieces(sc);
   for (int stage = 0; stage < pp; ++stage) {
-    const auto [begin, end] = sc.stage_blocks(stage);
     StageShare part;
-    for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? part.moe_layers : part.dense_layers);
-    part.embedding = stage == 0;
-    part.head = stage == pp - 1;
+    part.embedding = part.head = false;
+    for (int c = 0; c < chunks; ++c) {
+      const int k = piece_of(sc, stage, c);
+      const auto [begin, end] = piece_blocks(sc, k);
+      for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? part.moe_layers : part.dense_layers);
+      part.embedding = part.embedding || k == 0;
+      part.head = part.head || k == pieces - 1;
+    }
+    part.chunks = m.mode == Mode::kTraining ? chunks : 1;
     part.in_flight = in_flight_micro_batches(sc, stage);
     MemoryEstimate est = estimate_share(sc, decision, capacity, part);
     est.stage = stage;
@@ -349,6 +362,7 @@ std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu
     Scenario s = sc;
     s.parallelism.pp = pp;
     s.parallelism.dp = stage_gpus / per_dp;
+    if (!schedule_applies(s)) continue;  // e.g. an odd pp under DualPipe
     if (estimate_memory(s, d, est.capacity).total_bytes() > gpu_memory_bytes) continue;
     options.push_back(Option{fmt::format("parallelism.pp: {}", pp), std::move(s)});
     break;

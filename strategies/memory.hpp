@@ -39,7 +39,8 @@ struct MemoryEstimate {
   // Where the figures come from: the fullest pipeline stage, the micro-batches whose activations
   // it keeps, the recomputation in force and the decision's degrees (for fit_advice).
   int stage = 0;
-  int in_flight = 1;
+  int in_flight = 1;  // micro-batch chunks (1 / chunks of the stage's blocks each)
+  int chunks = 1;     // model chunks per stage (schedule interleaved: vp; dualpipe: 2)
   RecomputeGranularity recompute = RecomputeGranularity::kNone;
   int expert_pack = 1;
   int parallel_degree = 1;
@@ -59,8 +60,10 @@ int optimizer_bytes_per_param(Dtype dtype);
 int dense_replicas(const Scenario& sc);
 int expert_replicas(const Scenario& sc);
 
-/// Micro-batches whose activations pipeline stage `stage` keeps at its peak: 1F1B's
-/// min(pp - stage, m); 1 in inference. (Interleaved or DualPipe schedules would go here.)
+/// Micro-batch chunks whose activations pipeline stage `stage` keeps at its peak, from the
+/// schedule's order (stage_schedule.hpp, peak_in_flight): 1F1B's min(pp - stage, m), Megatron's
+/// interleaved (pp - s - 1) 2 + (vp - 1) pp + 1 chunks of 1 / vp of the stage, DualPipe's pp + 1
+/// chunks (of one stage of the two a rank holds) on its first and last ranks; 1 in inference.
 int in_flight_micro_batches(const Scenario& sc, int stage);
 
 /// The estimate for `sc` under `decision` (expert_pack, parallel_degree) when every MoE layer

@@ -1311,11 +1311,13 @@ BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,
   if (pp == 1 && sc.model.micro_batches == 1)
     return build_stage_plan(sc, topo, work, decision, StagePart{}).built;
   const Scenario stage_sc = sc.stage_scenario();
+  // One plan per model piece: the stages, or pp * vp chunks under the interleaved schedule.
   std::vector<StagePlan> stages;
-  for (int s = 0; s < pp; ++s) {
-    const auto [first, end] = sc.stage_blocks(s);
+  const int pieces = model_pieces(sc);
+  for (int k = 0; k < pieces; ++k) {
+    const auto [first, end] = piece_blocks(sc, k);
     stages.push_back(build_stage_plan(stage_sc, topo, work, decision,
-                                      StagePart{first, end, s == 0, s == pp - 1}));
+                                      StagePart{first, end, k == 0, k == pieces - 1}));
   }
   return stitch_stages(sc, stages);
 }

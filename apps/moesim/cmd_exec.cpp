@@ -224,6 +224,15 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   // Pipeline stages on the real backend: the host path runs every data path's MoE layers stage
   // by stage (each rank its stage's layers; --check on each). The GPU path has no stage logic
   // yet.
+  // The exec data paths lay a layer out for a rank's one stage; interleaved and DualPipe place
+  // several model pieces on a rank, which they have not learnt (the simulator runs both).
+  if (sc.parallelism.schedule != PipelineSchedule::kOneFOneB)
+    throw InputError(
+        sc.location_of(sc.parallelism.vp > 1 ? "parallelism.vp" : "parallelism.schedule"),
+        "parallelism.schedule",
+        fmt::format("found schedule {}, expected 1f1b for `moesim exec` (one model "
+                    "piece per rank); `moesim simulate` runs every schedule",
+                    name_of(sc.parallelism.schedule)));
   if (sc.parallelism.pp > 1) {
     std::string why;
     if (a.backend == "nccl")

@@ -49,8 +49,10 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
              mode, zero, recompute, fp8, layout_est.capacity, layout_est.dense_params,
              layout_est.expert_params);
   if (sc.parallelism.pp > 1)
-    fmt::print("; stage {} with {} micro-batch(es) in flight", layout_est.stage,
-               layout_est.in_flight);
+    fmt::print("; stage {} with {} in flight", layout_est.stage,
+               layout_est.chunks > 1 ? fmt::format("{} micro-batch chunk(s) of 1/{} of its blocks",
+                                                   layout_est.in_flight, layout_est.chunks)
+                                     : fmt::format("{} micro-batch(es)", layout_est.in_flight));
   fmt::print("\n");
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;
@@ -128,11 +130,29 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
       const auto [first, end] = sc.stage_blocks(s);
       stages += fmt::format("{}{}", s == 0 ? "" : " ", end - first);
     }
+    // The schedule's bubble share at equal stages (interleaving divides the bubble by vp);
+    // DualPipe's depends on how much F&B overlap hides, so the engine's step is the figure.
+    std::string schedule;
+    const double bubble = (p.pp - 1.0) / p.vp;
+    switch (p.schedule) {
+      case PipelineSchedule::kOneFOneB:
+        schedule = fmt::format("1F1B; bubble (pp-1)/(m+pp-1) = {:.1f}%",
+                               100.0 * bubble / (m.micro_batches + bubble));
+        break;
+      case PipelineSchedule::kInterleaved:
+        schedule = fmt::format(
+            "interleaved, vp={} chunks per stage; bubble (pp-1)/vp/(m+(pp-1)/vp) "
+            "= {:.1f}%",
+            p.vp, 100.0 * bubble / (m.micro_batches + bubble));
+        break;
+      case PipelineSchedule::kDualPipe:
+        schedule = "DualPipe, stages s and pp-1-s on each stage's GPUs; bubble: the simulated step";
+        break;
+    }
     fmt::print(
         "  pipeline     pp={} stage(s) of {} GPUs, blocks per stage [{}]; {} micro-batch(es) "
-        "per step, 1F1B; bubble (pp-1)/(m+pp-1) = {:.1f}% at equal stages\n",
-        p.pp, sc.stage_gpus(), stages, m.micro_batches,
-        100.0 * (p.pp - 1) / (m.micro_batches + p.pp - 1));
+        "per step, {} at equal stages\n",
+        p.pp, sc.stage_gpus(), stages, m.micro_batches, schedule);
   }
   fmt::print("  workload     {} routing (seed {}), {} iteration(s)\n",
              name_of(sc.workload.routing.distribution), sc.workload.routing.seed,

@@ -272,6 +272,7 @@ nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double g
   j["capacity"] = m.capacity;
   j["pipeline_stage"] = m.stage;
   j["in_flight_micro_batches"] = m.in_flight;
+  j["model_chunks"] = m.chunks;  // in_flight counts chunks of 1 / model_chunks of the stage
   j["recompute"] = std::string(name_of(m.recompute));
   j["gpu_memory_bytes"] = gpu_memory_bytes;
   j["fits"] = gpu_memory_bytes <= 0 || m.total_bytes() <= gpu_memory_bytes;

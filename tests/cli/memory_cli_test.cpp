@@ -110,4 +110,42 @@ TEST(MemoryCli, AdviceNamesTheKeysThatMakeItFit) {
     EXPECT_NE(v.out.find(key), std::string::npos) << key << "\n" << v.out;
 }
 
+// Pipeline schedules from the command line (docs/model.md, "Pipeline schedules"): --set reaches
+// parallelism.vp and parallelism.schedule, validate prints the schedule and its activations in
+// flight, and a layout a schedule cannot run exits 2 naming the key and what fits.
+TEST(MemoryCli, PipelineSchedulesFromSet) {
+  const std::string args = fmt::format(
+      "validate '{}/scenarios/models/deepseek-v3.yaml' --set model.layers=16 --set "
+      "cluster.nodes=8 --set parallelism.pp=4 --set parallelism.ep=16 --set "
+      "model.micro_batches=8",
+      kSource);
+  const auto plain = run(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("1F1B; bubble"), std::string::npos) << plain.out;
+  // The fullest stage is stage 1 (stage 0's first blocks are dense): pp - 1 = 3 in flight.
+  EXPECT_NE(plain.out.find("stage 1 with 3 micro-batch(es) in flight"), std::string::npos)
+      << plain.out;
+  const auto vp = run(args + " --set parallelism.vp=4");
+  ASSERT_EQ(vp.exit_code, 0) << vp.out;
+  EXPECT_NE(vp.out.find("interleaved, vp=4"), std::string::npos) << vp.out;
+  // The fullest stage is the last (the LM head's chunk): (4 - 3 - 1) 2 + (4 - 1) 4 + 1 = 13
+  // chunks of a quarter stage.
+  EXPECT_NE(vp.out.find("stage 3 with 13 micro-batch chunk(s) of 1/4"), std::string::npos)
+      << vp.out;
+  const auto bad_vp = run(args + " --set parallelism.vp=3");
+  EXPECT_EQ(bad_vp.exit_code, 2) << bad_vp.out;
+  EXPECT_NE(bad_vp.out.find("parallelism.vp: found vp = 3, expected a divisor of the 4 blocks "
+                            "per stage (model.layers / pp = 16 / 4): 1, 2, 4"),
+            std::string::npos)
+      << bad_vp.out;
+  const auto dual = run(args + " --set parallelism.schedule=dualpipe");
+  ASSERT_EQ(dual.exit_code, 0) << dual.out;
+  EXPECT_NE(dual.out.find("DualPipe"), std::string::npos) << dual.out;
+  EXPECT_NE(dual.out.find("with 5 micro-batch chunk(s) of 1/2"), std::string::npos) << dual.out;
+  const auto bad_dual =
+      run(args + " --set parallelism.schedule=dualpipe --set model.micro_batches=6");
+  EXPECT_EQ(bad_dual.exit_code, 2) << bad_dual.out;
+  EXPECT_NE(bad_dual.out.find("model.micro_batches: found 6"), std::string::npos) << bad_dual.out;
+}
+
 }  // namespace

@@ -67,7 +67,8 @@ const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names()
       {RoutingDistribution::kZipf, "zipf"},
       {RoutingDistribution::kDirichlet, "dirichlet"},
       {RoutingDistribution::kTrace, "trace"},
-      {RoutingDistribution::kCorrelated, "correlated"}};
+      {RoutingDistribution::kCorrelated, "correlated"},
+      {RoutingDistribution::kBalanced, "balanced"}};
   return t;
 }
 
@@ -229,13 +230,29 @@ const StrategySpec* Scenario::find_strategy(std::string_view wanted) const {
 
 Scenario Scenario::stage_scenario() const {
   if (parallelism.pp <= 1) return *this;
-  MOESIM_ASSERT(cluster.nodes % parallelism.pp == 0,
-                "pipeline stages must be whole nodes (the loader checks pp | nodes)");
+  const int stage = stage_gpus(), gpn = cluster.gpus_per_node;
+  MOESIM_ASSERT(num_gpus() % parallelism.pp == 0 && (stage % gpn == 0 || gpn % stage == 0),
+                "pipeline stages must be whole nodes or equal parts of one (the loader checks)");
   Scenario out = *this;
-  out.cluster.nodes /= parallelism.pp;
   out.parallelism.pp = 1;
   out.parallelism.vp = 1;
   out.parallelism.schedule = PipelineSchedule::kOneFOneB;
+  if (stage % gpn == 0) {
+    out.cluster.nodes /= parallelism.pp;
+    return out;
+  }
+  // Several stages per node: the stage is one node of `stage` GPUs with its share of the node's
+  // NICs, so per-GPU NIC bandwidth (what the fabric cuts and NIC sharing price) stays the same.
+  out.cluster.nodes = 1;
+  out.cluster.gpus_per_node = stage;
+  InterNodeSpec& inter = out.cluster.inter;
+  const std::int64_t nic_share = static_cast<std::int64_t>(inter.nics_per_node) * stage;
+  if (nic_share % gpn == 0) {
+    inter.nics_per_node = static_cast<int>(nic_share / gpn);
+  } else {  // a fraction of a NIC: one NIC of that share's bandwidth
+    inter.nic_bandwidth = inter.nic_bandwidth * (static_cast<double>(nic_share) / gpn);
+    inter.nics_per_node = 1;
+  }
   return out;
 }
 

@@ -203,8 +203,9 @@ enum class PipelineSchedule { kOneFOneB, kInterleaved, kDualPipe };
 
 struct ParallelismSpec {
   // Pipeline stages (Megatron's pipeline-model-parallel size): the blocks are split into pp
-  // stages of P / pp GPUs each (whole nodes); ep / esp / mp / dp describe one stage, so their
-  // product is P / pp. Rank = stage * (P / pp) + the rank inside the stage.
+  // stages of P / pp GPUs each (whole nodes, or an equal part of one node); ep / esp / mp / dp
+  // describe one stage, so their product is P / pp. Rank = stage * (P / pp) + the rank inside the
+  // stage.
   int pp = 1;
   // Pipeline schedule and model chunks per rank-stage (Megatron's virtual pipeline size): with
   // vp > 1 (interleaved) the blocks split into pp * vp chunks, stage s holding s, s + pp, ...
@@ -248,7 +249,8 @@ struct ParallelismSpec {
 
 // kCorrelated: the multi-layer routing generator of inference (strategies/inference/,
 // STRATEGIES §7): per-layer Zipf marginals (skew) and tokens that follow their path.
-enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace, kCorrelated };
+// kBalanced: force-balanced routing (every expert the same load, docs/workload.md).
+enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace, kCorrelated, kBalanced };
 
 struct RoutingWorkloadSpec {
   RoutingDistribution distribution = RoutingDistribution::kUniform;
@@ -425,9 +427,10 @@ struct Scenario {
   /// GPUs of one pipeline stage, P / pp (P without pipeline stages).
   int stage_gpus() const { return num_gpus() / parallelism.pp; }
   /// The scenario of one pipeline stage: the same model, workload and strategies on P / pp GPUs
-  /// (cluster.nodes / pp nodes) with pp = 1. Everything that reasons about one MoE layer (the
-  /// workload sampler, the strategies, the stage's plan) runs on it; the topology and the engine
-  /// keep the whole cluster. The scenario itself when pp = 1.
+  /// with pp = 1: cluster.nodes / pp nodes, or, when several stages share a node, one node of
+  /// P / pp GPUs with its share of the node's NICs (docs/model.md, "Pipeline stages"). Everything
+  /// that reasons about one MoE layer (the workload sampler, the strategies, the stage's plan) runs
+  /// on it; the topology and the engine keep the whole cluster. The scenario itself when pp = 1.
   Scenario stage_scenario() const;
   /// Blocks of pipeline stage s: [first, end). L blocks over pp stages as evenly as possible, the
   /// L % pp extra blocks on the first stages (the last one also runs the LM head and the loss).

@@ -871,12 +871,24 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
     par.pp = to_int32(*v);
-    // Stages are whole nodes: a stage's MoE groups then sit on the same node boundaries in every
-    // stage, so one stage's decisions (2dh / 3dh, the strategies' cost model) hold for all.
-    if (cluster.nodes % par.pp != 0)
-      m.fail("pp", fmt::format("found {}, expected a divisor of cluster.nodes = {} (every pipeline "
-                               "stage is whole nodes)",
-                               par.pp, cluster.nodes));
+    // Every stage must see the same topology, so one stage's decisions (2dh / 3dh, the
+    // strategies' cost model) hold for all: a stage is whole nodes or an equal part of one node.
+    const std::int64_t gpus = cluster.num_gpus(), gpn = cluster.gpus_per_node;
+    const auto fits = [&](std::int64_t pp) {
+      if (gpus % pp != 0) return false;
+      const std::int64_t stage = gpus / pp;
+      return stage % gpn == 0 || gpn % stage == 0;
+    };
+    if (!fits(par.pp)) {
+      std::string good;
+      for (std::int64_t pp = 1; pp <= std::min<std::int64_t>(gpus, model.layers); ++pp)
+        if (fits(pp)) good += (good.empty() ? "" : ", ") + std::to_string(pp);
+      m.fail("pp", fmt::format("found {}, expected pp dividing P = {} GPUs (cluster.nodes {} x "
+                               "cluster.gpus_per_node {}) into stages of whole nodes or of a "
+                               "divisor of gpus_per_node GPUs; pp values that fit (up to "
+                               "model.layers): {}",
+                               par.pp, gpus, cluster.nodes, gpn, good));
+    }
     if (par.pp > model.layers)
       m.fail("pp", fmt::format("found {}, expected at most model.layers = {} (every stage runs at "
                                "least one block)",
@@ -1007,6 +1019,11 @@ WorkloadSpec parse_workload(const MapReader& root) {
     auto& rt = w.routing;
     if (auto v = get_enum(r, "distribution", routing_distribution_names())) rt.distribution = *v;
     if (r.has("skew")) rt.skew = number_in(r, "skew", 0, 100);
+    // Balanced routing gives every expert the same load by construction: a skew would be ignored.
+    if (r.has("skew") && rt.distribution == RoutingDistribution::kBalanced)
+      r.fail("skew",
+             "'skew' does not apply to distribution balanced (every expert gets the same "
+             "load); expected no skew, or distribution zipf");
     if (auto v = r.get_int("seed", 0, std::numeric_limits<std::int64_t>::max()))
       rt.seed = static_cast<std::uint64_t>(*v);
     const bool is_trace = rt.distribution == RoutingDistribution::kTrace;
@@ -1047,7 +1064,7 @@ WorkloadSpec parse_workload(const MapReader& root) {
       // trace already fixes the choices, and the correlated generator draws its own paths.
       if (is_trace || rt.distribution == RoutingDistribution::kCorrelated)
         r.fail("node_limit", fmt::format("'node_limit' applies to sampled routing (uniform, zipf, "
-                                         "dirichlet), but distribution is {}",
+                                         "dirichlet, balanced), but distribution is {}",
                                          name_of(rt.distribution)));
       rt.node_limit = to_int32(*v);
     }

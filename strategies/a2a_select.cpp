@@ -46,13 +46,20 @@ std::vector<CollectiveAlgo> a2a_candidates(const StrategyContext& ctx, const Dec
       const Scenario& sc = ctx.scenario;
       const auto dist = sc.workload.routing.distribution;
       if (dist == RoutingDistribution::kTrace || dist == RoutingDistribution::kCorrelated)
-        throw_role_error(ctx, "a2a",
-                         "deepep needs each token's expert set, which sampled routing (uniform, "
-                         "zipf, dirichlet) draws and a trace or correlated routing does not");
-      if (ctx.capacity_factor != 0)
+        throw_role_error(
+            ctx, "a2a",
+            "deepep needs each token's expert set, which sampled routing (uniform, "
+            "zipf, dirichlet, balanced) draws and a trace or correlated routing does not");
+      // Balanced routing gives no (GPU, expert) pair more than ceil(k S / E) <= dC tokens at
+      // f >= 1, so its capacity dispatch drops nothing and is the dropless one.
+      const bool dropless = ctx.capacity_factor == 0 ||
+                            (dist == RoutingDistribution::kBalanced && ctx.capacity_factor >= 1);
+      if (!dropless)
         throw_role_error(ctx, "a2a",
                          fmt::format("deepep is a dropless dispatch; found capacity factor {}, "
-                                     "expected model.capacity_factor: 0",
+                                     "expected model.capacity_factor: 0 (or >= 1 with "
+                                     "workload.routing.distribution: balanced, which then drops "
+                                     "nothing)",
                                      ctx.capacity_factor));
       if (ctx.spec.routing != RoutingRole::kEven || ctx.spec.inference != InferenceRole::kBaseline)
         throw_role_error(ctx, "a2a",

@@ -59,7 +59,8 @@ InferenceSession::InferenceSession(const Scenario& sc, const StrategySpec& spec)
   if (sc.model.mode != Mode::kInference)
     fail_at(sc, key, "expert placement needs model.mode: inference");
   const auto dist = sc.workload.routing.distribution;
-  if (dist == RoutingDistribution::kDirichlet || dist == RoutingDistribution::kTrace)
+  if (dist == RoutingDistribution::kDirichlet || dist == RoutingDistribution::kTrace ||
+      dist == RoutingDistribution::kBalanced)
     fail_at(sc, "workload.routing.distribution",
             fmt::format("found {} with inference placement (strategy '{}'), expected correlated, "
                         "zipf or uniform: placement needs the tokens' paths",

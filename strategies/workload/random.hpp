@@ -29,6 +29,7 @@ enum class Stream : std::uint64_t {
   kZipfRanking = 2,   // (layer): the popularity ranking of experts
   kDirichlet = 3,     // (iteration, layer): the expert popularity vector
   kCapacityWalk = 4,  // (iteration): the random walk's step direction
+  kBalanced = 5,      // (iteration, layer, node + 1 or 0): balanced routing's expert order
 };
 
 inline std::uint64_t substream_key(std::uint64_t seed, Stream purpose, std::uint64_t a = 0,

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "strategies/workload/balanced.hpp"
 #include "strategies/workload/random.hpp"
 #include "strategies/workload/sampling.hpp"
 
@@ -83,6 +84,9 @@ struct WorkloadGenerator::Impl {
   bool distinct = false;
   std::vector<std::uint32_t> pos_of;
   int distinct_positions = 0, distinct_nodes = 0, distinct_experts_per_gpu = 0;
+  // Balanced routing: each row's EP position (where its tokens start in the group's sequence).
+  bool balanced = false;
+  std::vector<std::uint32_t> row_pos;
   int threads = 0;  // 0: hardware concurrency
   bool keep_demanded = true;
   SampleCache* cache = nullptr;
@@ -96,6 +100,7 @@ struct WorkloadGenerator::Impl {
 std::vector<double> WorkloadGenerator::Impl::popularity(int iteration, int layer) {
   switch (routing.distribution) {
     case RoutingDistribution::kUniform:
+    case RoutingDistribution::kBalanced:  // uniform in expectation; balanced_order fixes the rest
     case RoutingDistribution::kTrace:
       return {};
     case RoutingDistribution::kZipf:
@@ -224,7 +229,7 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
                                      m.routing.distribution == RoutingDistribution::kCorrelated))
       throw InputError(scenario.location_of("workload.routing.node_limit"),
                        "workload.routing.node_limit",
-                       "applies to sampled routing (uniform, zipf, dirichlet) only");
+                       "applies to sampled routing (uniform, zipf, dirichlet, balanced) only");
     m.node_limit = m.routing.node_limit;
     auto parts = std::make_shared<std::vector<std::vector<std::uint32_t>>>();
     auto rows = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus));
@@ -259,6 +264,26 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
     }
     m.partitions = std::move(parts);
     m.row_partition = std::move(rows);
+  }
+  if (m.routing.distribution == RoutingDistribution::kBalanced) {
+    m.balanced = true;
+    for (int gpu = 0; gpu < m.num_gpus; ++gpu)
+      m.row_pos.push_back(static_cast<std::uint32_t>(scenario.parallelism.ep_index(gpu)));
+    // The window layout decides how many nodes a token touches; the seeded order inside each
+    // node does not, so one check per layout holds for every (iteration, layer).
+    if (m.node_limit > 0)
+      for (const auto& part : *m.partitions) {
+        const auto order = detail::balanced_order(m.num_experts, part, m.node_limit, 0, 0, 0);
+        const int most = detail::balanced_max_nodes(order, part, m.top_k);
+        if (most > m.node_limit)
+          throw InputError(
+              scenario.location_of("workload.routing.node_limit"), "workload.routing.node_limit",
+              fmt::format("found {} with distribution balanced: the balanced windows of top_k = {} "
+                          "experts over blocks of {} node(s) would put a token on {} nodes; "
+                          "expected a layout where each block of node_limit nodes holds a "
+                          "multiple of top_k experts (docs/workload.md, \"Balanced routing\")",
+                          m.node_limit, m.top_k, m.node_limit, most));
+      }
   }
   m.zipf.resize(static_cast<std::size_t>(std::max(m.num_layers, 0)));
   if (m.routing.distribution == RoutingDistribution::kTrace)
@@ -387,7 +412,24 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     }
     // One sampler per expert-to-node partition (one without a node limit).
     std::vector<ChoiceSampler> samplers;
-    if (!cached) {
+    std::vector<detail::BalancedSampler> balanced;
+    if (!cached && m.balanced) {
+      const auto order = [&](std::span<const std::uint32_t> node_of) {
+        return detail::balanced_order(m.num_experts, node_of, m.node_limit, m.routing.seed,
+                                      iteration, layer);
+      };
+      if (!m.partitions) {
+        balanced.emplace_back(order({}), m.top_k, m.tokens);
+      } else {
+        for (const auto& part : *m.partitions) {
+          detail::DistinctDestinations dd;
+          if (m.distinct)
+            dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
+                  static_cast<std::uint32_t>(m.distinct_nodes)};
+          balanced.emplace_back(order(part), m.top_k, m.tokens, std::move(dd));
+        }
+      }
+    } else if (!cached) {
       const std::vector<double> p = m.popularity(iteration, layer);
       if (!m.partitions) {
         samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens);
@@ -443,8 +485,12 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
               m.distinct ? std::span<std::uint32_t>(
                                d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
                          : std::span<std::uint32_t>();
-          samplers[m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0].sample(
-              rng, counts, distinct);
+          const std::size_t part =
+              m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0;
+          if (m.balanced)
+            balanced[part].sample(m.row_pos[static_cast<std::size_t>(gpu)], counts, distinct);
+          else
+            samplers[part].sample(rng, counts, distinct);
           m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
         }
       } catch (...) {

@@ -769,7 +769,7 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
   };
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: gaussian}}")),
               HasSubstr("workload.routing.distribution: found 'gaussian', expected one of "
-                        "uniform, zipf, dirichlet, trace or correlated"));
+                        "uniform, zipf, dirichlet, trace, correlated or balanced"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: zipf, skew: -1}}")),
               HasSubstr("workload.routing.skew: found -1, expected a number in [0, 100]"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: trace}}")),
@@ -782,7 +782,9 @@ TEST(ScenarioValidation, WorkloadAndEngineRules) {
               HasSubstr("workload.routing.node_limit: found 0, expected an integer in [1, 64]"));
   EXPECT_THAT(error_of(with("workload: {routing: {distribution: correlated, node_limit: 2}}")),
               HasSubstr("workload.routing.node_limit: 'node_limit' applies to sampled routing "
-                        "(uniform, zipf, dirichlet), but distribution is correlated"));
+                        "(uniform, zipf, dirichlet, balanced), but distribution is correlated"));
+  EXPECT_THAT(error_of(with("workload: {routing: {distribution: balanced, skew: 0}}")),
+              HasSubstr("workload.routing.skew: 'skew' does not apply to distribution balanced"));
   EXPECT_THAT(error_of(with("workload: {capacity: {kind: wobble}}")),
               HasSubstr("workload.capacity.kind: found 'wobble', expected one of fixed, trace or "
                         "random_walk"));

@@ -49,7 +49,8 @@ const std::vector<NamedValue<RecomputeModule>>& recompute_module_names() {
 
 const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
   static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
-                                                      {MpLayout::kOverlapped, "overlapped"}};
+                                                      {MpLayout::kOverlapped, "overlapped"},
+                                                      {MpLayout::kFolded, "folded"}};
   return t;
 }
 

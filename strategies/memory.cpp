@@ -127,7 +127,8 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   // and probabilities S' E; R = E dC esp rho expert rows received (the padded buffer) of H_s =
   // ceil(H / (esp rho)) hidden each: the permuted rows (fc1's input), fc1's output, the
   // activation's output (fc2's input), and the expert outputs the probabilities' gradient needs.
-  const double s_esp = S * esp;
+  // Folded ETP gathers the dispatched rows, not the gate's tokens: the gate sees the rank's S.
+  const double s_esp = sc.parallelism.folded() ? S : S * esp;
   const double rows = E * static_cast<double>(capacity) * esp * rho;
   const std::int64_t slices = static_cast<std::int64_t>(esp * rho);
   const std::int64_t h_slice = (m.hidden_dim + slices - 1) / slices;
@@ -245,7 +246,9 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   // (the expert outputs), R M each at their precision (fp8 adds DeepEP's fp32 scale per 128
   // elements), of the MoE layer in flight. Pipeline chunks are slices of these buffers (as in
   // Tutel), so r does not multiply them.
-  const double rows = E * static_cast<double>(capacity) * esp * rho;
+  // Folded (ETP): the send buffers hold the rank's own E dC rows; the ETP-gathered ones are the
+  // experts' activations above.
+  const double rows = E * static_cast<double>(capacity) * (sc.parallelism.folded() ? 1 : esp) * rho;
   const auto wire = [](Dtype d) { return dtype_bytes(d) + (d == Dtype::kFp8 ? 4.0 / 128 : 0.0); };
   if (moe_layers > 0)
     est.buffers_bytes = rows * M * (wire(m.precision.dispatch) + wire(m.precision.combine));

@@ -264,6 +264,8 @@ class Builder {
     // column-parallel GEMMs see the tp ranks' tokens all-gathered, S * tp rows (one CP chunk).
     sp_ = sc_.parallelism.folded() && mp_ > 1;
     cp_ = sc_.parallelism.folded() ? sc_.parallelism.cp : 1;
+    tok_esp_ = sc_.parallelism.folded() ? 1 : esp_;
+    etp_ = sc_.parallelism.folded() ? esp_ : 1;
     rows_ = sc_.parallelism.folded() ? S_ * mp_ : S_;
     L_ = m.seq_len;
     B_ = m.batch_per_gpu;
@@ -363,11 +365,13 @@ class Builder {
                                      "overlapped or disjoint; found layout folded (expected "
                                      "another schedule)",
                                      name_of(dec_.schedule)));
-      if (esp_ > 1)
+      // A routed dispatch's per-rank expert scale counts one rank's received rows; under ETP the
+      // GEMMs run on the ETP group's gathered rows, which the routed matrices do not give.
+      if (esp_ > 1 && dec_.variable_dispatch)
         throw InputError(sc_.location_of("parallelism.etp"), "parallelism.etp",
-                         fmt::format("found {}: the plan builder does not lower expert tensor "
-                                     "parallelism yet (its all-gather / reduce-scatter around the "
-                                     "experts); expected etp 1",
+                         fmt::format("found {} with a routed (all_to_allv) dispatch, expected etp "
+                                     "1 there: expert tensor parallelism is lowered for the "
+                                     "padded dispatch only",
                                      esp_));
     }
     if (dec_.a2a == CollectiveAlgo::k3dh && dec_.variable_dispatch)
@@ -1006,13 +1010,14 @@ class Builder {
   }
 
   // Bytes one rank sends in the dispatch (and combine) all-to-all of a chunk of `cap` slots:
-  // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens) and the token repeat factor.
+  // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens; not ETP's) and the token
+  // repeat factor.
   // forward_dispatch: the forward dispatch, at model.precision.dispatch's token bytes; every other
   // all-to-all (combine, the backward's) at model.precision.combine's.
   double a2a_bytes(std::int64_t cap, bool forward_dispatch = false) const {
     const ModelSpec& m = sc_.model;
     const double token = token_bytes(forward_dispatch ? m.precision.dispatch : m.precision.combine);
-    return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap) * token;
+    return static_cast<double>(rep_ * tok_esp_) * static_cast<double>(E_ * cap) * token;
   }
   // Bytes of one token of M elements sent as `d`: fp8 carries one fp32 scale per 128 elements
   // (DeepEP's fp8 dispatch: 7,168 + 56 x 4 = 7,392 bytes at M = 7,168).
@@ -1149,12 +1154,12 @@ class Builder {
                              lbl(l, false, "expert_prefetch"));
     const OpId first_id = static_cast<OpId>(plan_.ops().size());
     const MoeDims dims = moe_dims(moe);
-    const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
+    const std::int64_t St = S_ * tok_esp_;  // tokens the gate sees (ESP-gathered)
 
     // The pre-FFN norm: the gate, the shared experts and the dispatch read its output.
     prev = emit(moe_norm(), false, false, l, prev);
     OpId in = prev;
-    if (esp_ > 1)
+    if (tok_esp_ > 1)
       in = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
                       grouping(groups_.esp), static_cast<double>(St * M_ * b_), deps_of({prev}),
                       tag(l, false, OpRoleKind::kEspAllGather));
@@ -1189,6 +1194,11 @@ class Builder {
                        tag(l, false, OpRoleKind::kDispatch, j), true);
         ops.dispatch.push_back(disp);
       }
+      // ETP: the ETP group's dispatched rows, all-gathered (Megatron's alltoall dispatcher).
+      if (etp_ > 1)
+        disp = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                          grouping(groups_.esp), etp_bytes(cap), deps_of({enc, disp}),
+                          lbl(l, false, fmt::format("etp_allgather.c{}", j + 1)));
       const ExpertShapes sh = expert_shapes(cap);
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
@@ -1200,10 +1210,14 @@ class Builder {
       ops.expert.push_back(f2);
       last_expert = f2;
       OpId out = f2;
-      if (esp_ > 1)
+      if (tok_esp_ > 1)
         out = collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                          grouping(groups_.esp), a2a_bytes(cap), deps_of({f2}),
                          tag(l, false, OpRoleKind::kEspAllReduce, j));
+      if (etp_ > 1)  // the H / etp partial outputs summed and scattered back to their rows
+        out = collective(s_comm_out_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                         grouping(groups_.esp), etp_bytes(cap), deps_of({f2}),
+                         lbl(l, false, fmt::format("etp_reduce_scatter.c{}", j + 1)));
       if (W_ > 1) {
         out = moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
                       tag(l, false, OpRoleKind::kCombine, j));
@@ -1244,7 +1258,7 @@ class Builder {
       return r.out;
     }
     const MoeDims dims = moe_dims(moe);
-    const std::int64_t St = S_ * esp_;
+    const std::int64_t St = S_ * tok_esp_;
     auto note = [&](OpId id) {
       ops.backward.push_back(id);
       return id;
@@ -1280,6 +1294,11 @@ class Builder {
                           tag(l, true, OpRoleKind::kCombine, j)));
         ops.combine.push_back(cb);
       }
+      // ETP: the reduce-scatter's backward, the output gradients all-gathered over the group.
+      if (etp_ > 1)
+        cb = note(collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                             grouping(groups_.esp), etp_bytes(cap), deps_of({in, cb}),
+                             lbl(l, true, fmt::format("etp_allgather.c{}", j + 1))));
       const ExpertShapes sh = expert_shapes(cap);
       // Replayed expert forward (model.recompute): fc1 under moe / full, the activation also
       // under moe_act; they need only the kept expert input, not the incoming gradients.
@@ -1299,10 +1318,14 @@ class Builder {
       ops.expert.push_back(f1);
       last_expert = f1;
       OpId out = f1;
-      if (esp_ > 1)
+      if (tok_esp_ > 1)
         out = note(collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                               grouping(groups_.esp), a2a_bytes(cap), deps_of({f1}),
                               tag(l, true, OpRoleKind::kEspAllReduce, j)));
+      if (etp_ > 1)  // the all-gather's backward: input gradients summed over the H slices
+        out = note(collective(s_comm_out_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                              grouping(groups_.esp), etp_bytes(cap), deps_of({f1}),
+                              lbl(l, true, fmt::format("etp_reduce_scatter.c{}", j + 1))));
       if (W_ > 1) {
         out = note(moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
                            tag(l, true, OpRoleKind::kDispatch, j)));
@@ -1318,7 +1341,7 @@ class Builder {
     OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
                           tag(l, true, OpRoleKind::kGate)));
     last = note(emit(moe_norm(), true, false, l, last));
-    if (esp_ > 1)
+    if (tok_esp_ > 1)
       last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                              grouping(groups_.esp), static_cast<double>(St * M_ * b_),
                              deps_of({last}), lbl(l, true, "esp_reduce_scatter")));
@@ -1360,16 +1383,19 @@ class Builder {
   // Encode reads the tokens once and writes rep copies of the padded (E, dC*esp, M) buffer:
   // (1 + rep) * E * dC * esp * M * b (= 2 E dC M b in the plain case).
   double encode_bytes(std::int64_t cap) const {
-    return static_cast<double>(1 + rep_) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+    return static_cast<double>(1 + rep_) * static_cast<double>(E_ * cap * tok_esp_ * M_ * b_);
   }
+  // ETP (layout folded): the rows of a chunk the ETP group's ranks received, etp x the combine's
+  // bytes: the all-gather's output and the reduce-scatter's input per rank.
+  double etp_bytes(std::int64_t cap) const { return static_cast<double>(etp_) * a2a_bytes(cap); }
   // Decode gathers k weighted rows per token: k * S * M * b (S gathered over esp).
-  double decode_bytes() const { return static_cast<double>(k_ * S_ * esp_ * M_ * b_); }
+  double decode_bytes() const { return static_cast<double>(k_ * S_ * tok_esp_ * M_ * b_); }
   // Sum of the rep partial outputs (P2 / intermediate): read rep buffers, write one.
   double partial_sum_bytes(std::int64_t cap) const {
-    return static_cast<double>(rep_ + 1) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+    return static_cast<double>(rep_ + 1) * static_cast<double>(E_ * cap * tok_esp_ * M_ * b_);
   }
   double partial_sum_flops(std::int64_t cap) const {
-    return static_cast<double>(rep_ - 1) * static_cast<double>(E_ * cap * esp_ * M_);
+    return static_cast<double>(rep_ - 1) * static_cast<double>(E_ * cap * tok_esp_ * M_);
   }
 
   const Scenario& sc_;
@@ -1387,6 +1413,9 @@ class Builder {
   std::vector<std::vector<RoutedChunk>> routed_;  // per MoE layer, per chunk (variable dispatch)
   OpId last_gate_ = kNone;                        // gate of the previous MoE layer (forward)
   int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1, cp_ = 1;
+  // How esp splits an expert: DeepSpeed-MoE's ESP gathers the tokens before the gate (tok_esp_ =
+  // esp), Megatron's ETP (layout folded) gathers the dispatched rows per chunk (etp_ = esp).
+  int tok_esp_ = 1, etp_ = 1;
   bool sp_ = false;
   std::int64_t rows_ = 0;  // rows of the attention / dense GEMMs per rank (S, or S * tp folded)
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;

@@ -284,14 +284,54 @@ TEST(FoldedLayout, MemoryShardsEachSideByItsOwnDegrees) {
   const MemoryEstimate d = estimate_memory(dis, Decision{}, 256);
   EXPECT_DOUBLE_EQ(d.expert_params, 2 * 262144);
   EXPECT_DOUBLE_EQ(d.optimizer_bytes, (132608.0 / 2 + 2 * 262144.0 / 2) * 12);
+  // Folded etp 2 x ep 2: two local experts, each split in two over ETP: 262,144 params; the
+  // attention side (tp 1) holds its 4 M^2 whole.
+  const Scenario etp =
+      parse_scenario_string(yaml_with("{layout: folded, etp: 2, ep: 2, zero: 1}"), "f.yaml");
+  const MemoryEstimate e = estimate_memory(etp, Decision{}, 256);
+  EXPECT_DOUBLE_EQ(e.expert_params, 262144);
+  EXPECT_DOUBLE_EQ(e.dense_params, 262144 + 512 + 1024);
+  // ZeRO-1: dense over the 4 DP ranks, experts over edp = 1.
+  EXPECT_DOUBLE_EQ(e.optimizer_bytes, ((262144.0 + 512 + 1024) / 4 + 262144) * 12);
 }
 
-TEST(FoldedLayout, RefusesParmSchedulesAndExpertTensorParallelism) {
+// ETP 2 x EP 2 on 4 GPUs (expert rank e*2 + s): EP groups {0,2} / {1,3}, ETP {0,1} / {2,3};
+// E = 4, two local experts per EP position, dC = 256. Each rank dispatches its own E dC M b =
+// 4 * 256 * 256 * 2 = 524,288 B; the ETP all-gather's output and the reduce-scatter's input are
+// etp x that, 1,048,576 B; fc1 runs on the 2 (sources) x 256 x 2 (etp) = 1,024 rows of each of 2
+// local experts at H / etp = 256: 2 * 1024 * 2 * 256 * 256 FLOPs.
+TEST(FoldedLayout, ExpertTensorParallelCollectivesOnFourGpus) {
+  const Built b = build("{layout: folded, etp: 2, ep: 2}");
+  const Plan& plan = b.bp.plan;
+  const auto groups = [&](const Op& op) { return plan.grouping(op.collective().grouping).groups; };
+  const Op* disp = find(plan, "L0.fwd.dispatch.c1");
+  ASSERT_NE(disp, nullptr);
+  EXPECT_DOUBLE_EQ(disp->collective().bytes.value(), 524288);
+  EXPECT_EQ(groups(*disp), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  for (const char* label : {"L0.fwd.etp_allgather.c1", "L0.fwd.etp_reduce_scatter.c1",
+                            "L0.bwd.etp_allgather.c1", "L0.bwd.etp_reduce_scatter.c1"}) {
+    const Op* op = find(plan, label);
+    ASSERT_NE(op, nullptr) << label;
+    EXPECT_DOUBLE_EQ(op->collective().bytes.value(), 1048576) << label;
+    EXPECT_EQ(groups(*op), (std::vector<std::vector<int>>{{0, 1}, {2, 3}})) << label;
+  }
+  EXPECT_EQ(dep_of(plan, "L0.fwd.etp_allgather.c1"), "L0.fwd.encode");
+  EXPECT_EQ(dep_of(plan, "L0.fwd.combine.c1"), "L0.fwd.etp_reduce_scatter.c1");
+  EXPECT_DOUBLE_EQ(find(plan, "L0.fwd.expert.fc1.c1")->compute().flops.value(),
+                   2.0 * 1024 * 2 * 256 * 256);
+  // DeepSpeed-MoE's ESP ops (tokens gathered before the gate) do not appear; the gate sees 512.
+  EXPECT_EQ(count(plan, "esp_"), 0);
+  EXPECT_DOUBLE_EQ(find(plan, "L0.fwd.gate")->compute().flops.value(), 2.0 * 512 * 256 * 4);
+}
+
+TEST(FoldedLayout, RefusesParmSchedulesAndRoutedDispatchWithEtp) {
   const Scenario sc = parse_scenario_string(yaml_with("{layout: folded, etp: 2, ep: 2}"), "f.yaml");
   auto topo = topology::build_topology(sc.cluster);
+  Decision routed;
+  routed.variable_dispatch = true;
   try {
-    build_step_plan(sc, *topo, testing::uniform_work(sc, 256), Decision{});
-    ADD_FAILURE() << "etp 2 built a plan";
+    build_step_plan(sc, *topo, testing::uniform_work(sc, 256), routed);
+    ADD_FAILURE() << "a routed dispatch with etp 2 built a plan";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parallelism.etp"), std::string::npos) << e.what();
   }

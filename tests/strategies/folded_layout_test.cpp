@@ -165,6 +165,10 @@ TEST(FoldedLayout, GroupsOfBothSides) {
   EXPECT_EQ(g.dense_dp.groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));  // DP x CP
   EXPECT_EQ(g.ep.groups, (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
   EXPECT_EQ(g.dp.groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));  // edp
+  // The rank map's CP index agrees with the groups.
+  for (const auto& grp : g.cp.groups)
+    for (int c = 0; c < static_cast<int>(grp.size()); ++c)
+      EXPECT_EQ(sc.parallelism.cp_index(grp[c]), c);
 }
 
 // DONE-WHEN: the TP / SP collectives of one block on 4 GPUs, tp 2 with sequence parallelism,

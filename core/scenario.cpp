@@ -57,7 +57,8 @@ const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names() {
 
 const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
   static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
-                                                      {MpLayout::kOverlapped, "overlapped"}};
+                                                      {MpLayout::kOverlapped, "overlapped"},
+                                                      {MpLayout::kFolded, "folded"}};
   return t;
 }
 

@@ -196,8 +196,12 @@ struct ModelSpec {
 //  overlapped (DeepSpeed-MoE, Parm): the MP ranks are the same GPUs as the EP x ESP ranks:
 //    ep * esp * dp = P, rank = (d*ep + e)*esp + s for the MoE layer, and the MP groups are the
 //    blocks of mp consecutive ranks (t = rank % mp), so mp must divide ep * esp.
+//  folded (Megatron-Core's MoE parallel folding, Liu et al. 2025): two factorisations of the same
+//    P / pp GPUs. Attention / dense: tp * cp * adp, rank = (a*cp + c)*tp + t (mp = tp); experts:
+//    etp * ep * edp, rank = (d*ep + e)*etp + s (esp = etp, dp = edp), the overlapped formula.
+//    A GPU holds S = batch_per_gpu * seq_len tokens of the residual stream (sequence parallel).
 
-enum class MpLayout { kDisjoint, kOverlapped };
+enum class MpLayout { kDisjoint, kOverlapped, kFolded };
 // The order pipeline stages run their micro-batches in (docs/model.md, "Pipeline stages").
 enum class PipelineSchedule { kOneFOneB, kInterleaved, kDualPipe };
 
@@ -225,23 +229,34 @@ struct ParallelismSpec {
   MpLayout layout = MpLayout::kDisjoint;
   bool ep_auto = false;
   bool dp_auto = false;
+  // Folded layout only (1 / false otherwise): the attention side's context-parallel and data-
+  // parallel degrees (tp * cp * adp = P / pp, tp = mp) and whether the TP ranks run sequence
+  // parallel (Megatron's --sequence-parallel; required with tp > 1, as Megatron's MoE requires).
+  int cp = 1;
+  int adp = 1;
+  bool sp = false;
 
   bool overlapped() const { return layout == MpLayout::kOverlapped; }
+  bool folded() const { return layout == MpLayout::kFolded; }
+  /// The MoE coordinates alone fix the GPU (overlapped and folded): mp is not a factor of P.
+  bool moe_major() const { return layout != MpLayout::kDisjoint; }
   /// GPUs the product of the degrees covers (P once resolved).
   std::int64_t product() const {
-    return static_cast<std::int64_t>(ep) * esp * dp * (overlapped() ? 1 : mp);
+    return static_cast<std::int64_t>(ep) * esp * dp * (moe_major() ? 1 : mp);
   }
   /// Ranks of one DP index: an MoE layer's all-to-all world (Parm's EP&ESP x MP group).
-  int ranks_per_dp() const { return ep * esp * (overlapped() ? 1 : mp); }
-  /// The rank of (d, e, s, t); overlapped: t must be 0 (the MoE coordinates fix the GPU).
+  int ranks_per_dp() const { return ep * esp * (moe_major() ? 1 : mp); }
+  /// The rank of (d, e, s, t); overlapped / folded: t must be 0 (the MoE coordinates fix the GPU).
   int rank_of(int d, int e, int s, int t) const {
-    return overlapped() ? (d * ep + e) * esp + s : ((d * ep + e) * esp + s) * mp + t;
+    return moe_major() ? (d * ep + e) * esp + s : ((d * ep + e) * esp + s) * mp + t;
   }
   int mp_index(int rank) const { return rank % mp; }
-  int esp_index(int rank) const { return overlapped() ? rank % esp : (rank / mp) % esp; }
+  int esp_index(int rank) const { return moe_major() ? rank % esp : (rank / mp) % esp; }
   int ep_index(int rank) const {
-    return overlapped() ? (rank / esp) % ep : (rank / (mp * esp)) % ep;
+    return moe_major() ? (rank / esp) % ep : (rank / (mp * esp)) % ep;
   }
+  /// Folded: the context-parallel index of a rank (rank = (a*cp + c)*tp + t); 0 otherwise.
+  int cp_index(int rank) const { return (rank / mp) % cp; }
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -854,6 +854,91 @@ void parse_pipeline_schedule(const MapReader& root, const MapReader& m, const Mo
                         "even number >= 2 * pp = {} (half enter at each end; DualPipe's order "
                         "needs pp micro-batches per direction)",
                         micro, par.pp, 2 * par.pp));
+// parallelism.layout: folded (Megatron-Core's MoE parallel folding; docs/model.md "Rank layout"):
+// the attention side tp * cp * dp and the expert side etp * ep * edp each cover the stage's p
+// GPUs. ParallelismSpec keeps the expert side in ep / esp / dp (so every MoE grouping is the
+// overlapped one) and the attention side in mp / cp / adp.
+ParallelismSpec parse_folded(const MapReader& m, const ClusterSpec& cluster, const ModelSpec& model,
+                             ParallelismSpec par, int p) {
+  // DeepSpeed-MoE's ESP (tokens gathered before the gate) is not Megatron's ETP: refuse esp > 1
+  // rather than reinterpret it (esp: 1 is harmless, as a file switched by --set may carry it).
+  if (auto v = m.get_int("esp", 1, kIntMax); v && *v > 1)
+    m.fail("esp", fmt::format("found {} with layout folded, expected etp (the expert "
+                              "tensor-parallel degree) instead",
+                              *v));
+  if (m.has("mp") && m.has("tp"))
+    m.fail("mp", "found both mp and tp, expected one of them (tp is mp's name in layout folded)");
+  const std::string_view tp_key = m.has("mp") ? "mp" : "tp";
+  if (auto v = m.get_int(tp_key, 1, kIntMax)) par.mp = to_int32(*v);
+  if (auto v = m.get_int("cp", 1, kIntMax)) par.cp = to_int32(*v);
+  if (auto v = m.get_int("etp", 1, kIntMax)) par.esp = to_int32(*v);
+  par.sp = par.mp > 1;
+  // Megatron refuses an MoE model with tensor but no sequence parallelism: its token dispatcher
+  // starts from each TP rank's S / tp tokens.
+  if (auto v = m.get_bool("sp"); v && !*v && par.mp > 1)
+    m.fail("sp", fmt::format("found false with {} = {}, expected true (layout folded: the MoE "
+                             "token dispatcher starts from each TP rank's share of the sequence)",
+                             tp_key, par.mp));
+  if (par.cp > 1 && model.seq_len % par.cp != 0)
+    m.fail("cp", fmt::format("found {}, expected a divisor of model.seq_len = {} (context "
+                             "parallelism splits every sequence into cp chunks)",
+                             par.cp, model.seq_len));
+  if (par.esp > 1 && model.hidden_dim % par.esp != 0)
+    m.fail("etp", fmt::format("found {}, expected a divisor of model.hidden_dim = {} (expert "
+                              "tensor parallelism splits each expert's FFN width)",
+                              par.esp, model.hidden_dim));
+  if (model.experts_per_gpu < 0)
+    m.fail("layout", fmt::format("found folded with model.experts_per_gpu = {} (sharded "
+                                 "experts), expected whole experts per GPU: layout folded "
+                                 "splits an expert over etp GPUs",
+                                 model.experts_per_gpu));
+  const std::string per = p_text(cluster, par.pp);
+  // Attention / dense side: tp * cp * dp = p.
+  const std::int64_t tp_cp = static_cast<std::int64_t>(par.mp) * par.cp;
+  const int adp = int_or_auto(m, "dp", 0);
+  if (adp == 0) {
+    if (tp_cp > p || p % tp_cp != 0)
+      m.fail(m.has("cp") ? "cp" : tp_key,
+             fmt::format("tp*cp = {}*{} = {} does not divide {}; expected tp*cp*dp = {} "
+                         "(layout folded, attention side)",
+                         par.mp, par.cp, tp_cp, per, per));
+    par.adp = static_cast<int>(p / tp_cp);
+  } else if (tp_cp * adp != p) {
+    m.fail("dp", fmt::format("tp*cp*dp = {}*{}*{} = {}, expected {} (layout folded, attention "
+                             "side)",
+                             par.mp, par.cp, adp, tp_cp * adp, per));
+  } else {
+    par.adp = adp;
+  }
+  // Expert side: etp * ep * edp = p.
+  par.ep = int_or_auto(m, "ep", 0);
+  par.dp = int_or_auto(m, "edp", 0);
+  par.ep_auto = par.ep == 0;
+  par.dp_auto = par.dp == 0;
+  if (par.ep_auto && par.dp_auto) par.dp = 1;
+  const std::int64_t fixed =
+      static_cast<std::int64_t>(par.esp) * std::max(1, par.ep) * std::max(1, par.dp);
+  const std::string_view fixed_key = !par.ep_auto   ? "ep"
+                                     : !par.dp_auto ? "edp"
+                                     : m.has("etp") ? "etp"
+                                                    : "layout";
+  if (par.ep_auto || par.dp_auto) {
+    if (fixed > p || p % fixed != 0)
+      m.fail(fixed_key, fmt::format("etp*{} = {} does not divide {}; expected etp*ep*edp = {} "
+                                    "(layout folded, expert side)",
+                                    par.ep_auto ? "edp" : "ep", fixed, per, per));
+    (par.ep_auto ? par.ep : par.dp) = static_cast<int>(p / fixed);
+  } else if (fixed != p) {
+    m.fail("edp", fmt::format("etp*ep*edp = {}*{}*{} = {}, expected {} (layout folded, expert "
+                              "side)",
+                              par.esp, par.ep, par.dp, fixed, per));
+  }
+  if (model.experts > 0 && model.experts % par.ep != 0)
+    m.fail(par.ep_auto ? "layout" : "ep",
+           fmt::format("ep = {} does not divide model.experts = {}; expected a divisor (layout "
+                       "folded places whole experts, etp splits them)",
+                       par.ep, model.experts));
+  return par;
 }
 
 ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& cluster,
@@ -865,8 +950,8 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism",
-                             {"pp", "vp", "schedule", "zero", "ep", "esp", "mp", "dp", "layout"});
+  MapReader m = root.get_map("parallelism", {"pp", "vp", "schedule", "zero", "ep", "esp", "mp",
+                                             "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
   if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
@@ -895,11 +980,21 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
                                par.pp, model.layers));
   }
   const int p = cluster.num_gpus() / par.pp;
+  if (auto v = get_enum(m, "layout", mp_layout_names())) par.layout = *v;
+  if (par.folded()) {
+    par = parse_folded(m, cluster, model, par, p);
+    parse_pipeline_schedule(root, m, model, par);
+    return par;
+  }
+  for (std::string_view key : {"tp", "sp", "cp", "etp", "edp"})
+    if (m.has(key))
+      m.fail(key, fmt::format("found {} with layout {}, expected layout: folded (the folded "
+                              "degrees; mp / esp / dp name the other layouts' degrees)",
+                              key, name_of(par.layout)));
   par.ep = int_or_auto(m, "ep", 0);
   par.dp = int_or_auto(m, "dp", 0);
   if (auto v = m.get_int("esp", 1, kIntMax)) par.esp = to_int32(*v);
   if (auto v = m.get_int("mp", 1, kIntMax)) par.mp = to_int32(*v);
-  if (auto v = get_enum(m, "layout", mp_layout_names())) par.layout = *v;
   par.ep_auto = par.ep == 0;
   par.dp_auto = par.dp == 0;
   // Overlapped: the MP ranks are the EP x ESP GPUs themselves, so mp is not a factor of P.

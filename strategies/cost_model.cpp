@@ -205,9 +205,11 @@ MoeLayerShape CostModel::layer_shape(std::int64_t capacity, int parallel_degree)
   MoeLayerShape s;
   s.capacity = capacity;
   const double cap = static_cast<double>(capacity);
-  // Each GPU sends dC padded slots for every one of the E experts, x esp (ESP-gathered tokens)
-  // and x r (tokens repeated for the r hidden slices of a sharded expert).
-  s.dispatch_bytes = Bytes(rep * esp * static_cast<double>(md.experts) * cap * md.model_dim *
+  // Each GPU sends dC padded slots for every one of the E experts, x esp (ESP-gathered tokens;
+  // layout folded's ETP gathers after the dispatch instead) and x r (tokens repeated for the r
+  // hidden slices of a sharded expert).
+  const double gathered = sc_.parallelism.folded() ? 1.0 : esp;
+  s.dispatch_bytes = Bytes(rep * gathered * static_cast<double>(md.experts) * cap * md.model_dim *
                            md.bytes_per_element());
   // Work per GPU: W sources x dC slots x local experts x M x H, an n-sharded expert's work shared
   // by its n GPUs (the same for every r: r times the tokens, 1/r of the hidden dimension).

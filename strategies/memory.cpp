@@ -21,7 +21,7 @@ int dense_replicas(const Scenario& sc) { return sc.stage_gpus() / sc.parallelism
 
 int expert_replicas(const Scenario& sc) {
   const auto& p = sc.parallelism;
-  return p.dp * (p.overlapped() ? 1 : p.mp);
+  return p.dp * (p.moe_major() ? 1 : p.mp);
 }
 
 int in_flight_micro_batches(const Scenario& sc, int stage) {
@@ -80,6 +80,10 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   const double M = m.model_dim, E = m.experts;
   const double S = static_cast<double>(m.tokens_per_gpu());
   const double mp = sc.parallelism.mp, esp = sc.parallelism.esp, rho = decision.parallel_degree;
+  // Rows of the tensors after the TP all-gather: layout folded (sequence parallel) keeps the
+  // rank's S tokens in the norms and their gathered S * tp rows, split by heads / width, after
+  // them (Korthikanti et al.'s accounting with SP: every tensor / tp).
+  const double R = sc.parallelism.folded() ? S * mp : S;
   const double b = dtype_bytes(m.dtype);
   // GEMM inputs saved for backward: TransformerEngine (and DeepSeek-V3) keep the fp8 cast copy.
   const double g = m.precision.gemm == Dtype::kFp8 ? 1 : b;
@@ -95,23 +99,23 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   if (a.is_mla()) {
     // The latents: the q and kv norms' inputs (dtype) and outputs (the up-projections' inputs).
     const double q_lora = a.q_lora_rank, kv_lora = a.kv_lora_rank;
-    attn += S * (q_lora + kv_lora) * (b + g);
+    attn += R * (q_lora + kv_lora) * (b + g);
     // Q and K of (nope + rope) per head, V of v_head_dim: the up-projections' outputs.
-    qkv = S * h * (2.0 * a.qk_head_dim() + a.v_head_dim) / mp * b;
+    qkv = R * h * (2.0 * a.qk_head_dim() + a.v_head_dim) / mp * b;
     if (rc.has(RecomputeModule::kMlaUpProj)) qkv = 0;
   } else {
-    qkv = S * (h + 2.0 * a.kv_heads) * a.head_dim / mp * b;
+    qkv = R * (h + 2.0 * a.kv_heads) * a.head_dim / mp * b;
   }
   attn += qkv;
-  const double o = S * o_width * b, lse = S * h / mp * 4;
+  const double o = R * o_width * b, lse = R * h / mp * 4;
   // The out projection's input is O itself, unless fp8 GEMMs keep their own 1-byte copy of it;
   // core_attn recomputation drops what the core keeps beyond its inputs Q, K, V (its O is still
   // the projection's input when that has no copy of its own).
   const bool own_copy = g < b;
   if (rc.has(RecomputeModule::kCoreAttn))
-    attn += own_copy ? S * o_width * g : o;
+    attn += own_copy ? R * o_width * g : o;
   else
-    attn += o + lse + (own_copy ? S * o_width * g : 0);
+    attn += o + lse + (own_copy ? R * o_width * g : 0);
   out.attention = attn;
 
   // Dense FFN (hidden Hd): the norm's input and output (fc1's input), fc1's output (the
@@ -120,13 +124,14 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   const double Hd = static_cast<double>(m.dense_hidden());
   const bool mlp = rc.has(RecomputeModule::kMlp);
   out.dense_ffn = S * M * b + (ln ? 0 : S * M * (mlp ? b : g)) +
-                  (mlp ? 0 : S * m.fc1_width(m.dense_hidden()) / mp * b + S * Hd / mp * g);
+                  (mlp ? 0 : R * m.fc1_width(m.dense_hidden()) / mp * b + R * Hd / mp * g);
 
   // MoE FFN. Gate input S' M (S' = S esp, the ESP-gathered tokens; the router stays at dtype)
   // and probabilities S' E; R = E dC esp rho expert rows received (the padded buffer) of H_s =
   // ceil(H / (esp rho)) hidden each: the permuted rows (fc1's input), fc1's output, the
   // activation's output (fc2's input), and the expert outputs the probabilities' gradient needs.
-  const double s_esp = S * esp;
+  // Folded ETP gathers the dispatched rows, not the gate's tokens: the gate sees the rank's S.
+  const double s_esp = sc.parallelism.folded() ? S : S * esp;
   const double rows = E * static_cast<double>(capacity) * esp * rho;
   const std::int64_t slices = static_cast<std::int64_t>(esp * rho);
   const std::int64_t h_slice = (m.hidden_dim + slices - 1) / slices;
@@ -146,8 +151,8 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   double shared = 0;
   if (m.shared_experts > 0 && !moe && !rc.has(RecomputeModule::kSharedExperts)) {
     const std::int64_t hs = static_cast<std::int64_t>(m.shared_experts) * m.hidden_dim;
-    shared = (own_copy ? S * M * g : 0) + S * static_cast<double>(m.fc1_width(hs)) / mp * b +
-             S * static_cast<double>(hs) / mp * g;
+    shared = (own_copy ? S * M * g : 0) + R * static_cast<double>(m.fc1_width(hs)) / mp * b +
+             R * static_cast<double>(hs) / mp * g;
   }
   // The norm's output as the gate's input (kept by moe recomputation as the checkpoint's input).
   const double gate_in = ln && !moe ? 0 : s_esp * M * b;
@@ -211,7 +216,8 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
 
   // Activations. The LM head: the final norm's input, the head's input and its S V / mp logits
   // (kept for the loss's backward); the embedding's token ids are not counted.
-  const double head = V > 0 && part.head ? 2 * S * M * b + S * V / mp * b : 0;
+  const double rows_tp = sc.parallelism.folded() ? S * mp : S;  // folded: the gathered rows
+  const double head = V > 0 && part.head ? 2 * S * M * b + rows_tp * V / mp * b : 0;
   const RecomputeSpec none;
   if (training) {
     const RecomputeSpec& rc = m.recompute;
@@ -246,7 +252,9 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   // (the expert outputs), R M each at their precision (fp8 adds DeepEP's fp32 scale per 128
   // elements), of the MoE layer in flight. Pipeline chunks are slices of these buffers (as in
   // Tutel), so r does not multiply them.
-  const double rows = E * static_cast<double>(capacity) * esp * rho;
+  // Folded (ETP): the send buffers hold the rank's own E dC rows; the ETP-gathered ones are the
+  // experts' activations above.
+  const double rows = E * static_cast<double>(capacity) * (sc.parallelism.folded() ? 1 : esp) * rho;
   const auto wire = [](Dtype d) { return dtype_bytes(d) + (d == Dtype::kFp8 ? 4.0 / 128 : 0.0); };
   if (moe_layers > 0)
     est.buffers_bytes = rows * M * (wire(m.precision.dispatch) + wire(m.precision.combine));
@@ -354,15 +362,18 @@ std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu
   // The smallest larger pipeline depth that divides the nodes and keeps the stage's degrees (dp
   // absorbs the change, as `dp: auto` does).
   const auto& p = sc.parallelism;
-  const int per_dp = p.ep * p.esp * (p.overlapped() ? 1 : p.mp);
+  const int per_dp = p.ep * p.esp * (p.moe_major() ? 1 : p.mp);
   for (int pp = p.pp + 1; pp <= std::min(sc.cluster.nodes, m.layers); ++pp) {
     if (sc.cluster.nodes % pp != 0) continue;
     const int stage_gpus = sc.num_gpus() / pp;
     if (stage_gpus % per_dp != 0) continue;
+    // Folded: the attention side's dp absorbs the change too.
+    if (p.folded() && stage_gpus % (p.mp * p.cp) != 0) continue;
     Scenario s = sc;
     s.parallelism.pp = pp;
     s.parallelism.dp = stage_gpus / per_dp;
     if (!schedule_applies(s)) continue;  // e.g. an odd pp under DualPipe
+    if (p.folded()) s.parallelism.adp = stage_gpus / (p.mp * p.cp);
     if (estimate_memory(s, d, est.capacity).total_bytes() > gpu_memory_bytes) continue;
     options.push_back(Option{fmt::format("parallelism.pp: {}", pp), std::move(s)});
     break;

@@ -57,7 +57,9 @@ double model_flops_per_token(const Scenario& sc) {
 }
 
 std::int64_t tokens_per_step(const Scenario& sc) {
-  const std::int64_t groups = sc.num_gpus() / sc.parallelism.pp / sc.parallelism.mp;
+  // Folded (sequence parallel): every GPU holds S tokens of its own; else an MP group shares S.
+  const std::int64_t groups =
+      sc.num_gpus() / sc.parallelism.pp / (sc.parallelism.folded() ? 1 : sc.parallelism.mp);
   return sc.model.tokens_per_gpu() * sc.model.micro_batches * groups;
 }
 

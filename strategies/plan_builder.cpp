@@ -62,12 +62,20 @@ void overlapped_groups(const ParallelismSpec& p, int n, Groups& g) {
     for (int i = 0; i < W; ++i) grp.push_back(d * W + i);
     g.ep_esp.groups.push_back(std::move(grp));
   }
-  // Dense data parallelism: the ranks of one MP index (t = rank % mp), as in the disjoint layout.
+  // Dense data parallelism: the ranks of one MP index (t = rank % mp), as in the disjoint layout;
+  // folded, that is Megatron's DP x CP group (attention rank (a*cp + c)*tp + t).
   for (int t = 0; t < p.mp; ++t) {
     std::vector<int> grp;
     for (int r = t; r < p.dp * W; r += p.mp) grp.push_back(r);
     g.dense_dp.groups.push_back(std::move(grp));
   }
+  if (p.folded())
+    for (int a = 0; a < p.adp; ++a)
+      for (int t = 0; t < p.mp; ++t) {
+        std::vector<int> grp;
+        for (int c = 0; c < p.cp; ++c) grp.push_back((a * p.cp + c) * p.mp + t);
+        g.cp.groups.push_back(std::move(grp));
+      }
 }
 
 }  // namespace
@@ -75,10 +83,15 @@ void overlapped_groups(const ParallelismSpec& p, int n, Groups& g) {
 Groups make_groups(const Scenario& sc) {
   const ParallelismSpec& p = sc.parallelism;
   if (p.ep < 1 || p.esp < 1 || p.mp < 1 || p.dp < 1 || p.product() != sc.num_gpus() ||
-      (p.overlapped() && p.ranks_per_dp() % p.mp != 0))
+      (p.overlapped() && p.ranks_per_dp() % p.mp != 0) ||
+      (p.folded() && static_cast<std::int64_t>(p.mp) * p.cp * p.adp != sc.num_gpus()))
     throw InputError(
         sc.location_of("parallelism"), "parallelism",
-        p.overlapped()
+        p.folded() ? fmt::format("found tp {} x cp {} x dp {} and etp {} x ep {} x edp {} "
+                                 "(layout folded), expected both products equal to the {} GPUs "
+                                 "of the cluster",
+                                 p.mp, p.cp, p.adp, p.esp, p.ep, p.dp, sc.num_gpus())
+        : p.overlapped()
             ? fmt::format("found ep {} x esp {} x dp {} with mp {} (layout overlapped), expected "
                           "a product equal to the {} GPUs of the cluster and mp dividing ep x esp",
                           p.ep, p.esp, p.dp, p.mp, sc.num_gpus())
@@ -98,7 +111,8 @@ Groups make_groups(const Scenario& sc) {
   g.ep_esp.name = "ep_esp";
   g.dense_dp.name = "dense_dp";
   g.shard.name = "shard";
-  if (p.overlapped()) {
+  g.cp.name = "cp";
+  if (p.moe_major()) {
     overlapped_groups(p, n, g);
     return g;
   }
@@ -246,6 +260,13 @@ class Builder {
     mp_ = sc_.parallelism.mp;
     dp_ = sc_.parallelism.dp;
     S_ = m.tokens_per_gpu();
+    // Folded (sequence parallel): a GPU holds S tokens of the residual stream; its TP group's
+    // column-parallel GEMMs see the tp ranks' tokens all-gathered, S * tp rows (one CP chunk).
+    sp_ = sc_.parallelism.folded() && mp_ > 1;
+    cp_ = sc_.parallelism.folded() ? sc_.parallelism.cp : 1;
+    tok_esp_ = sc_.parallelism.folded() ? 1 : esp_;
+    etp_ = sc_.parallelism.folded() ? esp_ : 1;
+    rows_ = sc_.parallelism.folded() ? S_ * mp_ : S_;
     L_ = m.seq_len;
     B_ = m.batch_per_gpu;
     M_ = m.model_dim;
@@ -334,6 +355,24 @@ class Builder {
                                      "(model.batch_per_gpu {} x model.seq_len {}) over mp = {} "
                                      "ranks: expected mp to divide them (or parm_s2 / parm_auto)",
                                      S_, B_, L_, mp_));
+    }
+    if (sc_.parallelism.folded()) {
+      // Parm's fused layers split the MP ranks' shared tokens (overlapped layout); folded, every
+      // rank already holds its own tokens.
+      if (schedules::is_parm(dec_.schedule))
+        throw InputError(where, "schedule",
+                         fmt::format("strategy role schedule {} needs parallelism.layout "
+                                     "overlapped or disjoint; found layout folded (expected "
+                                     "another schedule)",
+                                     name_of(dec_.schedule)));
+      // A routed dispatch's per-rank expert scale counts one rank's received rows; under ETP the
+      // GEMMs run on the ETP group's gathered rows, which the routed matrices do not give.
+      if (esp_ > 1 && dec_.variable_dispatch)
+        throw InputError(sc_.location_of("parallelism.etp"), "parallelism.etp",
+                         fmt::format("found {} with a routed (all_to_allv) dispatch, expected etp "
+                                     "1 there: expert tensor parallelism is lowered for the "
+                                     "padded dispatch only",
+                                     esp_));
     }
     if (dec_.a2a == CollectiveAlgo::k3dh && dec_.variable_dispatch)
       throw InputError(where, "a2a",
@@ -585,6 +624,14 @@ class Builder {
     double bytes = 0;        // elementwise kernels: HBM bytes (read + write)
     bool fp8 = false;        // a linear layer under model.precision.gemm: fp8
     bool recompute = false;  // replayed in backward (model.recompute)
+    // Sequence parallelism (layout folded, tp > 1): the TP all-gather of the S * tp rows before
+    // this kernel (a column-parallel GEMM's input) / their reduce-scatter after it (a row-parallel
+    // GEMM's output); backward runs the mirror (reduce-scatter after, all-gather before).
+    bool sp_gather_before = false;
+    bool sp_scatter_after = false;
+    // Context parallelism (the attention core, cp > 1): the K and V all-gathered over the CP
+    // group, output bytes per rank; backward gathers them again and reduce-scatters dK, dV.
+    double cp_kv_bytes = 0;
   };
 
   KernelDesc linear(std::string what, std::int64_t rows, std::int64_t out, std::int64_t in) const {
@@ -623,18 +670,59 @@ class Builder {
         replay ? lbl(l, true, "recompute." + d.what) : lbl(l, backward, d.what);
     return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), deps_of({dep}), label);
   }
+  // One TP (sequence-parallel) or CP collective around kernel d; `what` names it after the
+  // kernel's sublayer ("attn.sp_allgather").
+  OpId around(const KernelDesc& d, CollectiveType type, const Grouping& g, double bytes,
+              std::string_view what, bool backward, int l, OpId dep) {
+    const std::string part = d.what.substr(0, d.what.find('.'));
+    return collective(s_comm_, type, CollectiveAlgo::kAuto, grouping(g), bytes, deps_of({dep}),
+                      lbl(l, backward, part + "." + std::string(what)));
+  }
+  // A kernel with its sequence- / context-parallel collectives. Forward and the recomputed
+  // forward: [TP all-gather] [CP K/V all-gather] kernel [TP reduce-scatter]; backward, the
+  // mirror: [TP all-gather] [CP K/V all-gather] kernel [CP dK/dV reduce-scatter]
+  // [TP reduce-scatter].
+  OpId emit_with_comm(const KernelDesc& d, bool backward, bool replay, int l, OpId dep) {
+    const double tp_bytes = static_cast<double>(rows_ * M_ * b_);
+    const bool bwd = backward && !replay;
+    const auto ag = CollectiveType::kAllGather, rs = CollectiveType::kReduceScatter;
+    OpId last = dep;
+    if (bwd ? d.sp_scatter_after : d.sp_gather_before)
+      last = around(d, ag, groups_.mp, tp_bytes, "sp_allgather", backward, l, last);
+    if (d.cp_kv_bytes > 0)
+      last = around(d, ag, groups_.cp, d.cp_kv_bytes, "cp_kv_allgather", backward, l, last);
+    last = emit(d, backward, replay, l, last);
+    if (bwd && d.cp_kv_bytes > 0)
+      last = around(d, rs, groups_.cp, d.cp_kv_bytes, "cp_kv_reduce_scatter", backward, l, last);
+    if (bwd ? d.sp_gather_before : d.sp_scatter_after)
+      last = around(d, rs, groups_.mp, tp_bytes, "sp_reduce_scatter", backward, l, last);
+    return last;
+  }
   // Forward: the kernels in order. Backward: the recomputed ones first (in forward order), then
   // every kernel in reverse.
   OpId run_kernels(const std::vector<KernelDesc>& ks, int l, bool backward, OpId prev) {
     OpId last = prev;
     if (!backward) {
-      for (const auto& k : ks) last = emit(k, false, false, l, last);
+      for (const auto& k : ks) last = emit_with_comm(k, false, false, l, last);
       return last;
     }
     for (const auto& k : ks)
-      if (k.recompute) last = emit(k, true, true, l, last);
-    for (auto it = ks.rbegin(); it != ks.rend(); ++it) last = emit(*it, true, false, l, last);
+      if (k.recompute) last = emit_with_comm(k, true, true, l, last);
+    for (auto it = ks.rbegin(); it != ks.rend(); ++it)
+      last = emit_with_comm(*it, true, false, l, last);
     return last;
+  }
+  // Sequence parallelism: the first GEMM after the block's norm takes the all-gathered rows, the
+  // last one's output is reduce-scattered (both none when the list has no GEMM).
+  void mark_sequence_parallel(std::vector<KernelDesc>& ks) const {
+    if (!sp_) return;
+    auto first = std::find_if(ks.begin(), ks.end(),
+                              [](const KernelDesc& k) { return k.cls == ComputeClass::kGemm; });
+    auto last = std::find_if(ks.rbegin(), ks.rend(),
+                             [](const KernelDesc& k) { return k.cls == ComputeClass::kGemm; });
+    if (first == ks.end()) return;
+    first->sp_gather_before = true;
+    last->sp_scatter_after = true;
   }
 
   // The attention sublayer's kernels (MHA / GQA / MLA by model.attention), split over mp by heads
@@ -643,27 +731,29 @@ class Builder {
     const AttentionSpec& a = sc_.model.attention;
     const ModelSpec& m = sc_.model;
     const RecomputeSpec& rc = m.recompute;
-    const double S = static_cast<double>(S_);
+    // The norm runs on the rank's S tokens; everything after it on the rows the GEMMs see (the
+    // all-gathered S * tp under sequence parallelism).
+    const double S = static_cast<double>(rows_);
     // Per MP rank: heads / mp (the loader checks mp | heads where attention is written).
     const auto per_rank = [this](std::int64_t width) { return div_up(width, mp_); };
     const std::int64_t dqk = a.qk_head_dim(), dv = a.value_head_dim();
     const std::int64_t h = a.heads;
     std::vector<KernelDesc> ks;
-    ks.push_back(norm("attn.norm", S, static_cast<double>(M_)));
+    ks.push_back(norm("attn.norm", static_cast<double>(S_), static_cast<double>(M_)));
     ks.back().recompute = rc.has(RecomputeModule::kLayernorm);
     if (!a.is_mla()) {
       const std::int64_t qkv = per_rank((h + 2 * a.kv_heads) * a.head_dim);
-      ks.push_back(linear("attn.qkv", S_, qkv, M_));
+      ks.push_back(linear("attn.qkv", rows_, qkv, M_));
       // Rotary on q and k: read and write them once.
       const double qk = S * static_cast<double>(per_rank((h + a.kv_heads) * a.head_dim));
       ks.push_back(elementwise("attn.rope", qk, qk, b_));
     } else {
       const std::int64_t ql = a.q_lora_rank, kvl = a.kv_lora_rank, rope = a.qk_rope_head_dim;
       if (ql > 0) {
-        ks.push_back(linear("attn.qkv_down", S_, ql + kvl + rope, M_));
+        ks.push_back(linear("attn.qkv_down", rows_, ql + kvl + rope, M_));
       } else {
-        ks.push_back(linear("attn.q", S_, per_rank(h * dqk), M_));
-        ks.push_back(linear("attn.kv_down", S_, kvl + rope, M_));
+        ks.push_back(linear("attn.q", rows_, per_rank(h * dqk), M_));
+        ks.push_back(linear("attn.kv_down", rows_, kvl + rope, M_));
       }
       // The latents' RMSNorms.
       const double latent = S * static_cast<double>(ql + kvl);
@@ -671,10 +761,10 @@ class Builder {
       ks.back().recompute = rc.has(RecomputeModule::kLayernorm);
       const bool up = rc.has(RecomputeModule::kMlaUpProj);
       if (ql > 0) {
-        ks.push_back(linear("attn.q_up", S_, per_rank(h * dqk), ql));
+        ks.push_back(linear("attn.q_up", rows_, per_rank(h * dqk), ql));
         ks.back().recompute = up;
       }
-      ks.push_back(linear("attn.kv_up", S_, per_rank(h * (a.qk_nope_head_dim + dv)), kvl));
+      ks.push_back(linear("attn.kv_up", rows_, per_rank(h * (a.qk_nope_head_dim + dv)), kvl));
       ks.back().recompute = up;
       const double roped = S * static_cast<double>(per_rank(h * rope) + rope);
       ks.push_back(elementwise("attn.rope", roped, roped, b_));
@@ -685,14 +775,24 @@ class Builder {
     KernelDesc core;
     core.cls = ComputeClass::kAttention;
     core.what = "attn.core";
-    core.shape = GemmShape{L_, L_, dqk, std::max<std::int64_t>(1, B_ * h / mp_)};
+    // Each rank's queries are its CP chunk (L / cp of every sequence) against the whole sequence's
+    // keys (context parallelism exchanges K and V).
+    const std::int64_t q_len = L_ / cp_;
+    core.shape = GemmShape{q_len, L_, dqk, std::max<std::int64_t>(1, rows_ / q_len * h / mp_)};
     core.flops = 2.0 * S * static_cast<double>(L_) * hp * static_cast<double>(dqk + dv) *
                  (a.causal ? 0.5 : 1.0);
     core.recompute = rc.has(RecomputeModule::kCoreAttn);
+    // CP: the K and V of the other chunks (cp chunks of rows_ each, the rank's heads; MLA's after
+    // the up-projection, as Megatron's CP exchanges them), gathered whole (ring moves the same).
+    const std::int64_t kv_width =
+        a.is_mla() ? per_rank(h * dqk) + per_rank(h * dv) : 2 * per_rank(a.kv_heads * a.head_dim);
+    if (cp_ > 1)
+      core.cp_kv_bytes = static_cast<double>(cp_) * S * static_cast<double>(kv_width * b_);
     ks.push_back(core);
-    ks.push_back(linear("attn.proj", S_, M_, per_rank(h * dv)));
+    ks.push_back(linear("attn.proj", rows_, M_, per_rank(h * dv)));
     if (rc.full())
       for (auto& k : ks) k.recompute = true;
+    mark_sequence_parallel(ks);
     return ks;
   }
 
@@ -707,8 +807,9 @@ class Builder {
 
   OpId attention(int l, OpId prev, bool backward) {
     OpId last = run_kernels(attention_kernels(), l, backward, prev);
-    // Megatron's g (forward) after the output projection, f's backward after the QKV backward.
-    if (mp_ > 1)
+    // Megatron's g (forward) after the output projection, f's backward after the QKV backward
+    // (sequence parallel: the reduce-scatter and all-gather of run_kernels instead).
+    if (mp_ > 1 && !sp_)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
                         lbl(l, backward, "attn.mp_allreduce"));
@@ -728,22 +829,23 @@ class Builder {
       ks.push_back(norm(what + ".norm", static_cast<double>(S_), static_cast<double>(M_)));
       ks.back().recompute = m.recompute.has(RecomputeModule::kLayernorm);
     }
-    ks.push_back(linear(what + ".fc1", S_, w1, M_));
+    ks.push_back(linear(what + ".fc1", rows_, w1, M_));
     ks.back().recompute = replay;
-    ks.push_back(
-        elementwise(what + ".act", static_cast<double>(S_ * w1), static_cast<double>(S_ * Hp), b_));
+    ks.push_back(elementwise(what + ".act", static_cast<double>(rows_ * w1),
+                             static_cast<double>(rows_ * Hp), b_));
     ks.back().recompute = replay;
-    ks.push_back(linear(what + ".fc2", S_, M_, Hp));
+    ks.push_back(linear(what + ".fc2", rows_, M_, Hp));
     ks.back().recompute = replay;
     if (m.recompute.full())
       for (auto& k : ks) k.recompute = true;
+    mark_sequence_parallel(ks);
     return ks;
   }
 
   OpId ffn(int l, OpId prev, bool backward, std::int64_t hidden, const std::string& what,
            bool with_norm, bool replay) {
     OpId last = run_kernels(ffn_kernels(hidden, what, with_norm, replay), l, backward, prev);
-    if (mp_ > 1)
+    if (mp_ > 1 && !sp_)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
                         lbl(l, backward, what + ".mp_allreduce"));
@@ -757,11 +859,20 @@ class Builder {
   }
 
   // Token embedding (vocab-parallel over mp, Megatron): a row gather of S*M*b, then an MP
-  // all-reduce of S*M*b when mp > 1; backward: the scatter-add of the rows' gradients.
+  // all-reduce of S*M*b when mp > 1; backward: the scatter-add of the rows' gradients. Sequence
+  // parallel: the TP group's S * tp rows, reduce-scattered to the ranks' S (the gradients'
+  // all-gather before the backward).
   OpId embedding(OpId prev, bool backward) {
-    const double bytes = 2.0 * static_cast<double>(S_ * M_ * b_);
+    const double bytes = 2.0 * static_cast<double>(rows_ * M_ * b_);
+    const double sp_bytes = static_cast<double>(rows_ * M_ * b_);
+    if (sp_ && backward)
+      prev = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), sp_bytes, deps_of({prev}), "embed.bwd.sp_allgather");
     OpId last = kernel(ComputeClass::kElementwise, 0, bytes, deps_of({prev}),
                        backward ? "embed.bwd" : "embed.fwd");
+    if (sp_ && !backward)
+      return collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), sp_bytes, deps_of({last}), "embed.sp_reduce_scatter");
     if (!backward && mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
@@ -772,22 +883,33 @@ class Builder {
   // LM head S x M . M x V/mp and the loss over the S x V/mp logits (softmax cross-entropy: read
   // and write the logits, ~5 FLOPs per logit; Megatron's vocab-parallel version all-reduces two
   // floats per token over mp). Backward: the loss's gradient, then the GEMM at 2x the FLOPs.
+  // Sequence parallel: the head's input is the TP group's S * tp rows, all-gathered (its
+  // gradient reduce-scattered after the backward GEMM).
   OpId lm_head(OpId prev, bool backward) {
     const std::int64_t Vp = div_up(static_cast<std::int64_t>(sc_.model.vocab_size), mp_);
-    const GemmShape head{S_, Vp, M_, 1};
-    const double logits = static_cast<double>(S_ * Vp);
+    const GemmShape head{rows_, Vp, M_, 1};
+    const double logits = static_cast<double>(rows_ * Vp);
     const double loss_bytes = 2.0 * logits * static_cast<double>(b_);
+    const double sp_bytes = static_cast<double>(rows_ * M_ * b_);
     if (backward) {
       OpId g =
           kernel(ComputeClass::kElementwise, 2 * logits, loss_bytes, deps_of({prev}), "loss.bwd");
-      return gemm(ComputeClass::kGemm, head, 2.0 * head.flops(), deps_of({g}), "lm_head.bwd");
+      OpId last = gemm(ComputeClass::kGemm, head, 2.0 * head.flops(), deps_of({g}), "lm_head.bwd");
+      if (sp_)
+        last = collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                          grouping(groups_.mp), sp_bytes, deps_of({last}),
+                          "lm_head.bwd.sp_reduce_scatter");
+      return last;
     }
+    if (sp_)
+      prev = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), sp_bytes, deps_of({prev}), "lm_head.sp_allgather");
     OpId h = gemm(ComputeClass::kGemm, head, head.flops(), deps_of({prev}), "lm_head.fwd");
     OpId last =
         kernel(ComputeClass::kElementwise, 5 * logits, loss_bytes, deps_of({h}), "loss.fwd");
     if (mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
-                        grouping(groups_.mp), 8.0 * static_cast<double>(S_), deps_of({last}),
+                        grouping(groups_.mp), 8.0 * static_cast<double>(rows_), deps_of({last}),
                         "loss.mp_allreduce");
     return last;
   }
@@ -888,13 +1010,14 @@ class Builder {
   }
 
   // Bytes one rank sends in the dispatch (and combine) all-to-all of a chunk of `cap` slots:
-  // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens) and the token repeat factor.
+  // the padded (E, cap, M) buffer, times esp (ESP-gathered tokens; not ETP's) and the token
+  // repeat factor.
   // forward_dispatch: the forward dispatch, at model.precision.dispatch's token bytes; every other
   // all-to-all (combine, the backward's) at model.precision.combine's.
   double a2a_bytes(std::int64_t cap, bool forward_dispatch = false) const {
     const ModelSpec& m = sc_.model;
     const double token = token_bytes(forward_dispatch ? m.precision.dispatch : m.precision.combine);
-    return static_cast<double>(rep_ * esp_) * static_cast<double>(E_ * cap) * token;
+    return static_cast<double>(rep_ * tok_esp_) * static_cast<double>(E_ * cap) * token;
   }
   // Bytes of one token of M elements sent as `d`: fp8 carries one fp32 scale per 128 elements
   // (DeepEP's fp8 dispatch: 7,168 + 56 x 4 = 7,392 bytes at M = 7,168).
@@ -1031,12 +1154,12 @@ class Builder {
                              lbl(l, false, "expert_prefetch"));
     const OpId first_id = static_cast<OpId>(plan_.ops().size());
     const MoeDims dims = moe_dims(moe);
-    const std::int64_t St = S_ * esp_;  // tokens the gate sees (ESP-gathered)
+    const std::int64_t St = S_ * tok_esp_;  // tokens the gate sees (ESP-gathered)
 
     // The pre-FFN norm: the gate, the shared experts and the dispatch read its output.
     prev = emit(moe_norm(), false, false, l, prev);
     OpId in = prev;
-    if (esp_ > 1)
+    if (tok_esp_ > 1)
       in = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
                       grouping(groups_.esp), static_cast<double>(St * M_ * b_), deps_of({prev}),
                       tag(l, false, OpRoleKind::kEspAllGather));
@@ -1071,6 +1194,11 @@ class Builder {
                        tag(l, false, OpRoleKind::kDispatch, j), true);
         ops.dispatch.push_back(disp);
       }
+      // ETP: the ETP group's dispatched rows, all-gathered (Megatron's alltoall dispatcher).
+      if (etp_ > 1)
+        disp = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                          grouping(groups_.esp), etp_bytes(cap), deps_of({enc, disp}),
+                          lbl(l, false, fmt::format("etp_allgather.c{}", j + 1)));
       const ExpertShapes sh = expert_shapes(cap);
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
@@ -1082,10 +1210,14 @@ class Builder {
       ops.expert.push_back(f2);
       last_expert = f2;
       OpId out = f2;
-      if (esp_ > 1)
+      if (tok_esp_ > 1)
         out = collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                          grouping(groups_.esp), a2a_bytes(cap), deps_of({f2}),
                          tag(l, false, OpRoleKind::kEspAllReduce, j));
+      if (etp_ > 1)  // the H / etp partial outputs summed and scattered back to their rows
+        out = collective(s_comm_out_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                         grouping(groups_.esp), etp_bytes(cap), deps_of({f2}),
+                         lbl(l, false, fmt::format("etp_reduce_scatter.c{}", j + 1)));
       if (W_ > 1) {
         out = moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
                       tag(l, false, OpRoleKind::kCombine, j));
@@ -1126,7 +1258,7 @@ class Builder {
       return r.out;
     }
     const MoeDims dims = moe_dims(moe);
-    const std::int64_t St = S_ * esp_;
+    const std::int64_t St = S_ * tok_esp_;
     auto note = [&](OpId id) {
       ops.backward.push_back(id);
       return id;
@@ -1162,6 +1294,11 @@ class Builder {
                           tag(l, true, OpRoleKind::kCombine, j)));
         ops.combine.push_back(cb);
       }
+      // ETP: the reduce-scatter's backward, the output gradients all-gathered over the group.
+      if (etp_ > 1)
+        cb = note(collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                             grouping(groups_.esp), etp_bytes(cap), deps_of({in, cb}),
+                             lbl(l, true, fmt::format("etp_allgather.c{}", j + 1))));
       const ExpertShapes sh = expert_shapes(cap);
       // Replayed expert forward (model.recompute): fc1 under moe / full, the activation also
       // under moe_act; they need only the kept expert input, not the incoming gradients.
@@ -1181,10 +1318,14 @@ class Builder {
       ops.expert.push_back(f1);
       last_expert = f1;
       OpId out = f1;
-      if (esp_ > 1)
+      if (tok_esp_ > 1)
         out = note(collective(s_comm_out_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                               grouping(groups_.esp), a2a_bytes(cap), deps_of({f1}),
                               tag(l, true, OpRoleKind::kEspAllReduce, j)));
+      if (etp_ > 1)  // the all-gather's backward: input gradients summed over the H slices
+        out = note(collective(s_comm_out_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                              grouping(groups_.esp), etp_bytes(cap), deps_of({f1}),
+                              lbl(l, true, fmt::format("etp_reduce_scatter.c{}", j + 1))));
       if (W_ > 1) {
         out = note(moe_a2a(s_comm_out_, moe, j, false, a2a_bytes(cap), deps_of({out}),
                            tag(l, true, OpRoleKind::kDispatch, j)));
@@ -1200,7 +1341,7 @@ class Builder {
     OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
                           tag(l, true, OpRoleKind::kGate)));
     last = note(emit(moe_norm(), true, false, l, last));
-    if (esp_ > 1)
+    if (tok_esp_ > 1)
       last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                              grouping(groups_.esp), static_cast<double>(St * M_ * b_),
                              deps_of({last}), lbl(l, true, "esp_reduce_scatter")));
@@ -1242,16 +1383,19 @@ class Builder {
   // Encode reads the tokens once and writes rep copies of the padded (E, dC*esp, M) buffer:
   // (1 + rep) * E * dC * esp * M * b (= 2 E dC M b in the plain case).
   double encode_bytes(std::int64_t cap) const {
-    return static_cast<double>(1 + rep_) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+    return static_cast<double>(1 + rep_) * static_cast<double>(E_ * cap * tok_esp_ * M_ * b_);
   }
+  // ETP (layout folded): the rows of a chunk the ETP group's ranks received, etp x the combine's
+  // bytes: the all-gather's output and the reduce-scatter's input per rank.
+  double etp_bytes(std::int64_t cap) const { return static_cast<double>(etp_) * a2a_bytes(cap); }
   // Decode gathers k weighted rows per token: k * S * M * b (S gathered over esp).
-  double decode_bytes() const { return static_cast<double>(k_ * S_ * esp_ * M_ * b_); }
+  double decode_bytes() const { return static_cast<double>(k_ * S_ * tok_esp_ * M_ * b_); }
   // Sum of the rep partial outputs (P2 / intermediate): read rep buffers, write one.
   double partial_sum_bytes(std::int64_t cap) const {
-    return static_cast<double>(rep_ + 1) * static_cast<double>(E_ * cap * esp_ * M_ * b_);
+    return static_cast<double>(rep_ + 1) * static_cast<double>(E_ * cap * tok_esp_ * M_ * b_);
   }
   double partial_sum_flops(std::int64_t cap) const {
-    return static_cast<double>(rep_ - 1) * static_cast<double>(E_ * cap * esp_ * M_);
+    return static_cast<double>(rep_ - 1) * static_cast<double>(E_ * cap * tok_esp_ * M_);
   }
 
   const Scenario& sc_;
@@ -1268,7 +1412,12 @@ class Builder {
   std::vector<std::pair<std::string, GroupingId>> grouping_ids_;
   std::vector<std::vector<RoutedChunk>> routed_;  // per MoE layer, per chunk (variable dispatch)
   OpId last_gate_ = kNone;                        // gate of the previous MoE layer (forward)
-  int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1;
+  int P_ = 0, W_ = 1, esp_ = 1, mp_ = 1, dp_ = 1, cp_ = 1;
+  // How esp splits an expert: DeepSpeed-MoE's ESP gathers the tokens before the gate (tok_esp_ =
+  // esp), Megatron's ETP (layout folded) gathers the dispatched rows per chunk (etp_ = esp).
+  int tok_esp_ = 1, etp_ = 1;
+  bool sp_ = false;
+  std::int64_t rows_ = 0;  // rows of the attention / dense GEMMs per rank (S, or S * tp folded)
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
   std::int64_t b_ = 2;
   double grad_bytes_ = 2;  // bytes per gradient element reduced (model.precision.main_grads)

@@ -81,6 +81,8 @@ struct StagePlan {
 ///            [x * n, x * n + n) of every EP group; groups of size 1 when experts are not sharded.
 struct Groups {
   Grouping ep, esp, mp, dp, ep_esp, dense_dp, shard;
+  // layout folded: the context-parallel groups (ranks of one (adp, tp) index); empty otherwise.
+  Grouping cp;
 };
 Groups make_groups(const Scenario& sc);
 

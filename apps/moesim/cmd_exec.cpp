@@ -244,6 +244,20 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                       "`moesim simulate` runs every layout in stages",
                       sc.parallelism.pp, why));
   }
+  // layout folded: the data paths run the expert side (ep x edp, etp 1); the attention side's
+  // tensor, sequence and context parallelism have no data path, so they are refused up front.
+  if (const ParallelismSpec& p = sc.parallelism;
+      p.folded() && (p.mp > 1 || p.cp > 1 || p.esp > 1)) {
+    const std::string key = p.mp > 1   ? (sc.locations.count("parallelism.mp") ? "mp" : "tp")
+                            : p.cp > 1 ? "cp"
+                                       : "etp";
+    const int found = p.mp > 1 ? p.mp : p.cp > 1 ? p.cp : p.esp;
+    throw InputError(sc.location_of("parallelism." + key), "parallelism." + key,
+                     fmt::format("found {} with layout folded, expected 1 for `moesim exec` (it "
+                                 "runs the folded expert layout, ep x edp; tensor / sequence / "
+                                 "context parallel attention and etp are `moesim simulate` only)",
+                                 found));
+  }
   if (session.size() != sc.num_gpus())
     throw InputError(fmt::format(
         "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "

@@ -120,10 +120,16 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
              dtype_name(pr.gemm), dtype_name(pr.dispatch), dtype_name(pr.combine),
              dtype_name(pr.main_grads), name_of(m.recompute.granularity), modules);
   const std::string per = p.pp > 1 ? "P / pp" : "P";
-  fmt::print("  parallelism  ep={} esp={} mp={} dp={} layout={} ({})\n", p.ep, p.esp, p.mp, p.dp,
-             name_of(p.layout),
-             p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = " + per
-                            : "MP ranks on GPUs of their own: ep*esp*mp*dp = " + per);
+  if (p.folded())
+    fmt::print(
+        "  parallelism  layout=folded: attention tp={} cp={} dp={} (sequence parallel {}), "
+        "experts etp={} ep={} edp={}; each side's product = {}\n",
+        p.mp, p.cp, p.adp, p.sp ? "on" : "off", p.esp, p.ep, p.dp, per);
+  else
+    fmt::print("  parallelism  ep={} esp={} mp={} dp={} layout={} ({})\n", p.ep, p.esp, p.mp, p.dp,
+               name_of(p.layout),
+               p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = " + per
+                              : "MP ranks on GPUs of their own: ep*esp*mp*dp = " + per);
   if (p.pp > 1 || m.micro_batches > 1) {
     std::string stages;
     for (int s = 0; s < p.pp; ++s) {

@@ -288,6 +288,12 @@ class Search {
     if (tp_ && tp_->rank() != 0) opts_.progress = false;
     tree_ = edited(tree, sets);  // the user's --set edits first; YAML `experts` goes below
     base_ = parse_scenario(YAML::Clone(tree_), path_);
+    // The layouts tune writes (make_layout's edits, the global batch of P / mp groups) are the
+    // disjoint and overlapped ones; a folded scenario would be re-laid out under other keys.
+    if (base_.parallelism.folded())
+      throw InputError(base_.location_of("parallelism.layout"), "parallelism.layout",
+                       "found folded, expected disjoint or overlapped: `moesim tune` searches "
+                       "those layouts only (run a folded layout with `moesim simulate`)");
     // The layouts set experts_per_gpu; a file giving `experts` would then have both.
     if (tree_["model"] && tree_["model"]["experts"]) tree_["model"].remove("experts");
     topo_ = simulation_topology(base_);

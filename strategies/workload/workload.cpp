@@ -151,7 +151,7 @@ std::vector<std::uint32_t> expert_nodes(const Scenario& sc, int gpu) {
   // The coordinates of `gpu` other than its EP position fix its EP group (docs/model.md).
   const int d = gpu / p.ranks_per_dp();
   const int s = p.esp_index(gpu);
-  const int t = p.overlapped() ? 0 : p.mp_index(gpu);
+  const int t = p.moe_major() ? 0 : p.mp_index(gpu);
   const auto placement = ExpertPlacement::of(sc.model);
   const int gpn = std::max(1, sc.cluster.gpus_per_node);
   std::vector<std::uint32_t> out(static_cast<std::size_t>(sc.num_experts()));

@@ -335,7 +335,8 @@ TEST(ScenarioErrors, OverlappedLayout) {
               HasSubstr("parallelism.dp: ep*esp*dp = 2*1*1 = 2, expected P = 4"));
   EXPECT_THAT(
       err("{ep: 2, layout: shared}"),
-      HasSubstr("parallelism.layout: found 'shared', expected one of disjoint or overlapped"));
+      HasSubstr(
+          "parallelism.layout: found 'shared', expected one of disjoint, overlapped or folded"));
 }
 
 TEST(ScenarioLoader, InlineGpuMap) {

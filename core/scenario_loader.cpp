@@ -854,6 +854,8 @@ void parse_pipeline_schedule(const MapReader& root, const MapReader& m, const Mo
                         "even number >= 2 * pp = {} (half enter at each end; DualPipe's order "
                         "needs pp micro-batches per direction)",
                         micro, par.pp, 2 * par.pp));
+}
+
 // parallelism.layout: folded (Megatron-Core's MoE parallel folding; docs/model.md "Rank layout"):
 // the attention side tp * cp * dp and the expert side etp * ep * edp each cover the stage's p
 // GPUs. ParallelismSpec keeps the expert side in ep / esp / dp (so every MoE grouping is the

@@ -536,6 +536,19 @@ TEST(Cli, CollectiveDefaultsToWhatNcclRuns) {
   EXPECT_EQ(algo_of("--collective all_to_all --algo nccl"), "linear");
   EXPECT_EQ(algo_of("--collective all_to_allv --skew uniform"), "linear");
   EXPECT_EQ(algo_of("--collective all_to_all --algo auto"), "2dh");
+  // A flow run records the event tolerance it ran at (the scenario default, 3e-3); others do not.
+  auto collective_json = [&](const std::string& engine) {
+    const fs::path f = dir / "e.json";
+    fs::remove(f);
+    auto r = run(fmt::format(
+        "simulate '{}/scenarios/quickstart.yaml' --collective all_to_all --size 1MiB --engine {} "
+        "--json '{}'",
+        kSource, engine, f.string()));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(read_file(f))["collective"];
+  };
+  EXPECT_EQ(collective_json("flow")["flow_event_tolerance"].get<double>(), 3e-3);
+  EXPECT_FALSE(collective_json("analytical").contains("flow_event_tolerance"));
   auto bad =
       run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --collective all_to_all "
                       "--size 1MiB --algo nvls",

@@ -80,8 +80,11 @@ TEST(RouteStagesCli, TwoStagesPerNodeValidateTuneAndSimulate) {
 // check compares every layer's outputs and gradients with the reference.
 TEST(RouteStagesCli, TwoStagesPerNodeRunOnTheExecHostPath) {
   const std::string scen = kSource + "/tests/data/scenarios/stages-2x4-pp4.yaml";
+  // detect_leaks=0: OpenMPI's components leave allocations behind at MPI_Finalize, which the
+  // sanitizer job would report as this test's; exec's own leaks are covered by its unit tests.
   const std::string cmd = fmt::format(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MOESIM_EXEC_TIMEOUT_S=60 timeout "
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+      "MOESIM_EXEC_TIMEOUT_S=60 timeout "
       "300 '{}' -np 8 --oversubscribe '{}' exec '{}' --check 2>&1",
       MOESIM_MPIEXEC, moesim::cli_test::kBinary, scen);
   std::string out;

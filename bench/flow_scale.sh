@@ -20,7 +20,7 @@
 #                                         1 us per message; target <= 20 s CPU, <= 3 GiB)
 #   deepseek-analytical deepseek-flow     issue 18's DeepSeek-V3 step (scenarios/models/
 #                                         deepseek-v3.yaml: PP 16 x EP 64 on 2,048 GPUs, 120
-#                                         micro-batches), baseline alone (issue 33's
+#                                         micro-batches), baseline alone (the
 #                                         targets: analytical <= 5 s wall, <= 3 GiB; flow
 #                                         <= 120 s CPU, <= 4 GiB). Sampling and the run summary
 #                                         use 2 threads, so the analytical row's CPU exceeds

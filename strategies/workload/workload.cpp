@@ -413,6 +413,14 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     // One sampler per expert-to-node partition (one without a node limit).
     std::vector<ChoiceSampler> samplers;
     std::vector<detail::BalancedSampler> balanced;
+    // A partition's destination sets (deepep's node dedup), when the dispatch needs them.
+    const auto distinct_of = [&m](const auto& part) {
+      detail::DistinctDestinations dd;
+      if (m.distinct)
+        dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
+              static_cast<std::uint32_t>(m.distinct_nodes)};
+      return dd;
+    };
     if (!cached && m.balanced) {
       const auto order = [&](std::span<const std::uint32_t> node_of) {
         return detail::balanced_order(m.num_experts, node_of, m.node_limit, m.routing.seed,
@@ -422,11 +430,7 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
         balanced.emplace_back(order({}), m.top_k, m.tokens);
       } else {
         for (const auto& part : *m.partitions) {
-          detail::DistinctDestinations dd;
-          if (m.distinct)
-            dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
-                  static_cast<std::uint32_t>(m.distinct_nodes)};
-          balanced.emplace_back(order(part), m.top_k, m.tokens, std::move(dd));
+          balanced.emplace_back(order(part), m.top_k, m.tokens, distinct_of(part));
         }
       }
     } else if (!cached) {
@@ -435,14 +439,10 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
         samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens);
       } else {
         for (const auto& part : *m.partitions) {
-          detail::DistinctDestinations dd;
-          if (m.distinct)
-            dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
-                  static_cast<std::uint32_t>(m.distinct_nodes)};
           samplers.emplace_back(
               p, m.num_experts, m.top_k, m.tokens, ChoiceSampler::Method::kAuto,
               m.node_limit > 0 ? detail::NodeLimit{part, m.node_limit} : detail::NodeLimit{},
-              std::move(dd));
+              distinct_of(part));
         }
       }
     }

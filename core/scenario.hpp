@@ -76,12 +76,15 @@ enum class FfnActivation { kGelu, kSwiglu };
 // peak (refused on GPUs without fp8 tensor cores) and keeps their inputs for backward in fp8
 // (TransformerEngine and DeepSeek cache the cast copy); dispatch fp8 sends tokens as fp8 with one
 // fp32 scale per 128 elements (DeepEP); main_grads is the dtype gradients are accumulated and
-// reduced in (Megatron: fp32 by default, bf16 with --grad-reduce-in-bf16).
+// reduced in (Megatron: fp32 by default, bf16 with --grad-reduce-in-bf16); moments is the dtype
+// of Adam's two moments (fp32 by default; bf16 as DeepSeek-V3 and Megatron's precision-aware
+// optimizer with --exp-avg-dtype / --exp-avg-sq-dtype bf16 keep them).
 struct PrecisionSpec {
   Dtype gemm = Dtype::kFp16;
   Dtype dispatch = Dtype::kFp16;
   Dtype combine = Dtype::kFp16;
   Dtype main_grads = Dtype::kFp16;
+  Dtype moments = Dtype::kFp32;
 };
 
 // model.recompute (Megatron's --recompute-granularity / --recompute-modules): activations not

@@ -628,9 +628,10 @@ AttentionSpec parse_attention(const MapReader& model, int M) {
 
 // model.precision (PrecisionSpec): every field defaults to model.dtype.
 PrecisionSpec parse_precision(const MapReader& model, Dtype dtype) {
-  PrecisionSpec p{dtype, dtype, dtype, dtype};
+  PrecisionSpec p{dtype, dtype, dtype, dtype, Dtype::kFp32};
   if (!model.has("precision")) return p;
-  MapReader m = model.get_map("precision", {"gemm", "dispatch", "combine", "main_grads"});
+  MapReader m =
+      model.get_map("precision", {"gemm", "dispatch", "combine", "main_grads", "moments"});
   if (auto v = get_enum(m, "gemm", dtype_table())) p.gemm = *v;
   if (auto v = get_enum(m, "dispatch", dtype_table())) p.dispatch = *v;
   if (auto v = get_enum(m, "combine", dtype_table())) p.combine = *v;
@@ -639,6 +640,11 @@ PrecisionSpec parse_precision(const MapReader& model, Dtype dtype) {
     m.fail("main_grads",
            "found fp8, expected fp32, bf16 or fp16 (gradients are accumulated and "
            "reduced in a 16- or 32-bit type)");
+  if (auto v = get_enum(m, "moments", dtype_table())) p.moments = *v;
+  if (p.moments == Dtype::kFp8)
+    m.fail("moments",
+           "found fp8, expected fp32, bf16 or fp16 (Adam's moments in a 16- or 32-bit type; "
+           "fp32 by default, bf16 as DeepSeek-V3 keeps them)");
   return p;
 }
 

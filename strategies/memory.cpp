@@ -12,9 +12,9 @@
 
 namespace moesim::strategies {
 
-int optimizer_bytes_per_param(Dtype dtype) {
-  // Adam's two fp32 moments; mixed precision adds the fp32 master copy of the weights.
-  return dtype_bytes(dtype) < 4 ? 12 : 8;
+int optimizer_bytes_per_param(Dtype dtype, Dtype moments) {
+  // Adam's two moments; mixed precision adds the fp32 master copy of the weights.
+  return 2 * dtype_bytes(moments) + (dtype_bytes(dtype) < 4 ? 4 : 0);
 }
 
 int dense_replicas(const Scenario& sc) { return sc.stage_gpus() / sc.parallelism.mp; }
@@ -129,7 +129,10 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   // MoE FFN. Gate input S' M (S' = S esp, the ESP-gathered tokens; the router stays at dtype)
   // and probabilities S' E; R = E dC esp rho expert rows received (the padded buffer) of H_s =
   // ceil(H / (esp rho)) hidden each: the permuted rows (fc1's input), fc1's output, the
-  // activation's output (fc2's input), and the expert outputs the probabilities' gradient needs.
+  // activation's output (fc2's input), and what the probabilities' gradient needs: a capacity-
+  // factor layer (GShard, Tutel, DeepSpeed-MoE) weights the expert outputs in the combine and keeps
+  // them; a dropless one (Megatron-Core's grouped MLP, DeepSeek-V3) multiplies each row's fp32
+  // probability into the activation (weighted SwiGLU) and keeps those R probabilities instead.
   // Folded ETP gathers the dispatched rows, not the gate's tokens: the gate sees the rank's S.
   const double s_esp = sc.parallelism.folded() ? S : S * esp;
   const double rows = E * static_cast<double>(capacity) * esp * rho;
@@ -140,10 +143,11 @@ BlockActivations block_activations(const Scenario& sc, const Decision& decision,
   // Under moe_act, fc1's output is kept only as the activation's recompute input, in the GEMMs'
   // precision: DeepSeek-V3 caches the SwiGLU's input in fp8 (its report, section 3.3).
   const double fc1_out = moe_act ? g : b;
+  const double prob_grad = m.capacity_is_dropless() ? rows * 4 : rows * M * b;
   const double experts_kept = moe ? 0
                                   : s_esp * E * b + rows * M * g +
                                         rows * static_cast<double>(m.fc1_width(h_slice)) * fc1_out +
-                                        rows * M * b;
+                                        prob_grad;
   // moe_act recomputes the activation from fc1's output: its output (fc2's input) is dropped.
   const double act_out = moe_act ? 0 : rows * static_cast<double>(h_slice) * g;
   // Shared experts (N of width H: one FFN of hidden N H) read the norm's output (their own fp8
@@ -211,7 +215,7 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
     const double dense_shards = zero ? dense_replicas(sc) : 1.0;
     const double expert_shards = zero ? expert_replicas(sc) : 1.0;
     est.optimizer_bytes = (est.dense_params / dense_shards + est.expert_params / expert_shards) *
-                          optimizer_bytes_per_param(m.dtype);
+                          optimizer_bytes_per_param(m.dtype, m.precision.moments);
   }
 
   // Activations. The LM head: the final norm's input, the head's input and its S V / mp logits
@@ -381,6 +385,11 @@ std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu
   if (m.precision.gemm != Dtype::kFp8 && sc.cluster.gpu.peak.count(Dtype::kFp8) > 0) {
     Option o{"model.precision.gemm: fp8", sc};
     o.sc.model.precision.gemm = Dtype::kFp8;
+    options.push_back(std::move(o));
+  }
+  if (training && dtype_bytes(m.precision.moments) == 4) {
+    Option o{"model.precision.moments: bf16", sc};
+    o.sc.model.precision.moments = Dtype::kBf16;
     options.push_back(std::move(o));
   }
   std::string fits, tried;

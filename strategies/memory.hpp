@@ -50,9 +50,9 @@ struct MemoryEstimate {
   }
 };
 
-/// Optimizer bytes per parameter (training, Adam) before any ZeRO sharding: 8 (fp32 momentum +
-/// variance), plus 4 for the fp32 master weights when dtype is narrower than 4 bytes.
-int optimizer_bytes_per_param(Dtype dtype);
+/// Optimizer bytes per parameter (training, Adam) before any ZeRO sharding: the two moments at
+/// `moments` (8 at fp32), plus 4 for the fp32 master weights when dtype is narrower than 4 bytes.
+int optimizer_bytes_per_param(Dtype dtype, Dtype moments = Dtype::kFp32);
 
 /// Ranks holding a replica of one dense parameter (the dense data-parallel group, P / pp / mp)
 /// and of one expert parameter (its dp replicas, times mp in the disjoint layout, where every MP

@@ -927,7 +927,8 @@ class Builder {
 
   // The optimizer step (Adam, memory-bound) over the parameters this rank updates, once the
   // step's backward and every gradient reduction are done: read the gradient (main_grads), read
-  // and write the fp32 master copy (mixed precision) and both fp32 moments, write the weight.
+  // and write the fp32 master copy (mixed precision) and both moments (precision.moments), write
+  // the weight.
   // parallelism.zero: 1 (Megatron's distributed optimizer) updates a 1/replicas share of them.
   OpId optimizer_step(OpId after) {
     const ModelSpec& m = sc_.model;
@@ -945,7 +946,8 @@ class Builder {
     if (m.vocab_size > 0 && part_.embedding) dense += vocab;
     if (m.vocab_size > 0 && part_.head && !(m.tie_embeddings && part_.embedding)) dense += vocab;
     const double params = dense / dense_replicas + experts / expert_replicas;
-    const double per_param = grad_bytes_ + 16.0 + (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
+    const double per_param = grad_bytes_ + 4.0 * dtype_bytes(m.precision.moments) +
+                             (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
     std::vector<OpId> deps = index_.gradient_sync;
     deps.push_back(after);
     ComputeSpec spec;

@@ -28,7 +28,7 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
   const std::string mode =
       training ? fmt::format("training, Adam: {} + {} + {} bytes per parameter",
                              sc.bytes_per_element(), dtype_bytes(m.precision.main_grads),
-                             strategies::optimizer_bytes_per_param(m.dtype))
+                             strategies::optimizer_bytes_per_param(m.dtype, m.precision.moments))
                : std::string("inference: weights and one block in flight");
   const std::string zero =
       sc.parallelism.zero >= 1 && training
@@ -116,9 +116,11 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
     modules += fmt::format("{}{}", modules.empty() ? " [" : ", ", name_of(mod));
   if (!modules.empty()) modules += "]";
   const PrecisionSpec& pr = m.precision;
-  fmt::print("  precision    gemm {}, dispatch {}, combine {}, main grads {}; recompute {}{}\n",
-             dtype_name(pr.gemm), dtype_name(pr.dispatch), dtype_name(pr.combine),
-             dtype_name(pr.main_grads), name_of(m.recompute.granularity), modules);
+  fmt::print(
+      "  precision    gemm {}, dispatch {}, combine {}, main grads {}, Adam moments {}; recompute "
+      "{}{}\n",
+      dtype_name(pr.gemm), dtype_name(pr.dispatch), dtype_name(pr.combine),
+      dtype_name(pr.main_grads), dtype_name(pr.moments), name_of(m.recompute.granularity), modules);
   const std::string per = p.pp > 1 ? "P / pp" : "P";
   if (p.folded())
     fmt::print(

@@ -1040,7 +1040,8 @@ TEST(ScenarioModelLayout, AttentionActivationPrecisionRecompute) {
   const Scenario gqa = parse(
       tiny_with("  experts_per_gpu: 1\n",
                 "  experts_per_gpu: 1\n  attention: {heads: 4, kv_heads: 2}\n  activation: swiglu\n"
-                "  precision: {gemm: fp8, dispatch: fp8, combine: bf16, main_grads: fp32}\n"
+                "  precision: {gemm: fp8, dispatch: fp8, combine: bf16, main_grads: fp32, "
+                "moments: bf16}\n"
                 "  recompute: {granularity: selective}\n"));
   EXPECT_EQ(gqa.model.attention.head_dim, 4);  // M / heads
   EXPECT_EQ(gqa.model.attention.kv_heads, 2);
@@ -1050,6 +1051,8 @@ TEST(ScenarioModelLayout, AttentionActivationPrecisionRecompute) {
   EXPECT_EQ(gqa.model.precision.gemm, Dtype::kFp8);
   EXPECT_EQ(gqa.model.precision.combine, Dtype::kBf16);
   EXPECT_EQ(gqa.model.precision.main_grads, Dtype::kFp32);
+  EXPECT_EQ(gqa.model.precision.moments, Dtype::kBf16);
+  EXPECT_EQ(plain.model.precision.moments, Dtype::kFp32);  // Adam's fp32 moments by default
   // Selective without modules: Megatron's default, the attention core.
   ASSERT_EQ(gqa.model.recompute.modules.size(), 1u);
   EXPECT_TRUE(gqa.model.recompute.has(RecomputeModule::kCoreAttn));
@@ -1091,6 +1094,8 @@ TEST(ScenarioModelLayout, AttentionActivationPrecisionRecompute) {
                         "granularity: selective"));
   EXPECT_THAT(with("  precision: {main_grads: fp8}\n"),
               HasSubstr("model.precision.main_grads: found fp8, expected fp32, bf16 or fp16"));
+  EXPECT_THAT(with("  precision: {moments: fp8}\n"),
+              HasSubstr("model.precision.moments: found fp8, expected fp32, bf16 or fp16"));
   EXPECT_THAT(with("  activation: relu\n"),
               HasSubstr("model.activation: found 'relu', expected one of gelu or swiglu"));
 }

@@ -80,6 +80,26 @@ TEST(MemoryEstimate, TinyTrainingEveryPartByHand) {
   EXPECT_EQ(m.in_flight, 1);
 }
 
+// A dropless layer (Megatron-Core's grouped MLP, DeepSeek-V3) multiplies each row's probability
+// into the activation instead of weighting the expert outputs in the combine: the R M x 2 = 64
+// bytes of expert outputs give way to R = 4 fp32 probabilities (16 bytes), 1,968 - 48 = 1,920.
+// Nothing else moves (dC is what the caller passes).
+TEST(MemoryEstimate, DroplessKeepsTheRowsProbabilitiesNotTheExpertOutputs) {
+  Scenario sc = tiny();
+  sc.model.capacity_factor = 0;
+  const MemoryEstimate m = estimate_memory(sc, Decision{}, 2);
+  EXPECT_DOUBLE_EQ(m.activations_bytes, 1968 - 64 + 16);
+  EXPECT_DOUBLE_EQ(m.weights_bytes, 2656);
+  EXPECT_DOUBLE_EQ(m.buffers_bytes, 128);
+  // moe recomputation drops the whole layer's tensors either way: 528 - 64 - 64 (the norm
+  // output as the gate's input stays: the checkpoint's input) -> the same figure both ways.
+  sc.model.recompute = {RecomputeGranularity::kSelective, {RecomputeModule::kMoe}};
+  Scenario capped = sc;
+  capped.model.capacity_factor = 1.0;
+  EXPECT_DOUBLE_EQ(estimate_memory(sc, Decision{}, 2).activations_bytes,
+                   estimate_memory(capped, Decision{}, 2).activations_bytes);
+}
+
 // dense_hidden_dim = 8 (instead of 4 M = 32) on the tiny model: the dense FFN's 2 M Hd = 128
 // parameters replace 512, and its activations 64 + 64 + 2 x (S Hd x 2 = 64) = 256 bytes replace
 // 640.
@@ -314,8 +334,8 @@ TEST(MemoryEstimate, InFlightMicroBatchesFollow1F1B) {
 
 // The tiny model's 23,344 bytes against GPUs a little smaller: zero 1 gives 16,912 (dense state
 // over 2 replicas: (1,072 / 2 + 256) x 12 = 9,504), selective recomputation of the light modules
-// 22,416 (activations 1,040), full 22,544 (activations 1,168); no fp8 on an A100, no deeper
-// pipeline on one node.
+// 22,416 (activations 1,040), full 22,544 (activations 1,168), bf16 Adam moments 18,032 (1,328
+// x 4 bytes fewer); no fp8 on an A100, no deeper pipeline on one node.
 TEST(MemoryEstimate, FitAdviceNamesTheSingleKeysThatFit) {
   const Scenario sc = tiny();
   const MemoryEstimate m = estimate_memory(sc, Decision{}, 2);
@@ -329,11 +349,12 @@ TEST(MemoryEstimate, FitAdviceNamesTheSingleKeysThatFit) {
             0u)
       << a;
   EXPECT_EQ(a.find("full"), std::string::npos) << a;
+  EXPECT_NE(a.find(" or model.precision.moments: bf16 (0.0 GiB)"), std::string::npos) << a;
   EXPECT_NE(fit_advice(sc, m, 22600).find("{granularity: full}"), std::string::npos);
   EXPECT_EQ(fit_advice(sc, m, 1000),
             "does not fit 0.0 GiB; no single change fits (tried parallelism.zero: 1, "
             "model.recompute: {granularity: selective, modules: [core_attn, layernorm, mlp, "
-            "moe_act]}, model.recompute: {granularity: full})");
+            "moe_act]}, model.recompute: {granularity: full}, model.precision.moments: bf16)");
   Scenario h100 = sc;  // fp8 is offered where the GPU has it
   h100.cluster.gpu.peak[Dtype::kFp8] = FlopsPerSecond(1e15);
   EXPECT_NE(fit_advice(h100, m, 1000).find("model.precision.gemm: fp8"), std::string::npos);
@@ -343,6 +364,38 @@ TEST(MemoryEstimate, Fp32AdamIsSixteenBytesWithoutMasterCopy) {
   EXPECT_EQ(optimizer_bytes_per_param(Dtype::kFp16), 12);
   EXPECT_EQ(optimizer_bytes_per_param(Dtype::kBf16), 12);
   EXPECT_EQ(optimizer_bytes_per_param(Dtype::kFp32), 8);
+  // bf16 moments (DeepSeek-V3; Megatron's --exp-avg-dtype / --exp-avg-sq-dtype bf16): 2 + 2
+  // bytes of moments plus the fp32 master copy.
+  EXPECT_EQ(optimizer_bytes_per_param(Dtype::kBf16, Dtype::kBf16), 8);
+  EXPECT_EQ(optimizer_bytes_per_param(Dtype::kFp32, Dtype::kBf16), 4);
+}
+
+// precision.moments: bf16 halves the moments in the estimate (1,328 parameters x (4 + 4) bytes
+// instead of x 12) and in the optimizer step's traffic (the plan's optimizer.step reads and
+// writes both moments: 4 x 2 bytes instead of 4 x 4 per parameter).
+TEST(MemoryEstimate, Bf16MomentsShrinkTheOptimizerStateAndStep) {
+  Scenario sc = tiny();
+  const MemoryEstimate fp32 = estimate_memory(sc, Decision{}, 2);
+  sc.model.precision.moments = Dtype::kBf16;
+  const MemoryEstimate bf16 = estimate_memory(sc, Decision{}, 2);
+  EXPECT_DOUBLE_EQ(fp32.optimizer_bytes, 1328 * 12.0);
+  EXPECT_DOUBLE_EQ(bf16.optimizer_bytes, 1328 * 8.0);
+  EXPECT_DOUBLE_EQ(bf16.weights_bytes + bf16.gradients_bytes + bf16.activations_bytes,
+                   fp32.weights_bytes + fp32.gradients_bytes + fp32.activations_bytes);
+  // The step's optimizer.step per parameter: gradient 2 + moments read and written + master
+  // copy read and written 8 + weight written 2: 28 bytes at fp32 moments, 20 at bf16, over the
+  // plan's 1,296 parameters (its gradient buckets: the 1,328 less the 32 norm weights).
+  const auto step_bytes = [](const Scenario& s) {
+    const auto topo = topology::build_topology(s.cluster);
+    const BuiltPlan bp = build_step_plan(s, *topo, testing::uniform_work(s, 2), Decision{});
+    for (const auto& op : bp.plan.ops())
+      if (op.label == "optimizer.step") return op.compute().bytes.value();
+    ADD_FAILURE() << "no optimizer.step";
+    return 0.0;
+  };
+  Scenario plain = tiny();
+  EXPECT_DOUBLE_EQ(step_bytes(plain), 1296 * 28.0);
+  EXPECT_DOUBLE_EQ(step_bytes(sc), 1296 * 20.0);
 }
 
 TEST(MemoryEstimate, LinaPackingDoublesExpertState) {

@@ -462,6 +462,69 @@ CaseOutput case_v7(const Options& o) {
   return out;
 }
 
+// V8: DeepEP's dispatch and combine bandwidths, DeepEP's way: the bytes of the tokens counted
+// once per destination GPU (intranode: what a rank receives) or node (internode: what a rank
+// sends, its own node included), over the kernel's time: here the forward dispatch's and
+// combine's of a one-layer step, nothing else running beside them.
+CaseOutput case_v8(const Options& o) {
+  const auto points = sweep_points(o.dir + "/v8-deepep.yaml");
+  CaseOutput out{{}, engine_of(points.at(0)), 0};
+  for (const Scenario& sc : points) {
+    const auto runs = run_point(sc);
+    const auto& run = runs.at("deepep");
+    const bool intra = sc.cluster.nodes == 1;
+    double dispatch_s = 0, combine_s = 0;
+    for (const auto& c : run.last_result.collectives) {
+      if (c.label == "L0.fwd.dispatch.c1") dispatch_s = c.duration_s();
+      if (c.label == "L0.fwd.combine.c1") combine_s = c.duration_s();
+    }
+    const NodeDedup* dedup = nullptr;
+    for (const auto& op : run.last_plan.plan.ops())
+      if (op.label == "L0.fwd.dispatch.c1" && op.kind == OpKind::kCollective &&
+          !op.collective().node_dedup.empty())
+        dedup = op.collective().node_dedup.front().get();
+    if (!(dispatch_s > 0) || !(combine_s > 0) || dedup == nullptr)
+      throw InternalError("V8: the one-layer deepep step has no forward dispatch / combine");
+    const int W = dedup->size, N = dedup->nodes;
+    double tokens = 0;  // per rank, counted once per destination GPU (intra) or node (inter)
+    if (intra)
+      for (std::uint32_t t : dedup->gpu_tokens) tokens += t;
+    else
+      for (std::uint32_t t : dedup->node_tokens) tokens += t;
+    tokens /= W;
+    const double M = sc.model.model_dim;
+    const double fp8_row = M + 4.0 * M / 128, bf16_row = 2.0 * M;
+    const std::string where = intra ? "intranode_ep8" : fmt::format("internode_ep{}", W);
+    out.quantities.push_back(
+        {where + "_dispatch_gbps", tokens * fp8_row / dispatch_s / 1e9, false,
+         fmt::format("{:.0f} us for {:.0f} tokens per rank once per {} ({} B each)",
+                     dispatch_s * 1e6, tokens, intra ? "GPU" : "node", fp8_row)});
+    out.quantities.push_back(
+        {where + "_combine_gbps", tokens * bf16_row / combine_s / 1e9, false,
+         fmt::format("{:.0f} us, {} nodes x {} GPUs", combine_s * 1e6, N, W / N)});
+    ++out.points;
+  }
+  return out;
+}
+
+// V9: nccl-tests' all-to-all busBw = algBw x (n - 1) / n at 1 GiB per rank, NCCL's algorithm.
+CaseOutput case_v9(const Options& o) {
+  const auto points = sweep_points(o.dir + "/v9-nccl-alltoall.yaml");
+  CaseOutput out{{}, engine_of(points.at(0)), 0};
+  const double bytes = 1073741824.0;
+  for (const Scenario& sc : points) {
+    const auto topo = app::simulation_topology(sc);
+    const double t = a2a_time(sc, *topo, CollectiveAlgo::kLinear, bytes);
+    const int n = topo->num_gpus();
+    const double alg = bytes / t / 1e9;
+    out.quantities.push_back({fmt::format("busbw_{}nodes", sc.cluster.nodes), alg * (n - 1) / n,
+                              false,
+                              fmt::format("{:.2f} ms, algBw {:.1f} GB/s", t * 1e3, alg)});
+    ++out.points;
+  }
+  return out;
+}
+
 // V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out, as far as today's
 // layouts allow (V11: 1F1B stands for VP 4). One point, one stack each; `schedule` (when set)
 // replaces the case's pipeline schedule.
@@ -549,7 +612,8 @@ std::string fmt_value(double v, const std::string& unit) {
 const std::map<std::string, std::function<CaseOutput(const Options&)>>& cases() {
   static const std::map<std::string, std::function<CaseOutput(const Options&)>> m = {
       {"V1", case_v1}, {"V2", case_v2}, {"V3", case_v3},   {"V4", case_v4},  {"V5", case_v5},
-      {"V6", case_v6}, {"V7", case_v7}, {"V10", case_v10}, {"V11", case_v11}};
+      {"V6", case_v6}, {"V7", case_v7}, {"V8", case_v8},   {"V9", case_v9},  {"V10", case_v10},
+      {"V11", case_v11}};
   return m;
 }
 

@@ -1,4 +1,4 @@
-// scorecard: runs the published validation cases of VALIDATION.md (V1-V7), one sweep file per case
+// scorecard: runs the published validation cases of VALIDATION.md (V1-V11), one sweep file per case
 // in bench/validation/, and prints, per published quantity, the simulated figure, its gap to the
 // paper's, the tolerance band and a verdict: in band / direction only / wrong direction / cannot be
 // expressed. The published figures and bands are data (published.csv), the setups are moesim

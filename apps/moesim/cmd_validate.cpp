@@ -49,11 +49,15 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  memory/GPU   {}{}{}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters",
              mode, zero, recompute, fp8, layout_est.capacity, layout_est.dense_params,
              layout_est.expert_params);
+  // A pipeline_layout's chunks need not be equal shares of the stage.
+  const std::string chunk = sc.parallelism.pipeline_layout.empty()
+                                ? fmt::format("of 1/{} of its blocks", layout_est.chunks)
+                                : "(pieces of the pipeline_layout)";
   if (sc.parallelism.pp > 1)
     fmt::print("; stage {} with {} in flight", layout_est.stage,
-               layout_est.chunks > 1 ? fmt::format("{} micro-batch chunk(s) of 1/{} of its blocks",
-                                                   layout_est.in_flight, layout_est.chunks)
-                                     : fmt::format("{} micro-batch(es)", layout_est.in_flight));
+               layout_est.chunks > 1
+                   ? fmt::format("{} micro-batch chunk(s) {}", layout_est.in_flight, chunk)
+                   : fmt::format("{} micro-batch(es)", layout_est.in_flight));
   fmt::print("\n");
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;

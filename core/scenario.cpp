@@ -238,6 +238,7 @@ Scenario Scenario::stage_scenario() const {
   out.parallelism.pp = 1;
   out.parallelism.vp = 1;
   out.parallelism.schedule = PipelineSchedule::kOneFOneB;
+  out.parallelism.pipeline_layout.clear();  // one stage: its pieces are the caller's StageParts
   if (stage % gpn == 0) {
     out.cluster.nodes /= parallelism.pp;
     return out;
@@ -260,6 +261,13 @@ Scenario Scenario::stage_scenario() const {
 std::pair<int, int> Scenario::stage_blocks(int stage) const {
   const int pp = parallelism.pp;
   MOESIM_ASSERT(stage >= 0 && stage < pp, "pipeline stage out of range");
+  if (const auto& layout = parallelism.pipeline_layout; !layout.empty()) {
+    MOESIM_ASSERT(static_cast<int>(layout.size()) == pp,
+                  "a pipeline layout of pp pieces (the loader checks; interleaved: piece_blocks)");
+    int first = 0;
+    for (int s = 0; s < stage; ++s) first += layout[static_cast<std::size_t>(s)];
+    return {first, first + layout[static_cast<std::size_t>(stage)]};
+  }
   const int base = model.layers / pp, extra = model.layers % pp;
   const int first = stage * base + std::min(stage, extra);
   return {first, first + base + (stage < extra ? 1 : 0)};

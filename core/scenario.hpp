@@ -218,6 +218,9 @@ struct ParallelismSpec {
   // vp > 1 (interleaved) the blocks split into pp * vp chunks, stage s holding s, s + pp, ...
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int vp = 1;
+  // parallelism.pipeline_layout (Megatron-LM's --pipeline-model-parallel-layout): blocks per
+  // model piece, in model order (pp pieces, or pp * vp interleaved); empty: the even split.
+  std::vector<int> pipeline_layout;
   // ZeRO stage (Rajbhandari et al. 2020): 0, or 1 = the optimizer state sharded over the ranks
   // that hold a replica of the parameters (dense: the dense DP group of P / pp / mp ranks;
   // experts: the dp replicas). Memory only: ZeRO-1's reduce-scatter of the gradients plus
@@ -451,7 +454,8 @@ struct Scenario {
   /// on it; the topology and the engine keep the whole cluster. The scenario itself when pp = 1.
   Scenario stage_scenario() const;
   /// Blocks of pipeline stage s: [first, end). L blocks over pp stages as evenly as possible, the
-  /// L % pp extra blocks on the first stages (the last one also runs the LM head and the loss).
+  /// L % pp extra blocks on the first stages (the last one also runs the LM head and the loss);
+  /// with parallelism.pipeline_layout (1f1b, dualpipe: one piece per stage), its piece s.
   std::pair<int, int> stage_blocks(int stage) const;
 
   /// The strategy named `name`, or nullptr.

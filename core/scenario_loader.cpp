@@ -5,6 +5,7 @@
 #include <yaml-cpp/parser.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -827,14 +828,16 @@ void parse_pipeline_schedule(const MapReader& root, const MapReader& m, const Mo
       m.fail("vp", fmt::format("found vp = {} with pp = 1, expected pp >= 2 (interleaving "
                                "splits pipeline stages)",
                                par.vp));
-    // Each rank-stage's blocks split into vp equal chunks (Megatron: layers % (pp * vp) == 0).
-    if (model.layers % par.pp != 0)
+    // Each rank-stage's blocks split into vp equal chunks (Megatron: layers % (pp * vp) == 0);
+    // a pipeline_layout places the blocks itself.
+    const bool even = !m.has("pipeline_layout");
+    if (even && model.layers % par.pp != 0)
       m.fail("vp", fmt::format("found vp = {}, but model.layers = {} does not split evenly over "
                                "pp = {} stages ({} or {} blocks), so only vp = 1 fits",
                                par.vp, model.layers, par.pp, model.layers / par.pp + 1,
                                model.layers / par.pp));
     const int per_stage = model.layers / par.pp;
-    if (per_stage % par.vp != 0) {
+    if (even && per_stage % par.vp != 0) {
       std::string fits;
       for (int d = 1; d <= per_stage; ++d)
         if (per_stage % d == 0) fits += fmt::format("{}{}", fits.empty() ? "" : ", ", d);
@@ -860,6 +863,186 @@ void parse_pipeline_schedule(const MapReader& root, const MapReader& m, const Mo
                         "even number >= 2 * pp = {} (half enter at each end; DualPipe's order "
                         "needs pp micro-batches per direction)",
                         micro, par.pp, 2 * par.pp));
+}
+
+// A character of an expanded pipeline layout and where it was written (1-based, in the string).
+struct LayoutSymbol {
+  char c;
+  int pos;
+};
+
+// A syntax error of a layout string at character `pos` (1-based).
+struct LayoutSyntaxError {
+  int pos;
+  std::string what;
+};
+
+// Expands Megatron's layout string: `X*N` repeats the symbol (or parenthesised group) before it
+// N times, groups nest, whitespace is dropped. Bounded: a layout has about 2 symbols per block.
+class LayoutExpander {
+ public:
+  static constexpr std::size_t kMaxSymbols = 4 * kMaxLayers;
+
+  explicit LayoutExpander(const std::string& text) : s_(text) {}
+
+  std::vector<LayoutSymbol> run() { return sequence(false); }
+
+ private:
+  [[noreturn]] void fail(std::size_t at, std::string what) const {
+    throw LayoutSyntaxError{static_cast<int>(at) + 1, std::move(what)};
+  }
+  void skip_space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_])) != 0) ++i_;
+  }
+
+  std::vector<LayoutSymbol> sequence(bool in_group) {
+    std::vector<LayoutSymbol> out;
+    for (skip_space(); i_ < s_.size(); skip_space()) {
+      const std::size_t at = i_;
+      const char c = s_[i_];
+      std::vector<LayoutSymbol> unit;
+      if (c == ')') {
+        if (!in_group) fail(at, "')' without a matching '('");
+        return out;
+      }
+      if (c == '(') {
+        ++i_;
+        unit = sequence(true);
+        if (i_ >= s_.size()) fail(at, "'(' without a matching ')'");
+        ++i_;  // the ')'
+      } else if (c == 'E' || c == 't' || c == 'L' || c == 'm' || c == '|') {
+        unit.push_back({c, static_cast<int>(at) + 1});
+        ++i_;
+      } else if (c == '*') {
+        fail(at, "'*' with nothing before it to repeat");
+      } else if (std::isdigit(static_cast<unsigned char>(c)) != 0) {
+        fail(at, fmt::format("a count '{}' without a '*' before it", c));
+      } else {
+        fail(at, fmt::format("unknown symbol '{}' (expected E, t, L, |, ( ) or *N)", c));
+      }
+      skip_space();
+      std::int64_t count = 1;
+      if (i_ < s_.size() && s_[i_] == '*') {
+        const std::size_t star = i_++;
+        skip_space();
+        std::size_t end = i_;
+        while (end < s_.size() && std::isdigit(static_cast<unsigned char>(s_[end])) != 0) ++end;
+        if (end == i_) fail(star, "'*' without a count after it");
+        count = 0;
+        for (std::size_t j = i_; j < end; ++j)  // capped: anything above the bound fails below
+          count = std::min<std::int64_t>(count * 10 + (s_[j] - '0'), kMaxSymbols + 1);
+        if (count < 1) fail(i_, "a count of 0 (counts are >= 1)");
+        i_ = end;
+      }
+      if (static_cast<double>(unit.size()) * count + out.size() > kMaxSymbols)
+        fail(at, fmt::format("this repeat expands the layout past {} symbols", kMaxSymbols));
+      for (std::int64_t r = 0; r < count; ++r) out.insert(out.end(), unit.begin(), unit.end());
+    }
+    return out;  // in a group: the caller reports the missing ')'
+  }
+
+  const std::string& s_;
+  std::size_t i_ = 0;
+};
+
+// parallelism.pipeline_layout (Megatron-LM's --pipeline-model-parallel-layout; docs/model.md,
+// "Pipeline schedules"): blocks per model piece, as Megatron's string or a list of integers.
+// After parse_pipeline_schedule: the piece count depends on the schedule.
+void parse_pipeline_layout(const MapReader& m, const ModelSpec& model, ParallelismSpec& par) {
+  if (!m.has("pipeline_layout")) return;
+  const YAML::Node node = m.get("pipeline_layout");
+  const bool interleaved = par.schedule == PipelineSchedule::kInterleaved;
+  const int want = interleaved ? par.pp * par.vp : par.pp;
+  const std::string why =
+      interleaved
+          ? fmt::format("the interleaved schedule runs pp * vp = {} * {} pieces, vp on each stage",
+                        par.pp, par.vp)
+      : par.schedule == PipelineSchedule::kDualPipe
+          ? fmt::format("dualpipe runs pp = {} pieces: stage s holds piece s and pp - 1 - s",
+                        par.pp)
+          : fmt::format("schedule 1f1b runs one piece on each of the pp = {} stages", par.pp);
+  std::vector<int> layout;
+  if (node.IsSequence()) {
+    Context& ctx = m.context();
+    const std::string path = m.path_of("pipeline_layout");
+    if (node.size() == 0)
+      m.fail("pipeline_layout",
+             fmt::format("found an empty list, expected {} integers ({})", want, why));
+    ctx.require_list(node, path);
+    for (std::size_t i = 0; i < node.size(); ++i)
+      layout.push_back(
+          to_int32(ctx.to_int(node[i], fmt::format("{}[{}]", path, i), 0, kMaxLayers)));
+  } else if (node.IsScalar()) {
+    const std::string text = node.Scalar();
+    std::vector<LayoutSymbol> symbols;
+    try {
+      symbols = LayoutExpander(text).run();
+    } catch (const LayoutSyntaxError& e) {
+      m.fail("pipeline_layout",
+             fmt::format("found '{}', at character {}: {}; expected Megatron's layout syntax "
+                         "(E, t, L, pieces split by |, X*N and ( ... )*N repeats)",
+                         text, e.pos, e.what));
+    }
+    // Split on '|'; E may open the first piece and L close the last (moesim places the
+    // embedding and the LM head there whatever the string says).
+    std::vector<std::vector<LayoutSymbol>> pieces(1);
+    for (const LayoutSymbol& x : symbols) {
+      if (x.c == '|')
+        pieces.emplace_back();
+      else
+        pieces.back().push_back(x);
+    }
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const auto& piece = pieces[k];
+      int blocks = 0;
+      for (std::size_t j = 0; j < piece.size(); ++j) {
+        const LayoutSymbol& x = piece[j];
+        if (x.c == 'm')
+          m.fail("pipeline_layout",
+                 fmt::format("found '{}', m at character {}: MTP layers are not modelled; write "
+                             "the layout without m",
+                             text, x.pos));
+        if (x.c == 'E' && (k != 0 || j != 0))
+          m.fail("pipeline_layout",
+                 fmt::format("found '{}', E at character {} (piece {}), expected E only at the "
+                             "start of the first piece (the embedding is the first piece's)",
+                             text, x.pos, k));
+        if (x.c == 'L' && (k + 1 != pieces.size() || j + 1 != piece.size()))
+          m.fail("pipeline_layout",
+                 fmt::format("found '{}', L at character {} (piece {}), expected L only at the "
+                             "end of the last piece (the LM head and loss are the last piece's)",
+                             text, x.pos, k));
+        blocks += x.c == 't' ? 1 : 0;
+      }
+      layout.push_back(blocks);
+    }
+  } else {
+    m.fail("pipeline_layout",
+           fmt::format("found {}, expected Megatron's layout string (e.g. 'Et*4|(t*4|)*14tL') or "
+                       "a list of blocks per piece (e.g. [4, 4, 4, 1])",
+                       describe(node)));
+  }
+  const int pieces = static_cast<int>(layout.size());
+  if (pieces != want)
+    m.fail("pipeline_layout", fmt::format("found {} pieces, expected {} ({})", pieces, want, why));
+  std::int64_t blocks = 0;
+  for (int n : layout) blocks += n;
+  if (blocks != model.layers)
+    m.fail("pipeline_layout",
+           fmt::format("found {} blocks (t) in the pieces, expected model.layers = {}", blocks,
+                       model.layers));
+  // A piece without blocks has no op to run and pass its input on; the first and the last piece
+  // still run the embedding and the LM head when the model has a vocabulary.
+  for (int k = 0; k < pieces; ++k) {
+    const bool ends = (k == 0 || k == pieces - 1) && model.vocab_size > 0;
+    if (layout[static_cast<std::size_t>(k)] == 0 && !ends)
+      m.fail("pipeline_layout",
+             fmt::format("found piece {} of {} without blocks, expected each piece to hold at "
+                         "least one t (only the first piece may hold the embedding alone and the "
+                         "last the LM head alone, with model.vocab_size > 0)",
+                         k, pieces));
+  }
+  par.pipeline_layout = std::move(layout);
 }
 
 // parallelism.layout: folded (Megatron-Core's MoE parallel folding; docs/model.md "Rank layout"):
@@ -958,8 +1141,9 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m = root.get_map("parallelism", {"pp", "vp", "schedule", "zero", "ep", "esp", "mp",
-                                             "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
+  MapReader m =
+      root.get_map("parallelism", {"pp", "vp", "schedule", "pipeline_layout", "zero", "ep", "esp",
+                                   "mp", "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
   if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
@@ -992,6 +1176,7 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
   if (par.folded()) {
     par = parse_folded(m, cluster, model, par, p);
     parse_pipeline_schedule(root, m, model, par);
+    parse_pipeline_layout(m, model, par);
     return par;
   }
   for (std::string_view key : {"tp", "sp", "cp", "etp", "edp"})
@@ -1044,6 +1229,7 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
                              "among the EP x ESP GPUs of one DP index)",
                              par.mp, par.ep, par.esp, static_cast<std::int64_t>(par.ep) * par.esp));
   parse_pipeline_schedule(root, m, model, par);
+  parse_pipeline_layout(m, model, par);
   return par;
 }
 

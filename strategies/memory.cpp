@@ -39,6 +39,15 @@ struct StageShare {
   bool embedding = true, head = true;
   int in_flight = 1;  // model chunks of this share's activations kept (training)
   int chunks = 1;     // model chunks the share is made of (interleaved: vp; DualPipe: 2)
+  // A pipeline_layout whose chunks on this stage hold different blocks: each chunk's blocks and
+  // the stage's order, so the chunks in flight count their own activations. Empty: every chunk
+  // is 1 / chunks of the share.
+  struct Chunk {
+    int moe_layers = 0, dense_layers = 0;
+    bool head = false;
+  };
+  std::vector<Chunk> chunk_blocks;
+  std::vector<StageAction> order;
 };
 
 // Parameters of one attention block on one MP rank (docs/model.md, "Memory"). The projections
@@ -228,14 +237,17 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
     const BlockActivations full = block_activations(sc, decision, capacity, none);
     double per_micro_batch = 0;
     double extra = 0;
+    BlockActivations per_block;  // what one block of each kind keeps (the chunks' weights)
     if (rc.full()) {
       // Full recomputation keeps each block's input; the block being back-propagated
       // rematerialises all of its own (the largest block kind of the stage).
+      per_block.attention = S * M * b;
       per_micro_batch = layers * S * M * b + head;
       if (dense_layers > 0) extra = std::max(extra, full.attention + full.dense_ffn);
       if (moe_layers > 0) extra = std::max(extra, full.attention + full.moe_ffn);
     } else {
       const BlockActivations kept = block_activations(sc, decision, capacity, rc);
+      per_block = kept;
       per_micro_batch = layers * kept.attention + dense_layers * kept.dense_ffn +
                         moe_layers * kept.moe_ffn + head;
     }
@@ -243,6 +255,14 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
     // chunk is 1 / chunks of the share (exact when the chunks hold equal blocks).
     est.activations_bytes =
         static_cast<double>(part.in_flight) / part.chunks * per_micro_batch + extra;
+    if (!part.chunk_blocks.empty()) {  // a layout's uneven chunks: each counts its own blocks
+      std::vector<double> chunk_bytes;
+      for (const StageShare::Chunk& c : part.chunk_blocks)
+        chunk_bytes.push_back((c.moe_layers + c.dense_layers) * per_block.attention +
+                              c.dense_layers * per_block.dense_ffn +
+                              c.moe_layers * per_block.moe_ffn + (c.head ? head : 0.0));
+      est.activations_bytes = peak_in_flight_bytes(part.order, chunk_bytes) + extra;
+    }
   } else {
     // Inference keeps nothing for backward: the largest block in flight.
     const BlockActivations full = block_activations(sc, decision, capacity, none);
@@ -301,6 +321,27 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
     }
     part.chunks = m.mode == Mode::kTraining ? chunks : 1;
     part.in_flight = in_flight_micro_batches(sc, stage);
+    // A layout may give this stage's chunks different blocks; the even split never does (its
+    // estimate stays the evenly spread one).
+    if (!sc.parallelism.pipeline_layout.empty() && part.chunks > 1) {
+      std::vector<StageShare::Chunk> own;
+      bool uneven = false;
+      for (int c = 0; c < chunks; ++c) {
+        const int k = piece_of(sc, stage, c);
+        const auto [begin, end] = piece_blocks(sc, k);
+        StageShare::Chunk x;
+        for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? x.moe_layers : x.dense_layers);
+        x.head = k == pieces - 1;
+        if (!own.empty())
+          uneven = uneven || x.moe_layers != own.front().moe_layers ||
+                   x.dense_layers != own.front().dense_layers;
+        own.push_back(x);
+      }
+      if (uneven) {
+        part.chunk_blocks = std::move(own);
+        part.order = stage_order(sc, stage);
+      }
+    }
     MemoryEstimate est = estimate_share(sc, decision, capacity, part);
     est.stage = stage;
     if (stage == 0 || est.total_bytes() > worst.total_bytes()) worst = est;
@@ -367,7 +408,9 @@ std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu
   // absorbs the change, as `dp: auto` does).
   const auto& p = sc.parallelism;
   const int per_dp = p.ep * p.esp * (p.moe_major() ? 1 : p.mp);
-  for (int pp = p.pp + 1; pp <= std::min(sc.cluster.nodes, m.layers); ++pp) {
+  // A pipeline_layout is written for its own pp: another pp needs another layout.
+  const int max_pp = p.pipeline_layout.empty() ? std::min(sc.cluster.nodes, m.layers) : 0;
+  for (int pp = p.pp + 1; pp <= max_pp; ++pp) {
     if (sc.cluster.nodes % pp != 0) continue;
     const int stage_gpus = sc.num_gpus() / pp;
     if (stage_gpus % per_dp != 0) continue;

@@ -74,7 +74,8 @@ MemoryEstimate estimate_memory(const Scenario& sc, const Decision& decision, std
 /// Where `est` (an estimate_memory of `sc`) exceeds `gpu_memory_bytes`: "does not fit 80.0 GiB;
 /// fits with KEY (x GiB) or KEY (y GiB)", each KEY one single change of the scenario that makes
 /// the same estimate fit (parallelism.zero: 1; model.recompute selective / full; the smallest
-/// larger parallelism.pp that divides the nodes; model.precision.gemm: fp8 on GPUs with fp8), or
+/// larger parallelism.pp that divides the nodes, unless a pipeline_layout fixes pp;
+/// model.precision.gemm: fp8 on GPUs with fp8), or
 /// "...; no single change of ... fits". Empty when it fits (or the GPU's memory is unknown).
 std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu_memory_bytes);
 

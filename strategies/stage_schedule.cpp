@@ -130,6 +130,13 @@ int model_pieces(const Scenario& sc) {
 std::pair<int, int> piece_blocks(const Scenario& sc, int k) {
   if (sc.parallelism.schedule != PipelineSchedule::kInterleaved) return sc.stage_blocks(k);
   const int pieces = model_pieces(sc);
+  if (const auto& layout = sc.parallelism.pipeline_layout; !layout.empty()) {
+    MOESIM_ASSERT(k >= 0 && k < pieces && static_cast<int>(layout.size()) == pieces,
+                  "a pipeline layout of pp * vp pieces (the loader checks)");
+    int first = 0;
+    for (int j = 0; j < k; ++j) first += layout[static_cast<std::size_t>(j)];
+    return {first, first + layout[static_cast<std::size_t>(k)]};
+  }
   MOESIM_ASSERT(k >= 0 && k < pieces && sc.model.layers % pieces == 0,
                 "interleaved chunks split the blocks evenly (the loader checks vp)");
   const int per = sc.model.layers / pieces;
@@ -151,9 +158,17 @@ int piece_of(const Scenario& sc, int stage, int chunk) {
 bool schedule_applies(const Scenario& sc) {
   const auto& p = sc.parallelism;
   const int m = sc.model.micro_batches, layers = sc.model.layers;
+  // A layout is written for one pp (and vp): it fits only its own piece count and block count.
+  if (!p.pipeline_layout.empty()) {
+    int blocks = 0;
+    for (int n : p.pipeline_layout) blocks += n;
+    if (static_cast<int>(p.pipeline_layout.size()) != model_pieces(sc) || blocks != layers)
+      return false;
+  }
   switch (p.schedule) {
     case PipelineSchedule::kInterleaved:
-      return p.pp >= 2 && m % p.pp == 0 && layers % (p.pp * p.vp) == 0;
+      return p.pp >= 2 && m % p.pp == 0 &&
+             (!p.pipeline_layout.empty() || layers % (p.pp * p.vp) == 0);
     case PipelineSchedule::kDualPipe:
       return p.pp >= 2 && p.pp % 2 == 0 && m % 2 == 0 && m >= 2 * p.pp;
     case PipelineSchedule::kOneFOneB:
@@ -180,6 +195,17 @@ int peak_in_flight(const std::vector<StageAction>& order) {
   int held = 0, peak = 0;
   for (const StageAction& a : order) {
     held += a.backward ? -1 : 1;
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+double peak_in_flight_bytes(const std::vector<StageAction>& order,
+                            const std::vector<double>& chunk_bytes) {
+  double held = 0, peak = 0;
+  for (const StageAction& a : order) {
+    const double bytes = chunk_bytes.at(static_cast<std::size_t>(a.chunk));
+    held += a.backward ? -bytes : bytes;
     peak = std::max(peak, held);
   }
   return peak;

@@ -59,18 +59,23 @@ std::vector<StageAction> dualpipe(int pp, int stage, int micro_batches);
 int chunks_per_stage(const Scenario& sc);
 /// Distinct stage plans (model pieces in model order): pp, or pp * vp (interleaved).
 int model_pieces(const Scenario& sc);
-/// The blocks of model piece k, [first, end) (1f1b, dualpipe: Scenario::stage_blocks).
+/// The blocks of model piece k, [first, end) (1f1b, dualpipe: Scenario::stage_blocks; with
+/// parallelism.pipeline_layout, its piece k).
 std::pair<int, int> piece_blocks(const Scenario& sc, int k);
 /// The model piece that chunk `chunk` of rank-stage `stage` runs.
 int piece_of(const Scenario& sc, int stage, int chunk);
 /// Whether sc's schedule can run its pp, vp, model.layers and micro-batches (the loader's rules,
-/// for callers that change pp: fit_advice).
+/// for callers that change pp: fit_advice); a pipeline_layout must still match them.
 bool schedule_applies(const Scenario& sc);
 /// Stage `stage`'s order under sc's schedule (inference: the forwards of 1f1b).
 std::vector<StageAction> stage_order(const Scenario& sc, int stage);
 /// The most chunk forwards whose backward has not run at any point of `order`, an overlapped pair
 /// counting its forward before its backward: the activations a rank-stage keeps, in chunks.
 int peak_in_flight(const std::vector<StageAction>& order);
+/// The same peak with chunk c's forward holding chunk_bytes[c] until its backward (a
+/// pipeline_layout's chunks of one rank-stage can hold different blocks).
+double peak_in_flight_bytes(const std::vector<StageAction>& order,
+                            const std::vector<double>& chunk_bytes);
 
 /// The step's plan from one StagePlan per model piece (stages[k] built on sc.stage_scenario() for
 /// piece_blocks(k)): every piece's plan instantiated once per micro-batch on its rank-stage's

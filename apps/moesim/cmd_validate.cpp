@@ -10,6 +10,7 @@
 #include "strategies/memory.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/runner.hpp"
+#include "strategies/stage_schedule.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
 
@@ -48,11 +49,15 @@ void print_memory(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  memory/GPU   {}{}{}{}; dC = {} slots; {:.0f} dense + {:.0f} expert parameters",
              mode, zero, recompute, fp8, layout_est.capacity, layout_est.dense_params,
              layout_est.expert_params);
+  // A pipeline_layout's chunks need not be equal shares of the stage.
+  const std::string chunk = sc.parallelism.pipeline_layout.empty()
+                                ? fmt::format("of 1/{} of its blocks", layout_est.chunks)
+                                : "(pieces of the pipeline_layout)";
   if (sc.parallelism.pp > 1)
     fmt::print("; stage {} with {} in flight", layout_est.stage,
-               layout_est.chunks > 1 ? fmt::format("{} micro-batch chunk(s) of 1/{} of its blocks",
-                                                   layout_est.in_flight, layout_est.chunks)
-                                     : fmt::format("{} micro-batch(es)", layout_est.in_flight));
+               layout_est.chunks > 1
+                   ? fmt::format("{} micro-batch chunk(s) {}", layout_est.in_flight, chunk)
+                   : fmt::format("{} micro-batch(es)", layout_est.in_flight));
   fmt::print("\n");
   fmt::print("  memory/GPU   {:<16} {}\n", "(layout)", describe_memory(layout_est, gpu_bytes));
   std::vector<RunSummary> rows;
@@ -133,11 +138,37 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
                p.overlapped() ? "MP ranks share the EP x ESP GPUs: ep*esp*dp = " + per
                               : "MP ranks on GPUs of their own: ep*esp*mp*dp = " + per);
   if (p.pp > 1 || m.micro_batches > 1) {
+    // Blocks per stage: a rank-stage's chunks summed (DualPipe: stage s of one direction, as each
+    // direction's stages are the pieces); per piece too where pieces are not stages.
+    const bool dual = p.schedule == PipelineSchedule::kDualPipe;
+    const int chunks = dual ? 1 : strategies::chunks_per_stage(sc);
     std::string stages;
     for (int s = 0; s < p.pp; ++s) {
-      const auto [first, end] = sc.stage_blocks(s);
-      stages += fmt::format("{}{}", s == 0 ? "" : " ", end - first);
+      int blocks = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const auto [first, end] = strategies::piece_blocks(sc, strategies::piece_of(sc, s, c));
+        blocks += end - first;
+      }
+      stages += fmt::format("{}{}", s == 0 ? "" : " ", blocks);
     }
+    if (chunks > 1) {  // runs of equal pieces as Megatron's layout writes them: 4*15 1
+      std::string pieces;
+      const int n = strategies::model_pieces(sc);
+      for (int k = 0; k < n;) {
+        const auto [first, end] = strategies::piece_blocks(sc, k);
+        int run = 1;
+        while (k + run < n && strategies::piece_blocks(sc, k + run).second -
+                                      strategies::piece_blocks(sc, k + run).first ==
+                                  end - first)
+          ++run;
+        pieces += fmt::format("{}{}", pieces.empty() ? "" : " ", end - first);
+        if (run > 1) pieces += fmt::format("*{}", run);
+        k += run;
+      }
+      stages += "], per piece [" + pieces;
+    }
+    stages = "blocks per stage [" + stages + "]";
+    if (!p.pipeline_layout.empty()) stages += " (pipeline_layout)";
     // The schedule's bubble share at equal stages (interleaving divides the bubble by vp);
     // DualPipe's depends on how much F&B overlap hides, so the engine's step is the figure.
     std::string schedule;
@@ -158,8 +189,8 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
         break;
     }
     fmt::print(
-        "  pipeline     pp={} stage(s) of {} GPUs, blocks per stage [{}]; {} micro-batch(es) "
-        "per step, {} at equal stages\n",
+        "  pipeline     pp={} stage(s) of {} GPUs, {}; {} micro-batch(es) per step, {} at equal "
+        "stages\n",
         p.pp, sc.stage_gpus(), stages, m.micro_batches, schedule);
   }
   fmt::print("  workload     {} routing (seed {}), {} iteration(s)\n",

@@ -134,9 +134,14 @@ std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const st
 // candidate are one run, not two (the state key names the stack).
 const char* const kBaselineStack = "{name: tuned}";
 
+// The layouts run 1F1B (no schedule / vp), so a pipeline_layout goes along only when it has one
+// piece per stage (written for 1f1b or dualpipe); an interleaved one is dropped with its vp.
 std::string par_yaml(const ParallelismSpec& p) {
-  return fmt::format("{{pp: {}, zero: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}", p.pp,
-                     p.zero, p.ep, p.esp, p.mp, p.dp, name_of(p.layout));
+  std::string layout;
+  if (!p.pipeline_layout.empty() && p.schedule != PipelineSchedule::kInterleaved)
+    layout = fmt::format(", pipeline_layout: [{}]", fmt::join(p.pipeline_layout, ", "));
+  return fmt::format("{{pp: {}, zero: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}{}}}", p.pp,
+                     p.zero, p.ep, p.esp, p.mp, p.dp, name_of(p.layout), layout);
 }
 
 YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
@@ -166,7 +171,8 @@ TuneLayout make_layout(const ParallelismSpec& par, int batch_per_gpu, int expert
 
 // Every layout of P GPUs for the scenario's model (see tune.hpp). mp and esp stay inside a node
 // (tensor and expert-shard groups are intra-node in every system the strategies come from). The
-// scenario's pipeline stages stay as they are: the layouts are those of one stage's P / pp GPUs.
+// scenario's pipeline stages stay as they are: the layouts are those of one stage's P / pp GPUs
+// (with the scenario's pipeline_layout, par_yaml).
 std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
   const int P = sc.stage_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
   const ParallelismSpec& p0 = sc.parallelism;
@@ -188,6 +194,8 @@ std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
         for (int ep : divisors(rest)) {
           ParallelismSpec par;
           par.pp = p0.pp;
+          if (p0.schedule != PipelineSchedule::kInterleaved)
+            par.pipeline_layout = p0.pipeline_layout;
           par.zero = p0.zero;
           par.ep = ep;
           par.esp = esp;

@@ -1,7 +1,7 @@
 // The binary with balanced routing and with pipeline stages by GPUs: deepep and the other a2a
 // roles run balanced routing on every engine, and f = 1 gives deepep the same step as f = 0 (no
 // drops); a scenario with two stages per node validates, tunes, simulates and runs on the exec
-// host path under mpirun with its check passing.
+// host path under mpirun with its check passing, with an uneven parallelism.pipeline_layout too.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -75,6 +75,30 @@ TEST(RouteStagesCli, TwoStagesPerNodeValidateTuneAndSimulate) {
   EXPECT_THAT(t.out, ::testing::HasSubstr("complete"));
 }
 
+// parallelism.pipeline_layout: validate prints the blocks per stage and per piece, simulate runs
+// the uneven pieces, and a layout that does not fit exits 2 at the key.
+TEST(RouteStagesCli, PipelineLayoutValidatesSimulatesAndRefusesWhatDoesNotFit) {
+  const std::string scen = kSource + "/tests/data/scenarios/stages-2x4-pp4.yaml";
+  const std::string good =
+      "--set model.layers=6 --set 'parallelism={pp: 2, vp: 2, ep: 2, pipeline_layout: "
+      "\"t*2|t|t|t*2\"}'";
+  const auto v = run(fmt::format("validate '{}' {}", scen, good));
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  EXPECT_THAT(
+      v.out, ::testing::HasSubstr("blocks per stage [3 3], per piece [2 1*2 2] (pipeline_layout)"));
+  const auto s = run(fmt::format("simulate '{}' {} --engine analytical", scen, good));
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_NE(row(s.out, "baseline"), "") << s.out;
+  const auto bad = run(
+      fmt::format("validate '{}' --set model.layers=6 --set 'parallelism={{pp: 2, vp: 2, ep: 2, "
+                  "pipeline_layout: \"t*2|t|t|t*3\"}}'",
+                  scen));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.out,
+              ::testing::HasSubstr("parallelism.pipeline_layout: found 7 blocks (t) in the "
+                                   "pieces, expected model.layers = 6"));
+}
+
 #ifdef MOESIM_MPIEXEC
 // The exec host path: each rank runs its stage's ops (two stages share a node's ranks) and the
 // check compares every layer's outputs and gradients with the reference.
@@ -98,6 +122,28 @@ TEST(RouteStagesCli, TwoStagesPerNodeRunOnTheExecHostPath) {
   EXPECT_THAT(out, ::testing::HasSubstr("4 MoE layer run(s)"));
   EXPECT_THAT(out, ::testing::HasSubstr("#wrong 0, max abs error"));
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("drop-count mismatches 1")));
+}
+
+// exec runs 1F1B from the plan's ops, so uneven stages need nothing of their own: 3 blocks on
+// stage 0 and 1 on stage 1 pass the check.
+TEST(RouteStagesCli, UnevenPipelineLayoutRunsOnTheExecHostPath) {
+  const std::string scen = kSource + "/tests/data/scenarios/stages-2x4-pp4.yaml";
+  const std::string cmd = fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+      "MOESIM_EXEC_TIMEOUT_S=60 timeout "
+      "300 '{}' -np 8 --oversubscribe '{}' exec '{}' --check --set 'parallelism={{pp: 2, ep: 2, "
+      "pipeline_layout: [3, 1]}}' 2>&1",
+      MOESIM_MPIEXEC, moesim::cli_test::kBinary, scen);
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("4 MoE layer run(s)"));
+  EXPECT_THAT(out, ::testing::HasSubstr("#wrong 0, max abs error"));
 }
 #endif
 

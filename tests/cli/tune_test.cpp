@@ -130,6 +130,49 @@ TEST(TuneLayouts, CountedByHandOnFourGpus) {
   EXPECT_TRUE(found);
 }
 
+// The layouts keep the scenario's pp, so a pipeline_layout with one piece per stage (1f1b,
+// dualpipe) goes along with every layout; an interleaved one (pp * vp pieces) is dropped with vp,
+// as the layouts run 1F1B.
+TEST(TuneLayouts, KeepAOneFOneBPipelineLayoutAndDropAnInterleavedOne) {
+  const std::string inter =
+      "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 2, latency: 2us}";
+  YAML::Node tree = YAML::Load(scenario_yaml(2, 2, inter, 4));
+  tree["model"]["layers"] = 3;
+  tree["model"]["micro_batches"] = 2;
+  tree["parallelism"] = YAML::Load("{pp: 2, pipeline_layout: 't*2|t'}");
+  const Scenario sc = parse_scenario(YAML::Clone(tree), "t.yaml");
+  ASSERT_EQ(sc.parallelism.pipeline_layout, (std::vector<int>{2, 1}));
+  const auto ls = tune_layouts(sc);
+  ASSERT_FALSE(ls.empty());
+  for (const auto& l : ls) {
+    EXPECT_EQ(l.par.pipeline_layout, (std::vector<int>{2, 1})) << l.describe();
+    EXPECT_THAT(l.edits.at(0), ::testing::HasSubstr("pipeline_layout: [2, 1]"));
+  }
+  TuneOptions o;
+  o.budget_s = 600;
+  o.rerun_engine = "analytical";
+  o.progress = false;
+  o.search_layouts = false;
+  const TuneResult r = tune(tree, "t.yaml", {}, o);
+  ASSERT_TRUE(r.complete);
+  ASSERT_FALSE(r.ranked.empty());
+  ASSERT_EQ(r.layouts.size(), 1u);
+  EXPECT_THAT(r.layouts[0].edits.at(0), ::testing::HasSubstr("pipeline_layout: [2, 1]"));
+
+  tree["model"]["layers"] = 4;
+  tree["parallelism"] = YAML::Load("{pp: 2, vp: 2, pipeline_layout: [1, 1, 1, 1]}");
+  const Scenario inter_sc = parse_scenario(YAML::Clone(tree), "t.yaml");
+  ASSERT_EQ(inter_sc.parallelism.schedule, PipelineSchedule::kInterleaved);
+  for (const auto& l : tune_layouts(inter_sc)) {
+    EXPECT_TRUE(l.par.pipeline_layout.empty()) << l.describe();
+    EXPECT_THAT(l.edits.at(0), ::testing::Not(::testing::HasSubstr("pipeline_layout")));
+  }
+  const TuneResult ri = tune(tree, "t.yaml", {}, o);
+  ASSERT_TRUE(ri.complete);
+  ASSERT_FALSE(ri.ranked.empty());
+  EXPECT_THAT(ri.layouts[0].edits.at(0), ::testing::Not(::testing::HasSubstr("pipeline_layout")));
+}
+
 TuneOptions screening_only() {
   TuneOptions o;
   o.budget_s = 600;  // never reached on these sizes: the search completes

@@ -525,8 +525,7 @@ CaseOutput case_v9(const Options& o) {
   return out;
 }
 
-// V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out, as far as today's
-// layouts allow (V11: 1F1B stands for VP 4). One point, one stack each; `schedule` (when set)
+// V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out. One point, one stack each; `schedule` (when set)
 // replaces the case's pipeline schedule.
 CaseOutput whole_step_case(const Options& o, const std::string& file, const std::string& stack,
                            const std::string& schedule_note,
@@ -576,7 +575,7 @@ CaseOutput case_v10(const Options& o) {
   return out;
 }
 CaseOutput case_v11(const Options& o) {
-  return whole_step_case(o, "v11-megatron-bridge-dsv3.yaml", "megatron", "1F1B for VP 4");
+  return whole_step_case(o, "v11-megatron-bridge-dsv3.yaml", "megatron", "interleaved VP 4");
 }
 
 // ---- verdicts and output ------------------------------------------------------------------

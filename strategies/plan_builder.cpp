@@ -1044,7 +1044,9 @@ class Builder {
     const std::int64_t hs = div_up(H_, static_cast<std::int64_t>(esp_) * rep_);
     const std::int64_t w1 = sc_.model.fc1_width(hs);
     ExpertShapes s;
-    if (dec_.layout == LayoutRole::kFlexible) {
+    // A routed dispatch (DeepEP, Megatron's token dispatchers) hands each local expert its tokens
+    // contiguously, with no per-source capacity: one grouped GEMM per expert, as flexible.
+    if (dec_.layout == LayoutRole::kFlexible || dec_.variable_dispatch) {
       s.fc1 = GemmShape{tokens, w1, M_, dE_};
       s.fc2 = GemmShape{tokens, M_, hs, dE_};
     } else {

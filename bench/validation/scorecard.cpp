@@ -518,15 +518,14 @@ CaseOutput case_v9(const Options& o) {
     const int n = topo->num_gpus();
     const double alg = bytes / t / 1e9;
     out.quantities.push_back({fmt::format("busbw_{}nodes", sc.cluster.nodes), alg * (n - 1) / n,
-                              false,
-                              fmt::format("{:.2f} ms, algBw {:.1f} GB/s", t * 1e3, alg)});
+                              false, fmt::format("{:.2f} ms, algBw {:.1f} GB/s", t * 1e3, alg)});
     ++out.points;
   }
   return out;
 }
 
-// V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out. One point, one stack each; `schedule` (when set)
-// replaces the case's pipeline schedule.
+// V10 / V11: a whole training step of DeepSeek-V3 as its trainers lay it out. One point, one stack
+// each; `schedule` (when set) replaces the case's pipeline schedule.
 CaseOutput whole_step_case(const Options& o, const std::string& file, const std::string& stack,
                            const std::string& schedule_note,
                            std::optional<PipelineSchedule> schedule = std::nullopt,
@@ -610,9 +609,9 @@ std::string fmt_value(double v, const std::string& unit) {
 
 const std::map<std::string, std::function<CaseOutput(const Options&)>>& cases() {
   static const std::map<std::string, std::function<CaseOutput(const Options&)>> m = {
-      {"V1", case_v1}, {"V2", case_v2}, {"V3", case_v3},   {"V4", case_v4},  {"V5", case_v5},
-      {"V6", case_v6}, {"V7", case_v7}, {"V8", case_v8},   {"V9", case_v9},  {"V10", case_v10},
-      {"V11", case_v11}};
+      {"V1", case_v1}, {"V2", case_v2},   {"V3", case_v3},  {"V4", case_v4},
+      {"V5", case_v5}, {"V6", case_v6},   {"V7", case_v7},  {"V8", case_v8},
+      {"V9", case_v9}, {"V10", case_v10}, {"V11", case_v11}};
   return m;
 }
 

@@ -54,6 +54,7 @@ int RankSet::index_of(int rank) const {
   if (list_.empty()) {
     if (count_ == 0 || rank < first_) return -1;
     int d = rank - first_;
+    if (stride_ == 1) return d < count_ ? d : -1;  // no division: the engine asks per instance
     if (d % stride_ != 0) return -1;
     int i = d / stride_;
     return i < count_ ? i : -1;

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <span>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "core/error.hpp"
@@ -38,12 +40,16 @@ const CollectiveRecord* RunResult::collective(OpId op) const {
   return it != collectives.end() && it->op == op ? &*it : nullptr;
 }
 
-void init_run_result(const Plan& plan, RunResult& result) {
+void init_op_offsets(const Plan& plan, RunResult& result) {
   const auto& ops = plan.ops();
   result.num_ranks = plan.num_ranks();
   result.op_offset.assign(ops.size() + 1, 0);
   for (size_t i = 0; i < ops.size(); ++i)
     result.op_offset[i + 1] = result.op_offset[i] + ops[i].ranks.size();
+}
+
+void init_run_result(const Plan& plan, RunResult& result) {
+  init_op_offsets(plan, result);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   result.start_s.assign(result.op_offset.back(), nan);
   result.end_s.assign(result.op_offset.back(), nan);
@@ -139,9 +145,8 @@ void summarize_run(const Plan& plan, RunResult& result) {
   MOESIM_ASSERT(result.op_offset.size() == ops.size() + 1, "RunResult not initialised for plan");
   const int P = plan.num_ranks();
 
-  // Bucket intervals per (category, rank) with a counting pass first, so the arrays are sized
-  // exactly (4,096 ranks x many ops must not reallocate per push). Ranks are taken in blocks, so
-  // the buckets hold one block's intervals at a time (a DeepSeek-V3 step has ~50 M instances).
+  // Bucket intervals per (category, rank), a few ranks at a time (a DeepSeek-V3 step has ~50 M
+  // instances), and measure each bucket's union.
   auto cats_of = [](const Op& op, int out[kMaxCats]) {
     if (op.kind == OpKind::kCompute) {
       const ComputeSpec& c = op.compute();
@@ -213,8 +218,11 @@ void summarize_run(const Plan& plan, RunResult& result) {
 
   // Blocks are independent: threads take them in turn and write per-rank measures, which are
   // summed in rank order afterwards, so the totals are the same sums in the same order whatever
-  // the thread count. Two 128-rank blocks in flight hold what one 256-rank block did.
+  // the thread count.
   constexpr int kBlock = 128;
+  // A block's ranks are bucketed kSub at a time: one rank's intervals fill ~1 MiB on DeepSeek-V3,
+  // so a whole block's buckets, two blocks in flight, were 200 MiB of the peak memory.
+  constexpr int kSub = 32;
   const int num_blocks = (P + kBlock - 1) / kBlock;
   // Per rank: the kNum category measures, then the overlap, then the exposed communication.
   constexpr int kPerRank = kNum + 2;
@@ -222,68 +230,73 @@ void summarize_run(const Plan& plan, RunResult& result) {
   struct BlockError {
     size_t op = std::numeric_limits<size_t>::max();
     int pos = 0;
+    bool operator<(const BlockError& o) const { return std::tie(op, pos) < std::tie(o.op, o.pos); }
   };
   std::vector<BlockError> errors(static_cast<size_t>(num_blocks));
   std::vector<double> block_makespan(static_cast<size_t>(num_blocks), 0.0);
 
-  auto run_block = [&](int b, std::vector<std::int64_t>& count, std::vector<std::int64_t>& fill,
-                       std::vector<Interval>& iv) {
+  // An op with instances in the block: its index and the positions of them not bucketed yet.
+  struct Span {
+    size_t op;
+    int pos, end;
+  };
+  struct Scratch {
+    std::vector<Span> spans;
+    std::vector<Interval> buckets[kNum][kSub];  // capacity kept from one sub-block to the next
+  };
+  auto run_block = [&](int b, Scratch& sc) {
     const int r0 = b * kBlock;
-    const int r1 = std::min(P, r0 + kBlock), nr = r1 - r0;
-    count.assign(static_cast<size_t>(kNum) * nr + 1, 0);
-    // f(op index, position, bucket) for every instance of the block's ranks and category;
-    // stops (returning false) as soon as f does.
-    const auto for_each_instance = [&](const auto& f) {
-      for (size_t i = 0; i < ops.size(); ++i) {
-        const OpInfo& o = info[i];
-        if (o.last_rank < r0 || o.first_rank >= r1) continue;
-        const RankSet& ranks = ops[i].ranks;
-        const auto [lo, hi] = positions(ranks, r0, r1);
-        for (int p = lo; p < hi; ++p) {
-          const size_t r = static_cast<size_t>(ranks.at(p) - r0);
-          for (int c = 0; c < o.nc; ++c)
-            if (!f(i, p, static_cast<size_t>(o.cats[c]) * nr + r)) return false;
-        }
-      }
-      return true;
-    };
-    // Counting needs the rank sets only; the times are read once, by the fill pass, which meets
-    // the instances in the same order, so a missing time is found where the count pass found it.
-    for_each_instance([&](size_t, int, size_t bucket) {
-      ++count[bucket + 1];
-      return true;
-    });
-    for (size_t k = 1; k < count.size(); ++k) count[k] += count[k - 1];
-    iv.resize(static_cast<size_t>(count.back()));
-    fill.assign(count.begin(), count.end() - 1);
-    double makespan = 0;
-    const bool complete = for_each_instance([&](size_t i, int p, size_t bucket) {
-      const auto e = result.op_offset[i] + p;
-      const double s = result.start_s[e], t = result.end_s[e];
-      if (std::isnan(s) || std::isnan(t)) {
-        errors[static_cast<size_t>(b)] = {i, p};
-        return false;
-      }
-      makespan = std::max(makespan, t);
-      iv[fill[bucket]++] = {s, t};
-      return true;
-    });
-    block_makespan[static_cast<size_t>(b)] = makespan;
-    if (!complete) return;
-    std::span<Interval> merged[kNum];
-    for (int r = 0; r < nr; ++r) {
-      double* out = per_rank.data() + static_cast<size_t>(kPerRank) * (r0 + r);
-      for (int c = 0; c < kNum; ++c) {
-        const size_t k = static_cast<size_t>(c) * nr + r;
-        // Merged where they lie: each bucket is used once.
-        merged[c] = merge_intervals(std::span<Interval>(iv).subspan(
-            static_cast<size_t>(count[k]), static_cast<size_t>(count[k + 1] - count[k])));
-        out[c] = measure(merged[c]);
-      }
-      const double ov = intersection_measure(merged[kComm], merged[kCompute]);
-      out[kNum] = ov;
-      out[kNum + 1] = out[kComm] - ov;
+    const int r1 = std::min(P, r0 + kBlock);
+    sc.spans.clear();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const OpInfo& o = info[i];
+      if (o.last_rank < r0 || o.first_rank >= r1) continue;
+      const auto [lo, hi] = positions(ops[i].ranks, r0, r1);
+      if (lo < hi) sc.spans.push_back({i, lo, hi});
     }
+    double makespan = 0;
+    BlockError first;
+    for (int s0 = r0; s0 < r1; s0 += kSub) {
+      const int s1 = std::min(r1, s0 + kSub), nr = s1 - s0;
+      for (auto& cat : sc.buckets)
+        for (auto& bucket : cat) bucket.clear();
+      // Instances in op order, so every bucket holds its intervals in op order, as one pass over
+      // the block did; a missing time is kept if it is the block's lowest (op, position).
+      bool complete = true;
+      for (Span& sp : sc.spans) {
+        const RankSet& ranks = ops[sp.op].ranks;
+        const OpInfo& o = info[sp.op];
+        int p = sp.pos;
+        for (; p < sp.end; ++p) {
+          const int r = ranks.at(p);
+          if (r >= s1) break;
+          const auto e = result.op_offset[sp.op] + p;
+          const double st = result.start_s[e], t = result.end_s[e];
+          if (std::isnan(st) || std::isnan(t)) {
+            first = std::min(first, BlockError{sp.op, p});
+            complete = false;
+          }
+          makespan = std::max(makespan, t);
+          for (int c = 0; c < o.nc; ++c) sc.buckets[o.cats[c]][r - s0].push_back({st, t});
+        }
+        sp.pos = p;
+      }
+      if (!complete) continue;
+      std::span<Interval> merged[kNum];
+      for (int r = 0; r < nr; ++r) {
+        double* out = per_rank.data() + static_cast<size_t>(kPerRank) * (s0 + r);
+        for (int c = 0; c < kNum; ++c) {
+          // Merged where they lie: each bucket is used once.
+          merged[c] = merge_intervals(sc.buckets[c][r]);
+          out[c] = measure(merged[c]);
+        }
+        const double ov = intersection_measure(merged[kComm], merged[kCompute]);
+        out[kNum] = ov;
+        out[kNum + 1] = out[kComm] - ov;
+      }
+    }
+    errors[static_cast<size_t>(b)] = first;
+    block_makespan[static_cast<size_t>(b)] = makespan;
   };
   // Threads only where the instances are many (a thread costs ~10-50 us to start).
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -293,9 +306,8 @@ void summarize_run(const Plan& plan, RunResult& result) {
   std::vector<std::exception_ptr> failure(static_cast<size_t>(threads));
   auto worker = [&](int t) {
     try {
-      std::vector<std::int64_t> count, fill;
-      std::vector<Interval> iv;
-      for (int b; (b = next_block.fetch_add(1)) < num_blocks;) run_block(b, count, fill, iv);
+      auto scratch = std::make_unique<Scratch>();
+      for (int b; (b = next_block.fetch_add(1)) < num_blocks;) run_block(b, *scratch);
     } catch (...) {
       failure[static_cast<size_t>(t)] = std::current_exception();
     }

@@ -112,6 +112,9 @@ struct RunResult {
 
 /// Sizes op_offset / start_s / end_s for plan (times set to NaN, "not run") and sets num_ranks.
 void init_run_result(const Plan& plan, RunResult& result);
+/// The part of init_run_result that sizes nothing large: num_ranks and op_offset (start_s and
+/// end_s are left as they are, for the caller to fill with NaN).
+void init_op_offsets(const Plan& plan, RunResult& result);
 
 /// Fills makespan_s and breakdown from the per-op per-rank times. Every backend calls this after
 /// recording times, so "exposed communication" means the same thing for sim and exec. Throws

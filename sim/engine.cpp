@@ -151,28 +151,20 @@ class Engine {
   void build() {
     const auto& ops = plan_.ops();
     const size_t n_ops = ops.size();
-    init_run_result(plan_, result_);
+    init_op_offsets(plan_, result_);
     result_.backend = net_ ? std::string(net_->name()) : std::string("analytical");
     result_.gpus_per_node = topo_.gpus_per_node();
     const std::int64_t n_entries = result_.op_offset.back();
 
-    // Dependents (reverse edges), CSR.
-    dep_off_.assign(n_ops + 1, 0);
-    for (const Op& op : ops)
-      for (OpId d : op.deps) ++dep_off_[d + 1];
-    for (size_t i = 1; i <= n_ops; ++i) dep_off_[i] += dep_off_[i - 1];
-    dependents_.resize(dep_off_.back());
-    {
-      std::vector<std::int64_t> fill(dep_off_.begin(), dep_off_.end() - 1);
-      for (const Op& op : ops)
-        for (OpId d : op.deps) dependents_[fill[d]++] = op.id;
-    }
-
-    // Remaining deps per instance: deps that share the instance's rank. Counted on a second
-    // thread while this one builds the queues (it writes deps_left_ alone); a dep on the same
-    // ranks (most of them) counts for every position without a search.
-    deps_left_.assign(n_entries, 0);
-    auto count_deps = [this, &ops] {
+    // The "not run" times and the remaining deps per instance (deps that share the instance's
+    // rank) are written by a second thread while this one builds the dependents and the queues:
+    // first touches of ~1 GiB on DeepSeek-V3, most of the setup. A dep on the same ranks (most
+    // of them) counts for every position without a search.
+    auto fill_times_and_deps = [this, &ops, n_entries] {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      result_.start_s.assign(static_cast<size_t>(n_entries), nan);
+      result_.end_s.assign(static_cast<size_t>(n_entries), nan);
+      deps_left_.assign(static_cast<size_t>(n_entries), 0);
       for (const Op& op : ops) {
         if (op.deps.empty()) continue;
         std::int32_t* left = deps_left_.data() + entry(op.id, 0);
@@ -192,13 +184,25 @@ class Engine {
     if (n_entries >= 1'000'000 && std::thread::hardware_concurrency() > 1) {
       deps_thread = std::jthread([&] {
         try {
-          count_deps();
+          fill_times_and_deps();
         } catch (...) {
           deps_error = std::current_exception();
         }
       });
     } else {
-      count_deps();
+      fill_times_and_deps();
+    }
+
+    // Dependents (reverse edges), CSR.
+    dep_off_.assign(n_ops + 1, 0);
+    for (const Op& op : ops)
+      for (OpId d : op.deps) ++dep_off_[d + 1];
+    for (size_t i = 1; i <= n_ops; ++i) dep_off_[i] += dep_off_[i - 1];
+    dependents_.resize(dep_off_.back());
+    {
+      std::vector<std::int64_t> fill(dep_off_.begin(), dep_off_.end() - 1);
+      for (const Op& op : ops)
+        for (OpId d : op.deps) dependents_[fill[d]++] = op.id;
     }
 
     // Per (rank, stream) queues in plan order, as links: next_q_[entry] is the instance after

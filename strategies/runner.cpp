@@ -165,6 +165,7 @@ MemoryEstimate planned_memory(const Scenario& whole, const StrategySpec& spec,
   const Scenario sc = whole.stage_scenario();  // as run_stack: one stage decides and samples
   workload::WorkloadGenerator generator(sc);
   generator.set_keep_demanded(false);
+  generator.set_count_distinct(false);  // the estimate reads dC and kept counts only
   generator.set_cache(cache);
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
@@ -194,6 +195,8 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
   workload::WorkloadGenerator generator(sc);
   generator.set_keep_demanded(false);  // the plan needs kept counts only (one P x E matrix less)
+  // Distinct destinations are priced by a deepep dispatch only (a fifth of the sampling time).
+  generator.set_count_distinct(spec.a2a == A2aRole::kDeepep);
   generator.set_cache(cache);
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);

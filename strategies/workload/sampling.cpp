@@ -336,13 +336,16 @@ void ChoiceSampler::sample(Xoshiro256& rng, std::span<std::uint32_t> counts,
                 "counts must hold top_k * E entries");
   std::fill(counts.begin(), counts.end(), 0u);
   if (counts_distinct()) {
-    MOESIM_ASSERT(distinct.size() == std::size_t{distinct_.positions} + distinct_.nodes,
-                  "distinct must hold positions + nodes entries");
+    MOESIM_ASSERT(
+        distinct.empty() || distinct.size() == std::size_t{distinct_.positions} + distinct_.nodes,
+        "distinct must hold positions + nodes entries");
     std::fill(distinct.begin(), distinct.end(), 0u);
+    // Without `distinct`, still this sampler's draws: the plain token method's may differ.
+    std::uint32_t* out = distinct.empty() ? nullptr : distinct.data();
     if (!node_of_.empty())
-      sample_tokens_node_limited(rng, counts, distinct.data());
+      sample_tokens_node_limited(rng, counts, out);
     else
-      sample_tokens_distinct(rng, counts, distinct.data());
+      sample_tokens_distinct(rng, counts, out);
     return;
   }
   if (method_ == Method::kTokens)
@@ -492,7 +495,7 @@ void ChoiceSampler::sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint3
       chosen[j] = draw_excluding(rng, chosen, j);
       ++counts[static_cast<std::size_t>(j) * E + chosen[j]];
     }
-    count_distinct(chosen, distinct, seen.data());
+    if (distinct != nullptr) count_distinct(chosen, distinct, seen.data());
   }
 }
 

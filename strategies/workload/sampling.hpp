@@ -72,7 +72,8 @@ class ChoiceSampler {
 
   /// Overwrites counts (size top_k * E) with one GPU's per-choice counts; each rank sums to S.
   /// With distinct destinations, `distinct` (size positions + nodes) is overwritten with the
-  /// tokens that have at least one choice on each position, then on each node.
+  /// tokens that have at least one choice on each position, then on each node; an empty
+  /// `distinct` skips that count (the draws and `counts` are the same).
   void sample(Xoshiro256& rng, std::span<std::uint32_t> counts,
               std::span<std::uint32_t> distinct = {}) const;
   bool counts_distinct() const { return !distinct_.pos_of.empty(); }
@@ -101,7 +102,8 @@ class ChoiceSampler {
   // choices as flags instead of searches.
   void sample_tokens_node_limited_uniform(Xoshiro256& rng, std::span<std::uint32_t> counts,
                                           std::uint32_t* distinct) const;
-  // Every token's choices drawn in order (draw, then draw_excluding), distinct counted.
+  // Every token's choices drawn in order (draw, then draw_excluding), distinct counted (unless
+  // null).
   void sample_tokens_distinct(Xoshiro256& rng, std::span<std::uint32_t> counts,
                               std::uint32_t* distinct) const;
   // Adds one token's distinct positions and nodes (its k choices `chosen`); `seen` (positions +

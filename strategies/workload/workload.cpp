@@ -89,6 +89,7 @@ struct WorkloadGenerator::Impl {
   std::vector<std::uint32_t> row_pos;
   int threads = 0;  // 0: hardware concurrency
   bool keep_demanded = true;
+  bool count_distinct = true;
   SampleCache* cache = nullptr;
 
   // Applies capacity `cap` to one GPU's per-choice counts (counts[j * E + e]) and fills row i;
@@ -381,7 +382,9 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     std::shared_ptr<std::vector<std::uint32_t>> fresh;
     SampleCache::Key key;
     const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
-    if (m.distinct) {
+    // The samplers still draw as distinct counting has them; only the count may be skipped.
+    const bool count_distinct = m.distinct && (m.count_distinct || m.cache);
+    if (count_distinct) {
       d.distinct_positions = m.distinct_positions;
       d.distinct_nodes = m.distinct_nodes;
       d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
@@ -482,9 +485,9 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
               substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
                             static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
           const std::span<std::uint32_t> distinct =
-              m.distinct ? std::span<std::uint32_t>(
-                               d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
-                         : std::span<std::uint32_t>();
+              count_distinct ? std::span<std::uint32_t>(
+                                   d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
+                             : std::span<std::uint32_t>();
           const std::size_t part =
               m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0;
           if (m.balanced)
@@ -540,6 +543,8 @@ bool WorkloadGenerator::round_capacity(IterationWorkload& w, int capacity_multip
 void WorkloadGenerator::set_keep_demanded(bool keep) { impl_->keep_demanded = keep; }
 
 void WorkloadGenerator::set_cache(SampleCache* cache) { impl_->cache = cache; }
+
+void WorkloadGenerator::set_count_distinct(bool count) { impl_->count_distinct = count; }
 
 // ---------------------------------------------------------------------------------------------
 

@@ -253,6 +253,11 @@ class WorkloadGenerator {
   /// max_demanded and the drop counts; false saves one P x E matrix per layer.
   void set_keep_demanded(bool keep);
 
+  /// Whether sampled layers fill LayerDispatch::distinct when the scenario samples it (default
+  /// true). Only an a2a: deepep plan reads it; false skips the count, not the draws, so every
+  /// other count is the same. Ignored with a cache, whose entries serve every stack.
+  void set_count_distinct(bool count);
+
   /// Threads that sample the GPUs' rows (0, the default: std::thread::hardware_concurrency()).
   /// The counts do not depend on it (every GPU has its own substream).
   void set_threads(int threads);

@@ -393,6 +393,30 @@ TEST(WorkloadGenerator, DistinctTokensAreSampledForADeepepStrategy) {
   EXPECT_EQ(hit.kept, d.kept);
 }
 
+TEST(WorkloadGenerator, SkippingTheDistinctCountKeepsTheDraws) {
+  // A stack that does not dispatch per node skips the distinct count, not the draws: with and
+  // without a node limit (without one, the plain top-2 sampler would draw differently) the kept
+  // counts are those of a generator that counts.
+  for (const int limit : {0, 1}) {
+    Scenario sc = make_scenario(4, 4, 2, 500, 0.0);
+    sc.cluster.nodes = 2;
+    sc.cluster.gpus_per_node = 2;
+    sc.workload.routing.node_limit = limit;
+    StrategySpec deepep;
+    deepep.name = "deepep";
+    deepep.a2a = A2aRole::kDeepep;
+    sc.strategies.push_back(deepep);
+    WorkloadGenerator counting(sc), skipping(sc);
+    skipping.set_count_distinct(false);
+    const LayerDispatch want = counting.next(0).layers[0];
+    const LayerDispatch got = skipping.next(0).layers[0];
+    EXPECT_FALSE(want.distinct.empty()) << limit;
+    EXPECT_TRUE(got.distinct.empty()) << limit;
+    EXPECT_EQ(got.kept, want.kept) << limit;
+    EXPECT_EQ(got.max_demanded, want.max_demanded) << limit;
+  }
+}
+
 TEST(WorkloadGenerator, ExpertNodesFollowTheEpGroupOfTheRow) {
   // 8 GPUs on 2 nodes of 4, ep 2 x mp 2 x dp 2 (disjoint: rank = (d*ep + e)*mp + t), 2 experts
   // per GPU: GPU 5 (d 1, e 0, t 1) has EP group {5, 7}, both on node 1; GPU 1's group {1, 3} is

@@ -167,6 +167,8 @@ TEST(MegatronMemory, DeepSeekV3WeightsGradientsOptimizer) {
   at.qk_nope_head_dim = 128, at.qk_rope_head_dim = 64, at.v_head_dim = 128;
   sc.model.hidden_dim = 2048;
   sc.model.dense_hidden_dim = 18432;
+  // Megatron's formula counts fp32 Adam moments; the preset keeps DeepSeek-V3's bf16 ones.
+  sc.model.precision.moments = Dtype::kFp32;
   ASSERT_EQ(sc.parallelism.zero, 1);
   MegatronArgs a;
   a.hidden = 7168, a.heads = 128, a.mla = true;

@@ -237,20 +237,22 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
     const BlockActivations full = block_activations(sc, decision, capacity, none);
     double per_micro_batch = 0;
     double extra = 0;
-    BlockActivations per_block;  // what one block of each kind keeps (the chunks' weights)
+    BlockActivations per_block;  // what one block of each kind keeps
     if (rc.full()) {
       // Full recomputation keeps each block's input; the block being back-propagated
       // rematerialises all of its own (the largest block kind of the stage).
       per_block.attention = S * M * b;
-      per_micro_batch = layers * S * M * b + head;
       if (dense_layers > 0) extra = std::max(extra, full.attention + full.dense_ffn);
       if (moe_layers > 0) extra = std::max(extra, full.attention + full.moe_ffn);
     } else {
-      const BlockActivations kept = block_activations(sc, decision, capacity, rc);
-      per_block = kept;
-      per_micro_batch = layers * kept.attention + dense_layers * kept.dense_ffn +
-                        moe_layers * kept.moe_ffn + head;
+      per_block = block_activations(sc, decision, capacity, rc);
     }
+    // One micro-batch's activations of `moe` MoE and `dense` dense blocks.
+    const auto blocks_bytes = [&](int moe, int dense) {
+      return (moe + dense) * per_block.attention + dense * per_block.dense_ffn +
+             moe * per_block.moe_ffn;
+    };
+    per_micro_batch = blocks_bytes(moe_layers, dense_layers) + head;
     // Every micro-batch chunk in flight keeps its own (1F1B: min(pp - s, m) on stage s); a
     // chunk is 1 / chunks of the share (exact when the chunks hold equal blocks).
     est.activations_bytes =
@@ -258,9 +260,7 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
     if (!part.chunk_blocks.empty()) {  // a layout's uneven chunks: each counts its own blocks
       std::vector<double> chunk_bytes;
       for (const StageShare::Chunk& c : part.chunk_blocks)
-        chunk_bytes.push_back((c.moe_layers + c.dense_layers) * per_block.attention +
-                              c.dense_layers * per_block.dense_ffn +
-                              c.moe_layers * per_block.moe_ffn + (c.head ? head : 0.0));
+        chunk_bytes.push_back(blocks_bytes(c.moe_layers, c.dense_layers) + (c.head ? head : 0.0));
       est.activations_bytes = peak_in_flight_bytes(part.order, chunk_bytes) + extra;
     }
   } else {
@@ -312,35 +312,29 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   for (int stage = 0; stage < pp; ++stage) {
     StageShare part;
     part.embedding = part.head = false;
+    std::vector<StageShare::Chunk> own;  // the stage's chunks, each with its own blocks
+    bool uneven = false;
     for (int c = 0; c < chunks; ++c) {
       const int k = piece_of(sc, stage, c);
       const auto [begin, end] = piece_blocks(sc, k);
-      for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? part.moe_layers : part.dense_layers);
+      StageShare::Chunk x;
+      for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? x.moe_layers : x.dense_layers);
+      x.head = k == pieces - 1;
+      part.moe_layers += x.moe_layers;
+      part.dense_layers += x.dense_layers;
       part.embedding = part.embedding || k == 0;
-      part.head = part.head || k == pieces - 1;
+      part.head = part.head || x.head;
+      uneven = uneven || (!own.empty() && (x.moe_layers != own.front().moe_layers ||
+                                           x.dense_layers != own.front().dense_layers));
+      own.push_back(x);
     }
     part.chunks = m.mode == Mode::kTraining ? chunks : 1;
     part.in_flight = in_flight_micro_batches(sc, stage);
     // A layout may give this stage's chunks different blocks; the even split never does (its
     // estimate stays the evenly spread one).
-    if (!sc.parallelism.pipeline_layout.empty() && part.chunks > 1) {
-      std::vector<StageShare::Chunk> own;
-      bool uneven = false;
-      for (int c = 0; c < chunks; ++c) {
-        const int k = piece_of(sc, stage, c);
-        const auto [begin, end] = piece_blocks(sc, k);
-        StageShare::Chunk x;
-        for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? x.moe_layers : x.dense_layers);
-        x.head = k == pieces - 1;
-        if (!own.empty())
-          uneven = uneven || x.moe_layers != own.front().moe_layers ||
-                   x.dense_layers != own.front().dense_layers;
-        own.push_back(x);
-      }
-      if (uneven) {
-        part.chunk_blocks = std::move(own);
-        part.order = stage_order(sc, stage);
-      }
+    if (!sc.parallelism.pipeline_layout.empty() && part.chunks > 1 && uneven) {
+      part.chunk_blocks = std::move(own);
+      part.order = stage_order(sc, stage);
     }
     MemoryEstimate est = estimate_share(sc, decision, capacity, part);
     est.stage = stage;

@@ -32,7 +32,10 @@ struct GpuSpec {
   Bytes memory{0};
   BytesPerSecond nvlink_bandwidth{0};  // per GPU per direction, 0 when the GPU has no NVLink
   BytesPerSecond pcie_bandwidth{0};    // host link per direction
-  SourceLocation where;                // location of the `gpu:` key, for later errors
+  /// Streaming multiprocessors; 0 when unknown (an inline GPU without `sms`). Communication
+  /// kernels hold some of them, which is what slows compute beside them (engine.interference).
+  int sms = 0;
+  SourceLocation where;  // location of the `gpu:` key, for later errors
 };
 
 enum class IntraKind { kNvswitch, kNvlinkRing, kPcie };
@@ -41,6 +44,11 @@ std::string_view intra_kind_name(IntraKind k);
 struct IntraNodeSpec {
   IntraKind kind = IntraKind::kNvswitch;
   BytesPerSecond bandwidth{0};  // per GPU per direction (NVSwitch port / ring link / PCIe slot)
+  // Fraction of the spec-sheet bandwidth transfers achieve (`intra_node.efficiency`); 0 = the
+  // link kind's (topology::default_intra_efficiency). The topology builder keeps the spec-sheet
+  // figure in nominal_bandwidth and sets bandwidth to nominal x efficiency.
+  double efficiency = 0;
+  BytesPerSecond nominal_bandwidth{0};
   Seconds latency{1e-6};
   // pcie only: GPUs under one PCIe switch, and how many CPU sockets (host bridges) the
   // switches hang off; sockets are joined by an inter-socket link.
@@ -77,6 +85,10 @@ enum class EcmpMode { kDmodk, kHash, kSpray };
 struct InterNodeSpec {
   InterKind kind = InterKind::kNone;
   BytesPerSecond nic_bandwidth{0};  // per NIC per direction
+  // As IntraNodeSpec::efficiency, for the NICs (`inter_node.nic_efficiency`; 0 = the default,
+  // topology::kNicEfficiency); the fabric's links are sized from the achieved rate.
+  double nic_efficiency = 0;
+  BytesPerSecond nominal_nic_bandwidth{0};
   int nics_per_node = 1;
   Seconds latency{2e-6};
   double oversubscription = 1.0;  // fat_tree / rail_optimized: down/up capacity ratio at a leaf

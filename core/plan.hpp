@@ -114,6 +114,10 @@ struct ComputeSpec {
   std::optional<GemmShape> gemm;  // for kGemm: the shape decides efficiency
   /// The GEMM runs on the fp8 tensor cores (model.precision.gemm: fp8) at the GPU's fp8 peak.
   bool fp8 = false;
+  /// fp8 GEMMs: HBM traffic of the quantization kernels that feed this one (casts of its input
+  /// and, in backward, of the output gradient; docs/model.md "Precision"). They run before it on
+  /// its stream, so their time adds to the GEMM's (per rank, before rank_scale).
+  Bytes cast_bytes{0};
   /// A forward kernel replayed in backward (model.recompute), for breakdowns.
   bool recompute = false;
   /// A backward kernel (input and weight gradients): the attention core's backward runs at its

@@ -330,7 +330,9 @@ struct EngineSpec {
   int peer_cache = 0;
   Seconds peer_miss_overhead{0};
   Seconds launch_overhead{5e-6};  // per kernel / collective launch
-  double interference = 0.0;      // compute slow-down factor while communication runs (>= 0)
+  // Compute slow-down factor while communication runs on the GPU (>= 0); unset: the GPU's
+  // (topology::default_interference, from the SMs communication kernels hold).
+  std::optional<double> interference;
   // engine.flow.event_tolerance: flows finishing (or starting to move) within this relative time
   // of each other are handled together, in one recomputation (bounded error of about this much
   // per event). 1e-9 is the exact model. The default keeps a skewed MoE step within 0.1% of it

@@ -194,7 +194,7 @@ GpuSpec parse_gpu(const MapReader& cluster) {
                                     "or a map with peak_tflops, hbm_bandwidth, memory",
                                     describe(n)));
   MapReader g = cluster.get_map("gpu", {"name", "peak_tflops", "hbm_bandwidth", "memory",
-                                        "nvlink_bandwidth", "pcie_bandwidth"});
+                                        "nvlink_bandwidth", "pcie_bandwidth", "sms"});
   gpu.from_catalog = false;
   gpu.name = g.get_string("name").value_or("custom-gpu");
   g.require("peak_tflops", "a compute rate such as 312TFLOPS, or a map dtype -> rate");
@@ -224,18 +224,30 @@ GpuSpec parse_gpu(const MapReader& cluster) {
     gpu.nvlink_bandwidth =
         BytesPerSecond(*g.get_quantity("nvlink_bandwidth", UnitKind::kBytesPerSecond));
   if (g.has("pcie_bandwidth")) gpu.pcie_bandwidth = positive_rate(g, "pcie_bandwidth");
+  if (auto v = g.get_int("sms", 1, 100000)) gpu.sms = to_int32(*v);
   return gpu;
+}
+
+// A fraction of a spec-sheet bandwidth that transfers achieve: in (0, 1].
+double achievable_fraction(const MapReader& m, std::string_view key) {
+  const double v = *m.get_number(key);
+  if (!(v > 0 && v <= 1))
+    m.fail(key, fmt::format("found {}, expected the achievable fraction of the spec-sheet "
+                            "bandwidth, a number in (0, 1]",
+                            v));
+  return v;
 }
 
 IntraNodeSpec parse_intra(const MapReader& cluster, int gpus_per_node) {
   IntraNodeSpec intra;
-  MapReader m = cluster.get_map(
-      "intra_node",
-      {"kind", "bandwidth", "latency", "gpus_per_pcie_switch", "sockets", "socket_link_bandwidth"});
+  MapReader m =
+      cluster.get_map("intra_node", {"kind", "bandwidth", "efficiency", "latency",
+                                     "gpus_per_pcie_switch", "sockets", "socket_link_bandwidth"});
   m.require("kind", "nvswitch, nvlink_ring or pcie");
   intra.kind = *get_enum(m, "kind", intra_table());
   // Absent: 0, which the topology builder replaces by the GPU's own NVLink or PCIe figure.
   if (m.has("bandwidth")) intra.bandwidth = positive_rate(m, "bandwidth");
+  if (m.has("efficiency")) intra.efficiency = achievable_fraction(m, "efficiency");
   if (auto v = m.get_quantity("latency", UnitKind::kSeconds)) intra.latency = Seconds(*v);
   // PCIe-tree keys make no sense for NVLink fabrics: reject rather than silently ignore.
   for (std::string_view key : {"gpus_per_pcie_switch", "sockets", "socket_link_bandwidth"}) {
@@ -300,10 +312,11 @@ int tree_leaf_nodes(const TreeSpec& t) {
 
 InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node) {
   InterNodeSpec inter;
-  MapReader m = cluster.get_map(
-      "inter_node", {"kind", "nic_bandwidth", "nics_per_node", "latency", "oversubscription",
-                     "switch_radix", "levels", "groups", "routers_per_group", "global_bandwidth",
-                     "local_bandwidth", "tree", "tree_level_bandwidth", "ecmp"});
+  MapReader m =
+      cluster.get_map("inter_node", {"kind", "nic_bandwidth", "nic_efficiency", "nics_per_node",
+                                     "latency", "oversubscription", "switch_radix", "levels",
+                                     "groups", "routers_per_group", "global_bandwidth",
+                                     "local_bandwidth", "tree", "tree_level_bandwidth", "ecmp"});
   m.require("kind", "none, switch, fat_tree, rail_optimized, dragonfly, tree or custom");
   inter.kind = *get_enum(m, "kind", inter_table());
   const InterKind k = inter.kind;
@@ -318,6 +331,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
                         InterKind::kDragonfly, InterKind::kTree};
   const std::vector<std::pair<std::string_view, KS>> applies = {
       {"nic_bandwidth", networked},
+      {"nic_efficiency", networked},
       {"nics_per_node", networked},
       {"latency", networked},
       {"oversubscription", {InterKind::kFatTree, InterKind::kRailOptimized, InterKind::kTree}},
@@ -342,6 +356,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
 
   m.require("nic_bandwidth", "a per-NIC, per-direction bandwidth such as 200Gb/s");
   inter.nic_bandwidth = positive_rate(m, "nic_bandwidth");
+  if (m.has("nic_efficiency")) inter.nic_efficiency = achievable_fraction(m, "nic_efficiency");
   if (auto v = m.get_int("nics_per_node", 1, kIntMax)) {
     inter.nics_per_node = to_int32(*v);
     if (inter.nics_per_node > gpus_per_node || gpus_per_node % inter.nics_per_node != 0)

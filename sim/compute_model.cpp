@@ -78,7 +78,8 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
       GemmModelParams p8 = params_.gemm_params();
       p8.max_gemm_efficiency = params_.max_gemm_efficiency_fp8;
       if (spec.bytes.value() <= 0) w.bytes = gemm_min_bytes(g, 1) * scale;  // fp8 operands
-      return gemm_time(p8, GemmCalibration{}, fp8_peak_, hbm_, w);
+      return gemm_time(p8, GemmCalibration{}, fp8_peak_, hbm_, w) +
+             Seconds(spec.cast_bytes.value() * scale / hbm_.value());
     }
     return gemm_time(params_.gemm_params(), params_.calibration, peak_, hbm_, w);
   }

@@ -25,9 +25,10 @@
 // table for GEMM shapes, a measured fixed cost per GEMM (alpha_gemm) and a measured time per FLOP
 // for large GEMMs (beta_gemm). Defaults: no calibration, the model above.
 //
-// Interference: while communication runs on the same GPU (NCCL kernels occupy SMs and HBM),
-// compute runs at 1 / (1 + interference) of its speed. The engine applies this factor over the
-// overlapped part of each compute op; this class only holds the parameter.
+// Interference: while communication runs on the same GPU (NCCL and DeepEP kernels occupy SMs),
+// compute runs at 1 / (1 + interference) of its speed; by default the SMs those kernels leave
+// (topology::default_interference). The engine applies this factor over the overlapped part of
+// each compute op; this class only holds the parameter.
 #pragma once
 
 #include <optional>
@@ -53,10 +54,14 @@ struct ComputeParams {
   /// Compute slows by factor (1 + interference) while communication runs on the same GPU.
   double interference = 0;
   double max_gemm_efficiency = 0.8;  // large square GEMMs
-  /// Large fp8 GEMMs (model.precision.gemm: fp8), of the fp8 dense peak: DeepGEMM (DeepSeek's
-  /// fp8 GEMM library) reports 1,200-1,550 TFLOPS on H800 for DeepSeek-V3's shapes, 0.62-0.78 of
-  /// the 1,979 dense peak; per-block scaling and the fp32 accumulation promotions cost the rest.
-  double max_gemm_efficiency_fp8 = 0.7;
+  /// Large fp8 GEMMs (model.precision.gemm: fp8, fine-grained scaling), of the fp8 dense peak.
+  /// DeepSeek's published training profile of DeepSeek-V3 (deepseek-ai/profile-data, train.json:
+  /// one DualPipe forward + backward chunk pair of 4 MoE layers, EP 64, 4,096 tokens, H800) runs
+  /// its fp8 GEMMs, about 59 TFLOP, in 63.2 ms on the 112 SMs its all-to-all leaves: 0.56 of the
+  /// 1,979 TFLOPS peak per SM. Per-block scaling and the fp32 accumulation promotions cost the
+  /// rest; DeepGEMM's later microbenchmarks reach 0.62-0.78 on favourable shapes (a calibration
+  /// measures a stack's own).
+  double max_gemm_efficiency_fp8 = 0.56;
   AttentionModelParams attention;
   double tile_mn = 96;  // effective tile width in m and n (mix of 64/128/256 tiles)
   double tile_k = 32;   // k-loop depth below which pipelining is poor

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/workload/workload.hpp"
+#include "topology/gpu_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -70,6 +71,9 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
     message_latency_s_ =
         calibrated_message_latency(cal_.get(), sc.cluster, sc.engine.message_latency.value());
   }
+  interference_ = cal_ && cal_->interference
+                      ? *cal_->interference
+                      : sc.engine.interference.value_or(topology::default_interference(topo.gpu()));
   const auto& par = sc.parallelism;
   MOESIM_ASSERT(par.ep >= 1, "cost model needs a resolved EP group size");
   // Rank map of strategies/plan_builder.hpp: rank = ((d * ep + e) * esp + s) * mp + t; the EP

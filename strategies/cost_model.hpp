@@ -76,6 +76,9 @@ class CostModel {
   const topology::Topology& topology() const { return topo_; }
   /// The scenario's calibration (cluster.calibration), or nullptr.
   const Calibration* calibration() const { return cal_.get(); }
+  /// Compute slow-down beside communication, as the engine applies it (apps/moesim/
+  /// engine_setup): the calibration's, else engine.interference, else the GPU's default.
+  double interference() const { return interference_; }
 
   /// Ranks of the EP group of rank 0 under the plan builder's rank map (MP fastest).
   const std::vector<int>& ep_group() const { return ep_group_; }
@@ -118,6 +121,7 @@ class CostModel {
   std::shared_ptr<const Calibration> cal_;
   GemmCalibration gemm_cal_;
   double message_latency_s_ = 0;
+  double interference_ = 0;
   std::vector<int> ep_group_;
   FlopsPerSecond peak_{0};
   BytesPerSecond hbm_{0};

@@ -412,7 +412,7 @@ class Builder {
 
   OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps, OpTag label,
             std::shared_ptr<const std::vector<float>> rank_scale = nullptr, bool fp8 = false,
-            bool replay = false) {
+            bool replay = false, double cast_bytes = 0) {
     ComputeSpec spec;
     spec.cls = cls;
     spec.flops = Flops(flops);
@@ -420,8 +420,23 @@ class Builder {
     spec.rank_scale = std::move(rank_scale);
     spec.fp8 = fp8;
     spec.recompute = replay;
+    spec.cast_bytes = Bytes(fp8 ? cast_bytes : 0.0);
     return plan_.add_compute(RankSet::all(P_), s_compute_, std::move(spec), std::move(deps),
                              std::move(label));
+  }
+
+  // fp8 GEMMs (docs/model.md, "Precision"): HBM bytes of the quantization kernels that feed one,
+  // as DeepSeek-V3's recipe runs them (1 x 128 tiles, one fp32 scale per 128 elements). Forward:
+  // the input cast (read at b, write 1 byte), unless it arrives in fp8; backward: the output
+  // gradient cast twice (per token for the input gradient, transposed per channel for the weight
+  // gradient) and the cached fp8 input transposed (read and write 1 byte).
+  double fp8_cast_bytes(const GemmShape& s, bool backward, bool input_fp8) const {
+    const double batch = static_cast<double>(s.batch), m = static_cast<double>(s.m);
+    const double in = m * static_cast<double>(s.k) * batch;
+    const double out = m * static_cast<double>(s.n) * batch;
+    constexpr double kScale = 4.0 / 128.0;
+    if (!backward) return input_fp8 ? 0.0 : in * (static_cast<double>(b_) + 1.0 + kScale);
+    return 2.0 * out * (static_cast<double>(b_) + 1.0 + kScale) + in * (2.0 + kScale);
   }
 
   OpId kernel(ComputeClass cls, double flops, double bytes, std::vector<OpId> deps, OpTag label) {
@@ -664,6 +679,8 @@ class Builder {
     if (d.cls == ComputeClass::kGemm || d.cls == ComputeClass::kAttention) spec.gemm = d.shape;
     if (d.cls == ComputeClass::kNorm) spec.flops = Flops(0);
     spec.fp8 = d.fp8;
+    if (d.fp8 && d.cls == ComputeClass::kGemm)
+      spec.cast_bytes = Bytes(fp8_cast_bytes(d.shape, backward && !replay, false));
     spec.recompute = replay;
     spec.backward = backward && !replay;
     const std::string label =
@@ -1204,12 +1221,16 @@ class Builder {
                           grouping(groups_.esp), etp_bytes(cap), deps_of({enc, disp}),
                           lbl(l, false, fmt::format("etp_allgather.c{}", j + 1)));
       const ExpertShapes sh = expert_shapes(cap);
+      // fc1's input arrives in fp8 when the dispatch sends fp8 (DeepEP casts before sending).
+      const bool fp8_in = W_ > 1 && sc_.model.precision.dispatch == Dtype::kFp8;
       OpId f1 = gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1,
                      deps_of({enc, disp, j == 0 ? param_gather : kNone, prefetch}),
-                     tag(l, false, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_);
+                     tag(l, false, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_, false,
+                     fp8_cast_bytes(sh.fc1, false, fp8_in));
       OpId act = expert_act(l, moe, j, sh, false, false, f1);
       OpId f2 = gemm(ComputeClass::kGemm, sh.fc2, sh.flops_fc2, deps_of({act}),
-                     tag(l, false, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_);
+                     tag(l, false, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_, false,
+                     fp8_cast_bytes(sh.fc2, false, false));
       ops.expert.push_back(f1);
       ops.expert.push_back(f2);
       last_expert = f2;
@@ -1310,14 +1331,17 @@ class Builder {
       if (replay_moe)
         rin = note(gemm(ComputeClass::kGemm, sh.fc1, sh.flops_fc1, deps_of({rin}),
                         lbl(l, true, fmt::format("recompute.expert.fc1.c{}", j + 1)),
-                        expert_scale(moe, j), fp8_gemm_, true));
+                        expert_scale(moe, j), fp8_gemm_, true,
+                        fp8_cast_bytes(sh.fc1, false, true)));  // its kept input is fp8
       if (replay_moe || rc.has(RecomputeModule::kMoeAct))
         rin = note(expert_act(l, moe, j, sh, true, true, rin));
       OpId f2 = note(gemm(ComputeClass::kGemm, sh.fc2, 2.0 * sh.flops_fc2, deps_of({rin, cb}),
-                          tag(l, true, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_));
+                          tag(l, true, OpRoleKind::kFc2, j), expert_scale(moe, j), fp8_gemm_, false,
+                          fp8_cast_bytes(sh.fc2, true, false)));
       OpId act = note(expert_act(l, moe, j, sh, true, false, f2));
       OpId f1 = note(gemm(ComputeClass::kGemm, sh.fc1, 2.0 * sh.flops_fc1, deps_of({act}),
-                          tag(l, true, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_));
+                          tag(l, true, OpRoleKind::kFc1, j), expert_scale(moe, j), fp8_gemm_, false,
+                          fp8_cast_bytes(sh.fc1, true, false)));
       ops.expert.push_back(f2);
       ops.expert.push_back(f1);
       last_expert = f1;

@@ -14,6 +14,27 @@ namespace moesim::topology {
 /// The catalog entry named `name` (exact, case-sensitive), or nullptr when there is none.
 const GpuSpec* find_gpu(std::string_view name);
 
+/// SMs the communication kernels of a training step hold while they run: DeepSeek-V3's report
+/// (section 3.2.2) gives 20 of H800's 132 to its all-to-all kernels, DeepEP's default
+/// (Buffer.num_sms) is 20, and NCCL's collectives run one thread block per channel, 16 to 32 on
+/// NVLink and InfiniBand systems.
+inline constexpr int kCommunicationSms = 20;
+
+/// engine.interference when the scenario does not set it: compute beside communication runs on
+/// the SMs the communication kernels leave, sms / (sms - kCommunicationSms) times slower (0.18
+/// on H100 / H800, 0.23 on A100). 0 when the SM count is unknown (an inline GPU without `sms`).
+double default_interference(const GpuSpec& gpu);
+
+/// Achievable fraction of a scale-up link's spec-sheet bandwidth, the `intra_node.efficiency`
+/// default. NVLink (nvswitch, nvlink_ring): 0.8, DeepEP's measurement on H800 (about 160 of the
+/// 200 GB/s per direction; NVLink's packet headers and flow control take the rest). PCIe: 1.0,
+/// no cited figure yet (the bundled PCIe testbeds state their measured rates).
+double default_intra_efficiency(IntraKind kind);
+
+/// Achievable fraction of a NIC's line rate, the `inter_node.nic_efficiency` default: 0.95,
+/// the 46-49 GB/s nccl-tests' maintainers measure through a 400 Gb/s (50 GB/s) ConnectX-7.
+inline constexpr double kNicEfficiency = 0.95;
+
 /// Catalog names in catalog order, for error hints and `moesim --help`.
 std::vector<std::string> gpu_names();
 

@@ -156,6 +156,10 @@ void apply_defaults(ClusterSpec& spec) {
     intra.bandwidth =
         intra.kind == IntraKind::kPcie ? spec.gpu.pcie_bandwidth : spec.gpu.nvlink_bandwidth;
   }
+  // Spec-sheet rate -> what transfers achieve (idempotent: a resolved spec keeps its nominal).
+  if (intra.nominal_bandwidth.value() <= 0) intra.nominal_bandwidth = intra.bandwidth;
+  if (intra.efficiency <= 0) intra.efficiency = default_intra_efficiency(intra.kind);
+  intra.bandwidth = BytesPerSecond(intra.nominal_bandwidth.value() * intra.efficiency);
   if (intra.bandwidth.value() <= 0 && spec.gpus_per_node > 1 &&
       spec.inter.kind != InterKind::kCustom) {
     throw InputError(spec.location_of("cluster.intra_node.bandwidth"),
@@ -207,6 +211,10 @@ void apply_defaults(ClusterSpec& spec) {
       throw InputError(spec.location_of("cluster.inter_node.switch_radix"),
                        "cluster.inter_node.switch_radix", "must be at least 2");
     }
+    if (inter.nominal_nic_bandwidth.value() <= 0) inter.nominal_nic_bandwidth = inter.nic_bandwidth;
+    if (inter.nic_efficiency <= 0) inter.nic_efficiency = kNicEfficiency;
+    inter.nic_bandwidth =
+        BytesPerSecond(inter.nominal_nic_bandwidth.value() * inter.nic_efficiency);
     if (inter.local_bandwidth.value() <= 0) inter.local_bandwidth = inter.nic_bandwidth;
     if (inter.global_bandwidth.value() <= 0) inter.global_bandwidth = inter.nic_bandwidth;
   }

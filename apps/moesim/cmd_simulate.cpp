@@ -335,6 +335,9 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
     if (auto m = simgrid_mode_used(cfg, topo->num_gpus()); !m.empty()) j["simgrid_mode"] = m;
     if (cfg.network == sim::NetworkKind::kFlow)
       j["flow_event_tolerance"] = cfg.flow_event_tolerance;
+    // The compute slow-down beside communication the run used (scenario, GPU default or
+    // calibration).
+    j["interference"] = cfg.compute.interference;
     j["seed"] = sc.workload.routing.seed;
     auto& runs = j["runs"] = nlohmann::ordered_json::array();
     double wall = 0;

@@ -13,6 +13,7 @@
 #include "apps/moesim/overrides.hpp"
 #include "core/scenario_loader.hpp"
 #include "topology/fabric_cuts.hpp"
+#include "topology/gpu_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -62,6 +63,16 @@ TopoSummary summarize(const topology::Topology& topo) {
   return s;
 }
 
+// Where a figure came from: the scenario's own key or the hardware catalog's default
+// (topology/gpu_catalog.hpp). A calibration file rescales links and interference in the
+// simulating commands, not here.
+std::string source_of(bool from_scenario) { return from_scenario ? "scenario" : "catalog"; }
+
+// The compute slow-down beside communication the engines use without a calibration.
+double interference_of(const Scenario& sc, const topology::Topology& topo) {
+  return sc.engine.interference.value_or(topology::default_interference(topo.gpu()));
+}
+
 nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& topo,
                                const TopoSummary& s) {
   nlohmann::ordered_json j;
@@ -72,6 +83,23 @@ nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& top
   j["gpus_per_node"] = topo.gpus_per_node();
   j["intra_node"] = std::string(intra_kind_name(topo.spec().intra.kind));
   j["inter_node"] = std::string(inter_kind_name(topo.spec().inter.kind));
+  const auto& spec = topo.spec();
+  if (spec.inter.kind != InterKind::kCustom) {
+    j["intra_bandwidth_Bps"] = spec.intra.bandwidth.value();
+    j["intra_nominal_Bps"] = spec.intra.nominal_bandwidth.value();
+    j["intra_efficiency"] = spec.intra.efficiency;
+    j["intra_efficiency_source"] = source_of(sc.cluster.intra.efficiency > 0);
+    if (spec.inter.kind != InterKind::kNone) {
+      j["nic_bandwidth_Bps"] = spec.inter.nic_bandwidth.value();
+      j["nic_nominal_Bps"] = spec.inter.nominal_nic_bandwidth.value();
+      j["nic_efficiency"] = spec.inter.nic_efficiency;
+      j["nic_efficiency_source"] = source_of(sc.cluster.inter.nic_efficiency > 0);
+    }
+  }
+  j["sms"] = topo.gpu().sms;
+  j["interference"] = interference_of(sc, topo);
+  j["interference_source"] = source_of(sc.engine.interference.has_value());
+  if (!sc.cluster.calibration_path.empty()) j["calibration"] = sc.cluster.calibration_path;
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   for (const auto& [k, n] : s.vertex_counts) counts[k] = n;
   j["vertices"] = counts;
@@ -117,16 +145,28 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
                spec.custom ? spec.custom->vertices.size() : 0,
                spec.custom ? spec.custom->links.size() : 0);
   } else {
-    fmt::print("intra-node  {}, {} per GPU per direction, latency {}\n",
+    fmt::print("intra-node  {}, {} per GPU per direction ({} x {:.2f}, {}), latency {}\n",
                intra_kind_name(spec.intra.kind), to_string(spec.intra.bandwidth),
-               to_string(spec.intra.latency));
+               to_string(spec.intra.nominal_bandwidth), spec.intra.efficiency,
+               source_of(sc.cluster.intra.efficiency > 0), to_string(spec.intra.latency));
     if (spec.inter.kind == InterKind::kNone)
       fmt::print("inter-node  none\n");
     else
-      fmt::print("inter-node  {}, {} NIC(s) per node at {}, latency {}\n",
+      fmt::print("inter-node  {}, {} NIC(s) per node at {} ({} x {:.2f}, {}), latency {}\n",
                  inter_kind_name(spec.inter.kind), spec.inter.nics_per_node,
-                 to_string(spec.inter.nic_bandwidth), to_string(spec.inter.latency));
+                 to_string(spec.inter.nic_bandwidth), to_string(spec.inter.nominal_nic_bandwidth),
+                 spec.inter.nic_efficiency, source_of(sc.cluster.inter.nic_efficiency > 0),
+                 to_string(spec.inter.latency));
   }
+  fmt::print("compute     interference {:.3f} beside communication ({}{})\n",
+             interference_of(sc, topo), source_of(sc.engine.interference.has_value()),
+             sc.engine.interference ? ""
+             : topo.gpu().sms > 0   ? fmt::format(": {} of {} SMs run communication",
+                                                  topology::kCommunicationSms, topo.gpu().sms)
+                                    : ": SM count unknown");
+  if (!sc.cluster.calibration_path.empty())
+    fmt::print("calibration {} replaces these figures where it measured them\n",
+               sc.cluster.calibration_path);
   std::string counts;
   for (const auto& [k, n] : s.vertex_counts)
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, k);

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
 #include "topology/calibrated.hpp"
+#include "topology/gpu_catalog.hpp"
 
 namespace moesim::app {
 
@@ -87,7 +88,8 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
                      : sc_simgrid_mode == SimgridModeKind::kPtask ? sim::SimgridMode::kPtask
                                                                   : sim::SimgridMode::kAuto;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
-  cfg.compute.interference = sc.engine.interference;
+  cfg.compute.interference =
+      sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
   cfg.precision = sc.model.dtype;
   apply_calibration(cfg, sc);
   return cfg;

@@ -1020,6 +1020,7 @@ std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
       r.run = run_json(sc, o.run, o.summary);
       if (cfg.network == sim::NetworkKind::kFlow)
         r.run["flow_event_tolerance"] = cfg.flow_event_tolerance;
+      r.run["interference"] = cfg.compute.interference;
     }
     rows.push_back(std::move(r));
   }

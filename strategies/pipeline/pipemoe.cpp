@@ -21,17 +21,21 @@ double pipemoe_pass_time(const PipeMoePass& p, int r, PipeMoeRegime* regime) {
     return 2.0 * (aa + ba * p.n_d) + ae + be * p.n_e;
   }
   const double a = aa + ba * p.n_d / r;  // one all-to-all chunk
-  const double e = ae + be * p.n_e / r;  // one expert chunk
-  if (a >= e) {
+  const double e = ae + be * p.n_e / r;  // one expert chunk, alone on the GPU
+  const double slow = 1.0 + p.interference;
+  if (a >= e * slow) {
     // Communication-bound chunks: the comm stream never idles, 2r all-to-all chunks in a row.
     set(PipeMoeRegime::kT2);
     return 2.0 * r * aa + 2.0 * ba * p.n_d;
   }
-  if (2.0 * (r - 1) * a < r * e) {
+  // The other chunks' dispatches and combines run beside the expert chunks for this long; the
+  // experts progress 1 / slow as fast meanwhile.
+  const double beside = 2.0 * (r - 1) * a;
+  if (beside / slow < r * e) {
     // Compute-bound and the experts hide the other chunks' communication: first dispatch, r
-    // expert chunks, last combine.
+    // expert chunks (stretched while communication runs beside them), last combine.
     set(PipeMoeRegime::kT3);
-    return 2.0 * aa + be * p.n_e + 2.0 * ba * p.n_d / r + ae * r;
+    return 2.0 * aa + be * p.n_e + 2.0 * ba * p.n_d / r + ae * r + beside * p.interference / slow;
   }
   set(PipeMoeRegime::kT4);
   return 2.0 * r * aa + 2.0 * ba * p.n_d;
@@ -75,6 +79,7 @@ std::vector<PipeMoePass> pipemoe_passes(const CostModel& cost, std::int64_t capa
   fwd.expert = cost.expert_fit(cap, decision.layout, rep, r, r + 1);
   fwd.n_d = n_d;
   fwd.n_e = shape.expert_work;
+  fwd.interference = cost.interference();
   std::vector<PipeMoePass> passes{fwd};
   if (cost.scenario().model.mode == Mode::kTraining) {
     // Backward mirrors forward with 2x the expert FLOPs (input and weight gradients).

@@ -37,6 +37,9 @@ struct PipeMoePass {
   AlphaBeta expert;  // per expert pass, x in expert work
   double n_d = 0;    // bytes per rank of the whole dispatch (= combine)
   double n_e = 0;    // expert work of the whole pass
+  /// Compute slow-down beside communication (engine.interference): an expert chunk that runs
+  /// while a chunk of the all-to-all does takes (1 + interference) x longer.
+  double interference = 0;
 };
 
 enum class PipeMoeRegime { kT1, kT2, kT3, kT4 };

@@ -59,7 +59,7 @@ const char* kScenario = R"(name: cal-2gpu
 cluster:
   gpu: a100-sxm-80gb
   gpus_per_node: 2
-  intra_node: {kind: nvswitch, bandwidth: 100GB/s, latency: 1us}
+  intra_node: {kind: nvswitch, bandwidth: 100GB/s, efficiency: 1, latency: 1us}
   calibration: cal.yaml
 model: {batch_per_gpu: 1, seq_len: 16, model_dim: 8, hidden_dim: 8, experts: 2, dtype: fp16}
 engine: {network: analytical, message_latency: 0us, message_overhead: 0us}

@@ -108,8 +108,17 @@ TEST(Cli, TopoQuickstartJsonMatchesExpected) {
   auto r =
       run(fmt::format("topo '{}/scenarios/quickstart.yaml' --json '{}'", kSource, out.string()));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  // The table names both tiers: 112 intra-node pairs over NVSwitch, 128 inter-node pairs.
-  EXPECT_NE(r.out.find("bisection   200 GB/s"), std::string::npos) << r.out;
+  // The table names both tiers: 112 intra-node pairs over NVSwitch, 128 inter-node pairs. Links
+  // at the catalog's achievable fractions: NVLink 300 x 0.8, HDR 25 x 0.95 GB/s; 8 NICs cut.
+  EXPECT_NE(r.out.find("bisection   190 GB/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("intra-node  nvswitch, 240 GB/s per GPU per direction (300 GB/s x 0.80, "
+                       "catalog)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("at 23.8 GB/s (25 GB/s x 0.95, catalog)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("interference 0.227 beside communication (catalog: 20 of 108 SMs"),
+            std::string::npos)
+      << r.out;
   auto want =
       nlohmann::json::parse(read_file(kSource + "/tests/cli/expected/topo_quickstart.json"));
   auto got = nlohmann::json::parse(read_file(out));
@@ -505,6 +514,8 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
   }
   EXPECT_EQ(a["runs"][0]["strategy"], "baseline");
   EXPECT_DOUBLE_EQ(a["runs"][0]["speedup_vs_baseline"].get<double>(), 1.0);
+  // The compute slow-down beside communication it ran with: the A100's 20 of 108 SMs.
+  EXPECT_DOUBLE_EQ(a["interference"].get<double>(), 20.0 / 88.0);
   // Same scenario and seed: identical JSON except wall-clock fields.
   strip_wall(a);
   strip_wall(b);
@@ -521,13 +532,13 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
 // 67,108,864. Total 6,913,785,856 bytes, of 40 GiB.
 // --collective without --algo runs what NCCL runs, so a row compares with nccl-tests: its
 // all-to-all is linear (one send / receive per peer) even where moesim's cost model would pick
-// 2dh (quickstart: 2 nodes, where `--algo auto` takes 2dh at 1 MiB).
+// 2dh (quickstart: 2 nodes, where `--algo auto` takes 2dh at 256 KiB).
 TEST(Cli, CollectiveDefaultsToWhatNcclRuns) {
   const fs::path dir = temp_dir();
   auto algo_of = [&](const std::string& args) {
     const fs::path f = dir / "c.json";
     fs::remove(f);
-    auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --size 1MiB {} --json '{}'",
+    auto r = run(fmt::format("simulate '{}/scenarios/quickstart.yaml' --size 256KiB {} --json '{}'",
                              kSource, args, f.string()));
     EXPECT_EQ(r.exit_code, 0) << r.out;
     return nlohmann::json::parse(read_file(f))["collective"]["algo"].get<std::string>();

@@ -119,7 +119,7 @@ TEST(ScenarioLoader, TinyScenarioGetsDocumentedDefaults) {
   EXPECT_EQ(s.engine.peer_cache, 0);  // unlimited: no per-peer misses
   EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 0.0);
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 5e-6);
-  EXPECT_DOUBLE_EQ(s.engine.interference, 0.0);
+  EXPECT_FALSE(s.engine.interference.has_value());  // the GPU's default
   // strategies
   ASSERT_EQ(s.strategies.size(), 2u);
   EXPECT_TRUE(s.strategies[0].is_baseline());
@@ -243,7 +243,7 @@ strategies:
   EXPECT_EQ(s.engine.peer_cache, 12);
   EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 3e-6);
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 10e-6);
-  EXPECT_DOUBLE_EQ(s.engine.interference, 0.3);
+  EXPECT_DOUBLE_EQ(s.engine.interference.value_or(-1), 0.3);
 
   ASSERT_EQ(s.strategies.size(), 7u);
   const auto& topo = s.strategies[0];
@@ -343,8 +343,9 @@ TEST(ScenarioLoader, InlineGpuMap) {
   Scenario s = parse(tiny_with(
       "gpu: a100-sxm-80gb",
       "gpu: {name: mygpu, peak_tflops: {fp16: 100TFLOPS, fp32: 20TFLOPS}, hbm_bandwidth: 1TB/s, "
-      "memory: 16GiB, nvlink_bandwidth: 50GB/s, pcie_bandwidth: 16GB/s}"));
+      "memory: 16GiB, nvlink_bandwidth: 50GB/s, pcie_bandwidth: 16GB/s, sms: 84}"));
   const GpuSpec& g = s.cluster.gpu;
+  EXPECT_EQ(g.sms, 84);
   EXPECT_FALSE(g.from_catalog);
   EXPECT_EQ(g.name, "mygpu");
   ASSERT_EQ(g.peak.size(), 2u);
@@ -360,6 +361,28 @@ TEST(ScenarioLoader, InlineGpuMap) {
       "gpu: a100-sxm-80gb", "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, memory: 32GB}"));
   ASSERT_EQ(t.cluster.gpu.peak.size(), 1u);
   EXPECT_DOUBLE_EQ(t.cluster.gpu.peak.at(Dtype::kFp16).value(), 50e12);
+  EXPECT_EQ(t.cluster.gpu.sms, 0);  // unknown: no default interference
+  EXPECT_THAT(error_of(tiny_with("gpu: a100-sxm-80gb",
+                                 "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, "
+                                 "memory: 32GB, sms: 0}")),
+              HasSubstr("cluster.gpu.sms"));
+}
+
+TEST(ScenarioLoader, AchievableFractionsOfLinks) {
+  Scenario s = parse(tiny_with("{kind: nvswitch, bandwidth: 300GB/s}",
+                               "{kind: nvswitch, bandwidth: 300GB/s, efficiency: 0.75}"));
+  EXPECT_DOUBLE_EQ(s.cluster.intra.efficiency, 0.75);
+  EXPECT_DOUBLE_EQ(s.cluster.inter.nic_efficiency, 0);  // unset: the catalog's
+  s = parse(tiny_with("nic_bandwidth: 200Gb/s}", "nic_bandwidth: 200Gb/s, nic_efficiency: 1}"));
+  EXPECT_DOUBLE_EQ(s.cluster.inter.nic_efficiency, 1.0);
+  // Outside (0, 1]: exit 2 with the key and what fits.
+  EXPECT_THAT(error_of(tiny_with("{kind: nvswitch, bandwidth: 300GB/s}",
+                                 "{kind: nvswitch, bandwidth: 300GB/s, efficiency: 1.2}")),
+              HasSubstr("cluster.intra_node.efficiency: found 1.2, expected the achievable "
+                        "fraction of the spec-sheet bandwidth, a number in (0, 1]"));
+  EXPECT_THAT(
+      error_of(tiny_with("nic_bandwidth: 200Gb/s}", "nic_bandwidth: 200Gb/s, nic_efficiency: 0}")),
+      HasSubstr("cluster.inter_node.nic_efficiency: found 0, expected"));
 }
 
 TEST(ScenarioLoader, PcieIntraNode) {

@@ -82,7 +82,7 @@ double collective_time(const Scenario& sc, const topology::Topology& topo, const
 constexpr const char* kTwoGpus =
     "  gpu: a100-sxm-80gb\n"
     "  gpus_per_node: 2\n"
-    "  intra_node: {kind: nvswitch, bandwidth: 250GB/s, latency: 1us}\n";
+    "  intra_node: {kind: nvswitch, bandwidth: 250GB/s, efficiency: 1, latency: 1us}\n";
 
 // Measured: alpha 5 us, beta 8 ps/B = 2x the datasheet's (125 GB/s).
 constexpr const char* kTier0 =
@@ -146,7 +146,7 @@ TEST_F(CalibratedEngines, GroupOfAnotherSizeKeepsTheClosedFormOnTheCalibratedTop
   const Scenario sc = load(
       "  gpu: a100-sxm-80gb\n"
       "  gpus_per_node: 4\n"
-      "  intra_node: {kind: nvswitch, bandwidth: 250GB/s, latency: 1us}\n",
+      "  intra_node: {kind: nvswitch, bandwidth: 250GB/s, efficiency: 1, latency: 1us}\n",
       line);
   const auto topo = app::simulation_topology(sc);
   // 4 ranks, no line for 4: each rank sends 3 messages of S/4 through its one NVSwitch port at
@@ -166,8 +166,9 @@ constexpr const char* kTwoNodes =
     "  gpu: a100-sxm-80gb\n"
     "  nodes: 2\n"
     "  gpus_per_node: 2\n"
-    "  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}\n"
-    "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s, nics_per_node: 2, latency: 2us}\n";
+    "  intra_node: {kind: nvswitch, bandwidth: 300GB/s, efficiency: 1, latency: 1us}\n"
+    "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s, nic_efficiency: 1, nics_per_node: 2, "
+    "latency: 2us}\n";
 
 TEST_F(CalibratedEngines, EachTierGetsItsOwnMeasuredRateAndNicLinksFollowTier1) {
   const Scenario sc = load(kTwoNodes,
@@ -209,8 +210,10 @@ TEST_F(CalibratedEngines, ATier1FasterThanTheScaledTier0LinksIsCappedAndReported
       "  gpu: a100-sxm-80gb\n"
       "  nodes: 2\n"
       "  gpus_per_node: 2\n"
-      "  intra_node: {kind: pcie, bandwidth: 32GB/s, latency: 1us, gpus_per_pcie_switch: 2}\n"
-      "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s, nics_per_node: 1, latency: 2us}\n",
+      "  intra_node: {kind: pcie, bandwidth: 32GB/s, efficiency: 1, latency: 1us, "
+      "gpus_per_pcie_switch: 2}\n"
+      "  inter_node: {kind: switch, nic_bandwidth: 200Gb/s, nic_efficiency: 1, nics_per_node: 1, "
+      "latency: 2us}\n",
       "format: moesim-calibration/1\n"
       "point_to_point:\n"
       "  - {tier: 0, alpha: 3us, beta: 1e-9s/B}\n"
@@ -232,8 +235,9 @@ TEST_F(CalibratedEngines, UnmeasuredSpineTierFollowsTheMeasuredNicTier) {
       "  gpu: a100-sxm-80gb\n"
       "  nodes: 8\n"
       "  gpus_per_node: 2\n"
-      "  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}\n"
-      "  inter_node: {kind: fat_tree, nic_bandwidth: 200Gb/s, nics_per_node: 2, latency: 2us, "
+      "  intra_node: {kind: nvswitch, bandwidth: 300GB/s, efficiency: 1, latency: 1us}\n"
+      "  inter_node: {kind: fat_tree, nic_bandwidth: 200Gb/s, nic_efficiency: 1, nics_per_node: 2, "
+      "latency: 2us, "
       "switch_radix: 8}\n",
       "format: moesim-calibration/1\n"
       "point_to_point:\n"

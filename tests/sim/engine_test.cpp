@@ -145,6 +145,28 @@ TEST(ComputeModelTest, RooflineComputeAndMemoryBound) {
   EXPECT_NEAR(m.memory_time(Bytes(3e6)).value(), 3e6 / kHbm, kEps);
 }
 
+TEST(ComputeModelTest, Fp8GemmAddsItsQuantizationTraffic) {
+  // An fp8 GEMM at the fp8 peak (2x fp16) and its 0.56 ceiling, plus its casts at HBM speed.
+  GpuSpec g = test_gpu();
+  g.peak[Dtype::kFp8] = FlopsPerSecond(2 * kPeak);
+  ComputeModel m(g, Dtype::kFp16, test_config().compute);
+  ComputeSpec s;
+  s.cls = ComputeClass::kGemm;
+  s.gemm = GemmShape{4096, 4096, 4096, 1};
+  s.flops = Flops(s.gemm->flops());
+  s.fp8 = true;
+  const double alone = m.duration(s).value();
+  const double eff =
+      0.56 * std::pow(gemm_tile_utilisation(4096, 96), 2) * gemm_tile_utilisation(4096, 32);
+  EXPECT_NEAR(alone, kLaunch + s.gemm->flops() / (2 * kPeak * eff), 1e-12);
+  s.cast_bytes = Bytes(3e6);  // 3 us at 1 TB/s
+  EXPECT_NEAR(m.duration(s).value(), alone + 3e-6, 1e-12);
+  // rank_scale scales the casts with the rows.
+  ComputeSpec no_casts = s;
+  no_casts.cast_bytes = Bytes(0);
+  EXPECT_NEAR(m.duration(s, 2.0).value() - m.duration(no_casts, 2.0).value(), 6e-6, 1e-12);
+}
+
 TEST(ComputeModelTest, GemmEfficiencyIsMonotoneInEveryDimension) {
   ComputeModel m(test_gpu(), Dtype::kFp16, {});
   double prev = 0;

@@ -632,6 +632,7 @@ ClusterSpec small_fat_tree(EcmpMode ecmp) {
   c.intra.latency = Seconds(1e-6);
   c.inter.kind = InterKind::kFatTree;
   c.inter.nic_bandwidth = BytesPerSecond(25e9);
+  c.intra.efficiency = c.inter.nic_efficiency = 1;  // spec-sheet rates: hand-computed times
   c.inter.nics_per_node = 4;
   c.inter.latency = Seconds(2e-6);
   c.inter.switch_radix = 4;
@@ -839,8 +840,10 @@ TEST(FlowModel, DmodkLinearAllToAllOnTwoLeavesHandComputed) {
 // rail_optimized) and engine.flow.event_tolerance (default 1e-9, in (0, 0.1)).
 std::string scenario_yaml(const std::string& inter_extra, const std::string& engine) {
   return "name: t\ndescription: t\ncluster:\n  gpu: a100-sxm-80gb\n  nodes: 4\n"
-         "  gpus_per_node: 8\n  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}\n"
-         "  inter_node:\n    nic_bandwidth: 200Gb/s\n    nics_per_node: 8\n" +
+         "  gpus_per_node: 8\n  intra_node: {kind: nvswitch, bandwidth: 300GB/s, efficiency: 1, "
+         "latency: 1us}\n"
+         "  inter_node:\n    nic_bandwidth: 200Gb/s\n    nic_efficiency: 1\n    nics_per_node: "
+         "8\n" +
          inter_extra +
          "model: {mode: training, layers: 1, moe_every: 1, batch_per_gpu: 1, seq_len: 128, "
          "model_dim: 256, hidden_dim: 256, experts_per_gpu: 1, top_k: 1}\n"

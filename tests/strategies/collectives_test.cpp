@@ -1384,6 +1384,7 @@ ClusterSpec oversubscribed_tree(double oversubscription) {
   s.intra.latency = Seconds(1e-6);
   s.inter.kind = InterKind::kFatTree;
   s.inter.nic_bandwidth = BytesPerSecond(25e9);
+  s.intra.efficiency = s.inter.nic_efficiency = 1;  // spec-sheet rates: hand-worked cuts
   s.inter.nics_per_node = 1;
   s.inter.latency = Seconds(2e-6);
   s.inter.switch_radix = 8;

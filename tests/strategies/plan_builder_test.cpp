@@ -21,6 +21,7 @@
 #include "sim/engine.hpp"
 #include "strategies/runner.hpp"
 #include "strategy_test_util.hpp"
+#include "topology/gpu_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -116,7 +117,8 @@ sim::EngineConfig engine_config(const Scenario& sc, sim::NetworkKind kind) {
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
-  cfg.compute.interference = sc.engine.interference;
+  cfg.compute.interference =
+      sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
   cfg.precision = sc.model.dtype;
   return cfg;
 }
@@ -466,6 +468,37 @@ TEST(PlanBuilder, AttentionAndDenseFfnFlops) {
   ASSERT_EQ(b.bp.index.moe_layers.size(), 1u);
 }
 
+// fp8 GEMMs carry their quantization kernels' bytes (docs/model.md, "Precision"), one fp32
+// scale per 128 elements: forward the input cast (b + 1 bytes per element), backward the output
+// gradient cast twice and the kept fp8 input transposed (2 bytes). S = 512, M = 256, b = 2.
+TEST(PlanBuilder, Fp8GemmsCarryTheirQuantizationBytes) {
+  Cfg c;
+  c.model_extra = "  precision: {gemm: fp8, dispatch: fp8, combine: fp16}\n";
+  Built b = build(c);
+  const double S = 512, M = 256, H = 512, cast = 2 + 1 + 1.0 / 32, transpose = 2 + 1.0 / 32;
+  auto cast_of = [&](const std::string& l) {
+    return find_op(b.bp.plan, l).compute().cast_bytes.value();
+  };
+  // attn.qkv: S x M -> 3M.
+  EXPECT_DOUBLE_EQ(cast_of("L0.fwd.attn.qkv"), S * M * cast);
+  EXPECT_DOUBLE_EQ(cast_of("L0.bwd.attn.qkv"), 2 * S * 3 * M * cast + S * M * transpose);
+  // The routed fc1's tokens arrive in fp8 (fp8 dispatch): no forward cast; fc2's input is cast.
+  const auto& fc1 = find_op(b.bp.plan, "L0.fwd.expert.fc1.c1").compute();
+  const double rows = static_cast<double>(fc1.gemm->m * fc1.gemm->batch);
+  EXPECT_EQ(cast_of("L0.fwd.expert.fc1.c1"), 0.0);
+  EXPECT_DOUBLE_EQ(cast_of("L0.fwd.expert.fc2.c1"), rows * H * cast);
+  EXPECT_DOUBLE_EQ(cast_of("L0.bwd.expert.fc1.c1"), 2 * rows * H * cast + rows * M * transpose);
+  // The attention core and the gate stay 16-bit: nothing to cast.
+  EXPECT_EQ(cast_of("L0.fwd.attn.core"), 0.0);
+  EXPECT_EQ(cast_of("L0.fwd.gate"), 0.0);
+  // Without fp8 no GEMM casts.
+  Built plain = build(Cfg{});
+  for (const auto& op : plain.bp.plan.ops()) {
+    if (op.kind != OpKind::kCompute) continue;
+    EXPECT_EQ(op.compute().cast_bytes.value(), 0.0) << op.label;
+  }
+}
+
 TEST(PlanBuilder, ParallelModesForShardedExperts) {
   // 8 GPUs, 2 experts sharded over n = 4 GPUs; S = 512, k = 2, f = 1: dC = 512; M = 256, H = 512.
   Cfg c;
@@ -812,9 +845,12 @@ ChunkTimes recurrence(const ChunkTimes& m) {
   return p;
 }
 
+// The chunk recurrences' idealised machine: no fixed costs, and compute beside communication at
+// full speed (no interference), so chunk times add up as the hand-worked units.
 sim::EngineConfig no_overhead_config(const Scenario& sc) {
   sim::EngineConfig cfg = engine_config(sc, sim::NetworkKind::kAnalytical);
   cfg.compute.launch_overhead = Seconds(0);
+  cfg.compute.interference = 0;
   cfg.net.message_overhead_s = 0;
   cfg.net.message_latency_s = 0;
   return cfg;

@@ -24,20 +24,20 @@ constexpr double kSendBytes = 2.0 * 256 * 256 * 2;
 
 Scenario make(int nodes, int gpn, int pp, int ep, int layers = 4, int nics = 0,
               int micro_batches = 1) {
-  const std::string inter =
-      nodes > 1 || nics > 0
-          ? fmt::format(
-                "  inter_node: {{kind: switch, nic_bandwidth: 200Gb/s, nics_per_node: {}, "
-                "latency: 2us}}\n",
-                nics > 0 ? nics : gpn)
-          : "";
+  const std::string inter = nodes > 1 || nics > 0
+                                ? fmt::format(
+                                      "  inter_node: {{kind: switch, nic_bandwidth: 200Gb/s, "
+                                      "nic_efficiency: 1, nics_per_node: {}, "
+                                      "latency: 2us}}\n",
+                                      nics > 0 ? nics : gpn)
+                                : "";
   return parse_scenario_string(fmt::format(R"(
 name: stage-gpus
 cluster:
   gpu: a100-sxm-80gb
   nodes: {}
   gpus_per_node: {}
-  intra_node: {{kind: nvswitch, bandwidth: 300GB/s, latency: 1us}}
+  intra_node: {{kind: nvswitch, bandwidth: 300GB/s, efficiency: 1, latency: 1us}}
 {}model:
   mode: training
   layers: {}

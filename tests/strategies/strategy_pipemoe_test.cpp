@@ -86,6 +86,33 @@ TEST(PipeMoeClosedForm, T4CommunicationDominatesOverall) {
   EXPECT_DOUBLE_EQ(c.predicted_s, 206.0);
 }
 
+TEST(PipeMoeClosedForm, InterferenceStretchesTheExpertsBesideCommunication) {
+  // T3's case (alpha_a = 1, beta_a n_d = 100, alpha_e = 1, beta_e n_e = 1000) with interference
+  // 0.25: at r = 10, a = 11 and e = 101; 2 (r - 1) a = 198 of communication runs beside the
+  // experts, which lose 198 * 0.25 / 1.25 = 39.6 of progress: T3 = 2 + 1000 + 20 + 10 + 39.6.
+  // T3(r) = 1002 + 200 / r + r + 0.4 (r - 1) (1 + 100 / r) = const + 160 / r + 1.4 r, least over
+  // integers at r = 11 (1071.545; r = 10 1071.6, r = 12 1071.733), below the 14 without it.
+  PipeMoePass p = pass(1.0, 100.0, 1.0, 1000.0);
+  p.interference = 0.25;
+  PipeMoeRegime g;
+  EXPECT_NEAR(pipemoe_pass_time(p, 10, &g), 1071.6, 1e-9);
+  EXPECT_EQ(g, PipeMoeRegime::kT3);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(p, 1), 1203.0);  // nothing overlaps at r = 1
+  const PipeMoeChoice c = pipemoe_optimal_degree({p}, 64);
+  EXPECT_EQ(c.degree, 11);
+  EXPECT_NEAR(c.predicted_s, 1002.0 + 200.0 / 11 + 11 + 0.4 * 10 * (1 + 100.0 / 11), 1e-9);
+  // alpha_a = 1, beta_a n_d = 100, alpha_e = 0, beta_e n_e = 120, r = 4: a = 26, e = 30. Without
+  // interference the 156 of communication beside the experts outlasts their 120: T4 = 208. At
+  // 0.5 they progress at 2/3 meanwhile and outlast it (156 / 1.5 = 104 < 120): T3 = 2 + 120 +
+  // 50 + 156 * 0.5 / 1.5 = 224.
+  PipeMoePass q = pass(1.0, 100.0, 0.0, 120.0);
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(q, 4, &g), 208.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT4);
+  q.interference = 0.5;
+  EXPECT_DOUBLE_EQ(pipemoe_pass_time(q, 4, &g), 224.0);
+  EXPECT_EQ(g, PipeMoeRegime::kT3);
+}
+
 TEST(PipeMoeClosedForm, PassesAddUp) {
   // Training: forward + backward (2x expert work) share one r.
   const PipeMoePass fwd = pass(1.0, 100.0, 1.0, 1000.0);

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "test_util.hpp"
 #include "topology/topology.hpp"
@@ -65,6 +67,28 @@ TEST(GpuCatalog, SpecSheetFigures) {
   EXPECT_EQ(find_gpu("A100"), nullptr);
 }
 
+TEST(GpuCatalog, CommunicationSmsSetTheDefaultInterference) {
+  // 20 SMs for communication kernels: 20 / (132 - 20) on Hopper, 20 / (108 - 20) on A100.
+  EXPECT_EQ(find_gpu("h800-sxm")->sms, 132);
+  EXPECT_EQ(find_gpu("a100-sxm-40gb")->sms, 108);
+  EXPECT_DOUBLE_EQ(default_interference(*find_gpu("h100-sxm")), 20.0 / 112.0);
+  EXPECT_DOUBLE_EQ(default_interference(*find_gpu("a100-sxm-80gb")), 20.0 / 88.0);
+  EXPECT_DOUBLE_EQ(default_interference(*find_gpu("gb200")), 20.0 / 128.0);
+  for (const auto& name : gpu_names()) EXPECT_GT(find_gpu(name)->sms, 20) << name;
+  // A scenario's GPU before resolution (a catalog name only) gets its entry's figure.
+  GpuSpec named;
+  named.name = "rtx-2080-ti";
+  EXPECT_DOUBLE_EQ(default_interference(named), 20.0 / 48.0);
+  // Inline GPUs: the formula on their `sms`; none without it, or with too few SMs to share.
+  GpuSpec inline_gpu;
+  inline_gpu.from_catalog = false;
+  EXPECT_EQ(default_interference(inline_gpu), 0.0);
+  inline_gpu.sms = 100;
+  EXPECT_DOUBLE_EQ(default_interference(inline_gpu), 0.25);
+  inline_gpu.sms = 20;
+  EXPECT_EQ(default_interference(inline_gpu), 0.0);
+}
+
 TEST(GpuCatalog, ResolveFillsFiguresAndKeepsLocation) {
   GpuSpec g;
   g.name = "h100-sxm";
@@ -98,6 +122,33 @@ TEST(GpuCatalog, UnknownGpuNamesLocationAndChoices) {
     EXPECT_THAT(e.message(), HasSubstr("unknown GPU 'x100', expected one of a100-sxm-80gb"));
     EXPECT_THAT(e.message(), HasSubstr("rtx-4090"));
   }
+}
+
+TEST(GpuCatalog, LinksRunAtTheirAchievableFraction) {
+  // Unset fractions: NVLink 0.8 of 300 GB/s, the NICs 0.95 of 25 GB/s; the fabric's links and
+  // the NIC share follow the achieved rate; the spec-sheet figures stay as nominal.
+  auto spec = testing::make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
+  spec.intra.efficiency = 0;
+  spec.inter.nic_efficiency = 0;
+  auto topo = build_topology(spec);
+  EXPECT_DOUBLE_EQ(topo->spec().intra.bandwidth.value(), 240e9);
+  EXPECT_DOUBLE_EQ(topo->spec().intra.nominal_bandwidth.value(), 300e9);
+  EXPECT_DOUBLE_EQ(topo->spec().intra.efficiency, 0.8);
+  EXPECT_DOUBLE_EQ(topo->spec().inter.nic_bandwidth.value(), 23.75e9);
+  EXPECT_DOUBLE_EQ(topo->spec().inter.nominal_nic_bandwidth.value(), 25e9);
+  EXPECT_DOUBLE_EQ(topo->nic_share_bandwidth(0).value(), 23.75e9);
+  double fastest = 0;
+  for (const auto& l : topo->links()) fastest = std::max(fastest, l.bandwidth.value());
+  EXPECT_DOUBLE_EQ(fastest, 240e9);
+  // Building from a resolved spec changes nothing (the nominal figure is kept).
+  auto again = build_topology(topo->spec());
+  EXPECT_DOUBLE_EQ(again->spec().intra.bandwidth.value(), 240e9);
+  EXPECT_DOUBLE_EQ(again->spec().inter.nic_bandwidth.value(), 23.75e9);
+  // A scenario's own fraction wins; PCIe's default is 1.
+  spec.intra.efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(build_topology(spec)->spec().intra.bandwidth.value(), 150e9);
+  EXPECT_DOUBLE_EQ(default_intra_efficiency(IntraKind::kPcie), 1.0);
+  EXPECT_DOUBLE_EQ(default_intra_efficiency(IntraKind::kNvlinkRing), 0.8);
 }
 
 TEST(GpuCatalog, BuildTopologyResolvesTheGpu) {

@@ -4,9 +4,11 @@
 //  - Whole collectives: with EngineConfig::network == analytical the engine never lowers a
 //    collective into transfers; each group's collective takes
 //    select_algorithm(call, ctx).analytical_time(call, ctx) from the collective library, as if it
-//    ran alone on the cluster. Concurrent collectives (an all-to-all and an allreduce on two
-//    streams, or a pipeline's chunks) therefore do not slow each other down: that is the point
-//    of the flow model (on Lina's scenarios the analytical step is 11-18% below flow's). A
+//    ran alone on the cluster, except that a group spanning nodes first waits until its members'
+//    NICs are free of the analytical collectives started before it (EngineConfig::
+//    analytical_nic_sharing): a pipeline's dispatch and combine chunks, or an all-reduce beside
+//    an all-to-all, follow one another instead of overlapping for free. How they share a link
+//    while both run (and Lina's priorities) stays the flow model's. A
 //    collective alone does pay an oversubscribed fabric: the closed forms take the max with the
 //    fabric cut bound (topology/fabric_cuts.hpp: bytes leaving a leaf / pod / group over its
 //    uplinks), so a 4:1 tree is no longer priced like a 1:1 one; imbalance inside a cut (d-mod-k

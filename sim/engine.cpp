@@ -70,7 +70,13 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-enum class EventType : std::uint8_t { kComputeDone, kCopyDone, kGroupDone, kPhasePartDone };
+enum class EventType : std::uint8_t {
+  kComputeDone,
+  kCopyDone,
+  kGroupBegin,  // analytical: a group's collective gets its members' NICs
+  kGroupDone,
+  kPhasePartDone
+};
 
 struct Event {
   EventType type;
@@ -340,6 +346,9 @@ class Engine {
       case EventType::kCopyDone:
         finish_instance(e.a, e.b);
         break;
+      case EventType::kGroupBegin:
+        begin_analytical_group(e.a, e.b);
+        break;
       case EventType::kGroupDone:
         finish_group(e.a, e.b);
         break;
@@ -543,8 +552,14 @@ class Engine {
       for (const auto& [_, gi] : groups) {
         collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
         const AnalyticalCollective a = analytical_time_of(call);
+        const double duration_s = a.time.value() * chunks;
+        const double start = reserve_nics(grouping.groups[gi], duration_s);
+        if (start > now_) {
+          push(start, EventType::kGroupBegin, id, gi);  // waits for its members' NICs
+          continue;
+        }
         group_started(id, gi, *a.algorithm);
-        push(now_ + a.time.value() * chunks, EventType::kGroupDone, id, gi);
+        push(now_ + duration_s, EventType::kGroupDone, id, gi);
       }
       return;
     }
@@ -579,6 +594,36 @@ class Engine {
       cohorts_[c].phase = 0;
       run_phase(c);
     }
+  }
+
+  // The analytical path's contention: a group that spans nodes takes its members' NICs from
+  // when all of them are free until it ends, so collectives that would share the NICs (a
+  // pipeline's dispatch and combine chunks on their two streams, an all-reduce beside an
+  // all-to-all) follow one another, as on the flow engine's links. Groups inside a node do not
+  // queue. Returns when the group's collective can start.
+  double reserve_nics(const std::vector<int>& ranks, double duration_s) {
+    if (!cfg_.analytical_nic_sharing || ranks.empty()) return now_;
+    const int node = topo_.node_of(ranks.front());
+    if (std::all_of(ranks.begin(), ranks.end(), [&](int r) { return topo_.node_of(r) == node; }))
+      return now_;
+    if (nic_free_at_.empty()) nic_free_at_.assign(P_, 0.0);
+    double start = now_;
+    for (int r : ranks) start = std::max(start, nic_free_at_[r]);
+    for (int r : ranks) nic_free_at_[r] = start + duration_s;
+    return start;
+  }
+
+  // A queued analytical group starts now (its NICs are free): the same call and time as when
+  // it was reserved.
+  void begin_analytical_group(OpId id, int gi) {
+    const Op& op = plan_.op(id);
+    const int chunks = num_chunks(op);
+    const CollectiveSpec& spec = chunk_spec(op, chunks);
+    const Grouping& grouping = plan_.grouping(spec.grouping);
+    collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
+    const AnalyticalCollective a = analytical_time_of(call);
+    group_started(id, gi, *a.algorithm);
+    push(now_ + a.time.value() * chunks, EventType::kGroupDone, id, gi);
   }
 
   static bool same_structure(const std::vector<collectives::Phase>& a,
@@ -762,6 +807,8 @@ class Engine {
     }
   };
   std::unordered_map<AnalyticalKey, AnalyticalCollective, AnalyticalKeyHash> analytical_memo_;
+  // Per GPU, when its NIC is free of analytical collectives (reserve_nics).
+  std::vector<double> nic_free_at_;
   const int P_;
   const int S_;
   double interference_ = 0;

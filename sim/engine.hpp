@@ -73,6 +73,10 @@ struct EngineConfig {
   int trace_max_ranks = 64;
   /// Submit groups of one collective that become ready together as one cohort (see above).
   bool merge_ready_groups = true;
+  /// network == analytical: a collective whose group spans nodes holds its members' NICs, one
+  /// collective per NIC at a time in the order they start (docs/ARCHITECTURE.md, "Concurrent
+  /// collectives on the analytical engine"); false: each runs as if alone (closed-form tests).
+  bool analytical_nic_sharing = true;
   /// FlowModelOptions::event_tolerance of the flow model (scenario engine.flow.event_tolerance).
   double flow_event_tolerance = 1e-9;
   /// FlowModelOptions::sharing (scenario engine.flow.sharing; the library default is per-flow).

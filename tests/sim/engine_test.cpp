@@ -422,6 +422,46 @@ TEST(EngineTest, AnalyticalPathTakesSelectAlgorithmsTime) {
   EXPECT_NEAR(r.breakdown.exposed_comm_s, t, 1e-12);
 }
 
+TEST(EngineTest, AnalyticalCollectivesAcrossNodesShareTheNics) {
+  // 2 nodes x 2 GPUs. Two all-to-alls over all 4 GPUs on two streams, ready at 0: the second
+  // takes the NICs when the first ends (starts at t, ends at 2t). Two all-reduces inside node
+  // 0 and node 1 on a third stream do not queue: they run at 0, each as if alone.
+  StarTopology topo(2, 2);
+  Plan plan(4);
+  const GroupingId g = world(plan);
+  Grouping nodes;
+  nodes.name = "node";
+  nodes.groups = {{0, 1}, {2, 3}};
+  const GroupingId gn = plan.add_grouping(std::move(nodes));
+  const OpId d = plan.add_collective(plan.stream("comm"), a2a(Bytes(32e6), g), {}, "dispatch");
+  const OpId c = plan.add_collective(plan.stream("comm_out"), a2a(Bytes(32e6), g), {}, "combine");
+  CollectiveSpec ar;
+  ar.type = CollectiveType::kAllReduce;
+  ar.grouping = gn;
+  ar.bytes = Bytes(16e6);
+  const OpId n = plan.add_collective(plan.stream("grad"), ar, {}, "node_allreduce");
+  EngineConfig cfg = test_config();
+  cfg.network = NetworkKind::kAnalytical;
+  const RunResult r = run_plan(plan, topo, cfg);
+  const double t = r.op_end(d, 0);
+  EXPECT_GT(t, 0);
+  for (int pos = 0; pos < 4; ++pos) {
+    EXPECT_NEAR(r.op_start(d, pos), 0, 1e-12);
+    EXPECT_NEAR(r.op_start(c, pos), t, 1e-12);  // the wait is not the collective's time
+    EXPECT_NEAR(r.op_end(c, pos), 2 * t, 1e-12);
+    EXPECT_NEAR(r.op_start(n, pos), 0, 1e-12);
+  }
+  const double node_t = r.op_end(n, 0);
+  EXPECT_GT(node_t, 0);
+  EXPECT_NEAR(r.op_end(n, 3), node_t, 1e-12);
+  // Without sharing, each as if alone: both all-to-alls in [0, t].
+  cfg.analytical_nic_sharing = false;
+  const RunResult alone = run_plan(plan, topo, cfg);
+  EXPECT_NEAR(alone.op_start(c, 0), 0, 1e-12);
+  EXPECT_NEAR(alone.op_end(c, 0), t, 1e-12);
+  EXPECT_NEAR(alone.makespan_s, std::max(t, node_t), 1e-12);
+}
+
 TEST(EngineTest, MakespanAndBreakdownSums) {
   // rank r: compute A (t) on "compute", then a2a (L) on "comm" after A, and compute B (2t) on
   // "compute" after A: the a2a overlaps B entirely when L < 2t.

@@ -845,12 +845,14 @@ ChunkTimes recurrence(const ChunkTimes& m) {
   return p;
 }
 
-// The chunk recurrences' idealised machine: no fixed costs, and compute beside communication at
-// full speed (no interference), so chunk times add up as the hand-worked units.
+// The chunk recurrences' idealised machine: no fixed costs, compute beside communication at full
+// speed (no interference) and the two all-to-all streams on links of their own (no NIC
+// sharing), so chunk times add up as the hand-worked units.
 sim::EngineConfig no_overhead_config(const Scenario& sc) {
   sim::EngineConfig cfg = engine_config(sc, sim::NetworkKind::kAnalytical);
   cfg.compute.launch_overhead = Seconds(0);
   cfg.compute.interference = 0;
+  cfg.analytical_nic_sharing = false;
   cfg.net.message_overhead_s = 0;
   cfg.net.message_latency_s = 0;
   return cfg;

@@ -3,9 +3,12 @@
 // every r in 1..16 (plan builder + flow engine) on a grid of small configurations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "sim/engine.hpp"
 #include "strategies/pipeline/pipemoe.hpp"
@@ -127,11 +130,6 @@ TEST(PipeMoeClosedForm, PassesAddUp) {
 // ---------------------------------------------------------------------------------------------
 // Prediction vs simulation.
 
-struct GridPoint {
-  int nodes, batch, seq, model_dim, hidden_dim, dE;
-  std::string nic, mode;
-};
-
 // The MoE layer time of one iteration of the fixed-degree stack r, on the flow engine.
 double simulate_degree(const Scenario& sc, const topology::Topology& topo, int r) {
   StrategySpec spec;
@@ -144,9 +142,10 @@ double simulate_degree(const Scenario& sc, const topology::Topology& topo, int r
   return run.iterations.at(0).moe_layer_time_s;
 }
 
-TEST(PipeMoeVsSimulation, PredictedDegreeIsTheSimulatedBestOnAGrid) {
-  // 25 model shapes x {inference, training}, each shape on one of three networks (per-GPU
-  // inter-node bandwidth 6.25, 25 and 400 Gb/s: comm-bound to compute-bound).
+// 25 model shapes x {inference, training}, each shape on one of three networks (per-GPU
+// inter-node bandwidth 6.25, 25 and 400 Gb/s: comm-bound to compute-bound), as scenarios with the
+// stacks `strategies` (YAML list items).
+std::vector<Scenario> pipemoe_grid(const std::string& strategies) {
   const int shapes[][5] = {
       {2, 512, 1024, 1024, 1},  {4, 512, 1024, 4096, 1},  {8, 256, 512, 2048, 2},
       {2, 1024, 2048, 2048, 1}, {4, 256, 2048, 1024, 2},  {1, 512, 512, 4096, 1},
@@ -159,30 +158,33 @@ TEST(PipeMoeVsSimulation, PredictedDegreeIsTheSimulatedBestOnAGrid) {
       {2, 1024, 512, 1024, 2}};
   const char* nics[] = {"25Gb/s", "100Gb/s", "400Gb/s"};
   const int nics_per_node[] = {1, 1, 4};
-  std::vector<std::pair<GridPoint, int>> grid;
+  std::vector<Scenario> grid;
   for (const char* mode : {"inference", "training"})
     for (int i = 0; i < 25; ++i) {
-      const auto& s = shapes[i];
-      grid.push_back({{2, s[0], s[1], s[2], s[3], s[4], nics[i % 3], mode}, nics_per_node[i % 3]});
+      const auto& sh = shapes[i];
+      testing::ClusterShape c;
+      c.nodes = 2;
+      c.nic = nics[i % 3];
+      c.nics_per_node = nics_per_node[i % 3];
+      testing::ModelShape m;
+      m.mode = mode;
+      m.batch = sh[0];
+      m.seq = sh[1];
+      m.model_dim = sh[2];
+      m.hidden_dim = sh[3];
+      m.experts_per_gpu = sh[4];
+      grid.push_back(testing::make_scenario(c, m, strategies));
     }
-  ASSERT_EQ(grid.size(), 50u);
+  return grid;
+}
 
+TEST(PipeMoeVsSimulation, PredictedDegreeIsTheSimulatedBestOnAGrid) {
+  const std::vector<Scenario> grid =
+      pipemoe_grid("  - {name: pipemoe, a2a: linear, pipeline: pipemoe}");
+  ASSERT_EQ(grid.size(), 50u);
   int exact = 0, within2 = 0;
   double worst_loss = 0;
-  for (const auto& [g, num_nics] : grid) {
-    testing::ClusterShape c;
-    c.nodes = g.nodes;
-    c.nic = g.nic;
-    c.nics_per_node = num_nics;
-    testing::ModelShape m;
-    m.mode = g.mode;
-    m.batch = g.batch;
-    m.seq = g.seq;
-    m.model_dim = g.model_dim;
-    m.hidden_dim = g.hidden_dim;
-    m.experts_per_gpu = g.dE;
-    const Scenario sc =
-        testing::make_scenario(c, m, "  - {name: pipemoe, a2a: linear, pipeline: pipemoe}");
+  for (const Scenario& sc : grid) {
     const auto topo = topology::build_topology(sc.cluster);
     const sim::EngineConfig cfg = testing::engine_config(sc);
     const StackRun pm = run_stack(
@@ -201,14 +203,76 @@ TEST(PipeMoeVsSimulation, PredictedDegreeIsTheSimulatedBestOnAGrid) {
     worst_loss = std::max(worst_loss, loss);
     exact += predicted == best;
     within2 += loss <= 0.02;
+    const ModelSpec& m = sc.model;
     std::printf(
-        "B=%d L=%d M=%d H=%d dE=%d nic=%s %s: predicted r=%d, simulated best r=%d (+%.2f%%)\n",
-        g.batch, g.seq, g.model_dim, g.hidden_dim, g.dE, g.nic.c_str(), g.mode.c_str(), predicted,
-        best, 100 * loss);
+        "B=%d L=%d M=%d H=%d dE=%d nic=%.0f GB/s %s: predicted r=%d, simulated best r=%d "
+        "(+%.2f%%)\n",
+        m.batch_per_gpu, m.seq_len, m.model_dim, m.hidden_dim, m.experts_per_gpu,
+        sc.cluster.inter.nic_bandwidth.value() / 1e9,
+        m.mode == Mode::kTraining ? "training" : "inference", predicted, best, 100 * loss);
   }
   std::printf("PipeMoE vs simulation: exact %d / %zu, within 2%% %d / %zu, worst loss %.2f%%\n",
               exact, grid.size(), within2, grid.size(), 100 * worst_loss);
   EXPECT_GE(exact, static_cast<int>(std::ceil(0.85 * grid.size())));
+}
+
+// The analytical engine (what `tune` screens on) ranks the stacks of the pipelining grid as the
+// flow engine does: fixed degrees 1, 2, 4, 8 and PipeMoE's choice, flexible layout. Per point:
+// the same fastest stack, and the rank correlation of the five stacks' MoE layer times.
+TEST(EnginesAgree, AnalyticalRanksPipelineDegreesAsFlowDoes) {
+  const std::vector<Scenario> grid = pipemoe_grid(
+      "  - {name: fixed_1, a2a: linear, pipeline: 1, layout: flexible}\n"
+      "  - {name: fixed_2, a2a: linear, pipeline: 2, layout: flexible}\n"
+      "  - {name: fixed_4, a2a: linear, pipeline: 4, layout: flexible}\n"
+      "  - {name: fixed_8, a2a: linear, pipeline: 8, layout: flexible}\n"
+      "  - {name: pipemoe, a2a: linear, pipeline: pipemoe, layout: flexible}");
+  auto times = [](const Scenario& sc, const topology::Topology& topo, sim::NetworkKind kind,
+                  bool nic_sharing) {
+    sim::EngineConfig cfg = testing::engine_config(sc);
+    cfg.network = kind;
+    cfg.analytical_nic_sharing = nic_sharing;
+    std::vector<double> t;
+    for (const auto& spec : sc.strategies)
+      t.push_back(run_stack(
+                      sc, spec, topo, [&](const Plan& p) { return sim::run_plan(p, topo, cfg); }, 1)
+                      .iterations.at(0)
+                      .moe_layer_time_s);
+    return t;
+  };
+  auto ranks = [](const std::vector<double>& t) {
+    std::vector<int> order(t.size()), rank(t.size());
+    for (size_t i = 0; i < t.size(); ++i) order[i] = static_cast<int>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return t[a] < t[b]; });
+    for (size_t i = 0; i < order.size(); ++i) rank[order[i]] = static_cast<int>(i);
+    return rank;
+  };
+  auto spearman = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    const std::vector<int> ra = ranks(a), rb = ranks(b);
+    double d2 = 0;
+    for (size_t i = 0; i < a.size(); ++i) d2 += (ra[i] - rb[i]) * (ra[i] - rb[i]);
+    const double n = static_cast<double>(a.size());
+    return 1 - 6 * d2 / (n * (n * n - 1));
+  };
+  auto winner = [](const std::vector<double>& t) {
+    return std::min_element(t.begin(), t.end()) - t.begin();
+  };
+  int same = 0, same_unshared = 0;
+  double rho = 0;
+  for (const Scenario& sc : grid) {
+    const auto topo = topology::build_topology(sc.cluster);
+    const std::vector<double> flow = times(sc, *topo, sim::NetworkKind::kFlow, true);
+    const std::vector<double> ana = times(sc, *topo, sim::NetworkKind::kAnalytical, true);
+    same += winner(ana) == winner(flow);
+    rho += spearman(ana, flow);
+    same_unshared += winner(times(sc, *topo, sim::NetworkKind::kAnalytical, false)) == winner(flow);
+  }
+  rho /= static_cast<double>(grid.size());
+  std::printf(
+      "analytical vs flow: same fastest stack %d / %zu, mean rank correlation %.3f; "
+      "without the NIC queue %d / %zu\n",
+      same, grid.size(), rho, same_unshared, grid.size());
+  EXPECT_GE(same, static_cast<int>(std::ceil(0.9 * grid.size())));
+  EXPECT_GE(rho, 0.9);
 }
 
 }  // namespace

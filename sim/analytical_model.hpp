@@ -1,4 +1,4 @@
-// The `analytical` network path (DESIGN §4.1): closed-form alpha-beta costs, no contention.
+// The `analytical` network path: closed-form alpha-beta costs; collectives take turns on NICs.
 //
 // Two levels:
 //  - Whole collectives: with EngineConfig::network == analytical the engine never lowers a

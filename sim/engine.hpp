@@ -34,8 +34,8 @@
 //    started op is never preempted. Compute ops may carry priority > 0 to reserve the network
 //    ahead of the all-to-all they feed ("no all-reduce launch once backward combine starts").
 //  - network == analytical: no lowering; each group's collective takes the closed-form
-//    select_algorithm(...).analytical_time(...) and sees no contention at all
-//    (sim/analytical_model).
+//    select_algorithm(...).analytical_time(...); groups that span nodes first wait for their
+//    members' NICs (analytical_nic_sharing below; sim/analytical_model).
 //
 // Scale: per-rank state lives in flat arrays indexed by (op offset + position in Op::ranks); ops
 // with a RankSet are walked per rank without copying the op; the event queue is a binary min-heap
@@ -85,7 +85,7 @@ struct EngineConfig {
   SimgridMode simgrid_mode = SimgridMode::kAuto;
 };
 
-/// Creates the network model for `kind`: AnalyticalModel (batch-level, contention-free),
+/// Creates the network model for `kind`: AnalyticalModel (batch-level, no sharing),
 /// FlowModel, or SimgridModel (only when built with SimGrid; InputError otherwise).
 /// flow_event_tolerance: FlowModelOptions::event_tolerance (ignored by the other models).
 std::unique_ptr<NetworkModel> make_network_model(NetworkKind kind, const topology::Topology& topo,

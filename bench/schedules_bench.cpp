@@ -19,9 +19,9 @@
 
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
+#include "strategies/cost_model.hpp"
 #include "strategies/runner.hpp"
 #include "strategies/schedules/lina.hpp"
-#include "topology/gpu_catalog.hpp"
 #include "topology/topology.hpp"
 
 using namespace moesim;
@@ -71,8 +71,7 @@ sim::EngineConfig config_of(const Scenario& sc, bool flow) {
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
-  cfg.compute.interference =
-      sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
+  cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;
   return cfg;
 }

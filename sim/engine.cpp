@@ -550,16 +550,14 @@ class Engine {
     const Grouping& grouping = plan_.grouping(spec.grouping);
     if (!net_) {
       for (const auto& [_, gi] : groups) {
-        collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
-        const AnalyticalCollective a = analytical_time_of(call);
-        const double duration_s = a.time.value() * chunks;
-        const double start = reserve_nics(grouping.groups[gi], duration_s);
+        const AnalyticalCollective a = analytical_group(spec, gi, chunks);
+        const double start = reserve_nics(grouping.groups[gi], a.time.value());
         if (start > now_) {
           push(start, EventType::kGroupBegin, id, gi);  // waits for its members' NICs
           continue;
         }
         group_started(id, gi, *a.algorithm);
-        push(now_ + duration_s, EventType::kGroupDone, id, gi);
+        push(now_ + a.time.value(), EventType::kGroupDone, id, gi);
       }
       return;
     }
@@ -613,17 +611,24 @@ class Engine {
     return start;
   }
 
+  // Group gi of a collective on the analytical path: its algorithm and its time over all
+  // `chunks` (each chunk runs `spec`).
+  AnalyticalCollective analytical_group(const CollectiveSpec& spec, int gi, int chunks) {
+    const Grouping& grouping = plan_.grouping(spec.grouping);
+    collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
+    AnalyticalCollective a = analytical_time_of(call);
+    a.time = Seconds(a.time.value() * chunks);
+    return a;
+  }
+
   // A queued analytical group starts now (its NICs are free): the same call and time as when
   // it was reserved.
   void begin_analytical_group(OpId id, int gi) {
     const Op& op = plan_.op(id);
     const int chunks = num_chunks(op);
-    const CollectiveSpec& spec = chunk_spec(op, chunks);
-    const Grouping& grouping = plan_.grouping(spec.grouping);
-    collectives::CollectiveCall call{&spec, &grouping.groups[gi], gi, false};
-    const AnalyticalCollective a = analytical_time_of(call);
+    const AnalyticalCollective a = analytical_group(chunk_spec(op, chunks), gi, chunks);
     group_started(id, gi, *a.algorithm);
-    push(now_ + a.time.value() * chunks, EventType::kGroupDone, id, gi);
+    push(now_ + a.time.value(), EventType::kGroupDone, id, gi);
   }
 
   static bool same_structure(const std::vector<collectives::Phase>& a,

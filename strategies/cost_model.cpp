@@ -40,6 +40,12 @@ double calibrated_message_latency(const Calibration* cal, const ClusterSpec& clu
   return std::max(0.0, t0->fit.alpha.value() - cluster.intra.latency.value());
 }
 
+double scenario_interference(const Scenario& sc) {
+  if (const auto cal = scenario_calibration(sc); cal && cal->interference)
+    return *cal->interference;
+  return sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
+}
+
 collectives::NetworkParams scenario_network_params(const Scenario& sc) {
   collectives::NetworkParams net;
   net.message_latency_s = sc.engine.message_latency.value();
@@ -71,9 +77,7 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
     message_latency_s_ =
         calibrated_message_latency(cal_.get(), sc.cluster, sc.engine.message_latency.value());
   }
-  interference_ = cal_ && cal_->interference
-                      ? *cal_->interference
-                      : sc.engine.interference.value_or(topology::default_interference(topo.gpu()));
+  interference_ = scenario_interference(sc);
   const auto& par = sc.parallelism;
   MOESIM_ASSERT(par.ep >= 1, "cost model needs a resolved EP group size");
   // Rank map of strategies/plan_builder.hpp: rank = ((d * ep + e) * esp + s) * mp + t; the EP

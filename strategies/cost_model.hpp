@@ -76,8 +76,7 @@ class CostModel {
   const topology::Topology& topology() const { return topo_; }
   /// The scenario's calibration (cluster.calibration), or nullptr.
   const Calibration* calibration() const { return cal_.get(); }
-  /// Compute slow-down beside communication, as the engine applies it (apps/moesim/
-  /// engine_setup): the calibration's, else engine.interference, else the GPU's default.
+  /// Compute slow-down beside communication, as the engines apply it (scenario_interference).
   double interference() const { return interference_; }
 
   /// Ranks of the EP group of rank 0 under the plan builder's rank map (MP fastest).
@@ -149,8 +148,13 @@ double calibrated_message_latency(const Calibration* cal, const ClusterSpec& clu
 /// A scenario's per-message network parameters, its calibration applied: what every engine
 /// charges (sim::EngineConfig::net, apps/moesim/engine_setup) and what `auto` algorithm selection
 /// reads, in the simulator and in exec alike, so both backends choose the same algorithm for the
-/// same collective (issue 16 item 3).
+/// same collective.
 collectives::NetworkParams scenario_network_params(const Scenario& sc);
+
+/// The compute slow-down beside communication every engine applies (sim::ComputeParams::
+/// interference) and the strategies' predictions assume: the calibration's measured value, else
+/// engine.interference, else the GPU's (topology::default_interference).
+double scenario_interference(const Scenario& sc);
 
 /// The selection context of a run on `topo`: scenario_network_params, and the GPU's HBM bandwidth
 /// for local copies (0: the topology's GPU, as the simulator's compute model uses).

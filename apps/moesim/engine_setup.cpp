@@ -8,7 +8,6 @@
 #include "core/error.hpp"
 #include "strategies/cost_model.hpp"
 #include "topology/calibrated.hpp"
-#include "topology/gpu_catalog.hpp"
 
 namespace moesim::app {
 
@@ -18,9 +17,9 @@ namespace moesim::app {
 void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
   const auto cal = strategies::scenario_calibration(sc);
   if (!cal) return;
-  // Compute model (every engine): alpha_gemm, beta_gemm and the efficiency table.
+  // Compute model (every engine): alpha_gemm, beta_gemm and the efficiency table; interference
+  // comes with strategies::scenario_interference, as the strategies' predictions read it.
   cfg.compute.calibration = cal->gemm;
-  if (cal->interference) cfg.compute.interference = *cal->interference;
   // Network (every engine): strategies::scenario_network_params applies the calibration to
   // cfg.net (message latency, per-collective lines), as exec's algorithm selection does. Per-tier
   // betas reach every engine through the link capacities (simulation_topology).
@@ -88,8 +87,7 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
                      : sc_simgrid_mode == SimgridModeKind::kPtask ? sim::SimgridMode::kPtask
                                                                   : sim::SimgridMode::kAuto;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
-  cfg.compute.interference =
-      sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
+  cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;
   apply_calibration(cfg, sc);
   return cfg;

@@ -10,8 +10,8 @@
 #include "core/scenario.hpp"
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
+#include "strategies/cost_model.hpp"
 #include "strategies/workload/workload.hpp"
-#include "topology/gpu_catalog.hpp"
 
 namespace moesim::strategies::testing {
 
@@ -98,8 +98,7 @@ inline sim::EngineConfig engine_config(const Scenario& sc) {
   cfg.net.message_latency_s = sc.engine.message_latency.value();
   cfg.net.message_overhead_s = sc.engine.message_overhead.value();
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
-  cfg.compute.interference =
-      sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
+  cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;
   return cfg;
 }

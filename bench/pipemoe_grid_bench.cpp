@@ -28,6 +28,7 @@
 
 #include "core/scenario_loader.hpp"
 #include "sim/engine.hpp"
+#include "strategies/cost_model.hpp"
 #include "strategies/runner.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
@@ -141,8 +142,7 @@ int main(int argc, char** argv) {
     const Scenario sc = base_scenario(gpus);
     sim::EngineConfig cfg;
     cfg.network = sim::NetworkKind::kAnalytical;
-    cfg.net.message_latency_s = sc.engine.message_latency.value();
-    cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+    cfg.net = strategies::scenario_network_params(sc);
     cfg.compute.launch_overhead = sc.engine.launch_overhead;
     cfg.precision = sc.model.dtype;
     std::vector<Config> grid;

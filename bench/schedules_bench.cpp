@@ -68,8 +68,7 @@ strategies:
 sim::EngineConfig config_of(const Scenario& sc, bool flow) {
   sim::EngineConfig cfg;
   cfg.network = flow ? sim::NetworkKind::kFlow : sim::NetworkKind::kAnalytical;
-  cfg.net.message_latency_s = sc.engine.message_latency.value();
-  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.net = strategies::scenario_network_params(sc);
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;

@@ -84,7 +84,11 @@ enum class EcmpMode { kDmodk, kHash, kSpray };
 
 struct InterNodeSpec {
   InterKind kind = InterKind::kNone;
-  BytesPerSecond nic_bandwidth{0};  // per NIC per direction
+  // `inter_node.nic`: the NIC model's catalog name (topology/nic_catalog.hpp); empty = the one
+  // that fits the GPU's generation. It gives the line rate when nic_bandwidth is unset, the
+  // achievable fraction, and the queue-pair cache the engines' per-peer costs read.
+  std::string nic;
+  BytesPerSecond nic_bandwidth{0};  // per NIC per direction; 0 = the NIC model's line rate
   // As IntraNodeSpec::efficiency, for the NICs (`inter_node.nic_efficiency`; 0 = the default,
   // topology::kNicEfficiency); the fabric's links are sized from the achieved rate.
   double nic_efficiency = 0;

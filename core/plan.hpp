@@ -247,7 +247,8 @@ struct OpRole {
 };
 /// The label of a MoE or Parm data op: "L{block}.{fwd|bwd}.{name}[.c{chunk + 1}]" (docs/model.md),
 /// e.g. "L1.fwd.dispatch.c2". The one place the label grammar is written; gradient syncs are
-/// labelled by the builder ("L{l}.grad.dense_allreduce[.m{i}]").
+/// labelled by the builder ("L{l}.grad.dense_allreduce[.m{i}]"; a bucket of blocks lo..hi
+/// "L{lo}-{hi}.grad.dense_allreduce").
 std::string role_label(const OpRole& role);
 
 /// A label with its role: what the plan builder hands Plan::add_*. A plain string converts to a

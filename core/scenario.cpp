@@ -55,6 +55,14 @@ const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names() {
   return t;
 }
 
+const std::vector<NamedValue<GradBucketKind>>& grad_bucket_names() {
+  static const std::vector<NamedValue<GradBucketKind>> t = {
+      {GradBucketKind::kPytorch, "pytorch"},
+      {GradBucketKind::kMegatron, "megatron"},
+      {GradBucketKind::kBlock, "block"}};
+  return t;
+}
+
 const std::vector<NamedValue<MpLayout>>& mp_layout_names() {
   static const std::vector<NamedValue<MpLayout>> t = {{MpLayout::kDisjoint, "disjoint"},
                                                       {MpLayout::kOverlapped, "overlapped"},

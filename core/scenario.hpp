@@ -208,6 +208,11 @@ enum class MpLayout { kDisjoint, kOverlapped, kFolded };
 // The order pipeline stages run their micro-batches in (docs/model.md, "Pipeline stages").
 enum class PipelineSchedule { kOneFOneB, kInterleaved, kDualPipe };
 
+// parallelism.grad_bucket: how backward groups the dense gradients into all-reduces (docs/model.md,
+// "Gradient buckets"): PyTorch DDP's default buckets (the first 1 MiB, then 25 MiB), Megatron-
+// Core's (max(40M, 1M x DP) parameters), one per block, or a given size.
+enum class GradBucketKind { kPytorch, kMegatron, kBlock, kBytes };
+
 struct ParallelismSpec {
   // Pipeline stages (Megatron's pipeline-model-parallel size): the blocks are split into pp
   // stages of P / pp GPUs each (whole nodes, or an equal part of one node); ep / esp / mp / dp
@@ -226,6 +231,8 @@ struct ParallelismSpec {
   // experts: the dp replicas). Memory only: ZeRO-1's reduce-scatter of the gradients plus
   // all-gather of the updated parameters move what the all-reduce the plan holds moves.
   int zero = 0;
+  GradBucketKind grad_bucket = GradBucketKind::kPytorch;
+  Bytes grad_bucket_bytes{0};  // kBytes only
   int ep = 0;   // expert-parallel group size (resolved; `auto` = P / (esp * mp * dp), overlapped:
                 // P / (esp * dp))
   int esp = 1;  // expert-sharding-parallel group size (Parm)
@@ -326,9 +333,10 @@ struct EngineSpec {
   Seconds message_latency{0};      // extra startup latency per message
   Seconds message_overhead{1e-6};  // endpoint cost per message (bounds the message rate)
   // Per-peer connection state (sim::NetworkParams::overhead_s): peers an endpoint keeps hot
-  // (0 = unlimited) and the extra time of a message to a peer outside them.
-  int peer_cache = 0;
-  Seconds peer_miss_overhead{0};
+  // (0 = unlimited) and the extra time of a message to a peer outside them. Unset: the NIC
+  // model's (topology::nic_peer_state: its queue-pair cache shared by the GPUs on the NIC).
+  std::optional<int> peer_cache;
+  std::optional<Seconds> peer_miss_overhead;
   Seconds launch_overhead{5e-6};  // per kernel / collective launch
   // Compute slow-down factor while communication runs on the GPU (>= 0); unset: the GPU's
   // (topology::default_interference, from the SMs communication kernels hold).
@@ -477,6 +485,8 @@ const std::vector<NamedValue<RecomputeGranularity>>& recompute_granularity_names
 const std::vector<NamedValue<RecomputeModule>>& recompute_module_names();
 const std::vector<NamedValue<MpLayout>>& mp_layout_names();
 const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names();
+// grad_bucket's named values (a size is kBytes).
+const std::vector<NamedValue<GradBucketKind>>& grad_bucket_names();
 const std::vector<NamedValue<RoutingDistribution>>& routing_distribution_names();
 const std::vector<NamedValue<CapacityKind>>& capacity_kind_names();
 const std::vector<NamedValue<NetworkModelKind>>& network_model_names();

@@ -313,7 +313,7 @@ int tree_leaf_nodes(const TreeSpec& t) {
 InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node) {
   InterNodeSpec inter;
   MapReader m =
-      cluster.get_map("inter_node", {"kind", "nic_bandwidth", "nic_efficiency", "nics_per_node",
+      cluster.get_map("inter_node", {"kind", "nic", "nic_bandwidth", "nic_efficiency", "nics_per_node",
                                      "latency", "oversubscription", "switch_radix", "levels",
                                      "groups", "routers_per_group", "global_bandwidth",
                                      "local_bandwidth", "tree", "tree_level_bandwidth", "ecmp"});
@@ -330,6 +330,7 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   const KS networked = {InterKind::kSwitch, InterKind::kFatTree, InterKind::kRailOptimized,
                         InterKind::kDragonfly, InterKind::kTree};
   const std::vector<std::pair<std::string_view, KS>> applies = {
+      {"nic", networked},
       {"nic_bandwidth", networked},
       {"nic_efficiency", networked},
       {"nics_per_node", networked},
@@ -354,8 +355,9 @@ InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node
   }
   if (k == InterKind::kNone || k == InterKind::kCustom) return inter;
 
-  m.require("nic_bandwidth", "a per-NIC, per-direction bandwidth such as 200Gb/s");
-  inter.nic_bandwidth = positive_rate(m, "nic_bandwidth");
+  // The NIC's name is checked against the catalog when the topology is built (as the GPU's).
+  if (auto v = m.get_string("nic")) inter.nic = *v;
+  if (m.has("nic_bandwidth")) inter.nic_bandwidth = positive_rate(m, "nic_bandwidth");
   if (m.has("nic_efficiency")) inter.nic_efficiency = achievable_fraction(m, "nic_efficiency");
   if (auto v = m.get_int("nics_per_node", 1, kIntMax)) {
     inter.nics_per_node = to_int32(*v);
@@ -1147,6 +1149,25 @@ ParallelismSpec parse_folded(const MapReader& m, const ClusterSpec& cluster, con
   return par;
 }
 
+// parallelism.grad_bucket: pytorch | megatron | block, or a positive size such as 25MiB.
+void parse_grad_bucket(const MapReader& m, ParallelismSpec& par) {
+  const auto text = m.get_string("grad_bucket");
+  if (!text) return;
+  for (const auto& n : grad_bucket_names()) {
+    if (*text == n.name) {
+      par.grad_bucket = n.value;
+      return;
+    }
+  }
+  const ParsedQuantity q = parse_quantity(*text, UnitKind::kBytes);
+  if (!q.value || *q.value <= 0)
+    m.fail("grad_bucket", fmt::format("found '{}', expected pytorch, megatron, block or a "
+                                      "positive size such as 25MiB",
+                                      *text));
+  par.grad_bucket = GradBucketKind::kBytes;
+  par.grad_bucket_bytes = Bytes(*q.value);
+}
+
 ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& cluster,
                                   const ModelSpec& model, const Context& ctx) {
   ParallelismSpec par;
@@ -1157,9 +1178,10 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     return par;
   }
   MapReader m =
-      root.get_map("parallelism", {"pp", "vp", "schedule", "pipeline_layout", "zero", "ep", "esp",
-                                   "mp", "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
+      root.get_map("parallelism", {"pp", "vp", "schedule", "pipeline_layout", "zero", "grad_bucket",
+                                   "ep", "esp", "mp", "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
   if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
+  parse_grad_bucket(m, par);
   (void)ctx;
   if (auto v = m.get_int("pp", 1, kMaxLayers)) {
     par.pp = to_int32(*v);

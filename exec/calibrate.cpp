@@ -15,6 +15,7 @@
 #include "exec/phase_runner.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/cost_model.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::exec {
@@ -59,10 +60,8 @@ class Sweeper {
     w_ = comm.size();
     for (int r = 0; r < w_; ++r) group_.push_back(r);
     ctx_.topo = &topo_;
-    ctx_.net.message_latency_s = sc.engine.message_latency.value();
-    ctx_.net.message_overhead_s = sc.engine.message_overhead.value();
-    ctx_.net.peer_cache = sc.engine.peer_cache;
-    ctx_.net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
+    ctx_.net = strategies::scenario_network_params(sc);
+    ctx_.net.calibration = nullptr;  // predictions from the closed forms, not from a calibration
   }
 
   // Median over repeats of the slowest rank's time, #wrong summed over ranks (last repeat).

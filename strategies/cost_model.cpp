@@ -9,6 +9,7 @@
 #include "strategies/collectives/collective.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/gpu_catalog.hpp"
+#include "topology/nic_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::strategies {
@@ -50,8 +51,10 @@ collectives::NetworkParams scenario_network_params(const Scenario& sc) {
   collectives::NetworkParams net;
   net.message_latency_s = sc.engine.message_latency.value();
   net.message_overhead_s = sc.engine.message_overhead.value();
-  net.peer_cache = sc.engine.peer_cache;
-  net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
+  const topology::PeerState nic = topology::nic_peer_state(sc.cluster);
+  net.peer_cache = sc.engine.peer_cache.value_or(nic.peer_cache);
+  net.peer_miss_overhead_s =
+      sc.engine.peer_miss_overhead.value_or(nic.peer_miss_overhead).value();
   if (auto cal = scenario_calibration(sc)) {
     // The per-message latency the measured intra-node point-to-point alpha implies on top of the
     // topology's own latency; the measured per-collective lines for the analytical closed forms.
@@ -123,10 +126,8 @@ Seconds CostModel::a2a_time(CollectiveAlgo algo, Bytes bytes_per_rank) const {
   collectives::CollectiveCall call{&spec, &ep_group_, 0, false};
   collectives::CostContext ctx;
   ctx.topo = &topo_;
-  ctx.net.message_latency_s = message_latency_s_;
-  ctx.net.message_overhead_s = sc_.engine.message_overhead.value();
-  ctx.net.peer_cache = sc_.engine.peer_cache;
-  ctx.net.peer_miss_overhead_s = sc_.engine.peer_miss_overhead.value();
+  ctx.net = scenario_network_params(sc_);
+  ctx.net.calibration = nullptr;  // a measured line was looked up above
   // 0 = the GPU's HBM bandwidth, which is what the engine passes (sim/engine.cpp).
   ctx.local_copy_bandwidth = BytesPerSecond(0);
   const double t = collectives::select_algorithm(call, ctx).analytical_time(call, ctx).value();

@@ -220,18 +220,21 @@ class Builder {
     out.fwd_out = prev;
     out.bwd_begin = static_cast<OpId>(plan_.ops().size());
     if (training) {
-      // Backward mirrors forward, last block first. Each block's dense gradients are one bucket
-      // all-reduced as soon as the block's backward is done (PyTorch DDP), on the "grad" stream,
-      // so the next blocks' backward overlaps it.
+      // Backward mirrors forward, last block first. The dense gradients fill buckets
+      // (parallelism.grad_bucket) all-reduced as soon as they are full, on the "grad" stream, so
+      // the next blocks' backward overlaps them (PyTorch DDP, Megatron's overlapped grad reduce).
       if (head) {
         prev = lm_head(prev, /*backward=*/true);
         if (!tied_here) vocab_gradient_sync("lm_head.grad.allreduce", prev);
       }
+      bucket_ = DenseBucket{};
+      bucket_.first = !head;  // with a head, its gradients were the first bucket
       for (int l = part_.end_block - 1; l >= part_.first_block; --l) {
         prev = is_moe(l) ? moe_backward(l, --moe, prev) : dense_ffn(l, prev, true);
         prev = attention(l, prev, /*backward=*/true);
         dense_gradient_sync(l, prev);
       }
+      flush_dense_bucket(prev);
       if (embed) {
         prev = embedding(prev, /*backward=*/true);
         // Tied: the one matrix's gradient (LM head + embedding) is complete only now.
@@ -1000,10 +1003,56 @@ class Builder {
     return params * grad_bytes_;
   }
 
+  // Dense gradients waiting for their bucket's all-reduce: blocks [low, high], in backward order.
+  struct DenseBucket {
+    double bytes = 0;
+    int low = 0, high = -1;
+    bool first = true;  // PyTorch DDP's first bucket is small, so communication starts early
+  };
+
+  // Bytes at which the open bucket is all-reduced (docs/model.md, "Gradient buckets").
+  double bucket_cap_bytes() const {
+    constexpr double kMiB = 1024.0 * 1024.0;
+    const ParallelismSpec& p = sc_.parallelism;
+    switch (p.grad_bucket) {
+      case GradBucketKind::kPytorch:
+        // torch.nn.parallel.DistributedDataParallel: bucket_cap_mb = 25, and the first bucket
+        // 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES).
+        return (bucket_.first ? 1.0 : 25.0) * kMiB;
+      case GradBucketKind::kMegatron:
+        // Megatron-Core's DDP (training.py): bucket_size = max(40,000,000, 1,000,000 x DP)
+        // parameters, in the gradient buffer's dtype.
+        return std::max(40e6, 1e6 * groups_.dense_dp.group_size()) * grad_bytes_;
+      case GradBucketKind::kBlock:
+        return 0;  // every block closes its own bucket
+      case GradBucketKind::kBytes:
+        return p.grad_bucket_bytes.value();
+    }
+    return 0;
+  }
+
   void dense_gradient_sync(int l, OpId after) {
     if (groups_.dense_dp.group_size() <= 1) return;
-    gradient_allreduce(groups_.dense_dp, dense_param_bytes(l), after,
-                       fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false));
+    // Lina all-reduces each block's gradients in its own micro-ops.
+    if (schedules::is_lina(dec_.schedule)) {
+      gradient_allreduce(groups_.dense_dp, dense_param_bytes(l), after,
+                         fmt::format("L{}.grad.dense_allreduce", l), grad_role(l, false));
+      return;
+    }
+    if (bucket_.high < 0) bucket_.high = l;
+    bucket_.low = l;
+    bucket_.bytes += dense_param_bytes(l);
+    if (bucket_.bytes >= bucket_cap_bytes()) flush_dense_bucket(after);
+  }
+
+  void flush_dense_bucket(OpId after) {
+    if (bucket_.high < 0) return;
+    const std::string blocks = bucket_.low == bucket_.high
+                                   ? fmt::format("L{}", bucket_.low)
+                                   : fmt::format("L{}-{}", bucket_.low, bucket_.high);
+    gradient_allreduce(groups_.dense_dp, bucket_.bytes, after, blocks + ".grad.dense_allreduce",
+                       grad_role(bucket_.low, false));
+    bucket_ = DenseBucket{.first = false};
   }
 
   // One gradient's all-reduce on the grad stream: whole, or Lina's micro-ops.
@@ -1449,6 +1498,7 @@ class Builder {
   std::int64_t S_ = 0, L_ = 0, B_ = 0, M_ = 0, H_ = 0, E_ = 0, dE_ = 1, k_ = 1, n_ = 1, rep_ = 1;
   std::int64_t b_ = 2;
   double grad_bytes_ = 2;  // bytes per gradient element reduced (model.precision.main_grads)
+  DenseBucket bucket_;
   bool fp8_gemm_ = false;  // model.precision.gemm is fp8: the linear layers' GEMMs run in fp8
   StreamId s_compute_ = 0, s_comm_ = 0, s_comm_out_ = 0, s_param_ = 0, s_grad_ = 0;
 };

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "topology/detail.hpp"
 #include "topology/gpu_catalog.hpp"
+#include "topology/nic_catalog.hpp"
 
 namespace moesim::topology {
 
@@ -143,6 +144,12 @@ BytesPerSecond Topology::bisection_bandwidth() const {
 
 namespace {
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 void apply_defaults(ClusterSpec& spec) {
   resolve_gpu(spec.gpu);
   if (spec.nodes < 1)
@@ -194,10 +201,15 @@ void apply_defaults(ClusterSpec& spec) {
       throw InputError(spec.location_of("cluster.inter_node.nics_per_node"),
                        "cluster.inter_node.nics_per_node", "must be at least 1");
     }
+    const NicModel* nic = cluster_nic(spec);
+    if (inter.nic_bandwidth.value() <= 0 && nic != nullptr) inter.nic_bandwidth = nic->line_rate;
     if (inter.nic_bandwidth.value() <= 0) {
       throw InputError(spec.location_of("cluster.inter_node.nic_bandwidth"),
                        "cluster.inter_node.nic_bandwidth",
-                       "found no bandwidth, expected a rate such as 200Gb/s");
+                       "found no bandwidth (GPU '" + spec.gpu.name +
+                           "' has no catalog NIC), expected a rate such as 200Gb/s or "
+                           "inter_node.nic naming one of " +
+                           join_names(nic_names()));
     }
     if (inter.latency.value() < 0) {
       throw InputError(spec.location_of("cluster.inter_node.latency"), "cluster.inter_node.latency",
@@ -212,7 +224,8 @@ void apply_defaults(ClusterSpec& spec) {
                        "cluster.inter_node.switch_radix", "must be at least 2");
     }
     if (inter.nominal_nic_bandwidth.value() <= 0) inter.nominal_nic_bandwidth = inter.nic_bandwidth;
-    if (inter.nic_efficiency <= 0) inter.nic_efficiency = kNicEfficiency;
+    if (inter.nic_efficiency <= 0)
+      inter.nic_efficiency = nic != nullptr ? nic->efficiency : kNicEfficiency;
     inter.nic_bandwidth =
         BytesPerSecond(inter.nominal_nic_bandwidth.value() * inter.nic_efficiency);
     if (inter.local_bandwidth.value() <= 0) inter.local_bandwidth = inter.nic_bandwidth;

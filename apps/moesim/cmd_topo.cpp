@@ -14,6 +14,7 @@
 #include "core/scenario_loader.hpp"
 #include "topology/fabric_cuts.hpp"
 #include "topology/gpu_catalog.hpp"
+#include "topology/nic_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::app {
@@ -73,6 +74,20 @@ double interference_of(const Scenario& sc, const topology::Topology& topo) {
   return sc.engine.interference.value_or(topology::default_interference(topo.gpu()));
 }
 
+// The per-peer connection costs the engines charge (strategies::scenario_network_params): the
+// scenario's engine keys, else the NIC model's queue-pair cache.
+struct PeerCosts {
+  int cache = 0;
+  Seconds miss{0};
+  std::string source;
+};
+PeerCosts peer_costs_of(const Scenario& sc) {
+  const topology::PeerState nic = topology::nic_peer_state(sc.cluster);
+  const bool own = sc.engine.peer_cache.has_value() || sc.engine.peer_miss_overhead.has_value();
+  return {sc.engine.peer_cache.value_or(nic.peer_cache),
+          sc.engine.peer_miss_overhead.value_or(nic.peer_miss_overhead), source_of(own)};
+}
+
 nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& topo,
                                const TopoSummary& s) {
   nlohmann::ordered_json j;
@@ -94,8 +109,17 @@ nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& top
       j["nic_nominal_Bps"] = spec.inter.nominal_nic_bandwidth.value();
       j["nic_efficiency"] = spec.inter.nic_efficiency;
       j["nic_efficiency_source"] = source_of(sc.cluster.inter.nic_efficiency > 0);
+      if (const topology::NicModel* nic = topology::cluster_nic(sc.cluster)) {
+        j["nic"] = std::string(nic->name);
+        j["nic_source"] = source_of(!sc.cluster.inter.nic.empty());
+      }
     }
   }
+  const PeerCosts peers = peer_costs_of(sc);
+  j["message_overhead_s"] = sc.engine.message_overhead.value();
+  j["peer_cache"] = peers.cache;
+  j["peer_miss_overhead_s"] = peers.miss.value();
+  j["peer_source"] = peers.source;
   j["sms"] = topo.gpu().sms;
   j["interference"] = interference_of(sc, topo);
   j["interference_source"] = source_of(sc.engine.interference.has_value());
@@ -157,7 +181,17 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
                  to_string(spec.inter.nic_bandwidth), to_string(spec.inter.nominal_nic_bandwidth),
                  spec.inter.nic_efficiency, source_of(sc.cluster.inter.nic_efficiency > 0),
                  to_string(spec.inter.latency));
+    if (const topology::NicModel* nic = topology::cluster_nic(sc.cluster))
+      fmt::print("nic         {}: {} ({})\n", nic->name, nic->description,
+                 source_of(!sc.cluster.inter.nic.empty()));
   }
+  const PeerCosts peers = peer_costs_of(sc);
+  fmt::print("messages    {} per message; {}\n", to_string(sc.engine.message_overhead),
+             peers.cache > 0
+                 ? fmt::format("{} peers' connection state kept hot per GPU, {} more per message "
+                               "to any other ({})",
+                               peers.cache, to_string(peers.miss), peers.source)
+                 : fmt::format("no per-peer cost ({})", peers.source));
   fmt::print("compute     interference {:.3f} beside communication ({}{})\n",
              interference_of(sc, topo), source_of(sc.engine.interference.has_value()),
              sc.engine.interference ? ""

@@ -73,10 +73,8 @@ ParmChoice parm_choose(const Scenario& sc, const topology::Topology& topo, std::
   const Groups g = make_groups(sc);
   collectives::CostContext ctx;
   ctx.topo = &topo;
-  ctx.net.message_latency_s = sc.engine.message_latency.value();
-  ctx.net.message_overhead_s = sc.engine.message_overhead.value();
-  ctx.net.peer_cache = sc.engine.peer_cache;
-  ctx.net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value();
+  ctx.net = scenario_network_params(sc);
+  ctx.net.calibration = nullptr;  // the closed forms, as before calibration lines existed
   const double b = static_cast<double>(sc.bytes_per_element());
   const double M = static_cast<double>(sc.model.model_dim);
   const double x = static_cast<double>(sc.tokens_per_gpu()) * M * b;

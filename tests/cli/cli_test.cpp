@@ -116,6 +116,13 @@ TEST(Cli, TopoQuickstartJsonMatchesExpected) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("at 23.8 GB/s (25 GB/s x 0.95, catalog)"), std::string::npos) << r.out;
+  // The A100's NIC generation, and its queue-pair cache: 60 peers, one GPU per NIC.
+  EXPECT_NE(r.out.find("nic         cx6: ConnectX-6 HDR InfiniBand, 200 Gb/s (catalog)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("60 peers' connection state kept hot per GPU, 2.4 us more per message"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("interference 0.227 beside communication (catalog: 20 of 108 SMs"),
             std::string::npos)
       << r.out;

@@ -116,8 +116,9 @@ TEST(ScenarioLoader, TinyScenarioGetsDocumentedDefaults) {
   EXPECT_EQ(s.engine.network, NetworkModelKind::kFlow);
   EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 0.0);
   EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 1e-6);
-  EXPECT_EQ(s.engine.peer_cache, 0);  // unlimited: no per-peer misses
-  EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 0.0);
+  // Unset: the NIC model's queue-pair cache (topology::nic_peer_state).
+  EXPECT_FALSE(s.engine.peer_cache.has_value());
+  EXPECT_FALSE(s.engine.peer_miss_overhead.has_value());
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 5e-6);
   EXPECT_FALSE(s.engine.interference.has_value());  // the GPU's default
   // strategies
@@ -241,7 +242,7 @@ strategies:
   EXPECT_DOUBLE_EQ(s.engine.message_latency.value(), 1e-6);
   EXPECT_DOUBLE_EQ(s.engine.message_overhead.value(), 2e-6);
   EXPECT_EQ(s.engine.peer_cache, 12);
-  EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value(), 3e-6);
+  EXPECT_DOUBLE_EQ(s.engine.peer_miss_overhead.value().value(), 3e-6);
   EXPECT_DOUBLE_EQ(s.engine.launch_overhead.value(), 10e-6);
   EXPECT_DOUBLE_EQ(s.engine.interference.value_or(-1), 0.3);
 
@@ -717,8 +718,11 @@ TEST(ScenarioErrors, MissingRequiredKey) {
 TEST(ScenarioValidation, ClusterRules) {
   EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}", "{kind: none}")),
               HasSubstr("cluster.inter_node.kind: found 'none' with cluster.nodes = 2"));
-  EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}", "{kind: fat_tree}")),
-              HasSubstr("cluster.inter_node.nic_bandwidth: missing required key"));
+  // No nic_bandwidth: the NIC model's line rate (topology::cluster_nic), checked when the
+  // topology is built; the loader accepts it.
+  EXPECT_EQ(parse(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}", "{kind: fat_tree, nic: cx7}"))
+                .cluster.inter.nic,
+            "cx7");
   EXPECT_THAT(error_of(tiny_with("  inter_node: {kind: switch, nic_bandwidth: 200Gb/s}\n", "")),
               HasSubstr("cluster.inter_node: missing required key"));
   EXPECT_THAT(error_of(tiny_with("nic_bandwidth: 200Gb/s", "nic_bandwidth: 200Gb/s, groups: 4")),
@@ -781,6 +785,19 @@ TEST(ScenarioValidation, ModelAndParallelismRules) {
               HasSubstr("parallelism.dp: found 'fast', expected an integer >= 1 or 'auto'"));
   EXPECT_THAT(error_of(tiny_with("strategies:", "parallelism: {mp: 3}\nstrategies:")),
               HasSubstr("parallelism.mp: esp*mp = 3 does not divide P = 4"));
+  for (const char* bad : {"0MB", "fast", "-25MiB"}) {
+    EXPECT_THAT(error_of(tiny_with("strategies:", std::string("parallelism: {grad_bucket: ") + bad +
+                                                      "}\nstrategies:")),
+                HasSubstr(std::string("parallelism.grad_bucket: found '") + bad +
+                          "', expected pytorch, megatron, block or a positive size such as 25MiB"));
+  }
+  EXPECT_EQ(parse(tiny_with("strategies:", "parallelism: {grad_bucket: 50MiB}\nstrategies:"))
+                .parallelism.grad_bucket_bytes.value(),
+            50.0 * 1024 * 1024);
+  EXPECT_EQ(parse(tiny_with("strategies:", "parallelism: {grad_bucket: megatron}\nstrategies:"))
+                .parallelism.grad_bucket,
+            GradBucketKind::kMegatron);
+  EXPECT_EQ(parse(kTiny).parallelism.grad_bucket, GradBucketKind::kPytorch);
   // Any real capacity factor is valid.
   for (const char* f : {"2.0", "0", "-1.5"})
     EXPECT_NO_THROW(parse(tiny_with("experts_per_gpu: 1",

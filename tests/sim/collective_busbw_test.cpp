@@ -5,6 +5,7 @@
 #include "core/plan.hpp"
 #include "sim/engine.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "topology/nic_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim {
@@ -66,6 +67,37 @@ TEST(CollectiveBusBw, SmallMessagesGetMuchLowerBusBandwidthOnA64GpuFatTree) {
   no_overhead.net.message_overhead_s = 0;
   double busbw_small_free = small.value() / all_to_all_time(*topo, small, no_overhead) * factor;
   EXPECT_GT(busbw_small_free, busbw_small);
+}
+
+// Small messages priced as measured: with each NIC model's default per-peer state (its queue-pair
+// cache, topology::nic_peer_state) a linear all-to-all's time per peer, at the same bytes per
+// peer, stays flat while the peers fit the cache and grows once they do not (PipeMoE Fig. 6(b):
+// alpha 45x for 4x the GPUs).
+TEST(CollectiveBusBw, AllToAllTimePerPeerGrowsWithThePeerCountOnEveryNicModel) {
+  for (const std::string& name : topology::nic_names()) {
+    std::vector<double> per_peer;
+    for (int nodes : {2, 4, 16}) {
+      ClusterSpec c = fat_tree_64();
+      c.nodes = nodes;
+      c.inter.nic = name;
+      c.inter.switch_radix = 64;
+      const topology::PeerState peers = topology::nic_peer_state(c);
+      ASSERT_GT(peers.peer_cache, 0) << name;
+      ASSERT_GT(peers.peer_miss_overhead.value(), 0) << name;
+      auto topo = topology::build_topology(c);
+      sim::EngineConfig cfg;
+      cfg.network = sim::NetworkKind::kFlow;
+      cfg.net.message_overhead_s = 1e-6;
+      cfg.net.peer_cache = peers.peer_cache;
+      cfg.net.peer_miss_overhead_s = peers.peer_miss_overhead.value();
+      const int n = topo->num_gpus();
+      per_peer.push_back(all_to_all_time(*topo, Bytes(4096.0 * n), cfg) / (n - 1));
+    }
+    // 15 and 31 peers fit the cache (60 per NIC, one GPU per NIC); 127 do not.
+    EXPECT_GE(per_peer[1], per_peer[0] * 0.999) << name;
+    EXPECT_GT(per_peer[2], per_peer[1] * 1.5) << name << ": " << per_peer[2] * 1e6 << " vs "
+                                              << per_peer[1] * 1e6 << " us per peer";
+  }
 }
 
 // Time is monotone in size on every engine.

@@ -39,6 +39,8 @@ struct Cfg {
   std::string dp = "auto";
   std::string layout = "disjoint";
   std::string model_extra;  // more `model:` lines, e.g. "  dense_hidden_dim: 768\n"
+  // One gradient all-reduce per block: the hand-worked expectations below are per block.
+  std::string grad_bucket = "block";
 };
 
 Scenario make_scenario(const Cfg& c) {
@@ -63,13 +65,13 @@ model:
   top_k: {}
   capacity_factor: {}
   dtype: fp16
-{}parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}}}
+{}parallelism: {{ep: {}, esp: {}, mp: {}, dp: {}, layout: {}, grad_bucket: {}}}
 strategies:
   - {{name: baseline}}
 )",
                   c.nodes, c.gpn, c.gpn, c.mode, c.layers, c.moe_every, c.batch, c.seq, c.model_dim,
                   c.hidden, c.experts_per_gpu, c.top_k, c.capacity_factor, c.model_extra, c.ep,
-                  c.esp, c.mp, c.dp, c.layout);
+                  c.esp, c.mp, c.dp, c.layout, c.grad_bucket);
   return parse_scenario_string(yaml, "test.yaml");
 }
 
@@ -114,8 +116,7 @@ const Op& find_op(const Plan& plan, const std::string& label) {
 sim::EngineConfig engine_config(const Scenario& sc, sim::NetworkKind kind) {
   sim::EngineConfig cfg;
   cfg.network = kind;
-  cfg.net.message_latency_s = sc.engine.message_latency.value();
-  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.net = strategies::scenario_network_params(sc);
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;
@@ -348,6 +349,52 @@ TEST(PlanBuilder, DenseHiddenDimSetsTheDenseFfnApartFromTheExperts) {
   // The dense block's gradient bucket: attention 4 M (M/mp) + dense FFN 2 M (Hd/mp), fp16.
   EXPECT_DOUBLE_EQ(find_op(b.bp.plan, "L0.grad.dense_allreduce").collective().bytes.value(),
                    (4 * M * M / mp + 2 * M * Hd / mp) * 2);
+}
+
+// parallelism.grad_bucket: the dense gradients of consecutive blocks (backward order) share an
+// all-reduce once the bucket reaches its cap, launched after the block that filled it; the bytes
+// are those of the per-block all-reduces, summed.
+TEST(PlanBuilder, GradientBucketsGroupBlocksUpToTheirCap) {
+  Cfg c;  // 1 node x 2 GPUs, ep 2: the dense gradients are all-reduced over both GPUs
+  c.layers = 4;
+  c.moe_every = 2;  // blocks 1 and 3 are MoE
+  const Built per_block = build(c);
+  auto bytes = [](const Built& b, const std::string& label) {
+    return find_op(b.bp.plan, label).collective().bytes.value();
+  };
+  const double dense = bytes(per_block, "L0.grad.dense_allreduce");  // attention + dense FFN
+  const double moe = bytes(per_block, "L1.grad.dense_allreduce");    // attention + gate
+  EXPECT_DOUBLE_EQ(bytes(per_block, "L2.grad.dense_allreduce"), dense);
+  EXPECT_DOUBLE_EQ(bytes(per_block, "L3.grad.dense_allreduce"), moe);
+  // A cap of one dense + one MoE block: backward fills L3 + L2, then L1 + L0.
+  c.grad_bucket = fmt::format("{}B", dense + moe);
+  const Built two = build(c);
+  const Op& upper = find_op(two.bp.plan, "L2-3.grad.dense_allreduce");
+  const Op& lower = find_op(two.bp.plan, "L0-1.grad.dense_allreduce");
+  EXPECT_DOUBLE_EQ(upper.collective().bytes.value(), dense + moe);
+  EXPECT_DOUBLE_EQ(lower.collective().bytes.value(), dense + moe);
+  // Each waits for what the per-block all-reduce of the block that filled it waits for.
+  auto dep_label = [](const Built& b, const Op& op) {
+    EXPECT_EQ(op.deps.size(), 1u) << op.label;
+    return b.bp.plan.op(op.deps.at(0)).label;
+  };
+  EXPECT_EQ(dep_label(two, upper),
+            dep_label(per_block, find_op(per_block.bp.plan, "L2.grad.dense_allreduce")));
+  EXPECT_EQ(dep_label(two, lower),
+            dep_label(per_block, find_op(per_block.bp.plan, "L0.grad.dense_allreduce")));
+  // PyTorch's defaults: a first bucket of 1 MiB, then 25 MiB. Here a dense block holds
+  // 12 M^2 x 2 B = 1.57 MB and an MoE block (4 M^2 + M E) x 2 B = 0.52 MB: L3 alone stays under
+  // 1 MiB, L3 + L2 close the first bucket, L1 + L0 (2.1 MB < 25 MiB) wait for the end.
+  ASSERT_DOUBLE_EQ(dense, 12.0 * 256 * 256 * 2);
+  ASSERT_DOUBLE_EQ(moe, (4.0 * 256 * 256 + 256 * 2) * 2);
+  c.grad_bucket = "pytorch";
+  const Built torch = build(c);
+  EXPECT_DOUBLE_EQ(bytes(torch, "L2-3.grad.dense_allreduce"), dense + moe);
+  EXPECT_DOUBLE_EQ(bytes(torch, "L0-1.grad.dense_allreduce"), dense + moe);
+  int buckets = 0;
+  for (const Op& op : torch.bp.plan.ops())
+    buckets += op.label.find("grad.dense_allreduce") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(buckets, 2);
 }
 
 // model.shared_experts = 2: one FFN of hidden 2 H = 1,024 beside the routed experts, on the
@@ -993,9 +1040,12 @@ TEST(PlanBuilderTiming, FlexibleExpertTimeFlatAsGpusGrowPlainSlows) {
 // role must be labelled like it.
 OpRole role_from_label(const std::string& label) {
   OpRole r;
-  int block = -1, consumed = 0, micro = -1;
+  int block = -1, last = -1, consumed = 0, micro = -1;
   char pass[4] = {};
-  if (std::sscanf(label.c_str(), "L%d.grad.%n", &block, &consumed) >= 1 && consumed > 0) {
+  // A gradient bucket of blocks lo..hi is "L{lo}-{hi}.grad.*", of one block "L{l}.grad.*".
+  if ((std::sscanf(label.c_str(), "L%d-%d.grad.%n", &block, &last, &consumed) >= 2 ||
+       std::sscanf(label.c_str(), "L%d.grad.%n", &block, &consumed) >= 1) &&
+      consumed > 0) {
     const std::string what = label.substr(static_cast<std::size_t>(consumed));
     for (const auto& [name, kind] :
          {std::pair{std::string("dense_allreduce"), OpRoleKind::kDenseGradSync},

@@ -95,8 +95,7 @@ inline sim::EngineConfig engine_config(const Scenario& sc) {
   sim::EngineConfig cfg;
   cfg.network = sc.engine.network == NetworkModelKind::kAnalytical ? sim::NetworkKind::kAnalytical
                                                                    : sim::NetworkKind::kFlow;
-  cfg.net.message_latency_s = sc.engine.message_latency.value();
-  cfg.net.message_overhead_s = sc.engine.message_overhead.value();
+  cfg.net = strategies::scenario_network_params(sc);
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = strategies::scenario_interference(sc);
   cfg.precision = sc.model.dtype;

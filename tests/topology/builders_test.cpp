@@ -390,6 +390,8 @@ TEST(Validation, BadSpecsAreInputErrors) {
   EXPECT_THROW(build_topology(make_spec(2, 2, IntraKind::kNvswitch, InterKind::kNone)), InputError);
   auto spec = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
   spec.inter.nic_bandwidth = BytesPerSecond(0);
+  EXPECT_NO_THROW(build_topology(spec));  // the A100's catalog NIC (ConnectX-6) gives the rate
+  spec.gpu.from_catalog = false;  // an inline GPU has no catalog NIC
   EXPECT_THROW(build_topology(spec), InputError);
   spec = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kCustom);
   EXPECT_THROW(build_topology(spec), InputError);

@@ -1,4 +1,5 @@
 #include "topology/gpu_catalog.hpp"
+#include "topology/nic_catalog.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -149,6 +150,58 @@ TEST(GpuCatalog, LinksRunAtTheirAchievableFraction) {
   EXPECT_DOUBLE_EQ(build_topology(spec)->spec().intra.bandwidth.value(), 150e9);
   EXPECT_DOUBLE_EQ(default_intra_efficiency(IntraKind::kPcie), 1.0);
   EXPECT_DOUBLE_EQ(default_intra_efficiency(IntraKind::kNvlinkRing), 0.8);
+}
+
+TEST(NicCatalog, EachGpuGetsTheNicOfItsGeneration) {
+  auto spec = testing::make_spec(2, 8, IntraKind::kNvswitch, InterKind::kSwitch);
+  ASSERT_NE(cluster_nic(spec), nullptr);
+  EXPECT_EQ(cluster_nic(spec)->name, "cx6");  // A100: ConnectX-6 HDR
+  spec.gpu.name = "h800-sxm";
+  EXPECT_EQ(cluster_nic(spec)->name, "cx7");
+  spec.inter.nic = "cx8";  // the scenario's name wins
+  EXPECT_EQ(cluster_nic(spec)->name, "cx8");
+  spec.inter.nic.clear();
+  spec.gpu.from_catalog = false;  // an inline GPU has no generation
+  EXPECT_EQ(cluster_nic(spec), nullptr);
+  EXPECT_EQ(nic_peer_state(spec).peer_cache, 0);
+  auto one = testing::make_spec(1, 8, IntraKind::kNvswitch, InterKind::kNone);
+  EXPECT_EQ(cluster_nic(one), nullptr);  // no NIC traffic on one node
+}
+
+TEST(NicCatalog, LineRateFillsAnUnsetNicBandwidth) {
+  auto spec = testing::make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
+  spec.inter.nic = "cx7";
+  spec.inter.nic_bandwidth = BytesPerSecond(0);
+  spec.inter.nic_efficiency = 0;
+  auto topo = build_topology(spec);
+  EXPECT_DOUBLE_EQ(topo->spec().inter.nominal_nic_bandwidth.value(), 50e9);  // 400 Gb/s
+  EXPECT_DOUBLE_EQ(topo->spec().inter.nic_bandwidth.value(), 47.5e9);        // x 0.95
+  spec.inter.nic_bandwidth = BytesPerSecond(12.5e9);  // a scenario's rate wins (a ConnectX-7 at HDR100)
+  EXPECT_DOUBLE_EQ(build_topology(spec)->spec().inter.nominal_nic_bandwidth.value(), 12.5e9);
+}
+
+TEST(NicCatalog, QueuePairCacheIsSharedByTheGpusOnANic) {
+  auto spec = testing::make_spec(4, 8, IntraKind::kNvswitch, InterKind::kSwitch);
+  EXPECT_EQ(nic_peer_state(spec).peer_cache, 60);  // one NIC per GPU
+  EXPECT_DOUBLE_EQ(nic_peer_state(spec).peer_miss_overhead.value(), 2.4e-6);
+  spec.inter.nics_per_node = 2;  // 4 GPUs per NIC: PipeMoE's testbed, 15 each
+  EXPECT_EQ(nic_peer_state(spec).peer_cache, 15);
+  spec.inter.nics_per_node = 1;
+  EXPECT_EQ(nic_peer_state(spec).peer_cache, 7);
+}
+
+TEST(NicCatalog, UnknownNicNamesLocationAndChoices) {
+  auto spec = testing::make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
+  spec.inter.nic = "cx9";
+  try {
+    build_topology(spec);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.key(), "cluster.inter_node.nic");
+    EXPECT_THAT(e.message(),
+                HasSubstr("unknown NIC 'cx9', expected one of cx5, cx6, cx7, cx8, roce400"));
+  }
+  EXPECT_EQ(nic_names().size(), 5u);
 }
 
 TEST(GpuCatalog, BuildTopologyResolvesTheGpu) {

@@ -8,7 +8,8 @@
 // bottleneck bound (bytes crossing a NIC / NIC bandwidth), and where the wall time goes.
 //
 // Usage: flow_bench [--repeat N] [--nodes N] [--case all|a2a|2dh|skew] [--topology synthetic|built]
-//                   [--tolerance REL]   (FlowModelOptions::event_tolerance, default 1e-9)
+//                   [--tolerance REL]   (FlowModelOptions::event_tolerance; default a scenario's,
+//                                       engine.flow.event_tolerance 3e-3; 1e-9 is exact)
 //                   [--ecmp dmodk|hash|spray] (with --topology built: cluster.inter_node.ecmp,
 //                   default dmodk as in the library)
 //                   [--radix R]        (with --topology built: switch ports, default 64)
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scenario.hpp"
 #include "core/units.hpp"
 #include "sim/flow_model.hpp"
 #include "topology/topology.hpp"
@@ -251,6 +253,8 @@ int main(int argc, char** argv) {
   int repeat = 3, nodes = 512;
   std::string which = "all", topo_kind = "synthetic", ecmp = "dmodk";
   moesim::sim::FlowModelOptions options;
+  // What a scenario runs with unless it sets engine.flow.event_tolerance.
+  options.event_tolerance = moesim::EngineSpec{}.flow_event_tolerance;
   moesim::sim::NetworkParams params;
   int radix = 64;
   for (int i = 1; i < argc; ++i) {
@@ -306,11 +310,11 @@ int main(int argc, char** argv) {
   const double chunk = per_gpu / p;
   std::printf(
       "flow_bench: %d GPUs (%d nodes x %d), %s topology%s, %zu directed links, 128 MiB per GPU, "
-      "chunk %.0f B, repeat %d\n",
+      "chunk %.0f B, repeat %d, event tolerance %g\n",
       p, nodes, gpn, topo_kind.c_str(),
       topo_kind == "built" ? (" (ecmp " + ecmp + ", radix " + std::to_string(radix) + ")").c_str()
                            : "",
-      topo.links().size(), chunk, repeat);
+      topo.links().size(), chunk, repeat, options.event_tolerance);
 
   if (which == "all" || which == "a2a") {
     bench_case(

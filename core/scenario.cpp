@@ -56,10 +56,9 @@ const std::vector<NamedValue<PipelineSchedule>>& pipeline_schedule_names() {
 }
 
 const std::vector<NamedValue<GradBucketKind>>& grad_bucket_names() {
-  static const std::vector<NamedValue<GradBucketKind>> t = {
-      {GradBucketKind::kPytorch, "pytorch"},
-      {GradBucketKind::kMegatron, "megatron"},
-      {GradBucketKind::kBlock, "block"}};
+  static const std::vector<NamedValue<GradBucketKind>> t = {{GradBucketKind::kPytorch, "pytorch"},
+                                                            {GradBucketKind::kMegatron, "megatron"},
+                                                            {GradBucketKind::kBlock, "block"}};
   return t;
 }
 

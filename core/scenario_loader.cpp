@@ -313,9 +313,9 @@ int tree_leaf_nodes(const TreeSpec& t) {
 InterNodeSpec parse_inter(const MapReader& cluster, int nodes, int gpus_per_node) {
   InterNodeSpec inter;
   MapReader m =
-      cluster.get_map("inter_node", {"kind", "nic", "nic_bandwidth", "nic_efficiency", "nics_per_node",
-                                     "latency", "oversubscription", "switch_radix", "levels",
-                                     "groups", "routers_per_group", "global_bandwidth",
+      cluster.get_map("inter_node", {"kind", "nic", "nic_bandwidth", "nic_efficiency",
+                                     "nics_per_node", "latency", "oversubscription", "switch_radix",
+                                     "levels", "groups", "routers_per_group", "global_bandwidth",
                                      "local_bandwidth", "tree", "tree_level_bandwidth", "ecmp"});
   m.require("kind", "none, switch, fat_tree, rail_optimized, dragonfly, tree or custom");
   inter.kind = *get_enum(m, "kind", inter_table());
@@ -1177,9 +1177,9 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.dp = 1;
     return par;
   }
-  MapReader m =
-      root.get_map("parallelism", {"pp", "vp", "schedule", "pipeline_layout", "zero", "grad_bucket",
-                                   "ep", "esp", "mp", "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
+  MapReader m = root.get_map(
+      "parallelism", {"pp", "vp", "schedule", "pipeline_layout", "zero", "grad_bucket", "ep", "esp",
+                      "mp", "dp", "layout", "tp", "sp", "cp", "etp", "edp"});
   if (auto v = m.get_int("zero", 0, 1)) par.zero = to_int32(*v);
   parse_grad_bucket(m, par);
   (void)ctx;

@@ -53,8 +53,7 @@ collectives::NetworkParams scenario_network_params(const Scenario& sc) {
   net.message_overhead_s = sc.engine.message_overhead.value();
   const topology::PeerState nic = topology::nic_peer_state(sc.cluster);
   net.peer_cache = sc.engine.peer_cache.value_or(nic.peer_cache);
-  net.peer_miss_overhead_s =
-      sc.engine.peer_miss_overhead.value_or(nic.peer_miss_overhead).value();
+  net.peer_miss_overhead_s = sc.engine.peer_miss_overhead.value_or(nic.peer_miss_overhead).value();
   if (auto cal = scenario_calibration(sc)) {
     // The per-message latency the measured intra-node point-to-point alpha implies on top of the
     // topology's own latency; the measured per-collective lines for the analytical closed forms.

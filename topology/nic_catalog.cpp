@@ -36,15 +36,15 @@ constexpr double kConnectXQpMissUs = 2.4;
 
 const std::array<NicModel, 5> kCatalog = {{
     {"cx5", "ConnectX-5 EDR InfiniBand, 100 Gb/s", BytesPerSecond(100 * kGbps), kNicEfficiency,
-     kConnectXQpCache, Seconds(kConnectXQpMissUs * kUs)},
+     kConnectXQpCache, Seconds(kConnectXQpMissUs* kUs)},
     {"cx6", "ConnectX-6 HDR InfiniBand, 200 Gb/s", BytesPerSecond(200 * kGbps), kNicEfficiency,
-     kConnectXQpCache, Seconds(kConnectXQpMissUs * kUs)},
+     kConnectXQpCache, Seconds(kConnectXQpMissUs* kUs)},
     {"cx7", "ConnectX-7 NDR InfiniBand, 400 Gb/s", BytesPerSecond(400 * kGbps), kNicEfficiency,
-     kConnectXQpCache, Seconds(kConnectXQpMissUs * kUs)},
+     kConnectXQpCache, Seconds(kConnectXQpMissUs* kUs)},
     {"cx8", "ConnectX-8 XDR InfiniBand, 800 Gb/s", BytesPerSecond(800 * kGbps), kNicEfficiency,
-     kConnectXQpCache, Seconds(kConnectXQpMissUs * kUs)},
-    {"roce400", "ConnectX-7 in 400 GbE RoCE v2 mode", BytesPerSecond(400 * kGbps),
-     kNicEfficiency, kConnectXQpCache, Seconds(kConnectXQpMissUs * kUs)},
+     kConnectXQpCache, Seconds(kConnectXQpMissUs* kUs)},
+    {"roce400", "ConnectX-7 in 400 GbE RoCE v2 mode", BytesPerSecond(400 * kGbps), kNicEfficiency,
+     kConnectXQpCache, Seconds(kConnectXQpMissUs* kUs)},
 }};
 
 // The NIC each catalog GPU's reference systems ship with.
@@ -97,7 +97,8 @@ PeerState nic_peer_state(const ClusterSpec& cluster) {
   if (cluster.nodes <= 1) return {};
   const NicModel* nic = cluster_nic(cluster);
   if (nic == nullptr || nic->qp_cache <= 0) return {};
-  const int gpus_per_nic = std::max(1, cluster.gpus_per_node / std::max(1, cluster.inter.nics_per_node));
+  const int gpus_per_nic =
+      std::max(1, cluster.gpus_per_node / std::max(1, cluster.inter.nics_per_node));
   return {std::max(1, nic->qp_cache / gpus_per_nic), nic->qp_miss};
 }
 

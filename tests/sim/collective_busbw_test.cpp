@@ -95,8 +95,8 @@ TEST(CollectiveBusBw, AllToAllTimePerPeerGrowsWithThePeerCountOnEveryNicModel) {
     }
     // 15 and 31 peers fit the cache (60 per NIC, one GPU per NIC); 127 do not.
     EXPECT_GE(per_peer[1], per_peer[0] * 0.999) << name;
-    EXPECT_GT(per_peer[2], per_peer[1] * 1.5) << name << ": " << per_peer[2] * 1e6 << " vs "
-                                              << per_peer[1] * 1e6 << " us per peer";
+    EXPECT_GT(per_peer[2], per_peer[1] * 1.5)
+        << name << ": " << per_peer[2] * 1e6 << " vs " << per_peer[1] * 1e6 << " us per peer";
   }
 }
 

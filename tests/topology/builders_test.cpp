@@ -391,7 +391,7 @@ TEST(Validation, BadSpecsAreInputErrors) {
   auto spec = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kSwitch);
   spec.inter.nic_bandwidth = BytesPerSecond(0);
   EXPECT_NO_THROW(build_topology(spec));  // the A100's catalog NIC (ConnectX-6) gives the rate
-  spec.gpu.from_catalog = false;  // an inline GPU has no catalog NIC
+  spec.gpu.from_catalog = false;          // an inline GPU has no catalog NIC
   EXPECT_THROW(build_topology(spec), InputError);
   spec = make_spec(2, 2, IntraKind::kNvswitch, InterKind::kCustom);
   EXPECT_THROW(build_topology(spec), InputError);

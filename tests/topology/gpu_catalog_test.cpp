@@ -1,5 +1,4 @@
 #include "topology/gpu_catalog.hpp"
-#include "topology/nic_catalog.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "test_util.hpp"
+#include "topology/nic_catalog.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::topology {
@@ -176,7 +176,8 @@ TEST(NicCatalog, LineRateFillsAnUnsetNicBandwidth) {
   auto topo = build_topology(spec);
   EXPECT_DOUBLE_EQ(topo->spec().inter.nominal_nic_bandwidth.value(), 50e9);  // 400 Gb/s
   EXPECT_DOUBLE_EQ(topo->spec().inter.nic_bandwidth.value(), 47.5e9);        // x 0.95
-  spec.inter.nic_bandwidth = BytesPerSecond(12.5e9);  // a scenario's rate wins (a ConnectX-7 at HDR100)
+  spec.inter.nic_bandwidth =
+      BytesPerSecond(12.5e9);  // a scenario's rate wins (a ConnectX-7 at HDR100)
   EXPECT_DOUBLE_EQ(build_topology(spec)->spec().inter.nominal_nic_bandwidth.value(), 12.5e9);
 }
 

@@ -338,6 +338,10 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
     // The compute slow-down beside communication the run used (scenario, GPU default or
     // calibration).
     j["interference"] = cfg.compute.interference;
+    // The per-message and per-peer costs it charged (scenario keys or the NIC model's).
+    j["message_overhead_s"] = cfg.net.message_overhead_s;
+    j["peer_cache"] = cfg.net.peer_cache;
+    j["peer_miss_overhead_s"] = cfg.net.peer_miss_overhead_s;
     j["seed"] = sc.workload.routing.seed;
     auto& runs = j["runs"] = nlohmann::ordered_json::array();
     double wall = 0;

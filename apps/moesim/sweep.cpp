@@ -1021,6 +1021,8 @@ std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
       if (cfg.network == sim::NetworkKind::kFlow)
         r.run["flow_event_tolerance"] = cfg.flow_event_tolerance;
       r.run["interference"] = cfg.compute.interference;
+      r.run["peer_cache"] = cfg.net.peer_cache;
+      r.run["peer_miss_overhead_s"] = cfg.net.peer_miss_overhead_s;
     }
     rows.push_back(std::move(r));
   }

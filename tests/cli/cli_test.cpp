@@ -523,6 +523,10 @@ TEST(Cli, SimulateJsonFollowsTheSchemaAndIsDeterministic) {
   EXPECT_DOUBLE_EQ(a["runs"][0]["speedup_vs_baseline"].get<double>(), 1.0);
   // The compute slow-down beside communication it ran with: the A100's 20 of 108 SMs.
   EXPECT_DOUBLE_EQ(a["interference"].get<double>(), 20.0 / 88.0);
+  // And the A100's NIC (ConnectX-6): 60 peers' queue pairs per GPU (one NIC each), 2.4 us a miss.
+  EXPECT_EQ(a["peer_cache"].get<int>(), 60);
+  EXPECT_DOUBLE_EQ(a["peer_miss_overhead_s"].get<double>(), 2.4e-6);
+  EXPECT_DOUBLE_EQ(a["message_overhead_s"].get<double>(), 1e-6);
   // Same scenario and seed: identical JSON except wall-clock fields.
   strip_wall(a);
   strip_wall(b);

@@ -73,12 +73,10 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
   // The engine charges the scenario's launch overhead per kernel (apps/moesim/engine_setup).
   gemm_.launch_overhead = sc.engine.launch_overhead;
   cal_ = scenario_calibration(sc);
-  message_latency_s_ = sc.engine.message_latency.value();
-  if (cal_) {
-    gemm_cal_ = cal_->gemm;
-    message_latency_s_ =
-        calibrated_message_latency(cal_.get(), sc.cluster, sc.engine.message_latency.value());
-  }
+  if (cal_) gemm_cal_ = cal_->gemm;
+  // The closed forms' per-message figures; a2a_time looks a measured line up itself.
+  net_ = scenario_network_params(sc);
+  net_.calibration = nullptr;
   interference_ = scenario_interference(sc);
   const auto& par = sc.parallelism;
   MOESIM_ASSERT(par.ep >= 1, "cost model needs a resolved EP group size");
@@ -125,8 +123,7 @@ Seconds CostModel::a2a_time(CollectiveAlgo algo, Bytes bytes_per_rank) const {
   collectives::CollectiveCall call{&spec, &ep_group_, 0, false};
   collectives::CostContext ctx;
   ctx.topo = &topo_;
-  ctx.net = scenario_network_params(sc_);
-  ctx.net.calibration = nullptr;  // a measured line was looked up above
+  ctx.net = net_;
   // 0 = the GPU's HBM bandwidth, which is what the engine passes (sim/engine.cpp).
   ctx.local_copy_bandwidth = BytesPerSecond(0);
   const double t = collectives::select_algorithm(call, ctx).analytical_time(call, ctx).value();

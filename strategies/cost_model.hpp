@@ -119,7 +119,7 @@ class CostModel {
   GemmModelParams gemm_;
   std::shared_ptr<const Calibration> cal_;
   GemmCalibration gemm_cal_;
-  double message_latency_s_ = 0;
+  collectives::NetworkParams net_;  // scenario_network_params without the calibration's lines
   double interference_ = 0;
   std::vector<int> ep_group_;
   FlopsPerSecond peak_{0};

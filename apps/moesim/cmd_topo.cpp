@@ -12,6 +12,7 @@
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "core/scenario_loader.hpp"
+#include "strategies/cost_model.hpp"
 #include "topology/fabric_cuts.hpp"
 #include "topology/gpu_catalog.hpp"
 #include "topology/nic_catalog.hpp"
@@ -82,10 +83,9 @@ struct PeerCosts {
   std::string source;
 };
 PeerCosts peer_costs_of(const Scenario& sc) {
-  const topology::PeerState nic = topology::nic_peer_state(sc.cluster);
+  const collectives::NetworkParams net = strategies::scenario_network_params(sc);
   const bool own = sc.engine.peer_cache.has_value() || sc.engine.peer_miss_overhead.has_value();
-  return {sc.engine.peer_cache.value_or(nic.peer_cache),
-          sc.engine.peer_miss_overhead.value_or(nic.peer_miss_overhead), source_of(own)};
+  return {net.peer_cache, Seconds(net.peer_miss_overhead_s), source_of(own)};
 }
 
 nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& topo,

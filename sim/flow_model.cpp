@@ -20,6 +20,8 @@ namespace {
 constexpr double kLevelTol = 1e-9;
 // Below this event_tolerance the slack is negligible and no duration bound is computed for it.
 constexpr double kMinDurationTolerance = 1e-7;
+// Least number of finish times a segment's heap takes per refill (Segment::finish).
+constexpr std::size_t kFinishHeapMin = 4096;
 
 // A partial re-solve keeps the flows whose rate is below its threshold times this factor: a margin
 // of many level tolerances, so that levels merged within kLevelTol are never split between the
@@ -132,17 +134,22 @@ struct FlowModel::Segment {
   std::vector<std::uint32_t> resolve;
   std::size_t resolve_count = 0;  // flows re-solved by the current solve (resolve's first size)
   std::vector<std::uint32_t> assigned;  // the same, in the order the current solve rated them
-  // Finish times t0 + remaining / rate of moving flows, a min-heap; entries of flows re-rated
-  // since are stale (the time no longer matches) and dropped when they reach the top.
+  // Finish times t0 + remaining / rate of the moving flows that finish by `horizon`, a min-heap;
+  // entries of flows re-rated since are stale (the time no longer matches) and dropped when they
+  // reach the top. Flows finishing later have no entry: most of them are re-rated before they
+  // finish, and pushing every re-rated flow into one heap of millions cost more than the solve.
+  // When the heap runs dry, refill_finish() scans the moving flows for the next earliest share.
   struct Finish {
     double time_s;
     std::uint32_t flow;
     bool operator>(const Finish& o) const { return time_s > o.time_s; }
   };
   std::vector<Finish> finish;
-  // The heap was emptied by a bulk finish (process_event) and the next solve() rebuilds it from
-  // every moving flow, kept ones included.
-  bool finish_stale = false;
+  double horizon = std::numeric_limits<double>::infinity();
+  std::size_t finish_base = 0;  // heap size after the last refill or compaction
+  // The heap is empty (a new batch, a bulk finish in process_event, a full solve) and the next
+  // finish_solve() refills it from every moving flow, kept ones included.
+  bool finish_stale = true;
   double finish_time(std::uint32_t i) const { return t0[i] + remaining[i] / rate[i]; }
   bool finish_valid(const Finish& f) const {
     return state[f.flow] == 1 && f.time_s == finish_time(f.flow);
@@ -470,9 +477,12 @@ void FlowModel::refresh_next_finish() {
   next_finish_ = kNever;
   for (auto& gp : segments_) {
     Segment& g = *gp;
-    while (!g.finish.empty() && !g.finish_valid(g.finish.front())) {
-      std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
-      g.finish.pop_back();
+    for (;;) {
+      while (!g.finish.empty() && !g.finish_valid(g.finish.front())) {
+        std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+        g.finish.pop_back();
+      }
+      if (!g.finish.empty() || !refill_finish(g)) break;
     }
     if (!g.finish.empty()) next_finish_ = std::min(next_finish_, g.finish.front().time_s);
   }
@@ -520,41 +530,53 @@ std::vector<BatchId> FlowModel::process_event(double t) {
         g.touched = true;
         changed = true;
       };
-      std::size_t pops = 0;
-      while (!g.finish.empty() && due(g.finish.front())) {
-        if (++pops > 256 && g.finish.size() > 4096 &&
-            static_cast<std::size_t>(g.num_moving) * 16 >= g.size()) {
-          // Many finish together (symmetric traffic) in a segment mostly moving: one pass over
-          // the flows by id and a heap rebuild, not a pop each. By id, a finishing flow's route
-          // and per-flow arrays are read in memory order (in heap order each costs cache misses:
-          // 16.8 M flows finish in a few events of a 4,096-GPU all-to-all). A moving flow's
-          // valid heap entry holds finish_time() exactly, so the same flows finish as by the heap.
-          const double due_s = t + slack_s;
-          const auto n = static_cast<std::uint32_t>(g.size());
-          for (std::uint32_t i = 0; i < n; ++i) {
-            if (is_moving(g.state[i]) && g.rate[i] != kNever && g.finish_time(i) <= due_s) {
-              finish_one({g.finish_time(i), i});
-            }
+      // Many finish together (symmetric traffic) in a segment mostly moving: one pass over the
+      // flows by id. By id, a finishing flow's route and per-flow arrays are read in memory order
+      // (in heap order each costs cache misses: 16.8 M flows finish in a few events of a
+      // 4,096-GPU all-to-all). A moving flow's finish time is finish_time() exactly, as its heap
+      // entry would hold, so the same flows finish as by the heap, past its horizon included.
+      const auto by_id_pass = [&] {
+        const double due_s = t + slack_s;
+        const auto n = static_cast<std::uint32_t>(g.size());
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (is_moving(g.state[i]) && g.rate[i] != kNever && g.finish_time(i) <= due_s) {
+            finish_one({g.finish_time(i), i});
           }
-          // The solve that follows this event rebuilds the heap (solve() sees finish_stale):
-          // building it here as well would cost a second pass over every moving flow.
-          g.finish.clear();
-          g.finish_stale = true;
+        }
+        // The solve that follows this event refills the heap (finish_solve() sees finish_stale):
+        // filling it here as well would cost a second pass over every flow.
+        g.finish.clear();
+        g.finish_stale = true;
+      };
+      std::size_t pops = 0;
+      for (;;) {
+        while (!g.finish.empty() && due(g.finish.front())) {
+          if (++pops > 256 && g.finish.size() > 4096 && g.finish.size() * 2 >= g.size() &&
+              static_cast<std::size_t>(g.num_moving) * 16 >= g.size()) {
+            by_id_pass();  // the heap holds most of a segment mostly moving
+            break;
+          }
+          if (pops > 256 && g.finish.size() > 4096) {
+            // Many finish together: one pass over the heap instead of a pop each.
+            const auto mid = std::partition(g.finish.begin(), g.finish.end(),
+                                            [&](const Segment::Finish& f) { return !due(f); });
+            for (auto it = mid; it != g.finish.end(); ++it) finish_one(*it);
+            g.finish.erase(mid, g.finish.end());
+            std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+            break;
+          }
+          const Segment::Finish f = g.finish.front();
+          std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+          g.finish.pop_back();
+          finish_one(f);
+        }
+        if (!g.finish.empty() || g.horizon > t + slack_s) break;
+        // The heap's whole share was due, and flows past its horizon may be too.
+        if (static_cast<std::size_t>(g.num_moving) * 16 >= g.size()) {
+          by_id_pass();
           break;
         }
-        if (pops > 256 && g.finish.size() > 4096) {
-          // Many finish together in a segment mostly done: one pass over the heap instead.
-          const auto mid = std::partition(g.finish.begin(), g.finish.end(),
-                                          [&](const Segment::Finish& f) { return !due(f); });
-          for (auto it = mid; it != g.finish.end(); ++it) finish_one(*it);
-          g.finish.erase(mid, g.finish.end());
-          std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
-          break;
-        }
-        const Segment::Finish f = g.finish.front();
-        std::pop_heap(g.finish.begin(), g.finish.end(), std::greater<>());
-        g.finish.pop_back();
-        finish_one(f);
+        if (!refill_finish(g)) break;
       }
     }
     // Starts after finishes, so that the bound below sees the links without the finished flows.
@@ -761,6 +783,7 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
       }
     } else {
       g.finish.clear();
+      g.finish_stale = true;
       const std::uint32_t n = static_cast<std::uint32_t>(g.size());
       for (std::uint32_t i = 0; i < n; ++i) {
         if (is_moving(g.state[i])) g.resolve.push_back(i);
@@ -988,30 +1011,27 @@ void FlowModel::finish_solve() {
     Segment& g = *gp;
     MOESIM_ASSERT(g.assigned.size() == g.resolve_count, "flow left without a rate");
     g.order.insert(g.order.end(), g.assigned.begin(), g.assigned.end());
-    if (g.finish_stale ||
-        g.finish.size() + g.assigned.size() > 2 * static_cast<std::size_t>(g.num_moving) + 64) {
-      g.finish_stale = false;
-      g.finish.clear();
-      if (static_cast<std::size_t>(g.num_moving) * 16 >= g.size()) {
-        // By id, not in rate order: sequential reads of the per-flow arrays.
-        const auto n = static_cast<std::uint32_t>(g.size());
-        for (std::uint32_t i = 0; i < n; ++i) {
-          if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
-        }
-      } else {
-        for (std::uint32_t i : g.order) {
-          if (is_moving(g.state[i])) g.finish.push_back({g.finish_time(i), i});
-        }
-      }
-      std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
-    } else if (g.assigned.size() * 8 > g.finish.size()) {
-      // Many new entries: appending and one heap build beats a push each.
-      for (std::uint32_t i : g.assigned) g.finish.push_back({g.finish_time(i), i});
-      std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+    if (g.finish_stale) {
+      refill_finish(g);
     } else {
+      const std::size_t old = g.finish.size();
       for (std::uint32_t i : g.assigned) {
-        g.finish.push_back({g.finish_time(i), i});
-        std::push_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+        const double time_s = g.finish_time(i);
+        if (time_s <= g.horizon) g.finish.push_back({time_s, i});
+      }
+      if (g.finish.size() > 2 * g.finish_base + 64) {
+        // Grown mostly stale: keep the valid entries (the horizon stays).
+        std::erase_if(g.finish, [&](const Segment::Finish& f) { return !g.finish_valid(f); });
+        std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+        g.finish_base = g.finish.size();
+      } else if ((g.finish.size() - old) * 8 > old) {
+        // Many new entries: appending and one heap build beats a push each.
+        std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+      } else {
+        for (std::size_t k = old + 1; k <= g.finish.size(); ++k) {
+          std::push_heap(g.finish.begin(), g.finish.begin() + static_cast<std::ptrdiff_t>(k),
+                         std::greater<>());
+        }
       }
     }
     g.resolve.clear();  // capacity kept: freeing and faulting it in again per solve cost more
@@ -1019,6 +1039,50 @@ void FlowModel::finish_solve() {
     g.touched = false;
   }
   refresh_next_finish();
+}
+
+bool FlowModel::refill_finish(Segment& g) {
+  g.finish_stale = false;
+  g.finish.clear();
+  g.finish_base = 0;
+  g.horizon = kNever;
+  if (g.num_moving == 0) return false;
+  // By id when most flows move (sequential reads of the per-flow arrays), else in rate order.
+  const bool by_id = static_cast<std::size_t>(g.num_moving) * 16 >= g.size();
+  const std::size_t n = by_id ? g.size() : g.order.size();
+  const auto candidate = [&](std::size_t k) {
+    return by_id ? static_cast<std::uint32_t>(k) : g.order[k];
+  };
+  const auto rated = [&](std::uint32_t i) { return is_moving(g.state[i]) && g.rate[i] != kNever; };
+  // The earliest share goes into the heap, the rest waits for the next refill: a refill costs a
+  // pass over the moving flows, so each must serve many finishes. The horizon is that share's
+  // quantile in a sample, so that the heap, not a copy of every flow, is all that is stored.
+  const auto moving = static_cast<std::size_t>(g.num_moving);
+  if (moving > 2 * kFinishHeapMin) {
+    const double share = std::max(1.0 / 8, static_cast<double>(kFinishHeapMin) / moving);
+    const std::size_t stride = std::max<std::size_t>(1, n / (8 * kFinishHeapMin));
+    finish_sample_.clear();
+    for (std::size_t k = 0; k < n; k += stride) {
+      const std::uint32_t i = candidate(k);
+      if (rated(i)) finish_sample_.push_back(g.finish_time(i));
+    }
+    if (!finish_sample_.empty()) {
+      const auto q =
+          finish_sample_.begin() + static_cast<std::ptrdiff_t>(share * (finish_sample_.size() - 1));
+      std::nth_element(finish_sample_.begin(), q, finish_sample_.end());
+      g.horizon = *q;
+    }
+  }
+  // Every flow finishing by the horizon (ties included) gets an entry.
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint32_t i = candidate(k);
+    if (!rated(i)) continue;
+    const double time_s = g.finish_time(i);
+    if (time_s <= g.horizon) g.finish.push_back({time_s, i});
+  }
+  std::make_heap(g.finish.begin(), g.finish.end(), std::greater<>());
+  g.finish_base = g.finish.size();
+  return !g.finish.empty();
 }
 
 void FlowModel::flush_link(topology::LinkId l) {

@@ -178,6 +178,9 @@ class FlowModel final : public NetworkModel {
   double start_bound();
   // Earliest valid finish over the segments' heaps (stale entries dropped).
   void refresh_next_finish();
+  /// Refills segment `g`'s finish heap from its moving flows (Segment::finish); false when none
+  /// has a rate yet.
+  bool refill_finish(Segment& g);
   // Brings link_bytes_[l] up to sim_t_ (before load_[l] changes).
   void flush_link(topology::LinkId l);
   void materialize(double now_s);
@@ -230,8 +233,9 @@ class FlowModel final : public NetworkModel {
   std::vector<std::uint8_t> saturated_;
   std::vector<topology::LinkId> route_buf_;
   double csr_savings_ = 0;  // scan work the CSR lists would have saved while unbuilt (entries)
-  std::vector<std::uint32_t> pick_;  // a CSR level's unrated flows on one bottleneck link
-  SenderMessages senders_;           // per-batch message counts, when params_.peer_cache > 0
+  std::vector<std::uint32_t> pick_;    // a CSR level's unrated flows on one bottleneck link
+  std::vector<double> finish_sample_;  // refill_finish's scratch
+  SenderMessages senders_;             // per-batch message counts, when params_.peer_cache > 0
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event
   std::vector<double> new_cnt_;                              // per link, for start_bound()
   std::vector<topology::LinkId> touched_;

@@ -191,9 +191,7 @@ FlowModel::FlowModel(const topology::Topology& topo, NetworkParams params, FlowM
   in_links_.assign(num_links, 0);
   dirty_.assign(num_links, 0);
   act_pos_.assign(num_links, 0);
-  w_rem_.assign(num_links, 0.0);
-  w_cnt_.assign(num_links, 0.0);
-  w_num_.assign(num_links, 0.0);
+  w_.assign(num_links, LinkFill{});
 }
 
 FlowModel::~FlowModel() = default;
@@ -734,7 +732,7 @@ void FlowModel::solve(double keep_below) {
     }
     for (std::uint32_t l : bottleneck_) {
       saturated_[l] = 0;
-      MOESIM_ASSERT(w_num_[l] < 0.5, "bottleneck link kept unassigned flows");
+      MOESIM_ASSERT(w_[l].num < 0.5, "bottleneck link kept unassigned flows");
     }
     refresh_dirty_links();
   }
@@ -750,9 +748,9 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
     for (std::uint32_t l = 0; l < num_links; ++l) {
       flush_link(l);
       solve_links_.push_back(l);
-      w_rem_[l] = cap_[l];
-      w_cnt_[l] = 0;
-      w_num_[l] = 0;
+      w_[l].rem = cap_[l];
+      w_[l].cnt = 0;
+      w_[l].num = 0;
       in_links_[l] = 1;
     }
   }
@@ -836,13 +834,13 @@ double FlowModel::gather_resolved(bool partial, double keep_thr, std::uint32_t s
           in_links_[l] = 1;
           solve_links_.push_back(l);
           flush_link(l);
-          w_rem_[l] = cap_[l] - load_[l];
-          w_cnt_[l] = 0;
-          w_num_[l] = 0;
+          w_[l].rem = cap_[l] - load_[l];
+          w_[l].cnt = 0;
+          w_[l].num = 0;
         }
-        w_rem_[l] += used;
-        w_cnt_[l] += m * g.weight;
-        w_num_[l] += m;
+        w_[l].rem += used;
+        w_[l].cnt += m * g.weight;
+        w_[l].num += m;
       }
       resolved_entries += g.route_begin[i + 1] - g.route_begin[i];
     }
@@ -892,7 +890,7 @@ void FlowModel::build_active_links() {
   act_links_.clear();
   act_share_.clear();
   for (std::uint32_t l : solve_links_) {
-    if (w_num_[l] > 0.5) {
+    if (w_[l].num > 0.5) {
       act_pos_[l] = static_cast<std::uint32_t>(act_links_.size());
       act_links_.push_back(l);
       act_share_.push_back(share_of(l));
@@ -909,9 +907,9 @@ void FlowModel::assign(Segment& g, std::uint32_t i, double share, std::uint32_t 
   const double wm = g.weight * m;
   for (std::uint32_t k = g.route_begin[i]; k < g.route_begin[i + 1]; ++k) {
     const topology::LinkId l = g.routes[k];
-    w_rem_[l] -= used;
-    w_cnt_[l] -= wm;
-    w_num_[l] -= m;
+    w_[l].rem -= used;
+    w_[l].cnt -= wm;
+    w_[l].num -= m;
     if (!dirty_[l]) {
       dirty_[l] = 1;
       dirty_links_.push_back(l);
@@ -986,7 +984,7 @@ void FlowModel::refresh_dirty_links() {
   for (std::uint32_t l : dirty_links_) {
     dirty_[l] = 0;
     const std::uint32_t a = act_pos_[l];
-    if (w_num_[l] > 0.5) {
+    if (w_[l].num > 0.5) {
       act_share_[a] = share_of(l);
       continue;
     }
@@ -1003,7 +1001,7 @@ void FlowModel::refresh_dirty_links() {
 
 void FlowModel::finish_solve() {
   for (std::uint32_t l : solve_links_) {
-    load_[l] = std::max(0.0, cap_[l] - w_rem_[l]);
+    load_[l] = std::max(0.0, cap_[l] - w_[l].rem);
     in_links_[l] = 0;
   }
   // New finish times; the kept flows' entries stay valid. Rebuild a heap grown mostly stale.

@@ -172,7 +172,7 @@ class FlowModel final : public NetworkModel {
   void refresh_dirty_links();
   // load_ from the residual capacities; rated flows into the rate orders and finish heaps.
   void finish_solve();
-  double share_of(topology::LinkId l) const { return std::max(w_rem_[l], 0.0) / w_cnt_[l]; }
+  double share_of(topology::LinkId l) const { return std::max(w_[l].rem, 0.0) / w_[l].cnt; }
   // For the flows in started_: a level below which their arrival changes no rate. Adds their
   // copies to moving_cnt_.
   double start_bound();
@@ -222,8 +222,12 @@ class FlowModel final : public NetworkModel {
   std::vector<double> ck_moving_cnt_, ck_link_bytes_;
 
   // Water-filling scratch, kept to avoid reallocating per solve.
-  // Per link during a solve: residual capacity, weighted and plain counts of unrated copies.
-  std::vector<double> w_rem_, w_cnt_, w_num_;
+  // Per link during a solve: residual capacity, weighted and plain counts of unrated copies; one
+  // record per link, since every visit of a route's link reads or writes all three.
+  struct LinkFill {
+    double rem = 0, cnt = 0, num = 0;
+  };
+  std::vector<LinkFill> w_;
   std::vector<std::uint32_t> bottleneck_, dirty_links_;
   std::vector<std::uint8_t> dirty_;  // per link: in dirty_links_
   // Active links of the current solve with their fair shares, and each link's position there.

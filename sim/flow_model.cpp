@@ -1004,7 +1004,7 @@ void FlowModel::finish_solve() {
     load_[l] = std::max(0.0, cap_[l] - w_[l].rem);
     in_links_[l] = 0;
   }
-  // New finish times; the kept flows' entries stay valid. Rebuild a heap grown mostly stale.
+  // New finish times up to the horizon; the kept flows' entries stay valid.
   for (auto& gp : segments_) {
     Segment& g = *gp;
     MOESIM_ASSERT(g.assigned.size() == g.resolve_count, "flow left without a rate");

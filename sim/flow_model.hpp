@@ -34,7 +34,8 @@
 // capacity the kept flows leave; each segment keeps its moving flows in ascending rate order (the
 // order water-filling assigns them in), so they are a suffix found by binary search. Remaining
 // bytes are brought up to date only when a flow's rate changes, finishes come from a per-segment
-// heap of finish times, and per-link byte counters are flushed only when a link's load changes,
+// heap of the earliest finish times (up to a horizon; flows past it are found again by a pass
+// when the heap runs dry), and per-link byte counters are flushed only when a link's load changes,
 // so an event costs O(re-solved flows' route entries + levels x their links), not O(all flows).
 // And max-min rates decompose over the connected components of the flow-link graph: an event
 // re-solves only the batches it reaches from the batches it changed through shared links

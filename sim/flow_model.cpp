@@ -454,6 +454,12 @@ void FlowModel::ensure_csr(Segment& g) {
   }
 }
 
+double FlowModel::finish_slack(const Segment& g, double t) const {
+  const double slack_s = options_.event_tolerance * std::max(t - g.start_s, g.min_duration_s);
+  // A coarse window is centred on its event (refresh_next_finish): half of it lies ahead.
+  return options_.event_tolerance > kMinDurationTolerance ? 0.5 * slack_s : slack_s;
+}
+
 double FlowModel::next_event_time() const {
   double t = next_finish_;
   for (const auto& c : deferred_) t = std::min(t, c.time_s);
@@ -482,7 +488,36 @@ void FlowModel::refresh_next_finish() {
       }
       if (!g.finish.empty() || !refill_finish(g)) break;
     }
-    if (!g.finish.empty()) next_finish_ = std::min(next_finish_, g.finish.front().time_s);
+    if (g.finish.empty()) continue;
+    const double top_s = g.finish.front().time_s;
+    double time_s = top_s;
+    if (options_.event_tolerance > kMinDurationTolerance) {
+      // A coarse tolerance handles the flows finishing within its window in one event, at the
+      // window's midpoint: they finish up to half the slack late or early, so that their errors
+      // cancel instead of all running early. A lone flow finishes at its own time, and a batch's
+      // last flows at the last one's time (the batch completes on time).
+      const double window_s = top_s + 2 * finish_slack(g, top_s);
+      std::int64_t due = 0;
+      double last_s = top_s;
+      // The heap's entries up to the window: a walk from the root that stops at later ones.
+      walk_.assign(1, 0);
+      while (!walk_.empty()) {
+        const std::size_t k = walk_.back();
+        walk_.pop_back();
+        const Segment::Finish& f = g.finish[k];
+        if (f.time_s > window_s) continue;
+        if (g.finish_valid(f)) {
+          ++due;
+          last_s = std::max(last_s, f.time_s);
+        }
+        for (std::size_t c = 2 * k + 1; c <= 2 * k + 2 && c < g.finish.size(); ++c) {
+          walk_.push_back(c);
+        }
+      }
+      const bool last_flows = g.next_group == g.groups.size() && due >= g.unfinished;
+      time_s = last_flows ? last_s : 0.5 * (top_s + last_s);
+    }
+    next_finish_ = std::min(next_finish_, time_s);
   }
 }
 
@@ -510,7 +545,7 @@ std::vector<BatchId> FlowModel::process_event(double t) {
     std::vector<std::int64_t> unfinished_before(segments_.size());
     for (std::size_t s = 0; s < segments_.size(); ++s) {
       Segment& g = *segments_[s];
-      const double slack_s = slack_of(g);
+      const double slack_s = finish_slack(g, t);
       unfinished_before[s] = g.unfinished;
       // Only the flows at the top of the finish heap can finish now; the others are untouched.
       auto due = [&](const Segment::Finish& f) { return f.time_s <= t + slack_s; };

@@ -179,6 +179,9 @@ class FlowModel final : public NetworkModel {
   double start_bound();
   // Earliest valid finish over the segments' heaps (stale entries dropped).
   void refresh_next_finish();
+  /// How far after time t segment `g`'s flows may be due and still finish at t: half the window
+  /// of a coarse event_tolerance (centred on the event), the whole of the exact model's.
+  double finish_slack(const Segment& g, double t) const;
   /// Refills segment `g`'s finish heap from its moving flows (Segment::finish); false when none
   /// has a rate yet.
   bool refill_finish(Segment& g);
@@ -240,6 +243,7 @@ class FlowModel final : public NetworkModel {
   double csr_savings_ = 0;  // scan work the CSR lists would have saved while unbuilt (entries)
   std::vector<std::uint32_t> pick_;    // a CSR level's unrated flows on one bottleneck link
   std::vector<double> finish_sample_;  // refill_finish's scratch
+  std::vector<std::size_t> walk_;      // refresh_next_finish's scratch
   SenderMessages senders_;             // per-batch message counts, when params_.peer_cache > 0
   std::vector<std::pair<Segment*, std::uint32_t>> started_;  // flows starting in this event
   std::vector<double> new_cnt_;                              // per link, for start_bound()

@@ -110,9 +110,11 @@ struct FlowModelOptions {
   /// hash-based ECMP collisions). A flow finished early releases its bandwidth early (others
   /// gain), but its batch completes when the flow's last byte arrives under the rates in force (a
   /// deferred completion event), so batch times are not cut short; tested bound (empirical):
-  /// every batch within 1.25 x `event_tolerance` (relative) of the exact model on skewed
+  /// every batch within 0.75 x `event_tolerance` (relative) of the exact model on skewed
   /// all-to-allv traffic (tests/sim/flow_model_test.cpp, EventToleranceErrorIsBounded...; worst
-  /// measured 1.004 x). Scenario key: engine.flow.event_tolerance.
+  /// measured 0.53 x). The window is centred on its event (refresh_next_finish), so flows finish
+  /// up to half of it late or early and the errors cancel rather than all running early.
+  /// Scenario key: engine.flow.event_tolerance.
   double event_tolerance = 1e-9;
   FlowSharing sharing = FlowSharing::kPerFlow;
   /// Re-solve only the batches an event can reach through shared links (see solve()); false

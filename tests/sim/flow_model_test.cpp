@@ -946,13 +946,14 @@ TEST(FlowModel, PerCollectiveSharingLeavesALoneCollectiveUnchanged) {
 
 // The bound documented for engine.flow.event_tolerance (scenarios/README.md): on skewed
 // all-to-allv traffic (every pair a different size, destinations Zipf-loaded as MoE routing makes
-// them) overlapped by a second collective, every batch completes within 1.25 x `tolerance`
+// them) overlapped by a second collective, every batch completes within 0.75 x `tolerance`
 // (relative) of the exact model, for every ECMP mode, non-blocking and 4:1 oversubscribed, over
-// several draws; and it needs fewer rate recomputations. The bound is empirical: flows released
-// early give their bandwidth to others, which no closed form caps; the worst case measured over 8
-// draws is 1.004 x tolerance (the ring at 1e-2), 0.76 x at 1e-3.
+// several draws; and it needs fewer rate recomputations. The bound is empirical: flows finished
+// early give their bandwidth to others and flows finished late keep it, which no closed form caps;
+// with the window centred on its event the worst case measured is 0.53 x tolerance at 1e-3 and
+// 0.31 x at 1e-2 (a window that only looked ahead: 1.004 x, all errors early).
 TEST(FlowModel, EventToleranceErrorIsBoundedOnSkewedAllToAllv) {
-  constexpr double kBoundFactor = 1.25;
+  constexpr double kBoundFactor = 0.75;
   for (unsigned draw : {0u, 300u, 400u}) {
     for (double oversub : {1.0, 4.0}) {
       for (EcmpMode mode : {EcmpMode::kHash, EcmpMode::kSpray, EcmpMode::kDmodk}) {

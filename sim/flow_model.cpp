@@ -959,7 +959,7 @@ void FlowModel::rate_level_by_csr(double share, std::uint32_t stamp) {
       if (g.resolve.empty()) continue;
       ensure_csr(g);
       // A link's flows are scattered over the segment (those into one destination, say), so
-      // each costs cache misses on its stamp, state and route: first list the unrated ones
+      // each costs cache misses on its stamp and route: first list the unrated ones
       // with their stamps prefetched ahead, then rate them with their routes prefetched.
       const std::uint32_t jb = g.link_begin[l], je = g.link_begin[l + 1];
       constexpr std::uint32_t kAhead = 16;
@@ -968,10 +968,10 @@ void FlowModel::rate_level_by_csr(double share, std::uint32_t stamp) {
         if (j + kAhead < je) {
           const std::uint32_t a = g.link_flows[j + kAhead];
           __builtin_prefetch(&g.stamp[a]);
-          __builtin_prefetch(&g.state[a]);
         }
+        // Only moving flows get the solve's stamp (gather_resolved): no need to read the state.
         const std::uint32_t i = g.link_flows[j];
-        if (g.stamp[i] == stamp && is_moving(g.state[i])) pick_.push_back(i);
+        if (g.stamp[i] == stamp) pick_.push_back(i);
       }
       const std::size_t np = pick_.size();
       for (std::size_t x = 0; x < np; ++x) {

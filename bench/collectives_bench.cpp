@@ -1,5 +1,5 @@
-// collectives_bench: how fast the collective library's analytical model is (DESIGN §4.1: the
-// `analytical` engine and `auto` selection must sweep thousands of configurations). Target:
+// collectives_bench: how fast the collective library's analytical model is (docs/design.md §4.1:
+// the `analytical` engine and `auto` selection must sweep thousands of configurations). Target:
 // >= 100,000 analytical evaluations per second of a 1,024-GPU all-to-all.
 //
 // Cluster: N nodes x 8 A100 on NVSwitch (300 GB/s per GPU), 8 x 200 Gb/s NICs per node,

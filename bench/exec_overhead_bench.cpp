@@ -1,6 +1,7 @@
-// exec_overhead_bench: the executor's cost per op (issue #7: <= 5 us per empty op on the GPU
-// path). A plan of N empty compute ops (no flops, no GEMM shape: the executor runs nothing but its
-// own bookkeeping, and on the GPU path an event pair) is run through Executor::run, in two layouts:
+// exec_overhead_bench: the executor's cost per op (target: <= 5 us per empty op on the
+// GPU path). A plan of N empty compute ops (no flops, no GEMM shape: the executor runs nothing but
+// its own bookkeeping, and on the GPU path an event pair) is run through Executor::run, in two
+// layouts:
 //   one stream   op i depends on op i - 1, all on "compute";
 //   two streams  op i depends on op i - 1 and alternates between "compute" and "comm", so every
 //                dep crosses streams (on the GPU path: a cudaStreamWaitEvent per op).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# flow_scale: the flow engine at MoE scale (issue 13's table). Every row runs --repeats times
+# flow_scale: the flow engine at MoE scale. Every row runs --repeats times
 # under /usr/bin/time; prints the median CPU (user+sys) and peak RSS, the simulated result, and
 # the row's target. A run past --timeout is killed and shown as ">T s (killed)".
 #
@@ -20,7 +20,7 @@
 #                                         every flow finish at its own time)
 #   a2a-4096                              linear all_to_all 128 MiB, a2a-4096.yaml (d-mod-k,
 #                                         1 us per message; target <= 20 s CPU, <= 3 GiB)
-#   deepseek-analytical deepseek-flow     issue 18's DeepSeek-V3 step (scenarios/models/
+#   deepseek-analytical deepseek-flow     the DeepSeek-V3 step (scenarios/models/
 #                                         deepseek-v3.yaml: PP 16 x EP 64 on 2,048 GPUs, 120
 #                                         micro-batches), baseline alone (the
 #                                         targets: analytical <= 5 s wall, <= 3 GiB; flow

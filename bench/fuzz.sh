@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fuzz.sh: libFuzzer on the input loaders (issue 15): the scenario target (what `moesim validate`
+# fuzz.sh: libFuzzer on the input loaders: the scenario target (what `moesim validate`
 # does) and the sweep target (what `moesim sweep` checks before running), built with clang,
 # ASan and UBSan in build-fuzz/. Each runs --runs inputs (default 1,000,000) from the corpus
 # (bundled scenarios and sweeps, tests/cli/bad, tests/fuzz/corpus), with a timeout per input of

@@ -1,4 +1,4 @@
-// kernels_bench: the MoE kernels at the issue-7 sizes (DESIGN §4.2).
+// kernels_bench: the MoE kernels at training sizes (docs/design.md §4.2).
 //   CUDA (a device present): encode / decode and their backward passes at S = 16,384 tokens,
 //     M = 4,096, fp16 and bf16, as achieved HBM GB/s and % of --hbm-gbs (H200: 4,800 GB/s), next to
 //     a device-to-device cudaMemcpy of the same bytes; the 2DH stride copy; the expert FFN GEMMs

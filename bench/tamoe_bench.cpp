@@ -1,4 +1,4 @@
-// tamoe_bench: TA-MoE target solver figures (issue 6, "Performance"):
+// tamoe_bench: TA-MoE target solver figures:
 //  - the target pattern of a 4,096-GPU fat tree (scenarios/fat-tree-a100-4096.yaml; pair costs +
 //    solve; target <= 10 s);
 //  - the exact per-GPU max-flow on an asymmetric 256-GPU tree (32 nodes x 8 on [[8,8],[8,4],[4]],

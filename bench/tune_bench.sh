@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tune_bench: `moesim tune` against issue 17's targets. Every row runs --repeats times under
+# tune_bench: `moesim tune` against its targets (listed below). Every row runs --repeats times under
 # /usr/bin/time and prints the median wall and CPU (user+sys) seconds, the peak RSS, and from the
 # JSON: the space (layouts, stacks), runs on the screening engine, runs per second, the time to
 # the best, whether the search completed, and the best speedup.

@@ -1,6 +1,6 @@
-// workload_bench: the workload generator at Tutel's scaling case (STRATEGIES §1): one iteration,
-// one MoE layer at 4,096 GPUs, S = 16,384 tokens per GPU, dE = 2 (E = 8,192), k = 2, f = 1.
-// Prints the wall time of WorkloadGenerator::next (median of --reps runs) and the process RSS,
+// workload_bench: the workload generator at Tutel's scaling case (docs/strategy-specs.md §1): one
+// iteration, one MoE layer at 4,096 GPUs, S = 16,384 tokens per GPU, dE = 2 (E = 8,192), k = 2, f
+// = 1. Prints the wall time of WorkloadGenerator::next (median of --reps runs) and the process RSS,
 // for uniform and zipf routing; then the per-GPU cost of the sampling methods (token-level,
 // count-level, pair) over S / E ratios, which is what ChoiceSampler::kPairsMinRatio and
 // kTokenMethodMaxRatio are set by. The per-GPU costs are thread CPU time (the development machine

@@ -1,6 +1,6 @@
-// The Plan IR (DESIGN §3): a DAG of operations for one iteration, built once by the strategy code
-// (strategies/plan_builder) and run unchanged by either backend: sim::run (simulated time) or
-// exec::run (CUDA/NCCL or the MPI host path).
+// The Plan IR (docs/design.md §3): a DAG of operations for one iteration, built once by the
+// strategy code (strategies/plan_builder) and run unchanged by either backend: sim::run (simulated
+// time) or exec::run (CUDA/NCCL or the MPI host path).
 //
 // Compactness at 4,096 GPUs: a collective is one Op over all its groups (not P^2 transfers);
 // identical per-rank ops are one Op with a RankSet; per-rank differences in compute (skewed expert

@@ -1,5 +1,5 @@
-// A scenario (DESIGN §6): the cluster, the MoE model, how it is parallelised, the workload the
-// gate produces, the simulation engine settings, and the strategy stacks to compare. Plain data
+// A scenario (docs/design.md §6): the cluster, the MoE model, how it is parallelised, the workload
+// the gate produces, the simulation engine settings, and the strategy stacks to compare. Plain data
 // filled and validated by core/scenario_loader; every other layer reads it, never YAML.
 //
 // After loading, every field holds a resolved, validated value (dp and ep resolved from `auto`,
@@ -149,8 +149,8 @@ struct ModelSpec {
   int experts = 0;
   int experts_per_gpu = 0;
   int top_k = 2;
-  // STRATEGIES §1: f > 0 fixed factor; f = 0 dropless (capacity = max per-expert count);
-  // f < 0 dropless but capped at -f.
+  // docs/strategy-specs.md §1: f > 0 fixed factor; f = 0 dropless (capacity = the largest
+  // demand of any (GPU, expert) pair); f < 0 dropless but capped at -f.
   double capacity_factor = 1.0;
   Dtype dtype = Dtype::kFp16;
   AttentionSpec attention;
@@ -276,7 +276,7 @@ struct ParallelismSpec {
 // workload:
 
 // kCorrelated: the multi-layer routing generator of inference (strategies/inference/,
-// STRATEGIES §7): per-layer Zipf marginals (skew) and tokens that follow their path.
+// docs/strategy-specs.md §7): per-layer Zipf marginals (skew) and tokens that follow their path.
 // kBalanced: force-balanced routing (every expert the same load, docs/workload.md).
 enum class RoutingDistribution { kUniform, kZipf, kDirichlet, kTrace, kCorrelated, kBalanced };
 
@@ -347,8 +347,8 @@ struct EngineSpec {
   // (-0.08% at 256 GPUs) and lets a 4,096-GPU one finish (1e-3 does not in minutes).
   double flow_event_tolerance = 3e-3;
   // engine.flow.sharing: per_collective (each collective phase one party on its most crowded
-  // link, as NCCL's per-collective channels behave; VALIDATION V1) or per_flow (plain max-min,
-  // SimGrid's model).
+  // link, as NCCL's per-collective channels behave; docs/validation.md V1) or per_flow (plain
+  // max-min, SimGrid's model).
   FlowSharingKind flow_sharing = FlowSharingKind::kPerCollective;
   // engine.simgrid.mode: per_flow (one SimGrid comm per flow: the faithful reference), ptask (one
   // parallel task per node pair: fast, one rate per task) or auto (per_flow up to 64 GPUs).
@@ -375,7 +375,7 @@ enum class ScheduleRole {
 };
 enum class InferenceRole { kBaseline, kLina, kIdeal };
 
-/// routing: ta_moe (STRATEGIES §8).
+/// routing: ta_moe (docs/strategy-specs.md §8).
 struct TaMoeParams {
   double lambda = 0.1;     // smoothing towards uniform, in [0, 1]
   double adherence = 1.0;  // how far the count matrix moves towards the target, in [0, 1]
@@ -384,11 +384,11 @@ struct TaMoeParams {
 struct FasterMoeHirParams {
   double max_offnode_share = 0.5;  // share of a GPU's tokens allowed to leave its node, in [0, 1]
 };
-/// pipeline: tutel_online (STRATEGIES §3): width of capacity-factor buckets.
+/// pipeline: tutel_online (docs/strategy-specs.md §3): width of capacity-factor buckets.
 struct TutelOnlineParams {
   double bucket_width = 0.5;  // > 0
 };
-/// schedule: lina (STRATEGIES §6).
+/// schedule: lina (docs/strategy-specs.md §6).
 struct LinaParams {
   Bytes micro_op{30e6};      // allreduce micro-op size (> 0)
   bool pack_experts = true;  // double experts per GPU while the FFN is shorter than the a2a
@@ -397,7 +397,7 @@ struct LinaParams {
   // optimizer state a GPU holds, so packing stops well before the EP group collapses.
   int max_pack = 2;
 };
-/// inference: lina (STRATEGIES §7).
+/// inference: lina (docs/strategy-specs.md §7).
 struct LinaInferenceParams {
   int path_length = 3;      // experts of previous layers that form a token's path (>= 1)
   int profile_batches = 8;  // batches of the profiling trace the path profile is built from
@@ -407,8 +407,8 @@ struct StrategySpec {
   std::string name;  // unique within the scenario
   RoutingRole routing = RoutingRole::kEven;
   ParallelRole parallel = ParallelRole::kP1;
-  // Token repeat factor r of the parallel mode (STRATEGIES §4): 1 for p1, the expert shard count
-  // n for p2, the integer given for kDegree; unused for tutel_router.
+  // Token repeat factor r of the parallel mode (docs/strategy-specs.md §4): 1 for p1, the expert
+  // shard count n for p2, the integer given for kDegree; unused for tutel_router.
   int parallel_degree = 1;
   PipelineRole pipeline = PipelineRole::kDegree;
   int pipeline_degree = 1;  // for PipelineRole::kDegree

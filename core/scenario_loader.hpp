@@ -1,4 +1,4 @@
-// Loading and validating scenario YAML (DESIGN §6; every key is documented in
+// Loading and validating scenario YAML (docs/design.md §6; every key is documented in
 // scenarios/README.md). All invalid input is reported as one InputError whose one-line message
 // names file:line:col, the key path, what was found and what is expected.
 #pragma once

@@ -1,4 +1,4 @@
-// `moesim calibrate` (docs/calibration.md, issue #7 item 5): measures on the machine it runs on,
+// `moesim calibrate` (docs/calibration.md): measures on the machine it runs on,
 // under mpirun with one rank per GPU, what the simulator otherwise takes from datasheets, and
 // returns it as a core/calibration Calibration:
 //  - GEMM: time of the expert FFN's GEMM (m tokens x M -> H) over a grid of shapes on every rank

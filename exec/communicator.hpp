@@ -1,12 +1,12 @@
-// The communicator abstraction of the real backend (DESIGN §4.2): what the executor needs from
-// MPI (host path) or NCCL (GPU path). Buffers of this interface are host byte ranges (the NCCL
+// The communicator abstraction of the real backend (docs/design.md §4.2): what the executor needs
+// from MPI (host path) or NCCL (GPU path). Buffers of this interface are host byte ranges (the NCCL
 // communicator stages them through the device; its device-buffer mode, used by the executor's
 // GPU path, takes device pointers and a stream per call, see nccl_communicator.hpp). Ranks are
 // global (MPI_COMM_WORLD) ranks; groups are lists of global ranks in group order, as in
 // core/plan.hpp's Grouping.
 //
-// Every blocking call is bounded by a timeout (ExecError instead of a hang, DESIGN §4.2 "never a
-// hang"): a peer that died or never posts its half of an exchange is reported by name.
+// Every blocking call is bounded by a timeout (ExecError instead of a hang, docs/design.md §4.2
+// "never a hang"): a peer that died or never posts its half of an exchange is reported by name.
 #pragma once
 
 #include <cstddef>

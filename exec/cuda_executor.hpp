@@ -1,4 +1,4 @@
-// The GPU path of the plan executor (DESIGN §4.2, issue 7 item 2), built with CUDA and NCCL
+// The GPU path of the plan executor (docs/design.md §4.2), built with CUDA and NCCL
 // (MOESIM_HAVE_NCCL). Executor creates it when its communicator is an NcclCommunicator; the host
 // path (executor.cpp) is untouched. Per step:
 //  * Memory: per MoE layer one cudaMalloc'd arena sized from the plan (weights, tokens, routing

@@ -1,4 +1,4 @@
-// Which CUDA device an exec rank binds (issue 16 item 5), as plain functions the CPU tests cover:
+// Which CUDA device an exec rank binds, as plain functions the CPU tests cover:
 // the NCCL communicator only feeds them what CUDA and MPI report.
 //
 // A rank binds device local_rank % visible, where `visible` is the number of devices it sees. That

@@ -1,7 +1,7 @@
-// The plan executor of the real backend (DESIGN §4.2), host path. Every rank builds the same Plan
-// (strategies::run_stack is deterministic) and calls Executor::run with it; the executor walks
-// the ops in plan order (op ids are a topological order, so every dep is done before its op, and
-// every rank meets the collectives in the same order, which rules out cross-matching and
+// The plan executor of the real backend (docs/design.md §4.2), host path. Every rank builds the
+// same Plan (strategies::run_stack is deterministic) and calls Executor::run with it; the executor
+// walks the ops in plan order (op ids are a topological order, so every dep is done before its op,
+// and every rank meets the collectives in the same order, which rules out cross-matching and
 // deadlock) and runs the ops that include this rank:
 //  - collectives through the Communicator: all_to_all / all_to_allv / send_recv as the phases the
 //    collective library lowers (linear = one grouped exchange, 2DH = stride copies + intra and

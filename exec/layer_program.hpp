@@ -1,4 +1,4 @@
-// The MoE layer program (DESIGN §4.2, issue 16 item 2): the forward MoE layer written ONCE, as
+// The MoE layer program (docs/design.md §4.2): the forward MoE layer written ONCE, as
 // typed steps over a small backend interface, and run by the host path and the GPU path alike.
 //
 //  - LayerLayout is the typed record of one layer as a rank runs it: how tokens are routed

@@ -1,4 +1,4 @@
-// Seeded data of the real MoE layer and its single-process reference (DESIGN §4.2 "data is
+// Seeded data of the real MoE layer and its single-process reference (docs/design.md §4.2 "data is
 // real"). Every rank generates its own tokens and the (shared) gate and expert weights from the
 // scenario's seed, so no data is broadcast; the reference recomputes a whole layer for any rank
 // from the same seeds with plain loops (softmax, top-k, capacity rule, FFN, weighted

@@ -1,4 +1,4 @@
-// MPI bootstrap and the MPI host communicator (DESIGN §4.2 host backend).
+// MPI bootstrap and the MPI host communicator (docs/design.md §4.2 host backend).
 //
 // MpiSession owns MPI_Init/MPI_Finalize for one `moesim exec` run and provides the world-level
 // helpers the executor needs whatever the data backend is (timing gathers, broadcasts). Every wait

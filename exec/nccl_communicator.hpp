@@ -1,4 +1,4 @@
-// The NCCL communicator (DESIGN §4.2), built only with MOESIM_WITH_CUDA and NCCL found
+// The NCCL communicator (docs/design.md §4.2), built only with MOESIM_WITH_CUDA and NCCL found
 // (MOESIM_HAVE_NCCL). Bootstrap: rank 0 creates the unique id, MPI broadcasts it, every rank
 // binds GPU local_rank % device_count and joins one world communicator.
 //

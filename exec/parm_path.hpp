@@ -1,8 +1,9 @@
 // The host data path of MoE layers with expert-sharding parallelism (ESP) and Megatron tensor
 // parallelism (MP): the plan builder's own ESP path (Parm's "baseline", DeepSpeed-MoE) and Parm's
-// fused S1 / S2 schedules (strategies/schedules/parm.cpp, STRATEGIES §5, docs/schedules.md), on
-// real seeded data with the CPU kernels, every collective moving the plan's element counts (fp32
-// on the host path) through the shared lowering or the communicator's group collectives.
+// fused S1 / S2 schedules (strategies/schedules/parm.cpp, docs/strategy-specs.md §5,
+// docs/schedules.md), on real seeded data with the CPU kernels, every collective moving the plan's
+// element counts (fp32 on the host path) through the shared lowering or the communicator's group
+// collectives.
 //
 // Rank (d, e, s, t) = ((d * ep + e) * esp + s) * mp + t (strategies::make_groups):
 //  - MP: the mp ranks (d, e, s, *) hold the SAME S tokens (activations are replicated across an MP

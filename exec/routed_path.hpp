@@ -1,4 +1,4 @@
-// The "plan-routed" MoE data path (DESIGN §4.2) for layers whose dispatch is a routed
+// The "plan-routed" MoE data path (docs/design.md §4.2) for layers whose dispatch is a routed
 // all_to_allv (Decision::variable_dispatch: routing strategies, dropless capacity, inference
 // placement). The plan builder moves the WORKLOAD MODEL's per-pair token counts, so the host data
 // path takes the routing DECISION from the plan (the bytes moved are exactly the plan's matrix,

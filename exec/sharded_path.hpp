@@ -1,6 +1,7 @@
-// The host data path of n-sharded experts (model.experts_per_gpu = -n; Tutel §3.2, STRATEGIES
-// §4): P1 (ρ = 1), P2 (ρ = n) and every intermediate ρ | n, on real seeded data, moving exactly
-// the buffers the plan's ops describe (strategies/plan_builder.cpp, docs/model.md):
+// The host data path of n-sharded experts (model.experts_per_gpu = -n; Tutel §3.2,
+// docs/strategy-specs.md §4): P1 (ρ = 1), P2 (ρ = n) and every intermediate ρ | n, on real seeded
+// data, moving exactly the buffers the plan's ops describe (strategies/plan_builder.cpp,
+// docs/model.md):
 //
 //  - EP position p = x·n + s holds the 1/n hidden slice s of expert x (make_w1_slice /
 //    make_w2_slice(x, s, n)); hidden slice q of ρ is held by the gather group of g = n/ρ

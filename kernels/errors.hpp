@@ -1,4 +1,4 @@
-// The kernels' exceptions. kernels/ depends on nothing of moesim's (issue 16 item 4: it builds
+// The kernels' exceptions. kernels/ depends on nothing of moesim's (it builds
 // and tests on its own, and a CUDA build does not drag yaml-cpp in through moesim_core), so it
 // throws standard-derived types of its own, and its callers map them: exec lets them reach its
 // per-rank error path (a kernel refusing its arguments at run time is a bug of the caller's shapes,

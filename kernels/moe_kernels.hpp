@@ -1,4 +1,4 @@
-// MoE kernels for real execution (DESIGN §4.2, issue 7 item 1): gate (GEMM + softmax + top-k +
+// MoE kernels for real execution (docs/design.md §4.2): gate (GEMM + softmax + top-k +
 // capacity locations), encode / decode and their backward passes, the 2DH stride copy, and the
 // expert FFN. Every kernel exists twice with the same signature shape (the per-element and
 // per-row rules of both are single-source, in kernels/rules.hpp):

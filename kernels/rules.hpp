@@ -1,5 +1,5 @@
 // The per-element and per-row rules of the MoE kernels, written once for the CPU twins and the
-// CUDA kernels (issue 16 item 4): one token's softmax and top-k, the capacity priority order, the
+// CUDA kernels: one token's softmax and top-k, the capacity priority order, the
 // 2DH stride index and the expert activation. cpu_kernels.cpp and cuda_kernels.cu both call these,
 // so the CPU tests exercise the arithmetic and the tie-breaking the GPU runs; what remains
 // GPU-only is the parallel decomposition (which thread or block computes which row or entry).

@@ -1,5 +1,5 @@
 // TA-MoE topology-aware auxiliary loss and its gradient w.r.t. the gate probabilities
-// (STRATEGIES §8, issue 6 item 3). Two twins with the same signature shape as moe_kernels.hpp:
+// (docs/strategy-specs.md §8). Two twins with the same signature shape as moe_kernels.hpp:
 //   moesim::kernels::cpu::ta_moe_loss(cpu::Context&, args)    host pointers
 //   moesim::kernels::cuda::ta_moe_loss(cuda::Context&, args)  device pointers, on ctx.stream()
 //

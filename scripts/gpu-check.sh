@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks (issue 7): configure and build with CUDA into $BUILD (default build-gpu/), then
+# GPU checks: configure and build with CUDA into $BUILD (default build-gpu/), then
 #   1. ctest -L gpu: CUDA kernels vs their CPU twins in fp32 / fp16 / bf16, the TA-MoE loss, and
 #      the executor's GPU path on one GPU (exec_gpu_np1: --check at r = 1, 2, 4, fp32 vs host);
 #   2. kernels_bench three times (encode / decode GB/s and % of HBM at S = 16,384, M = 4,096 in
@@ -189,7 +189,7 @@ else
   skipped "exec on 4 GPUs (routed, deepep, backward across ranks): $ngpu GPU(s) visible"
 fi
 
-# Calibration and prediction, when this build has them (another part of issue 7).
+# Calibration and prediction, when this build has them (`moesim calibrate`, `exec --predict`).
 if "$moesim" --help 2>/dev/null | grep -q calibrate; then
   if [ $have_gpu = 1 ]; then
     step "moesim calibrate" calibrate.log \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command set-up for moesim on a Debian machine: installs the Debian packages of
-# DESIGN §8 that are missing, then configures and builds Release.
+# docs/design.md §8 that are missing, then configures and builds Release.
 #
 #   scripts/setup.sh [--build-dir DIR] [--type Release|Debug|Asan] [--no-build]
 #

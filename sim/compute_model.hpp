@@ -1,5 +1,5 @@
-// Compute model: how long a kernel takes on one GPU (DESIGN §4.1). A roofline over the GPU's
-// dense peak for the run's dtype and its HBM bandwidth, plus a fixed launch overhead:
+// Compute model: how long a kernel takes on one GPU (docs/design.md §4.1). A roofline over the
+// GPU's dense peak for the run's dtype and its HBM bandwidth, plus a fixed launch overhead:
 //
 //   t = launch_overhead + max(flops / (peak * efficiency), bytes / hbm_bandwidth)
 //

@@ -1,5 +1,5 @@
-// The discrete-event engine (DESIGN §4.1): runs a Plan in simulated time on a topology and returns
-// a RunResult (core/run_result.hpp).
+// The discrete-event engine (docs/design.md §4.1): runs a Plan in simulated time on a topology and
+// returns a RunResult (core/run_result.hpp).
 //
 // Semantics (core/plan.hpp has the dependency rules):
 //  - Ops on one (rank, stream) run in plan order; different streams run concurrently. An op
@@ -38,8 +38,8 @@
 //    members' NICs (analytical_nic_sharing below; sim/analytical_model).
 //
 // Scale: per-rank state lives in flat arrays indexed by (op offset + position in Op::ranks); ops
-// with a RankSet are walked per rank without copying the op; the event queue is a binary min-heap
-// on (time, sequence), so equal-time events run in a deterministic order.
+// with a RankSet are walked per rank without copying the op; the event queue (sim/event_queue.hpp)
+// pops in (time, push order), so equal-time events run in a deterministic order.
 #pragma once
 
 #include <memory>

@@ -1,57 +1,12 @@
-// The `flow` network model (DESIGN §4.1): a fluid model in which every transfer is one flow along
-// its route and concurrent flows share links max-min fairly. It is the default engine and must
-// scale to 4,096 GPUs and millions of concurrent flows.
+// The `flow` network model, the default engine (docs/design.md §4.1): a fluid model in which every
+// transfer is one flow along its route over directed links, waits its route latency, then shares
+// link capacity max-min fairly with the other moving flows (water-filling). Its semantics are
+// normative: the simgrid model implements the same. It scales to 4,096 GPUs and millions of
+// concurrent flows: flows live in flat per-batch arrays, identical transfers are aggregated, and
+// an event re-solves only the flows whose rates it can change.
 //
-// Semantics (normative; the simgrid model implements the same so the two agree):
-// - A Transfer with src != dst is one flow along topology.route(src, dst) (directed links: the two
-//   directions of a cable never share). src == dst costs nothing and is not a flow.
-// - A flow first waits its latency L = sum of route link latencies + params.message_latency_s,
-//   using no bandwidth, then moves W = bytes + params.message_overhead_s * B_inj bytes, where
-//   B_inj is the bandwidth of the first link of its route (the per-message endpoint cost as bytes
-//   at the injection link). A zero-byte transfer pays L only (W = 0: nothing is sent).
-// - Moving flows get the max-min fair rates over all link capacities (water-filling), recomputed
-//   whenever the set of moving flows changes. Flows finishing within a relative 1e-9 of the same
-//   time finish together (one recomputation); likewise for flows starting to move.
-// - A batch completes when its last flow finishes; an empty batch (or one with only src == dst
-//   transfers) completes at its start time.
-//
-// Engineering: flows live in per-batch segments of flat arrays (no per-flow heap objects):
-// identical transfers (same src, dst, bytes, batch) are one flow entry with a multiplicity; routes
-// are uint32 link ids in one pool per segment; each segment has a CSR index link -> flows, whose
-// lists are built once the scan work they would have saved pays for them (rent or buy: skewed
-// batches build them after a few solves, a symmetric all-to-all never does). Each recomputation is
-// a level-by-level water-filling that resolves a level either through the CSR lists of its
-// bottleneck links or, when those are a large part of the flows being re-solved, by one
-// sequential scan of the flows still unrated (symmetric collectives: a few levels). The re-solved
-// flows are visited by id and scattered reads are prefetched: at scale the solve is bound by
-// memory traffic. The least share and the links near it are found by one pass over a compact
-// array of active-link shares, of which only the links a level changed are recomputed.
-//
-// Events are incremental. Max-min rates form levels, and a flow frozen at level x crosses no link
-// that saturates above x. So when flows finish, every rate below the least finishing rate stays;
-// when flows start, every rate below a bound on the level where the newcomers first fill a link
-// stays (FlowModel::start_bound). Only the flows above that threshold are re-solved, on the
-// capacity the kept flows leave; each segment keeps its moving flows in ascending rate order (the
-// order water-filling assigns them in), so they are a suffix found by binary search. Remaining
-// bytes are brought up to date only when a flow's rate changes, finishes come from a per-segment
-// heap of the earliest finish times (up to a horizon; flows past it are found again by a pass
-// when the heap runs dry), and per-link byte counters are flushed only when a link's load changes,
-// so an event costs O(re-solved flows' route entries + levels x their links), not O(all flows).
-// And max-min rates decompose over the connected components of the flow-link graph: an event
-// re-solves only the batches it reaches from the batches it changed through shared links
-// (FlowModel::mark_reached); the others keep every rate. Concurrent collectives on disjoint parts
-// of the fabric (pipeline stages, DP replicas' MoE groups) then cost an event only their own
-// flows: a DeepSeek-V3 step (16 stages, 8 micro-batches) 15.6 -> 7.5 s, the same result.
-//
-// Cost: a symmetric collective has few levels and few events (6 for a 16.8 M-flow all-to-all).
-// Unbalanced routes (hash-ECMP collisions, skewed sizes) make nearly every flow finish at its own
-// time; each such event re-solves the flows at or above the finishing level. Fat trees default to
-// d-mod-k routing (`inter_node.ecmp: dmodk`), which loads every uplink equally in all-to-all and
-// shift patterns; with `ecmp: hash` set engine.flow.event_tolerance (FlowModelOptions).
-//
-// Lookahead: next_completion_time() simulates ahead through internal events (flows starting or
-// finishing without completing a batch). A checkpoint of the per-flow state taken before going
-// past the engine's clock lets a later start_batch() at an earlier time rewind and replay exactly.
+// Semantics, data layout, incremental events, cost and lookahead: docs/engines.md, sections
+// "Semantics" and "The flow model".
 #pragma once
 
 #include <algorithm>
@@ -93,8 +48,8 @@ struct FlowModelStats {
 ///   party on its most crowded link: all its flows weigh 1 / the number of its flows on that link.
 ///   Inside a batch sharing stays per flow (a batch alone is rated exactly as kPerFlow). NCCL
 ///   runs every collective on channels and queue pairs of its own, and a concurrent all-reduce
-///   slows an all-to-all by ~1.83x on Lina's testbed (VALIDATION V1), not the ~1.08x per-flow
-///   sharing gives when the all-to-all's many flows crowd out the ring's one flow per NIC.
+///   slows an all-to-all by ~1.83x on Lina's testbed (docs/validation.md V1), not the ~1.08x
+///   per-flow sharing gives when the all-to-all's many flows crowd out the ring's one flow per NIC.
 enum class FlowSharing { kPerFlow, kPerCollective };
 
 /// Knobs of the flow model beyond the shared NetworkParams.

@@ -1,8 +1,9 @@
-// a2a: linear | 2dh | 3dh | auto (STRATEGIES §2; Tutel §3.4). auto predicts the algorithms' time
-// for this iteration's all-to-all chunk (dispatch bytes per rank / pipeline degree, under the
-// decision's parallel degree) with the cost model's closed forms and picks the smaller; 2DH wins
-// when per-peer messages are small (large P, small S) and loses at small scale with large
-// messages, where its two stride copies and two phases cost more than the messages they merge.
+// a2a: linear | 2dh | 3dh | auto (docs/strategy-specs.md §2; Tutel §3.4). auto predicts the
+// algorithms' time for this iteration's all-to-all chunk (dispatch bytes per rank / pipeline
+// degree, under the decision's parallel degree) with the cost model's closed forms and picks the
+// smaller; 2DH wins when per-peer messages are small (large P, small S) and loses at small scale
+// with large messages, where its two stride copies and two phases cost more than the messages they
+// merge.
 #pragma once
 
 #include <vector>

@@ -1,6 +1,6 @@
-// Predictive cost model the adaptive strategies decide with (STRATEGIES §3-§4): alpha-beta lines
-// of the expert-parallel all-to-all and of the expert GEMMs, derived from the topology and the GPU
-// model without running anything.
+// Predictive cost model the adaptive strategies decide with (docs/strategy-specs.md §3-§4):
+// alpha-beta lines of the expert-parallel all-to-all and of the expert GEMMs, derived from the
+// topology and the GPU model without running anything.
 //
 //  - All-to-all: t_a2a(n) = alpha_a + beta_a * n, n = bytes each rank sends. Fitted through two
 //    points of the collective library's closed form (collectives::select_algorithm(...)
@@ -105,8 +105,8 @@ class CostModel {
   AlphaBeta expert_fit(std::int64_t capacity, LayoutRole layout, int parallel_degree, int r_lo,
                        int r_hi, double flops_factor = 1.0) const;
 
-  /// dC for capacity factor f > 0 (STRATEGIES §1, rounded to `multiple`); for f <= 0 (dropless)
-  /// the caller must know the demanded maximum, so this returns the f = 1 value.
+  /// dC for capacity factor f > 0 (docs/strategy-specs.md §1, rounded to `multiple`); for f <= 0
+  /// (dropless) the caller must know the demanded maximum, so this returns the f = 1 value.
   std::int64_t capacity_for(double f, int multiple = 1) const;
   /// n_d, n_e for capacity dC and parallel degree r (tokens repeated r times for sharded experts).
   MoeLayerShape layer_shape(std::int64_t capacity, int parallel_degree) const;

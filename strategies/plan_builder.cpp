@@ -461,11 +461,11 @@ class Builder {
     return plan_.add_collective(stream, std::move(spec), std::move(deps), std::move(label));
   }
 
-  // ---- routed dispatch (Decision::variable_dispatch, STRATEGIES §8) ------------------------
-  // The workload's per-pair token counts (dispatch_matrix) move as an all_to_allv instead of the
-  // padded all_to_all; chunk j of r carries c / r (+1 for the first c % r chunks) of every pair's
-  // c tokens. Expert GEMMs run on the tokens a rank received: rank_scale = received tokens /
-  // the padded W * cap * dE the GEMM shape assumes.
+  // ---- routed dispatch (Decision::variable_dispatch, docs/strategy-specs.md §8)
+  // ------------------------ The workload's per-pair token counts (dispatch_matrix) move as an
+  // all_to_allv instead of the padded all_to_all; chunk j of r carries c / r (+1 for the first c %
+  // r chunks) of every pair's c tokens. Expert GEMMs run on the tokens a rank received: rank_scale
+  // = received tokens / the padded W * cap * dE the GEMM shape assumes.
   struct RoutedChunk {
     std::vector<std::shared_ptr<const ByteMatrix>> to_experts, to_tokens;  // per EP group
     std::vector<std::shared_ptr<const ExpertRouting>> routing;  // per EP group (every chunk's)
@@ -511,7 +511,7 @@ class Builder {
     std::vector<std::vector<float>> scale(r, std::vector<float>(P_, 0.0f));
     for (std::size_t gi = 0; gi < groups_.ep.groups.size(); ++gi) {
       const auto& grp = groups_.ep.groups[gi];
-      // Inference placement (STRATEGIES §7): the placement decided where the tokens go.
+      // Inference placement (docs/strategy-specs.md §7): the placement decided where the tokens go.
       const ByteMatrix full = dec_.inference
                                   ? *dec_.inference->layers.at(moe).tokens.at(gi)
                                   : workload::dispatch_matrix(layer, grp, placement, unit);
@@ -1171,9 +1171,9 @@ class Builder {
   // (stream comm) -> fc1_j, fc2_j (compute) -> [ESP all-reduce_j] -> combine_j (stream
   // comm_out) -> [local sum of the rep partial outputs] -> decode.
   // Dispatch and combine chunks are on two different comm streams: dispatch_j never waits for a
-  // combine, combine_j waits only for expert_j and combine_{j-1}; exactly STRATEGIES §3's
-  // recurrences (one shared stream would make dispatch_{j+1} wait behind combine_{j-1}).
-  // Parm S1 / S2 / auto (strategies/schedules/parm.cpp) build the whole layer themselves.
+  // combine, combine_j waits only for expert_j and combine_{j-1}; exactly docs/strategy-specs.md
+  // §3's recurrences (one shared stream would make dispatch_{j+1} wait behind combine_{j-1}). Parm
+  // S1 / S2 / auto (strategies/schedules/parm.cpp) build the whole layer themselves.
   schedules::MoeLayerBuild schedule_build(int l, int moe, PlanIndex::MoeLayerOps* ops) {
     schedules::MoeLayerBuild b;
     b.sc = &sc_;
@@ -1213,9 +1213,9 @@ class Builder {
       index_.moe_layers.push_back(std::move(ops));
       return out;
     }
-    // Inference placement, phase 1 (STRATEGIES §7): the weights of this layer's placement move
-    // on the param stream once the previous MoE layer's gate ran (its tokens' paths are known
-    // then), overlapping the layers in between; outside the layer's own ops.
+    // Inference placement, phase 1 (docs/strategy-specs.md §7): the weights of this layer's
+    // placement move on the param stream once the previous MoE layer's gate ran (its tokens' paths
+    // are known then), overlapping the layers in between; outside the layer's own ops.
     const InferenceLayerPlan* inf =
         dec_.inference ? &dec_.inference->layers.at(static_cast<std::size_t>(moe)) : nullptr;
     OpId prefetch = kNone;

@@ -1,5 +1,6 @@
 // Builds the Plan of one training (or inference) step from the scenario, this iteration's
-// workload and the strategy stack's Decision (DESIGN §3, STRATEGIES §1-§4). Deterministic.
+// workload and the strategy stack's Decision (docs/design.md §3, docs/strategy-specs.md §1-§4).
+// Deterministic.
 //
 // Rank map (documented contract, shared with exec/): rank = ((d * ep + e) * esp + s) * mp + t for
 // DP index d, EP index e, ESP index s, MP index t: MP varies fastest, so MP groups sit inside a

@@ -200,8 +200,8 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   generator.set_cache(cache);
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
-  // Inference expert placement (STRATEGIES §7): the batches come from the correlated routing
-  // generator and every MoE layer's tokens go where the inference role placed the experts.
+  // Inference expert placement (docs/strategy-specs.md §7): the batches come from the correlated
+  // routing generator and every MoE layer's tokens go where the inference role placed the experts.
   std::optional<inference::InferenceSession> session;
   if (inference::placement_active(sc)) session.emplace(sc, spec);
 

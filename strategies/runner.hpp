@@ -1,6 +1,6 @@
-// The iteration loop shared by simulation and real execution (DESIGN §1): sample the workload,
-// let the strategy stack decide, build the Plan, run it on a backend, feed the measured time back
-// to the adaptive strategies. Only the Backend differs between `simulate` and `exec`.
+// The iteration loop shared by simulation and real execution (docs/design.md §1): sample the
+// workload, let the strategy stack decide, build the Plan, run it on a backend, feed the measured
+// time back to the adaptive strategies. Only the Backend differs between `simulate` and `exec`.
 #pragma once
 
 #include <functional>
@@ -43,7 +43,8 @@ struct IterationRecord {
   std::int64_t dropped_tokens = 0;
   /// Per-GPU memory of this iteration's layout and decision at its largest MoE layer's dC.
   MemoryEstimate memory;
-  /// Inference expert placement of this batch (STRATEGIES §7), when the scenario uses it.
+  /// Inference expert placement of this batch (docs/strategy-specs.md §7), when the scenario uses
+  /// it.
   std::optional<InferenceRecord> inference;
 };
 

@@ -1,8 +1,8 @@
-// The strategy stack (DESIGN §1, §6; STRATEGIES §2-§4). A strategy entry of the scenario composes
-// one module per role (layout, parallel, pipeline, a2a, ...); every iteration the stack asks each
-// module in turn to fill its part of the Decision, and after the backend ran the plan it shows
-// every module the measured IterationRecord, so adaptive modules (Tutel's online search) learn in
-// simulation and on real GPUs alike.
+// The strategy stack (docs/design.md §1, §6; docs/strategy-specs.md §2-§4). A strategy entry of the
+// scenario composes one module per role (layout, parallel, pipeline, a2a, ...); every iteration the
+// stack asks each module in turn to fill its part of the Decision, and after the backend ran the
+// plan it shows every module the measured IterationRecord, so adaptive modules (Tutel's online
+// search) learn in simulation and on real GPUs alike.
 //
 // Module order (fixed, because later roles read earlier choices): layout, parallel, pipeline,
 // a2a, schedule. The pipeline module may also set the a2a algorithm (tutel_online searches
@@ -57,8 +57,8 @@ class Strategy {
     (void)ctx;
     (void)record;
   }
-  /// Routing modules (STRATEGIES §8) reshape this iteration's sampled counts after decide() and
-  /// before the plan is built. Default: the gate's routing stands.
+  /// Routing modules (docs/strategy-specs.md §8) reshape this iteration's sampled counts after
+  /// decide() and before the plan is built. Default: the gate's routing stands.
   virtual void route(const StrategyContext& ctx, const Decision& decision,
                      workload::IterationWorkload& work) {
     (void)ctx;

@@ -24,7 +24,7 @@ constexpr double kUs = 1e-6;
 // keeps a bounded number of their contexts on chip. The only multi-size all-to-all fit we have
 // is PipeMoE's (Fig. 6(b): 4, 8 and 16 nodes of 4 GPUs behind one EDR NIC, linear NCCL
 // all-to-all, alpha 17.2 / 209 / 783 us at 16 / 32 / 64 GPUs): 60 peers per NIC (15 per GPU
-// there) and 2.4 us per message beyond them reproduce alpha and its 45x growth (VALIDATION
+// there) and 2.4 us per message beyond them reproduce alpha and its 45x growth (docs/validation.md
 // V2; scenarios/rtx2080ti-16x4.yaml). It agrees within 2x with the connection counts measured on
 // RDMA NICs: StaR (ICNP 2021) keeps peak performance below 450 connections, and NCCL holds about
 // four queue pairs per all-to-all peer (two channels, each with a send and a receive side), about

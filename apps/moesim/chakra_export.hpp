@@ -1,4 +1,4 @@
-// Chakra execution-trace export (`moesim simulate ... --chakra DIR`, issue 18): the simulated
+// Chakra execution-trace export (`moesim simulate ... --chakra DIR`): the simulated
 // plan of each strategy as one trace per rank in the Chakra ET schema (apps/moesim/
 // chakra_et.proto, a wire-compatible part of MLCommons Chakra's), so that ASTRA-sim or Chakra's
 // tools can replay or analyse what moesim planned.

@@ -1,4 +1,4 @@
-// `moesim exec` (DESIGN §4.2, §5): real execution under mpirun.
+// `moesim exec` (docs/design.md §4.2, §5): real execution under mpirun.
 //   mpirun -np P moesim exec SCENARIO.yaml [--strategy NAME]... [--iterations N] [--seed S]
 //                            [--json F] [--check] [--backend mpi|nccl]
 //                            [--predict [--engine analytical|flow|simgrid]]

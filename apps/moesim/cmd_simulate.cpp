@@ -1,4 +1,4 @@
-// `moesim simulate` (DESIGN §5):
+// `moesim simulate` (docs/design.md §5):
 //   moesim simulate [SCENARIO.yaml] [--strategy NAME]... [--engine E] [--iterations N] [--seed S]
 //                   [--json F] [--csv F] [--trace F]
 // runs every strategy stack of the scenario (or the named ones) for N iterations and prints the

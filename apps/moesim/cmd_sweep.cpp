@@ -1,10 +1,10 @@
 // `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--set KEY=VALUE]...
 //               [--plot F] [--report F] [--restart]`
-// Runs a sweep (DESIGN §6): every point of the axes over the base scenario, the strategy stacks at
-// each, one CSV row per point x strategy. Prints a summary of the best strategy per point at the
-// end (first rows only; the CSV has everything). Under `mpirun -np N` the points are spread over
-// the N ranks (each with --jobs threads) and gathered on rank 0, which writes the outputs. --set
-// edits the base scenario after the file's `set:`, and is part of the resume fingerprint.
+// Runs a sweep (docs/design.md §6): every point of the axes over the base scenario, the strategy
+// stacks at each, one CSV row per point x strategy. Prints a summary of the best strategy per point
+// at the end (first rows only; the CSV has everything). Under `mpirun -np N` the points are spread
+// over the N ranks (each with --jobs threads) and gathered on rank 0, which writes the outputs.
+// --set edits the base scenario after the file's `set:`, and is part of the resume fingerprint.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -1,4 +1,4 @@
-// moesim: MoE cluster simulator and real-execution driver. DESIGN §5 is the CLI contract.
+// moesim: MoE cluster simulator and real-execution driver. docs/design.md §5 is the CLI contract.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>

@@ -190,7 +190,8 @@ void print_table(const std::vector<RunSummary>& rows) {
                tokens_text(r), tflops_text(r), mfu_text(r), r.decisions);
   }
   print_verdict(rows);
-  // Inference placement (STRATEGIES §7): batch latency median / p95 against the baseline's.
+  // Inference placement (docs/strategy-specs.md §7): batch latency median / p95 against the
+  // baseline's.
   if (std::none_of(rows.begin(), rows.end(), [](const RunSummary& r) { return r.inference; }))
     return;
   auto ratio = [](double x) { return x > 0 ? fmt::format("{:.2f}x", x) : std::string("-"); };
@@ -210,7 +211,7 @@ void print_table(const std::vector<RunSummary>& rows) {
 
 namespace {
 
-// The "inference" object of a run or an iteration (new fields of DESIGN §5).
+// The "inference" object of a run or an iteration (new fields of docs/design.md §5).
 nlohmann::ordered_json inference_json(const strategies::InferenceRecord& r) {
   nlohmann::ordered_json j;
   j["placements"] = r.placements;

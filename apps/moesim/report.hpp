@@ -1,5 +1,5 @@
-// Summaries of strategy runs for the CLI: the table, the JSON of DESIGN §5 and the CSV, shared by
-// `simulate` and `compare` so both print the same numbers the same way.
+// Summaries of strategy runs for the CLI: the table, the JSON of docs/design.md §5 and the CSV,
+// shared by `simulate` and `compare` so both print the same numbers the same way.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -34,8 +34,8 @@ struct RunSummary {
   double speedup = 0;               // baseline step mean / this step mean (0 = no baseline)
   bool is_baseline = false;         // the row speedups are relative to (apply_speedups)
   double wall_s = 0;
-  // Inference expert placement (STRATEGIES §7), when the scenario uses it: one batch = one
-  // iteration, so the batch latency median / p95 are step_p50_s / step_p95_s.
+  // Inference expert placement (docs/strategy-specs.md §7), when the scenario uses it: one batch =
+  // one iteration, so the batch latency median / p95 are step_p50_s / step_p95_s.
   bool inference = false;
   double speedup_p50 = 0, speedup_p95 = 0;  // baseline p50 (p95) / this p50 (p95); 0 = none
   double load_imbalance = 0;                // mean over placements of max / mean GPU tokens
@@ -74,7 +74,7 @@ std::string mfu_text(const RunSummary& r);
 /// "fastest: NAME (T ms per step, X.XXx over baseline at T0 ms)", or "" with < 2 timed rows.
 std::string verdict_line(const std::vector<RunSummary>& rows);
 
-/// One entry of the "runs" array of DESIGN §5.
+/// One entry of the "runs" array of docs/design.md §5.
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,
                                 const RunSummary& s);
 

@@ -1,7 +1,7 @@
-// Parameter sweeps (DESIGN §6): a base scenario, axes over any key path of its YAML tree, expanded
-// as a cartesian product or zipped, run in parallel, written as one CSV row per point x strategy
-// (every axis a column) and JSON. Resumable: points already in the output CSV are skipped, provided
-// the CSV was written by the same setup (SweepFingerprint).
+// Parameter sweeps (docs/design.md §6): a base scenario, axes over any key path of its YAML tree,
+// expanded as a cartesian product or zipped, run in parallel, written as one CSV row per point x
+// strategy (every axis a column) and JSON. Resumable: points already in the output CSV are skipped,
+// provided the CSV was written by the same setup (SweepFingerprint).
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -174,10 +174,10 @@ std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
 /// opts.restart discards its rows.
 SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts);
 
-/// The ETA of a flow or SimGrid sweep (DESIGN §6), exposed for tests. Point costs there differ by
-/// orders of magnitude, so each point is predicted to cost t0 x runs x GPUs^b (runs = iterations
-/// x strategies); b is the least-squares slope of log(time per run) over log(GPUs) of the
-/// finished points, pulled towards kEtaPriorExponent (an all-to-all has P^2 flows) so that the
+/// The ETA of a flow or SimGrid sweep (docs/design.md §6), exposed for tests. Point costs there
+/// differ by orders of magnitude, so each point is predicted to cost t0 x runs x GPUs^b (runs =
+/// iterations x strategies); b is the least-squares slope of log(time per run) over log(GPUs) of
+/// the finished points, pulled towards kEtaPriorExponent (an all-to-all has P^2 flows) so that the
 /// first few points do not swing it, and t0 follows from their times. The work left is shared by
 /// `workers` (of all ranks), but no point is split: at least the largest one left. It uses the
 /// points' own times, not the elapsed time: with a point in flight on every worker, the elapsed

@@ -306,7 +306,7 @@ class Search {
     if (tree_["model"] && tree_["model"]["experts"]) tree_["model"].remove("experts");
     topo_ = simulation_topology(base_);
     if (opts_.rerun_engine == "auto") {
-      // One flow step of a 4,096-GPU scenario takes minutes (issue 13's table): above
+      // One flow step of a 4,096-GPU scenario takes minutes (bench/flow_scale.sh): above
       // kAutoFlowGpus auto re-runs nothing, and says so.
       const int gpus = base_.num_gpus();
       opts_.rerun_engine = gpus <= kAutoFlowGpus ? "flow" : opts_.screen_engine;

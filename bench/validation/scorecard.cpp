@@ -1,9 +1,9 @@
-// scorecard: runs the published validation cases of VALIDATION.md (V1-V11), one sweep file per case
-// in bench/validation/, and prints, per published quantity, the simulated figure, its gap to the
-// paper's, the tolerance band and a verdict: in band / direction only / wrong direction / cannot be
-// expressed. The published figures and bands are data (published.csv), the setups are moesim
-// sweep files (also runnable with `moesim sweep`); this program only knows how each case turns
-// simulated runs into the paper's quantity.
+// scorecard: runs the published validation cases of docs/validation.md (V1-V11), one sweep file per
+// case in bench/validation/, and prints, per published quantity, the simulated figure, its gap to
+// the paper's, the tolerance band and a verdict: in band / direction only / wrong direction /
+// cannot be expressed. The published figures and bands are data (published.csv), the setups are
+// moesim sweep files (also runnable with `moesim sweep`); this program only knows how each case
+// turns simulated runs into the paper's quantity.
 //
 // Usage: scorecard [--cases V1,V3] [--fast] [--json FILE] [--jobs N] [--dir DIR]
 //                  [--require-direction QUANTITY[,QUANTITY...]]

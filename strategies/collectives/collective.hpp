@@ -1,72 +1,13 @@
-// Collective algorithm definitions shared by the simulator and the real backend (DESIGN §7: one
-// algorithm per file in this folder, registered in one table). An algorithm turns one collective
-// on one group into an ordered list of phases: local copies (2DH stride copies, Parm's dump),
-// transfers between group members, and local reductions. The simulator hands each phase's
-// transfers to a network model; exec/ posts the same transfers as grouped NCCL or MPI
-// send/recv with the same chunk layout. What is simulated is what runs.
+// Collective algorithms shared by the simulator and the real backend (docs/design.md §7: one
+// algorithm per file in this folder, registered in one table). An algorithm lowers one collective
+// on one group into ordered phases (local copies, transfers between group members, local
+// reductions) with their chunk layout; the simulator hands each phase's transfers to a network
+// model and exec/ posts the same transfers as NCCL or MPI send/recv, so what is simulated is what
+// runs. Every algorithm also states its closed-form alpha-beta time for the `analytical` model.
 //
-// Every algorithm also states its analytical alpha-beta cost for the `analytical` network model,
-// derived from the topology's per-pair alpha/beta (or overridden by calibration).
-//
-// ---------------------------------------------------------------------------------------------
-// Buffer layout (what ChunkRef / LocalCopy offsets mean). Every rank has three byte buffers:
-// kSend (the collective's input), kRecv (its output) and kScratch (algorithm temporary: S for
-// 2dh all_to_all; for 2dh all_to_allv the largest of stride_copy_1's and stride_copy_2's
-// local_bytes / 2, since a rank may hold more after the intra phase than it sends or receives).
-// Offsets are bytes from the start of the named buffer; they may be fractional when a size is not a
-// multiple of the group size (the simulator only needs bytes; exec/ works in elements and rounds).
-// Positions below are group positions (index into the group).
-//
-//  all_to_all (S = spec.bytes per rank, W ranks, c = S/W): kSend holds W chunks, chunk d for
-//    position d at d*c; kRecv slot s (offset s*c) receives the chunk from position s.
-//    linear: one kTransfers phase kSend -> kRecv; the self chunk is a LocalCopy in that phase.
-//    2dh (W = n nodes x m local, position p = a*m + j, a = node block, j = local index):
-//      1. kCopy   stride_copy_1  kSend    -> kScratch  T(h=m, w=n)  (chunk d = b*m+k -> k*n+b)
-//      2. kTrans  intra          kScratch -> kRecv     (a,j) sends slots [k*n, k*n+n) to (a,k),
-//                                                       landing at its slots [j*n, j*n+n);
-//                                                       own block [j*n, j*n+n) is a LocalCopy
-//      3. kCopy   stride_copy_2  kRecv    -> kScratch  T(h=n, w=m)
-//      4. kTrans  inter          kScratch -> kRecv     (a,k) sends slots [b*m, b*m+m) to (b,k),
-//                                                       landing at its slots [a*m, a*m+m);
-//                                                       own block [a*m, a*m+m) is a LocalCopy
-//      After 4, kRecv is in standard order (slot = source position). See stride_copy_index().
-//  all_to_allv (matrix M, bytes M[s][d]): kSend packed by destination (offset of d = sum of
-//    M[p][d'] for d' < d), kRecv packed by source (offset of s = sum of M[s'][p] for s' < s);
-//    zero entries send nothing. 2dh uses the same four phases with the blocks packed in the
-//    permuted order (offsets are prefix sums of the permuted block sizes).
-//  all_reduce / reduce_scatter / all_gather (ring family): the work is in place in kRecv (exec
-//    first copies kSend there for all_reduce / reduce_scatter; all_gather has an explicit
-//    self-copy phase). Chunk k (size c) of a ring of R ranks is at base + k*c (base 0, except
-//    the inter-node rings of hierarchical all_reduce: base j*S/m on local index j). A repeated
-//    ring phase lists the transfers of its step 0; at step t chunk index k becomes
-//    (k - t) mod R, on sender and receiver alike (the chunk keeps its index when it moves).
-//  send_recv: kSend [0, S) of position p goes to kRecv [0, S) of position p + peer_offset.
-//  tree all_reduce: whole buffers (offset 0) in kRecv.
-// ---------------------------------------------------------------------------------------------
-//
-// Analytical cost (one closed form, shared by every algorithm; see phase_shape() in
-// common.cpp for the code). For a kTransfers phase, rank r's send side costs
-//
-//   T_send(r) = net.message_latency_s + N_r * net.message_overhead_s
-//             + max over peer classes K in {same node, other node} of
-//                 ( max_{d in K} alpha(r,d)  +  sum_{d in K} bytes(r,d) / bw(r,d) )
-//
-// (alpha, bw from Topology::pair_cost; bw already divided by NIC sharing). N_r is the number of
-// messages r sends (per-message cost: many small messages are slower than few large ones). The
-// sum inside a class is the injection limit: a rank's messages to the same class share its
-// NVLink port (same node) or its NIC share (other nodes); the two classes use different links and
-// overlap. The receive side T_recv(r) is the same over incoming messages. The phase takes
-// max over r of max(T_send, T_recv), times `repeat`. For 2 GPUs on one link this is exactly
-// alpha + bytes/bw (+ latency + overhead of one message). Self copies in a transfers phase run
-// concurrently with the network (max of both). kCopy / kReduce phases take local_bytes /
-// local_copy_bandwidth. The collective is the sum of its phases (no overlap between phases, no
-// contention with other traffic). Fast paths evaluate only representative ranks and cache
-// per-(topology, group) summaries, so a 1,024-GPU all-to-all evaluates in microseconds: uniform
-// all-to-all takes the send side of up to 8 evenly spaced ranks (every rank for W <= 16; the
-// receive side equals it on symmetric topologies), all_to_allv prices each rank's per-class
-// bytes with the class's mean 1/bw; ring, tree, hierarchical and send_recv cache the exact
-// per-rank lines of one lowering (their transfers are O(W)). All are tested equal to
-// phases_time(lower()) on homogeneous topologies.
+// Defines Phase, ChunkRef, LocalCopy, CollectiveCall, CostContext, the Algorithm interface and
+// its registry. Buffer layout of every algorithm, the analytical cost formula and its fast paths:
+// docs/collectives.md.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +27,7 @@ class Topology;
 
 namespace moesim::collectives {
 
-/// Which per-rank buffer an offset refers to (see the layout at the top of this file).
+/// Which per-rank buffer an offset refers to (layout per algorithm: docs/collectives.md).
 enum class Buffer : std::uint8_t { kSend, kRecv, kScratch };
 
 /// Where a transfer's bytes come from and go to, in units of the algorithm's chunk layout, so the
@@ -194,8 +135,8 @@ double busbw_factor(CollectiveType type, int group_size);
 /// inverse of T(h, w) is T(w, h).
 constexpr int stride_copy_index(int i, int h, int w) { return (i % h) * w + i / h; }
 
-/// Total time of a lowered phase list under the analytical formula above, evaluated over every
-/// transfer (O(transfers) pair_cost calls). The reference the fast analytical_time paths are
+/// Total time of a lowered phase list under the analytical formula (docs/collectives.md), over
+/// every transfer (O(transfers) pair_cost calls). The reference the fast analytical_time paths are
 /// tested against; also usable for custom phase lists.
 Seconds phases_time(const std::vector<Phase>& phases, const CostContext& ctx);
 

@@ -1,4 +1,4 @@
-// DeepEP-style all_to_allv (DeepSeek-V3's dispatch; STRATEGIES, "deepep"): tokens deduplicated
+// DeepEP-style all_to_allv (DeepSeek-V3's dispatch; docs/strategy-specs.md §2): tokens deduplicated
 // per node and per GPU. A node-aligned group of n nodes x m GPUs, position p = a*m + j.
 //
 // Dispatch (CollectiveSpec::dedup_combine false), two sets of transfers:

@@ -1,6 +1,6 @@
-// Linear all-to-all (STRATEGIES §2): every rank posts its chunk for every other group member at
-// once (grouped send/recv). W-1 messages of S/W bytes per rank; the self chunk is a local copy
-// that runs concurrently with the transfers.
+// Linear all-to-all (docs/strategy-specs.md §2): every rank posts its chunk for every other group
+// member at once (grouped send/recv). W-1 messages of S/W bytes per rank; the self chunk is a local
+// copy that runs concurrently with the transfers.
 #include "strategies/collectives/common.hpp"
 
 namespace moesim::collectives::detail {

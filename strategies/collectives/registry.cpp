@@ -1,5 +1,5 @@
-// The one table of collective algorithms (DESIGN §7), algorithm selection and nccl-tests bus
-// bandwidth factors.
+// The one table of collective algorithms (docs/design.md §7), algorithm selection and nccl-tests
+// bus bandwidth factors.
 #include <array>
 #include <limits>
 #include <string>

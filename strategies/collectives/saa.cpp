@@ -1,4 +1,5 @@
-// SAA, Parm's simultaneous all-to-all and all-gather (STRATEGIES §5), as an all_to_all algorithm.
+// SAA, Parm's simultaneous all-to-all and all-gather (docs/strategy-specs.md §5), as an all_to_all
+// algorithm.
 //
 // The group has W positions p = q * m + t (spec.sub_group = m): t is the index in the
 // all-gather (the MP group: the block q of m consecutive positions). The all-to-all (Parm's

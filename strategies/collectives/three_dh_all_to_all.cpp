@@ -1,10 +1,10 @@
 // 3DH (three-level hierarchical) all-to-all: 2DH's exchange along grid dimensions with the
-// inter-node level split in two, so that each level stays under one switch tier (issue 18
-// item 3). A node-aligned group of g leaf groups x l nodes x m ranks, position
-// p = (x * l + a) * m + j (x: the leaf group, a: the node inside it, j: the local index), where
-// the nodes of one leaf group reach each other through one leaf (or rail) switch (tier 1) and
-// nodes of different groups only through the spines (tier >= 2). Three exchanges, each preceded
-// by the stride copy T(dim, W / dim) that gathers its blocks (as in two_dh_all_to_all.cpp):
+// inter-node level split in two, so that each level stays under one switch tier. A node-aligned
+// group of g leaf groups x l nodes x m ranks, position p = (x * l + a) * m + j (x: the leaf group,
+// a: the node inside it, j: the local index), where the nodes of one leaf group reach each other
+// through one leaf (or rail) switch (tier 1) and nodes of different groups only through the spines
+// (tier >= 2). Three exchanges, each preceded by the stride copy T(dim, W / dim) that gathers its
+// blocks (as in two_dh_all_to_all.cpp):
 //   1. intra: the node's m ranks (NVLink), blocks of W / m chunks;
 //   2. leaf:  the l ranks of the same local index in the leaf group (one leaf hop), W / l chunks;
 //   3. inter: the g ranks of the same local index and node index in the other leaf groups (the

@@ -1,7 +1,7 @@
 // What a collective is lowered into and what a message costs at its endpoints: the types the
 // strategies' collective definitions (strategies/collectives) produce and the network models
 // (sim/) consume. They live here, with the strategies, so that strategies include nothing of any
-// backend (issue 16 item 6); sim/network_model.hpp names them Transfer etc.
+// backend; sim/network_model.hpp names them Transfer etc.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// 2DH (two-dimensional hierarchical) all-to-all (Tutel §3.4, Alg. 1; STRATEGIES §2). For a
-// node-aligned group of n nodes x m ranks: stride copy, intra-node all-to-all of n-chunk blocks,
-// stride copy, inter-node all-to-all of m-chunk blocks between same-local-index ranks. Each rank
-// sends (m-1) + (n-1) messages instead of W-1, at the price of two full-buffer copies and more
+// 2DH (two-dimensional hierarchical) all-to-all (Tutel §3.4, Alg. 1; docs/strategy-specs.md §2).
+// For a node-aligned group of n nodes x m ranks: stride copy, intra-node all-to-all of n-chunk
+// blocks, stride copy, inter-node all-to-all of m-chunk blocks between same-local-index ranks. Each
+// rank sends (m-1) + (n-1) messages instead of W-1, at the price of two full-buffer copies and more
 // intra-node bytes; it wins when S/W is small. The buffer layout is in collective.hpp.
 #include "strategies/collectives/common.hpp"
 

@@ -1,6 +1,6 @@
-// The correlated multi-layer routing generator of inference (STRATEGIES §7; Lina §5): which
-// experts every token of a batch picks at every MoE layer, seeded, with per-layer skew and path
-// stickiness (workload.routing.distribution: correlated; documented in scenarios/README.md and
+// The correlated multi-layer routing generator of inference (docs/strategy-specs.md §7; Lina §5):
+// which experts every token of a batch picks at every MoE layer, seeded, with per-layer skew and
+// path stickiness (workload.routing.distribution: correlated; documented in scenarios/README.md and
 // docs/strategies.md).
 //
 // Model (ours; Lina measured the effect, not a generator):

@@ -1,6 +1,6 @@
-// Lina's path profile (STRATEGIES §7; Lina §5.2): from a profiling trace, for every path of the
-// last `path_length` experts a token visited, the distribution of its experts at the next MoE
-// layer; and the popularity estimate of a batch built from its tokens' paths.
+// Lina's path profile (docs/strategy-specs.md §7; Lina §5.2): from a profiling trace, for every
+// path of the last `path_length` experts a token visited, the distribution of its experts at the
+// next MoE layer; and the popularity estimate of a batch built from its tokens' paths.
 //
 // A token's path at MoE layer l is its first choices at layers max(0, l - path_length) .. l - 1
 // (oldest first). The profile counts, for every suffix of that path (lengths 0 .. its length;

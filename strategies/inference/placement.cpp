@@ -87,66 +87,67 @@ Placement uniform_placement(int num_gpus, int num_experts) {
   return Placement::from_gpu_experts(std::move(sets), num_experts);
 }
 
-Placement popularity_placement(std::span<const double> popularity, int num_gpus, int max_per_gpu,
-                               const Placement* previous) {
-  const int W = num_gpus;
-  const int E = static_cast<int>(popularity.size());
-  const int cap = max_per_gpu;
-  if (W < 1 || E < 1 || cap < 1 || static_cast<std::int64_t>(cap) * W < E)
-    throw InputError(
-        fmt::format("inference placement: {} experts on {} GPUs with at most {} per GPU do not fit",
-                    E, W, cap));
-  std::vector<double> load(static_cast<std::size_t>(E));
-  const double total = std::accumulate(popularity.begin(), popularity.end(), 0.0);
-  for (int e = 0; e < E; ++e)
-    load[static_cast<std::size_t>(e)] =
-        total > 0 ? std::max(0.0, popularity[static_cast<std::size_t>(e)]) / total * W
-                  : static_cast<double>(W) / E;
+namespace {
 
-  // 1. Replicas of the experts worth at least one GPU.
-  std::vector<int> reps(static_cast<std::size_t>(E), 0);
-  std::vector<int> small, zero;
-  int dedicated = 0;
+// Phase 1's packing before it meets the GPU count: replicas of the experts worth at least one
+// GPU, the rest packed first-fit-decreasing into bins of at most one GPU's load and `cap` experts.
+struct Packing {
+  std::vector<int> reps;  // per expert
+  int dedicated = 0;      // GPUs the replicas take
+  std::vector<int> zero;  // experts with no estimated load
+  std::vector<std::vector<int>> bins;
+  std::vector<double> bin_load;
+};
+
+Packing pack_experts(const std::vector<double>& load, int cap) {
+  const int E = static_cast<int>(load.size());
+  Packing p;
+  p.reps.assign(static_cast<std::size_t>(E), 0);
+  std::vector<int> small;
   for (int e = 0; e < E; ++e) {
     const double x = load[static_cast<std::size_t>(e)];
     if (x >= 1 - kEps) {
-      reps[static_cast<std::size_t>(e)] =
+      p.reps[static_cast<std::size_t>(e)] =
           std::max(1, static_cast<int>(std::ceil(x - kReplicaSlack - kEps)));
-      dedicated += reps[static_cast<std::size_t>(e)];
+      p.dedicated += p.reps[static_cast<std::size_t>(e)];
     } else if (x > 0) {
       small.push_back(e);
     } else {
-      zero.push_back(e);
+      p.zero.push_back(e);
     }
   }
-  // 2. First-fit-decreasing of the rest.
   std::stable_sort(small.begin(), small.end(), [&](int a, int b) {
     return load[static_cast<std::size_t>(a)] > load[static_cast<std::size_t>(b)];
   });
-  std::vector<std::vector<int>> bins;
-  std::vector<double> bin_load;
   for (int e : small) {
     const double x = load[static_cast<std::size_t>(e)];
     std::size_t b = 0;
-    while (b < bins.size() &&
-           (bin_load[b] + x > 1 + kEps || static_cast<int>(bins[b].size()) >= cap))
+    while (b < p.bins.size() &&
+           (p.bin_load[b] + x > 1 + kEps || static_cast<int>(p.bins[b].size()) >= cap))
       ++b;
-    if (b == bins.size()) {
-      bins.emplace_back();
-      bin_load.push_back(0);
+    if (b == p.bins.size()) {
+      p.bins.emplace_back();
+      p.bin_load.push_back(0);
     }
-    bins[b].push_back(e);
-    bin_load[b] += x;
+    p.bins[b].push_back(e);
+    p.bin_load[b] += x;
   }
-  // 3. Too many GPUs needed: one GPU at a time, either take a replica away (from the expert whose
-  //    per-replica load would stay smallest) or merge the two lightest bins (when their experts
-  //    fit on one GPU), whichever leaves the smaller load on the GPU it changes; when neither is
-  //    possible, the lightest bins are dissolved below.
-  while (dedicated + static_cast<int>(bins.size()) > W) {
+  return p;
+}
+
+// Too many GPUs needed: one GPU at a time, either take a replica away (from the expert whose
+// per-replica load would stay smallest) or merge the two lightest bins (when their experts fit on
+// one GPU), whichever leaves the smaller load on the GPU it changes. Stops when neither is
+// possible; the caller then dissolves the lightest bins.
+void shrink_to_gpus(Packing& p, const std::vector<double>& load, int W, int cap) {
+  const int E = static_cast<int>(load.size());
+  auto& bins = p.bins;
+  auto& bin_load = p.bin_load;
+  while (p.dedicated + static_cast<int>(bins.size()) > W) {
     int pick = -1;
     double pick_share = 0;
     for (int e = 0; e < E; ++e) {
-      const int r = reps[static_cast<std::size_t>(e)];
+      const int r = p.reps[static_cast<std::size_t>(e)];
       if (r <= 1) continue;
       const double s = load[static_cast<std::size_t>(e)] / (r - 1);
       if (pick < 0 || s < pick_share - kEps) {
@@ -175,25 +176,33 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
       continue;
     }
     if (pick < 0) break;
-    --reps[static_cast<std::size_t>(pick)];
-    --dedicated;
+    --p.reps[static_cast<std::size_t>(pick)];
+    --p.dedicated;
   }
+}
+
+// The GPUs' expert sets, W of them: the replicas, the heaviest bins that fit, the spilled and
+// unestimated experts on the least loaded GPUs with room, then empty GPUs relieving the most
+// loaded one.
+std::vector<std::vector<int>> gpu_sets(const Packing& p, const std::vector<double>& load, int W,
+                                       int cap) {
+  const int E = static_cast<int>(load.size());
   Units units;
   units.load = &load;
   units.holders.assign(static_cast<std::size_t>(E), 0);
   for (int e = 0; e < E; ++e)
-    for (int r = 0; r < reps[static_cast<std::size_t>(e)]; ++r) units.add_unit({e});
-  std::vector<std::size_t> order(bins.size());
+    for (int r = 0; r < p.reps[static_cast<std::size_t>(e)]; ++r) units.add_unit({e});
+  std::vector<std::size_t> order(p.bins.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return bin_load[a] > bin_load[b]; });
-  const std::size_t keep = static_cast<std::size_t>(std::max(0, W - dedicated));
+                   [&](std::size_t a, std::size_t b) { return p.bin_load[a] > p.bin_load[b]; });
+  const std::size_t keep = static_cast<std::size_t>(std::max(0, W - p.dedicated));
   std::vector<int> spilled;
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (i < keep)
-      units.add_unit(bins[order[i]]);
+      units.add_unit(p.bins[order[i]]);
     else
-      spilled.insert(spilled.end(), bins[order[i]].begin(), bins[order[i]].end());
+      spilled.insert(spilled.end(), p.bins[order[i]].begin(), p.bins[order[i]].end());
   }
   std::stable_sort(spilled.begin(), spilled.end(), [&](int a, int b) {
     return load[static_cast<std::size_t>(a)] > load[static_cast<std::size_t>(b)];
@@ -204,14 +213,14 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
     units.add(static_cast<std::size_t>(u), e);
   };
   for (int e : spilled) place_on_least_loaded(e);
-  // 4. Unestimated experts.
-  for (int e : zero) {
+  // Unestimated experts.
+  for (int e : p.zero) {
     if (static_cast<int>(units.sets.size()) < W)
       units.add_unit({e});
     else
       place_on_least_loaded(e);
   }
-  // 5. Empty GPUs relieve the most loaded one.
+  // Empty GPUs relieve the most loaded one.
   while (static_cast<int>(units.sets.size()) < W) {
     std::size_t top = 0;
     double top_load = -1;
@@ -236,14 +245,18 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
     }
   }
   while (static_cast<int>(units.sets.size()) < W) units.sets.emplace_back();
+  return std::move(units.sets);
+}
 
-  // 6. Positions: keep what each GPU already holds where possible.
+// Positions: each set goes to the free GPU that already holds most of it under `previous`.
+std::vector<std::vector<int>> keep_positions(std::vector<std::vector<int>> sets, int W, int E,
+                                             const Placement* previous) {
   std::vector<std::vector<int>> at(static_cast<std::size_t>(W));
   std::set<int> free;
   for (int g = 0; g < W; ++g) free.insert(g);
   const bool has_prev =
       previous != nullptr && previous->num_gpus() == W && previous->num_experts() == E;
-  for (auto& s : units.sets) {
+  for (auto& s : sets) {
     int best = -1, best_overlap = 0;
     if (has_prev)
       for (int e : s)
@@ -261,7 +274,30 @@ Placement popularity_placement(std::span<const double> popularity, int num_gpus,
     free.erase(best);
     at[static_cast<std::size_t>(best)] = std::move(s);
   }
-  return Placement::from_gpu_experts(std::move(at), E);
+  return at;
+}
+
+}  // namespace
+
+Placement popularity_placement(std::span<const double> popularity, int num_gpus, int max_per_gpu,
+                               const Placement* previous) {
+  const int W = num_gpus;
+  const int E = static_cast<int>(popularity.size());
+  const int cap = max_per_gpu;
+  if (W < 1 || E < 1 || cap < 1 || static_cast<std::int64_t>(cap) * W < E)
+    throw InputError(
+        fmt::format("inference placement: {} experts on {} GPUs with at most {} per GPU do not fit",
+                    E, W, cap));
+  std::vector<double> load(static_cast<std::size_t>(E));
+  const double total = std::accumulate(popularity.begin(), popularity.end(), 0.0);
+  for (int e = 0; e < E; ++e)
+    load[static_cast<std::size_t>(e)] =
+        total > 0 ? std::max(0.0, popularity[static_cast<std::size_t>(e)]) / total * W
+                  : static_cast<double>(W) / E;
+  Packing packing = pack_experts(load, cap);
+  shrink_to_gpus(packing, load, W, cap);
+  return Placement::from_gpu_experts(
+      keep_positions(gpu_sets(packing, load, W, cap), W, E, previous), E);
 }
 
 double predicted_max_load(const Placement& placement, std::span<const double> popularity) {

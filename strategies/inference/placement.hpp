@@ -1,5 +1,6 @@
-// Expert placement for inference (STRATEGIES §7; Lina §5): which GPUs of an EP group hold which
-// experts, how the tokens then flow, and what moving from one placement to another costs.
+// Expert placement for inference (docs/strategy-specs.md §7; Lina §5): which GPUs of an EP group
+// hold which experts, how the tokens then flow, and what moving from one placement to another
+// costs.
 //
 // popularity_placement (phase 1 from an estimate, phase 2 from the actual counts), on W GPUs
 // with at most `max_per_gpu` experts each, load_e = popularity_e * W (in GPUs' worth of tokens):

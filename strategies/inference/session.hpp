@@ -1,6 +1,6 @@
-// One strategy's inference run (STRATEGIES §7): the batches of the correlated routing generator,
-// the counts the plan builder needs, and, per batch and MoE layer, the expert placement of the
-// strategy's `inference` role:
+// One strategy's inference run (docs/strategy-specs.md §7): the batches of the correlated routing
+// generator, the counts the plan builder needs, and, per batch and MoE layer, the expert placement
+// of the strategy's `inference` role:
 //  - baseline: uniform placement (E / W experts per GPU), the gate's routing as is;
 //  - ideal: every GPU of the EP group processes the same number of tokens (each source spreads
 //    its tokens evenly over the group), no weights move: the balanced bound;
@@ -43,8 +43,8 @@ class InferenceSession {
 
   /// Draws batch `iteration` (kept until the next call).
   void generate(int iteration);
-  /// The drawn batch's counts per MoE layer under capacity factor f (STRATEGIES §1), dC rounded
-  /// up to a multiple of `capacity_multiple`.
+  /// The drawn batch's counts per MoE layer under capacity factor f (docs/strategy-specs.md §1), dC
+  /// rounded up to a multiple of `capacity_multiple`.
   workload::IterationWorkload workload(int iteration, double f, int capacity_multiple) const;
   /// Places every MoE layer for the drawn batch; `work` holds its counts (maybe reshaped by a
   /// routing module). Adds to `rec`.

@@ -1,6 +1,6 @@
-// What the inference expert placement (STRATEGIES §7, strategies/inference/) hands to the plan
-// builder and to the run's records. Plain data, so decision.hpp and runner.hpp can carry it
-// without depending on the generator or the estimator.
+// What the inference expert placement (docs/strategy-specs.md §7, strategies/inference/) hands to
+// the plan builder and to the run's records. Plain data, so decision.hpp and runner.hpp can carry
+// it without depending on the generator or the estimator.
 #pragma once
 
 #include <memory>

@@ -1,6 +1,6 @@
-// parallel: p1 | p2 | <integer r> (STRATEGIES §4; Tutel §3.2). For an expert sharded over n GPUs
-// (model.experts_per_gpu = -n) the token repeat factor r in divisors(n): r = 1 is P1 (EP+DP,
-// ZeRO-style: each GPU all-gathers the expert's parameters), r = n is P2 (EP+MP: tokens
+// parallel: p1 | p2 | <integer r> (docs/strategy-specs.md §4; Tutel §3.2). For an expert sharded
+// over n GPUs (model.experts_per_gpu = -n) the token repeat factor r in divisors(n): r = 1 is P1
+// (EP+DP, ZeRO-style: each GPU all-gathers the expert's parameters), r = n is P2 (EP+MP: tokens
 // repeated n times, hidden dimension split n ways), an intermediate r repeats tokens r times and
 // gathers parameters within groups of n / r. Experts that are not sharded (n = 1) always run
 // r = 1, whatever the role says.

@@ -1,5 +1,5 @@
-// parallel: tutel_router (STRATEGIES §4; Tutel §3.2, Table 5): per iteration, choose P2 (EP+MP,
-// r = n) when repeating the tokens costs less communication than gathering the parameters:
+// parallel: tutel_router (docs/strategy-specs.md §4; Tutel §3.2, Table 5): per iteration, choose P2
+// (EP+MP, r = n) when repeating the tokens costs less communication than gathering the parameters:
 //   2 * (n - 1) * |dispatch| < |local expert parameters|
 // else P1 (EP+DP, r = 1). |dispatch| = bytes one GPU sends in the dispatch all-to-all without
 // repetition (E * dC * M * b, so it moves with the capacity factor f); the 2 (n - 1) counts the

@@ -1,4 +1,5 @@
-// pipeline: <integer r> (STRATEGIES §3): a fixed pipeline degree, r = 1 being no pipelining.
+// pipeline: <integer r> (docs/strategy-specs.md §3): a fixed pipeline degree, r = 1 being no
+// pipelining.
 #pragma once
 
 #include "strategies/strategy.hpp"

@@ -1,4 +1,4 @@
-// PipeMoE's optimal pipeline degree (STRATEGIES §3; Shi et al., "PipeMoE: Accelerating
+// PipeMoE's optimal pipeline degree (docs/strategy-specs.md §3; Shi et al., "PipeMoE: Accelerating
 // Mixture-of-Experts through Adaptive Pipelining", INFOCOM 2023, §III-IV).
 //
 // With t_a2a(n) = alpha_a + beta_a * n and the expert (two GEMMs) t_e(x) = alpha_e + beta_e * x,

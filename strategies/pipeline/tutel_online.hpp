@@ -1,5 +1,5 @@
-// Tutel's online search of the pipeline degree and all-to-all algorithm (STRATEGIES §3; Hwang
-// et al., "Tutel: Adaptive Mixture-of-Experts at Scale", MLSys 2023, §3.3-3.4).
+// Tutel's online search of the pipeline degree and all-to-all algorithm (docs/strategy-specs.md §3;
+// Hwang et al., "Tutel: Adaptive Mixture-of-Experts at Scale", MLSys 2023, §3.3-3.4).
 //
 // Strategy space: r in {1, 2, 4, 8} x algo in {linear, 2dh} (2dh only where it can run). Per
 // capacity factor f the search keeps the measured time of each strategy it ran at f. Known f

@@ -119,7 +119,7 @@ class Lab {
         // touch): g's own gradient, like expert weights under expert parallelism, which are not
         // all-reduced either. Averaging them over P replicas, P - 1 of which contribute zero,
         // divided their learning rate by P: on 48 GPUs the per-GPU preference the topology loss
-        // asks for moved 48x slower than on 1 GPU, and 30 epochs barely moved it (issue 6).
+        // asks for moved 48x slower than on 1 GPU, and 30 epochs barely moved it.
         const std::size_t shared = static_cast<std::size_t>(D_) * E_;
         for (std::size_t i = 0; i < shared; ++i) w[i] -= c_.learning_rate / P_ * grad[i];
         for (std::size_t i = shared; i < w.size(); ++i) w[i] -= c_.learning_rate * grad[i];

@@ -1,4 +1,4 @@
-// Gate-training lab (issue 6 item 4, STRATEGIES §8): does minimising task loss + lambda * l_topo
+// Gate-training lab (docs/strategy-specs.md §8): does minimising task loss + lambda * l_topo
 // really move a gate's dispatch pattern towards the TA-MoE target? A linear gate is trained by
 // plain minibatch SGD on seeded synthetic tokens, twice: with GShard's balance loss (uniform
 // weights: "without the topology loss") and with the topology-aware loss (weights from c-hat).

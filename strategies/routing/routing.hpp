@@ -1,4 +1,5 @@
-// Routing strategies (STRATEGIES §8): what a trained gate's dispatch pattern looks like.
+// Routing strategies (docs/strategy-specs.md §8): what a trained gate's dispatch pattern looks
+// like.
 //  - ta_moe: the count matrix of every EP group moves towards the TA-MoE target c-hat
 //    (target.hpp) by `adherence` (0 = the sampled even routing, 1 = fully converged training);
 //    each receiver's experts keep their sampled proportions, so experts stay balanced.

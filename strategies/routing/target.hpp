@@ -1,5 +1,5 @@
-// TA-MoE target dispatch pattern (STRATEGIES §8): how many tokens every GPU of an EP group should
-// send to every other GPU so that the slowest pair of the all-to-all finishes first.
+// TA-MoE target dispatch pattern (docs/strategy-specs.md §8): how many tokens every GPU of an EP
+// group should send to every other GPU so that the slowest pair of the all-to-all finishes first.
 //
 // Model: pair (i, j) moving x_ij tokens of `bytes_per_token` takes alpha_ij + beta_ij * x_ij * b
 // seconds (alpha, beta from Topology::pair_cost: latency sum, bottleneck bandwidth with NIC sharing

@@ -1,5 +1,5 @@
-// Lina's prioritised all-to-all for training (STRATEGIES §6; docs/schedules.md) and its two
-// baselines, as plan transformations the engine's priority gate (sim/engine.hpp) executes:
+// Lina's prioritised all-to-all for training (docs/strategy-specs.md §6; docs/schedules.md) and its
+// two baselines, as plan transformations the engine's priority gate (sim/engine.hpp) executes:
 //
 //  lina         every gradient all-reduce is cut into micro-ops of at most `micro_op` bytes, one
 //               bucket at a time (a micro-op never mixes two gradients), each with priority -1

@@ -1,4 +1,4 @@
-// Parm S1 / S2 MoE layers (STRATEGIES §5). Formulas and reasons: docs/schedules.md.
+// Parm S1 / S2 MoE layers (docs/strategy-specs.md §5). Formulas and reasons: docs/schedules.md.
 #include "strategies/schedules/parm.hpp"
 
 #include <fmt/format.h>

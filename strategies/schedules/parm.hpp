@@ -1,4 +1,5 @@
-// Parm's dedicated schedules for MP+EP+ESP MoE layers (STRATEGIES §5; docs/schedules.md).
+// Parm's dedicated schedules for MP+EP+ESP MoE layers (docs/strategy-specs.md §5;
+// docs/schedules.md).
 //
 //  parm_baseline  DeepSpeed-MoE: the plan builder's own ESP path (ESP all-gather, EP all-to-all,
 //                 expert duplicated over MP, ESP all-reduce, EP all-to-all).
@@ -40,7 +41,7 @@ bool is_fused_parm(ScheduleRole r);
 /// unsharded experts (experts_per_gpu >= 1) and token repeat factor 1.
 std::string parm_inapplicable_reason(const Scenario& sc, int parallel_degree);
 
-/// Parm Alg. 1 (STRATEGIES §5) for per-GPU expert capacity dC = `capacity` slots:
+/// Parm Alg. 1 (docs/strategy-specs.md §5) for per-GPU expert capacity dC = `capacity` slots:
 /// x = B*L*M*b, y = E*dC*M*esp*b; t_S1 = 2 t_A2A(y/mp) + t_AG(x), t_S2 = t_A2A(y/mp) + t_SAA(y/mp),
 /// every t the collective library's closed form (alpha + beta * n on this topology, the same value
 /// the analytical engine charges) on the groups of rank 0; both doubled for the backward, and

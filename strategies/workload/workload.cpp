@@ -96,6 +96,23 @@ struct WorkloadGenerator::Impl {
   // accumulates the row's drops per choice and its largest demand.
   void fill_row(LayerDispatch& d, int gpu, const std::uint32_t* counts, std::int64_t cap,
                 std::int64_t& max_demanded, std::int64_t* dropped_by_choice) const;
+
+  // One layer's rows from the routing trace (its entries are sorted by GPU).
+  void trace_rows(LayerDispatch& d, int iteration, int layer, std::int64_t cap,
+                  std::int64_t& max_demanded) const;
+  // One layer's rows drawn from the routing distribution, or read from the sample cache.
+  void sampled_rows(LayerDispatch& d, int iteration, int layer, std::int64_t cap,
+                    std::int64_t& max_demanded);
+  // The sample cache's key of one layer's draw.
+  SampleCache::Key cache_key(int iteration, int layer) const;
+  // One sampler per expert-to-node partition (one without a node limit): balanced or drawn.
+  struct Samplers {
+    std::vector<ChoiceSampler> drawn;
+    std::vector<detail::BalancedSampler> balanced;
+  };
+  Samplers make_samplers(int iteration, int layer);
+  // A partition's destination sets (deepep's node dedup), when the dispatch needs them.
+  detail::DistinctDestinations distinct_of(const std::vector<std::uint32_t>& part) const;
 };
 
 std::vector<double> WorkloadGenerator::Impl::popularity(int iteration, int layer) {
@@ -142,6 +159,182 @@ void WorkloadGenerator::Impl::fill_row(LayerDispatch& d, int gpu, const std::uin
     kept[e] = static_cast<std::uint32_t>(apply_capacity({by_choice, k}, cap, {kept_by_choice, k}));
     for (std::size_t j = 0; j < k; ++j)
       dropped_by_choice[j] += static_cast<std::int64_t>(by_choice[j]) - kept_by_choice[j];
+  }
+}
+
+void WorkloadGenerator::Impl::trace_rows(LayerDispatch& d, int iteration, int layer,
+                                         std::int64_t cap, std::int64_t& max_demanded) const {
+  const std::size_t E = static_cast<std::size_t>(num_experts);
+  const std::size_t k = static_cast<std::size_t>(top_k);
+  std::vector<std::uint32_t> counts(k * E, 0u);
+  const auto& entries = trace->entries[static_cast<std::size_t>(
+      (iteration % trace->num_iterations) * num_layers + layer)];
+  // Fill one GPU's counts, emit its row, clear what was touched.
+  for (std::size_t a = 0; a < entries.size();) {
+    const int gpu = entries[a].gpu;
+    std::size_t b = a;
+    for (; b < entries.size() && entries[b].gpu == gpu; ++b)
+      counts[static_cast<std::size_t>(entries[b].choice) * E +
+             static_cast<std::size_t>(entries[b].expert)] = entries[b].count;
+    fill_row(d, gpu, counts.data(), cap, max_demanded, d.dropped_by_choice.data());
+    for (std::size_t x = a; x < b; ++x)
+      counts[static_cast<std::size_t>(entries[x].choice) * E +
+             static_cast<std::size_t>(entries[x].expert)] = 0;
+    a = b;
+  }
+}
+
+SampleCache::Key WorkloadGenerator::Impl::cache_key(int iteration, int layer) const {
+  return SampleCache::Key{num_gpus,
+                          num_experts,
+                          top_k,
+                          tokens,
+                          static_cast<int>(routing.distribution),
+                          routing.skew,
+                          routing.dirichlet_alpha,
+                          routing.seed,
+                          iteration,
+                          layer,
+                          node_limit,
+                          distinct ? distinct_positions : 0,
+                          distinct ? distinct_experts_per_gpu : 0,
+                          partitions,
+                          row_partition};
+}
+
+detail::DistinctDestinations WorkloadGenerator::Impl::distinct_of(
+    const std::vector<std::uint32_t>& part) const {
+  detail::DistinctDestinations dd;
+  if (distinct)
+    dd = {pos_of, part, static_cast<std::uint32_t>(distinct_positions),
+          static_cast<std::uint32_t>(distinct_nodes)};
+  return dd;
+}
+
+WorkloadGenerator::Impl::Samplers WorkloadGenerator::Impl::make_samplers(int iteration, int layer) {
+  Samplers out;
+  if (balanced) {
+    const auto order = [&](std::span<const std::uint32_t> node_of) {
+      return detail::balanced_order(num_experts, node_of, node_limit, routing.seed, iteration,
+                                    layer);
+    };
+    if (!partitions) {
+      out.balanced.emplace_back(order({}), top_k, tokens);
+    } else {
+      for (const auto& part : *partitions)
+        out.balanced.emplace_back(order(part), top_k, tokens, distinct_of(part));
+    }
+    return out;
+  }
+  const std::vector<double> p = popularity(iteration, layer);
+  if (!partitions) {
+    out.drawn.emplace_back(p, num_experts, top_k, tokens);
+  } else {
+    for (const auto& part : *partitions) {
+      out.drawn.emplace_back(
+          p, num_experts, top_k, tokens, ChoiceSampler::Method::kAuto,
+          node_limit > 0 ? detail::NodeLimit{part, node_limit} : detail::NodeLimit{},
+          distinct_of(part));
+    }
+  }
+  return out;
+}
+
+void WorkloadGenerator::Impl::sampled_rows(LayerDispatch& d, int iteration, int layer,
+                                           std::int64_t cap, std::int64_t& max_demanded) {
+  Impl& m = *this;
+  const std::size_t E = static_cast<std::size_t>(m.num_experts);
+  const std::size_t k = static_cast<std::size_t>(m.top_k);
+  // With a cache: rows come from the cached counts, or are sampled into a new entry.
+  SampleCache::Counts cached;
+  std::shared_ptr<std::vector<std::uint32_t>> fresh;
+  SampleCache::Key key;
+  const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
+  // The samplers still draw as distinct counting has them; only the count may be skipped.
+  const bool count_distinct = m.distinct && (m.count_distinct || m.cache);
+  if (count_distinct) {
+    d.distinct_positions = m.distinct_positions;
+    d.distinct_nodes = m.distinct_nodes;
+    d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
+  }
+  if (m.cache) {
+    key = cache_key(iteration, layer);
+    cached = m.cache->find(key);
+    if (!cached)
+      fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
+                                                           (k * E + (m.distinct ? dw : 0)));
+    else if (m.distinct)
+      std::copy_n(cached->data() + static_cast<std::size_t>(m.num_gpus) * k * E, d.distinct.size(),
+                  d.distinct.begin());
+  }
+  Samplers samplers;
+  if (!cached) samplers = make_samplers(iteration, layer);
+  // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
+  // split the GPUs into contiguous blocks; per-thread maxima and drop counts are merged in
+  // thread order. Small layers stay on the calling thread.
+  int threads = m.threads > 0 ? m.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::int64_t work =
+      static_cast<std::int64_t>(m.num_gpus) * (cached ? m.num_experts : m.tokens) * m.top_k;
+  threads = static_cast<int>(
+      std::clamp<std::int64_t>(std::min<std::int64_t>(threads, work / 2'000'000), 1, m.num_gpus));
+  struct Partial {
+    std::int64_t max_demanded = 0;
+    std::vector<std::int64_t> dropped_by_choice;
+    std::exception_ptr error;
+  };
+  std::vector<Partial> partial(static_cast<std::size_t>(threads));
+  auto run = [&](int t) {
+    Partial& out = partial[static_cast<std::size_t>(t)];
+    try {
+      out.dropped_by_choice.assign(k, 0);
+      std::vector<std::uint32_t> scratch(cached || fresh ? 0 : k * E, 0u);
+      const int begin = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * t / threads);
+      const int end = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * (t + 1) / threads);
+      for (int gpu = begin; gpu < end; ++gpu) {
+        const std::size_t row = static_cast<std::size_t>(gpu) * k * E;
+        if (cached) {
+          m.fill_row(d, gpu, cached->data() + row, cap, out.max_demanded,
+                     out.dropped_by_choice.data());
+          continue;
+        }
+        const std::span<std::uint32_t> counts =
+            fresh ? std::span<std::uint32_t>(fresh->data() + row, k * E) : scratch;
+        Xoshiro256 rng(
+            substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
+                          static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
+        const std::span<std::uint32_t> distinct =
+            count_distinct ? std::span<std::uint32_t>(
+                                 d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
+                           : std::span<std::uint32_t>();
+        const std::size_t part =
+            m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0;
+        if (m.balanced)
+          samplers.balanced[part].sample(m.row_pos[static_cast<std::size_t>(gpu)], counts,
+                                         distinct);
+        else
+          samplers.drawn[part].sample(rng, counts, distinct);
+        m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
+      }
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(threads - 1));
+  for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  run(0);
+  for (std::thread& th : pool) th.join();
+  for (const Partial& p : partial) {
+    if (p.error) std::rethrow_exception(p.error);
+    max_demanded = std::max(max_demanded, p.max_demanded);
+    for (std::size_t j = 0; j < k; ++j) d.dropped_by_choice[j] += p.dropped_by_choice[j];
+  }
+  if (fresh) {
+    std::copy(
+        d.distinct.begin(), d.distinct.end(),
+        fresh->begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(m.num_gpus) * k * E));
+    m.cache->insert(key, std::move(fresh));
   }
 }
 
@@ -359,164 +552,10 @@ LayerDispatch WorkloadGenerator::sample_layer(int iteration, int layer, double f
     cap = capacity_slots(f > 0 ? f : -f, m.top_k, m.tokens, m.num_experts, 0, capacity_multiple);
 
   std::int64_t max_demanded = 0;
-  if (m.trace) {
-    std::vector<std::uint32_t> counts(k * E, 0u);
-    const auto& entries = m.trace->entries[static_cast<std::size_t>(
-        (iteration % m.trace->num_iterations) * m.num_layers + layer)];
-    // Entries are sorted by GPU: fill one GPU's counts, emit its row, clear what was touched.
-    for (std::size_t a = 0; a < entries.size();) {
-      const int gpu = entries[a].gpu;
-      std::size_t b = a;
-      for (; b < entries.size() && entries[b].gpu == gpu; ++b)
-        counts[static_cast<std::size_t>(entries[b].choice) * E +
-               static_cast<std::size_t>(entries[b].expert)] = entries[b].count;
-      m.fill_row(d, gpu, counts.data(), cap, max_demanded, d.dropped_by_choice.data());
-      for (std::size_t x = a; x < b; ++x)
-        counts[static_cast<std::size_t>(entries[x].choice) * E +
-               static_cast<std::size_t>(entries[x].expert)] = 0;
-      a = b;
-    }
-  } else {
-    // With a cache: rows come from the cached counts, or are sampled into a new entry.
-    SampleCache::Counts cached;
-    std::shared_ptr<std::vector<std::uint32_t>> fresh;
-    SampleCache::Key key;
-    const std::size_t dw = static_cast<std::size_t>(m.distinct_positions + m.distinct_nodes);
-    // The samplers still draw as distinct counting has them; only the count may be skipped.
-    const bool count_distinct = m.distinct && (m.count_distinct || m.cache);
-    if (count_distinct) {
-      d.distinct_positions = m.distinct_positions;
-      d.distinct_nodes = m.distinct_nodes;
-      d.distinct.assign(static_cast<std::size_t>(m.num_gpus) * dw, 0u);
-    }
-    if (m.cache) {
-      key = SampleCache::Key{m.num_gpus,
-                             m.num_experts,
-                             m.top_k,
-                             m.tokens,
-                             static_cast<int>(m.routing.distribution),
-                             m.routing.skew,
-                             m.routing.dirichlet_alpha,
-                             m.routing.seed,
-                             iteration,
-                             layer,
-                             m.node_limit,
-                             m.distinct ? m.distinct_positions : 0,
-                             m.distinct ? m.distinct_experts_per_gpu : 0,
-                             m.partitions,
-                             m.row_partition};
-      cached = m.cache->find(key);
-      if (!cached)
-        fresh = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus) *
-                                                             (k * E + (m.distinct ? dw : 0)));
-      else if (m.distinct)
-        std::copy_n(cached->data() + static_cast<std::size_t>(m.num_gpus) * k * E,
-                    d.distinct.size(), d.distinct.begin());
-    }
-    // One sampler per expert-to-node partition (one without a node limit).
-    std::vector<ChoiceSampler> samplers;
-    std::vector<detail::BalancedSampler> balanced;
-    // A partition's destination sets (deepep's node dedup), when the dispatch needs them.
-    const auto distinct_of = [&m](const auto& part) {
-      detail::DistinctDestinations dd;
-      if (m.distinct)
-        dd = {m.pos_of, part, static_cast<std::uint32_t>(m.distinct_positions),
-              static_cast<std::uint32_t>(m.distinct_nodes)};
-      return dd;
-    };
-    if (!cached && m.balanced) {
-      const auto order = [&](std::span<const std::uint32_t> node_of) {
-        return detail::balanced_order(m.num_experts, node_of, m.node_limit, m.routing.seed,
-                                      iteration, layer);
-      };
-      if (!m.partitions) {
-        balanced.emplace_back(order({}), m.top_k, m.tokens);
-      } else {
-        for (const auto& part : *m.partitions) {
-          balanced.emplace_back(order(part), m.top_k, m.tokens, distinct_of(part));
-        }
-      }
-    } else if (!cached) {
-      const std::vector<double> p = m.popularity(iteration, layer);
-      if (!m.partitions) {
-        samplers.emplace_back(p, m.num_experts, m.top_k, m.tokens);
-      } else {
-        for (const auto& part : *m.partitions) {
-          samplers.emplace_back(
-              p, m.num_experts, m.top_k, m.tokens, ChoiceSampler::Method::kAuto,
-              m.node_limit > 0 ? detail::NodeLimit{part, m.node_limit} : detail::NodeLimit{},
-              distinct_of(part));
-        }
-      }
-    }
-    // Rows are independent (one substream per GPU) and written to disjoint memory, so threads
-    // split the GPUs into contiguous blocks; per-thread maxima and drop counts are merged in
-    // thread order. Small layers stay on the calling thread.
-    int threads = m.threads > 0
-                      ? m.threads
-                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const std::int64_t work =
-        static_cast<std::int64_t>(m.num_gpus) * (cached ? m.num_experts : m.tokens) * m.top_k;
-    threads = static_cast<int>(
-        std::clamp<std::int64_t>(std::min<std::int64_t>(threads, work / 2'000'000), 1, m.num_gpus));
-    struct Partial {
-      std::int64_t max_demanded = 0;
-      std::vector<std::int64_t> dropped_by_choice;
-      std::exception_ptr error;
-    };
-    std::vector<Partial> partial(static_cast<std::size_t>(threads));
-    auto run = [&](int t) {
-      Partial& out = partial[static_cast<std::size_t>(t)];
-      try {
-        out.dropped_by_choice.assign(k, 0);
-        std::vector<std::uint32_t> scratch(cached || fresh ? 0 : k * E, 0u);
-        const int begin = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * t / threads);
-        const int end = static_cast<int>(static_cast<std::int64_t>(m.num_gpus) * (t + 1) / threads);
-        for (int gpu = begin; gpu < end; ++gpu) {
-          const std::size_t row = static_cast<std::size_t>(gpu) * k * E;
-          if (cached) {
-            m.fill_row(d, gpu, cached->data() + row, cap, out.max_demanded,
-                       out.dropped_by_choice.data());
-            continue;
-          }
-          const std::span<std::uint32_t> counts =
-              fresh ? std::span<std::uint32_t>(fresh->data() + row, k * E) : scratch;
-          Xoshiro256 rng(
-              substream_key(m.routing.seed, Stream::kTokens, static_cast<std::uint64_t>(iteration),
-                            static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(gpu)));
-          const std::span<std::uint32_t> distinct =
-              count_distinct ? std::span<std::uint32_t>(
-                                   d.distinct.data() + static_cast<std::size_t>(gpu) * dw, dw)
-                             : std::span<std::uint32_t>();
-          const std::size_t part =
-              m.row_partition ? (*m.row_partition)[static_cast<std::size_t>(gpu)] : 0;
-          if (m.balanced)
-            balanced[part].sample(m.row_pos[static_cast<std::size_t>(gpu)], counts, distinct);
-          else
-            samplers[part].sample(rng, counts, distinct);
-          m.fill_row(d, gpu, counts.data(), cap, out.max_demanded, out.dropped_by_choice.data());
-        }
-      } catch (...) {
-        out.error = std::current_exception();
-      }
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<std::size_t>(threads - 1));
-    for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
-    run(0);
-    for (std::thread& th : pool) th.join();
-    for (const Partial& p : partial) {
-      if (p.error) std::rethrow_exception(p.error);
-      max_demanded = std::max(max_demanded, p.max_demanded);
-      for (std::size_t j = 0; j < k; ++j) d.dropped_by_choice[j] += p.dropped_by_choice[j];
-    }
-    if (fresh) {
-      std::copy(d.distinct.begin(), d.distinct.end(),
-                fresh->begin() +
-                    static_cast<std::ptrdiff_t>(static_cast<std::size_t>(m.num_gpus) * k * E));
-      m.cache->insert(key, std::move(fresh));
-    }
-  }
+  if (m.trace)
+    m.trace_rows(d, iteration, layer, cap, max_demanded);
+  else
+    m.sampled_rows(d, iteration, layer, cap, max_demanded);
   d.max_demanded = max_demanded;
   d.capacity = capacity_slots(f, m.top_k, m.tokens, m.num_experts, max_demanded, capacity_multiple);
   for (const std::int64_t x : d.dropped_by_choice) d.dropped += x;

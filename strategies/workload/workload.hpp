@@ -1,7 +1,8 @@
-// The MoE workload (STRATEGIES §1): per iteration and per MoE layer, how many tokens every GPU
-// routes to every expert after capacity drops, sampled from the scenario's routing distribution
-// (uniform, zipf, dirichlet, or a trace file) with a seed owned by the run. The simulator needs
-// counts, not token values; the real backend computes the same quantities from actual gates.
+// The MoE workload (docs/strategy-specs.md §1): per iteration and per MoE layer, how many tokens
+// every GPU routes to every expert after capacity drops, sampled from the scenario's routing
+// distribution (uniform, zipf, dirichlet, or a trace file) with a seed owned by the run. The
+// simulator needs counts, not token values; the real backend computes the same quantities from
+// actual gates.
 //
 // Capacity (GShard/Tutel local dispatch): each source GPU holds an (E, dC, M) dispatch buffer,
 // dC = ceil(k * f * S / E) rounded up to a multiple of the pipeline degree; within an expert,
@@ -104,8 +105,8 @@ struct IterationWorkload {
 // ---------------------------------------------------------------------------------------------
 // Capacity (pure functions; the generator applies them, tests check them by hand).
 
-/// dC for capacity factor f (STRATEGIES §1), rounded up to a multiple of `multiple` (>= 1):
-/// f > 0: ceil(k * f * S / E); f = 0: max_demanded (the largest demanded count of any (GPU,
+/// dC for capacity factor f (docs/strategy-specs.md §1), rounded up to a multiple of `multiple` (>=
+/// 1): f > 0: ceil(k * f * S / E); f = 0: max_demanded (the largest demanded count of any (GPU,
 /// expert) pair: dropless); f < 0: min(max_demanded, the value for -f), both rounded up.
 std::int64_t capacity_slots(double f, int top_k, std::int64_t tokens_per_gpu, int num_experts,
                             std::int64_t max_demanded, int multiple = 1);

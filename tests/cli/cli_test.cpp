@@ -157,7 +157,7 @@ TEST(Cli, EveryBundledScenarioValidates) {
   EXPECT_GE(seen, 12);
 }
 
-// Issue 18: the model presets simulate on every engine. Reduced to a few blocks and a smaller
+// The model presets simulate on every engine. Reduced to a few blocks and a smaller
 // cluster (the same EP group, fewer DP replicas) so that the three engines run in seconds; the
 // full presets' figures are in scenarios/README.md.
 // --chakra: a directory of per-rank traces per strategy after the run, or exit 2 before it when
@@ -384,7 +384,7 @@ TEST(Cli, BadCommandLineExitsTwo) {
   EXPECT_EQ(run("no-such-command").exit_code, 2);
 }
 
-// Issue 15: an output file that cannot be written fails before the run, not after it: exit 2, the
+// An output file that cannot be written fails before the run, not after it: exit 2, the
 // flag and the path named, nothing run or printed before, nothing created.
 TEST(Cli, UnwritableOutputExitsTwoBeforeTheRun) {
   const std::string q = kSource + "/scenarios/quickstart.yaml";
@@ -440,7 +440,7 @@ TEST(Cli, UnwritableOutputExitsTwoBeforeTheRun) {
   fs::remove_all(dir);
 }
 
-// Issue 15: `simulate --trace F` with several strategies writes one trace, F, with each strategy's
+// `simulate --trace F` with several strategies writes one trace, F, with each strategy's
 // ranks as processes named after it (it used to write F.<strategy>.json per strategy, silently).
 TEST(Cli, TraceOfSeveralStrategiesIsOneFile) {
   fs::path dir = temp_dir();
@@ -822,7 +822,7 @@ TEST(Cli, SetErrorsExitTwoAndNameTheOverride) {
   EXPECT_NE(r.out.find("has no item [9]"), std::string::npos) << r.out;
 }
 
-// Issue 15 item 4: validate reads what simulate reads before its first iteration (the routing
+// Validate reads what simulate reads before its first iteration (the routing
 // trace's rows, the calibration file) and the loader bounds every value, so a scenario that
 // validates does not fail at run time: both commands exit 2 with the same one-line message.
 TEST(Cli, ValidateRejectsWhatSimulateRejects) {
@@ -857,7 +857,7 @@ TEST(Cli, ValidateRejectsWhatSimulateRejects) {
   }
 }
 
-// Issue 15 item 5: numeric flags are parsed strictly, with the YAML errors' wording and the range
+// Numeric flags are parsed strictly, with the YAML errors' wording and the range
 // stated; an explicit value is never replaced by a default (--seed -5 ran with seed 1,
 // --iterations 0 with the scenario's 10, --size 1e30MiB ran).
 TEST(Cli, NumericFlagsAreStrict) {

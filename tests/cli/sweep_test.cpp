@@ -375,7 +375,7 @@ TEST(SweepFingerprintTest, ValuesCountCommentsAndLayoutDoNot) {
   EXPECT_FALSE(SweepFingerprint::parse("point,model.top_k,scenario").has_value());
 }
 
-// Issue 15: a resumed sweep never reports figures of another setup. Reruns with a changed base
+// A resumed sweep never reports figures of another setup. Reruns with a changed base
 // value (through the sweep file's `set:`) or another engine exit 2 naming what differs; an
 // unchanged rerun resumes; --restart recomputes.
 TEST(SweepCli, ResumeRefusesRowsOfAnotherSetup) {
@@ -671,7 +671,7 @@ std::vector<std::vector<std::string>> plot_colours(const std::string& gp) {
   return plots;
 }
 
-// Issue 15: at most 8 lines per panel, distinct colours in a panel, one colour per name across
+// At most 8 lines per panel, distinct colours in a panel, one colour per name across
 // panels. 10 series in one panel become two panels of 8 and 2.
 TEST(SweepPlot, PanelsHoldAtMostEightSeriesWithDistinctColours) {
   if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot not installed";

@@ -136,7 +136,7 @@ TEST(CalibrationLoader, OtherErrors) {
               AllOf(StartsWith("cal.yaml:20:"), HasSubstr("did you mean 'linear'")));
 }
 
-// Issue 15 item 4: calibration values are bounded like scenario values, so predictions stay
+// Calibration values are bounded like scenario values, so predictions stay
 // finite (a beta of 1e308s/B made every transfer infinite).
 TEST(CalibrationLoader, ValuesAreBounded) {
   std::string text = kGood;

@@ -944,7 +944,7 @@ TEST(ScenarioLoader, AliasBombAndDeepNestingAreRefused) {
 }  // namespace moesim
 
 // ---------------------------------------------------------------------------------------------
-// Issue 15 item 4: every numeric key has a stated upper bound, and the sizes the plan derives from
+// Every numeric key has a stated upper bound, and the sizes the plan derives from
 // them are bounded too, so nothing that validates overflows at run time. Each value here used to
 // load (and then crash, print an internal error or simulate an overflowed all-to-all).
 

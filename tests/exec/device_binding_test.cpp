@@ -1,6 +1,6 @@
 // exec/device_binding.hpp: the GPU an exec rank binds, and the check that no two ranks share one
-// (issue 16 item 5: device binding threw when a rank saw fewer devices than local ranks, which
-// broke Slurm --gpus-per-task=1 and per-rank CUDA_VISIBLE_DEVICES).
+// (device binding used to throw when a rank saw fewer devices than local ranks, which broke
+// Slurm --gpus-per-task=1 and per-rank CUDA_VISIBLE_DEVICES).
 #include "exec/device_binding.hpp"
 
 #include <gtest/gtest.h>

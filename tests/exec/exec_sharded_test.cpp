@@ -2,8 +2,8 @@
 // --oversubscribe` (CTest does). tests/data/exec/sharded-4.yaml: one expert sharded over the 4
 // GPUs (n = 4), so rho = 1 (P1), 2 and 4 (P2); a variant with 2 experts over 2 GPUs each (n = 2,
 // top-2). Every rho must pass --check against the unsharded reference and give the same outputs
-// as every other rho to fp32 tolerance (issue #7: "P1 and P2 identical (to dtype tolerance)");
-// P1 and P2 sum the hidden units in a different order, so they are not bitwise equal.
+// as every other rho to fp32 tolerance (P1 and P2 are the same layer, so identical to dtype
+// tolerance); P1 and P2 sum the hidden units in a different order, so they are not bitwise equal.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <mpi.h>

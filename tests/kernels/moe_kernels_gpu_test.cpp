@@ -488,9 +488,21 @@ TEST_F(KernelGpuTest, NoTokensLeavesEverySlotEmpty) {
   EXPECT_THAT(disp.to_vector<float>(), ::testing::Each(0.0f));
 }
 
-TEST(KernelGpuProbe, DeviceCountNeverThrows) {
-  EXPECT_GE(cuda_device_count(), 0);
+// The probe reports what the runtime reports, and a failed query leaves no sticky error behind:
+// the last device it counts can be selected right after.
+TEST(KernelGpuProbe, DeviceCountMatchesTheRuntime) {
   EXPECT_TRUE(kCudaCompiled);
+  int runtime = 0;
+  if (cudaGetDeviceCount(&runtime) != cudaSuccess) {
+    (void)cudaGetLastError();
+    runtime = 0;
+  }
+  const int count = cuda_device_count();
+  EXPECT_EQ(count, runtime);
+  if (count > 0) {
+    EXPECT_EQ(cudaSetDevice(count - 1), cudaSuccess);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // kernels/rules.hpp: the per-element and per-row rules that the CPU twins and the CUDA kernels
-// both call (issue 16 item 4), on hand-computed cases. What passes here is the arithmetic and the
+// both call, on hand-computed cases. What passes here is the arithmetic and the
 // tie-breaking the GPU runs.
 #include "kernels/rules.hpp"
 

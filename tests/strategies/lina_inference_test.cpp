@@ -1,5 +1,5 @@
-// Lina inference (STRATEGIES §7): the correlated routing generator, the path profile, phase 1 /
-// phase 2 placement, and the end-to-end comparison baseline / lina / ideal.
+// Lina inference (docs/strategy-specs.md §7): the correlated routing generator, the path profile,
+// phase 1 / phase 2 placement, and the end-to-end comparison baseline / lina / ideal.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -77,7 +77,7 @@ strategies:
 
 using testing::uniform_work;
 
-// dC = k * f * S / E rounded up (STRATEGIES §1), as the workload computes it.
+// dC = k * f * S / E rounded up (docs/strategy-specs.md §1), as the workload computes it.
 std::int64_t capacity_of(const Scenario& sc) {
   return static_cast<std::int64_t>(std::ceil(sc.model.top_k * sc.model.capacity_factor *
                                              static_cast<double>(sc.tokens_per_gpu()) /
@@ -879,7 +879,7 @@ ChunkTimes chunk_times(const BuiltPlan& bp, const RunResult& r) {
   return t;
 }
 
-// STRATEGIES §3 recurrences from measured durations; returns the predicted starts.
+// docs/strategy-specs.md §3 recurrences from measured durations; returns the predicted starts.
 ChunkTimes recurrence(const ChunkTimes& m) {
   ChunkTimes p = m;
   const size_t r = m.d.size();

@@ -55,7 +55,7 @@ TEST(GateLab, TopologyLossCutsOffNodeChoicesAtTheSameAccuracy) {
   EXPECT_EQ(runs[0].epochs[0].offnode_share, runs[1].epochs[0].offnode_share);
 }
 
-// Issue 6 at scale: on 24 GPUs the per-GPU one-hot rows used to be averaged over the 24
+// At scale: on 24 GPUs the per-GPU one-hot rows used to be averaged over the 24
 // data-parallel replicas, 23 of which contribute nothing, so they learnt 24x slower and the
 // off-node share fell by ~3% only (67.2% -> 65.4% with this config). Owned by their GPU, they
 // learn at the same rate at every scale: measured 66.8% -> 48.7% (27% lower), accuracy -0.35

@@ -1,5 +1,6 @@
-// Lina's premise (STRATEGIES §6): on the flow engine the EP all-to-all and the DP gradient
-// all-reduce share the NICs, so an all-to-all that overlaps an all-reduce is slower than alone.
+// Lina's premise (docs/strategy-specs.md §6): on the flow engine the EP all-to-all and the DP
+// gradient all-reduce share the NICs, so an all-to-all that overlaps an all-reduce is slower than
+// alone.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

@@ -1,5 +1,6 @@
-// Parm schedules (STRATEGIES §5): SAA lowering, plan structure of S1 / S2, validation, and the
-// expected behaviour (S1, S2 faster than the DeepSpeed-MoE baseline; auto picks the faster).
+// Parm schedules (docs/strategy-specs.md §5): SAA lowering, plan structure of S1 / S2, validation,
+// and the expected behaviour (S1, S2 faster than the DeepSpeed-MoE baseline; auto picks the
+// faster).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

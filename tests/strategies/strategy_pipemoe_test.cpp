@@ -1,6 +1,6 @@
-// PipeMoE's optimal pipeline degree (STRATEGIES §3): the closed forms T1..T4 on hand-computed
-// alpha/beta, and agreement of the predicted degree with the best degree found by simulating
-// every r in 1..16 (plan builder + flow engine) on a grid of small configurations.
+// PipeMoE's optimal pipeline degree (docs/strategy-specs.md §3): the closed forms T1..T4 on
+// hand-computed alpha/beta, and agreement of the predicted degree with the best degree found by
+// simulating every r in 1..16 (plan builder + flow engine) on a grid of small configurations.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// Tutel's online search of (pipeline degree, all-to-all algorithm) (STRATEGIES §3): the search
-// logic exactly, against tables of times; through the runner with a fake backend that answers
-// from a table; and end to end on the flow engine.
+// Tutel's online search of (pipeline degree, all-to-all algorithm) (docs/strategy-specs.md §3): the
+// search logic exactly, against tables of times; through the runner with a fake backend that
+// answers from a table; and end to end on the flow engine.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// Workload generator (STRATEGIES §1): capacity modes and the slot rule by hand, sampling
-// properties (totals, distinct choices, skew ordering, exact second-choice marginals), the
+// Workload generator (docs/strategy-specs.md §1): capacity modes and the slot rule by hand,
+// sampling properties (totals, distinct choices, skew ordering, exact second-choice marginals), the
 // binomial sampler against its pmf, the pair method's count moments against the exact ones and
 // the token method's, determinism, dynamic capacity, re-rounding dC without sampling again,
 // trace files, dispatch matrices.

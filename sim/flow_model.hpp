@@ -55,26 +55,24 @@ enum class FlowSharing { kPerFlow, kPerCollective };
 /// Knobs of the flow model beyond the shared NetworkParams.
 struct FlowModelOptions {
   /// Flows finishing (or starting to move) within this fraction of max(the time their batch has
-  /// run, a lower bound on the batch's duration) are handled now, in one recomputation. (Relative
-  /// to the batch, not to the absolute clock: deep into a long run a slack of tolerance x t
-  /// released whole millisecond collectives early; a 61-block DeepSeek-V3 step came out 13% short
-  /// at 3e-3. The duration bound, least route latency + the most loaded link's bytes / capacity,
-  /// keeps early finishes of a skewed batch from being an event each: 4,096-GPU skewed step from
-  /// over 1,500 to 43 s CPU.) The default, 1e-9, is the normative model. Larger values (1e-3 ..
-  /// 1e-2) cut the number of events when every flow finishes at its own time (skewed sizes,
-  /// hash-based ECMP collisions). A flow finished early releases its bandwidth early (others
-  /// gain), but its batch completes when the flow's last byte arrives under the rates in force (a
-  /// deferred completion event), so batch times are not cut short; tested bound (empirical):
-  /// every batch within 0.75 x `event_tolerance` (relative) of the exact model on skewed
-  /// all-to-allv traffic (tests/sim/flow_model_test.cpp, EventToleranceErrorIsBounded...; worst
-  /// measured 0.53 x). The window is centred on its event (refresh_next_finish), so flows finish
-  /// up to half of it late or early and the errors cancel rather than all running early.
-  /// Scenario key: engine.flow.event_tolerance.
+  /// run, a lower bound on the batch's duration) are handled now, in one recomputation. Relative
+  /// to the batch, not to the absolute clock: a slack of tolerance x t would release whole
+  /// collectives early deep into a long run. The duration bound (least route latency + the most
+  /// loaded link's bytes / capacity) keeps the early finishes of a skewed batch from being an
+  /// event each. 1e-9 (this struct's default) is the exact model; scenarios default to 3e-3
+  /// (engine.flow.event_tolerance, docs/engines.md). Larger values cut the events when every flow
+  /// finishes at its own time (skewed sizes, hash-based ECMP collisions). A flow finished early
+  /// releases its bandwidth early, but its batch completes when its last byte arrives under the
+  /// rates in force (a deferred completion event), so batch times are not cut short. The window
+  /// is centred on its event (refresh_next_finish), so flows finish up to half of it late or
+  /// early and the errors cancel. Tested bound (empirical): every batch within 0.75 x the
+  /// tolerance (relative) of the exact model on skewed all-to-allv traffic
+  /// (tests/sim/flow_model_test.cpp, EventToleranceErrorIsBounded...).
   double event_tolerance = 1e-9;
   FlowSharing sharing = FlowSharing::kPerFlow;
   /// Re-solve only the batches an event can reach through shared links (see solve()); false
-  /// re-solves every batch's flows above the event's level, as before. Exact either way; the
-  /// switch is for tests and benchmarks.
+  /// re-solves every batch's flows above the event's level. Exact either way; the switch is for
+  /// tests and benchmarks.
   bool split_components = true;
 };
 

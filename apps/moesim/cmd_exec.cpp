@@ -202,25 +202,8 @@ FaultInjection fault_from_env(int rank) {
   return f;
 }
 
-// Returns the process exit code (0, or 1 on a --check mismatch). Throws InputError for bad input.
-int run_exec(const ExecArgs& a, exec::MpiSession& session) {
-  const bool root = session.rank() == 0;
-  check_output_path_on_root(session, a.json_path, "--json");
-  std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
-  const auto seed_flag =
-      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
-  Scenario sc = load_scenario_with(path, a.sets);
-  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
-  const int iterations =
-      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
-  // Untimed runs of each strategy's first plan before its measured iterations (nccl-tests' -w):
-  // the GPU path's first run pays CUDA's lazy module loading, cuBLAS's first-call set-up and the
-  // executor's buffer allocations (a 266 ms first step against 1 ms after, on an H200), which
-  // would otherwise be averaged into the step time and the speedups. The host path has no such
-  // one-time cost worth a run, so it defaults to none.
-  const int warmup = static_cast<int>(
-      parse_int_flag("--warmup", a.warmup, 0, 1000).value_or(a.backend == "nccl" ? 1 : 0));
+// What `moesim exec` refuses before starting: the layouts the exec data paths cannot lay out.
+void refuse_unsupported_layout(const Scenario& sc, const std::string& backend) {
   // Pipeline stages on the real backend: the host path runs every data path's MoE layers stage
   // by stage (each rank its stage's layers; --check on each). The GPU path has no stage logic
   // yet.
@@ -235,7 +218,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                     name_of(sc.parallelism.schedule)));
   if (sc.parallelism.pp > 1) {
     std::string why;
-    if (a.backend == "nccl")
+    if (backend == "nccl")
       why = "--backend nccl: the GPU path runs one pipeline stage (use --backend mpi)";
     if (!why.empty())
       throw InputError(
@@ -258,6 +241,98 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
                                  "context parallel attention and etp are `moesim simulate` only)",
                                  found));
   }
+}
+
+// The --check totals over every checked MoE layer run, forward outputs and backward gradients.
+struct CheckTotals {
+  std::size_t layers = 0, grad_layers = 0;
+  long long compared = 0, wrong = 0, drop_mismatch = 0;
+  double max_err = 0;
+  long long grad_compared = 0, grad_wrong = 0;
+  double grad_max_err = 0;
+};
+
+CheckTotals tally_checks(const exec::Executor& executor) {
+  CheckTotals t;
+  t.layers = executor.checks().size();
+  for (const auto& c : executor.checks()) {
+    t.compared += c.compared;
+    t.wrong += c.wrong;
+    t.max_err = std::max(t.max_err, c.max_abs_error);
+    if (c.dropped != c.expected_dropped) ++t.drop_mismatch;
+  }
+  // Gradients of the plain layers whose backward ran on real data (exec/backward_path.hpp).
+  t.grad_layers = executor.grad_checks().size();
+  for (const auto& c : executor.grad_checks()) {
+    t.grad_compared += c.compared;
+    t.grad_wrong += c.wrong;
+    t.grad_max_err = std::max(t.grad_max_err, c.max_abs_error);
+  }
+  return t;
+}
+
+void print_checks(const CheckTotals& t) {
+  fmt::print(
+      "# check: {} MoE layer run(s), {} output values compared, #wrong {}, "
+      "max abs error {:.3g}, drop-count mismatches {}\n",
+      t.layers, t.compared, t.wrong, t.max_err, t.drop_mismatch);
+  fmt::print(
+      "# check: backward of {} MoE layer run(s), {} gradients compared (dX, dWgate, dW1, "
+      "dW2), #wrong {}, max abs error {:.3g}{}\n",
+      t.grad_layers, t.grad_compared, t.grad_wrong, t.grad_max_err,
+      t.grad_compared == 0 ? " (no backward on real data: inference, the GPU path, or routed / "
+                             "sharded / Parm layers, whose backward runs on scratch buffers)"
+                           : "");
+}
+
+nlohmann::ordered_json check_json(const CheckTotals& t) {
+  nlohmann::ordered_json c;
+  c["layers_checked"] = t.layers;
+  c["compared"] = t.compared;
+  c["wrong"] = t.wrong;
+  c["drop_count_mismatches"] = t.drop_mismatch;
+  c["gradients_compared"] = t.grad_compared;
+  c["gradients_wrong"] = t.grad_wrong;
+  return c;
+}
+
+// The --predict report: each strategy's measured steps beside the simulator's prediction.
+void print_predictions(const Scenario& sc, const sim::EngineConfig& engine_cfg, bool host,
+                       const std::vector<strategies::StackRun>& runs,
+                       const std::vector<std::vector<PredictStep>>& predicted) {
+  fmt::print("\n# predict: engine {}, calibration {}\n", sim::network_kind_name(engine_cfg.network),
+             sc.cluster.calibration_path.empty() ? "none (datasheet defaults)"
+                                                 : sc.cluster.calibration_path);
+  if (host)
+    fmt::print(
+        "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode), "
+        "the plain MoE layers' backward compute and the collectives run for real; the other "
+        "compute ops are empty ops there, shown apart "
+        "as 'not run (host)' (their prediction is what a GPU would take; the step rows "
+        "include it)\n");
+  for (size_t i = 0; i < runs.size(); ++i) print_predict(runs[i].strategy, predicted[i], host);
+}
+
+// Returns the process exit code (0, or 1 on a --check mismatch). Throws InputError for bad input.
+int run_exec(const ExecArgs& a, exec::MpiSession& session) {
+  const bool root = session.rank() == 0;
+  check_output_path_on_root(session, a.json_path, "--json");
+  std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
+  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
+  const auto seed_flag =
+      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
+  Scenario sc = load_scenario_with(path, a.sets);
+  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
+  const int iterations =
+      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
+  // Untimed runs of each strategy's first plan before its measured iterations (nccl-tests' -w):
+  // the GPU path's first run pays CUDA's lazy module loading, cuBLAS's first-call set-up and the
+  // executor's buffer allocations (a 266 ms first step against 1 ms after, on an H200), which
+  // would otherwise be averaged into the step time and the speedups. The host path has no such
+  // one-time cost worth a run, so it defaults to none.
+  const int warmup = static_cast<int>(
+      parse_int_flag("--warmup", a.warmup, 0, 1000).value_or(a.backend == "nccl" ? 1 : 0));
+  refuse_unsupported_layout(sc, a.backend);
   if (session.size() != sc.num_gpus())
     throw InputError(fmt::format(
         "{}: the scenario has {} GPUs ({} nodes x {} GPUs per node) but mpirun started {} "
@@ -336,52 +411,11 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   }
   apply_speedups(rows, baseline_index(specs));
 
-  const auto& checks = executor.checks();
-  long long wrong = 0, compared = 0, drop_mismatch = 0;
-  for (const auto& c : checks) {
-    compared += c.compared;
-    wrong += c.wrong;
-    if (c.dropped != c.expected_dropped) ++drop_mismatch;
-  }
-  // Gradients of the plain layers whose backward ran on real data (exec/backward_path.hpp).
-  long long grad_compared = 0, grad_wrong = 0;
-  double grad_max_err = 0;
-  for (const auto& c : executor.grad_checks()) {
-    grad_compared += c.compared;
-    grad_wrong += c.wrong;
-    grad_max_err = std::max(grad_max_err, c.max_abs_error);
-  }
+  const CheckTotals totals = tally_checks(executor);
   if (root) {
     print_table(rows);
-    if (a.check) {
-      double max_err = 0;
-      for (const auto& c : checks) max_err = std::max(max_err, c.max_abs_error);
-      fmt::print(
-          "# check: {} MoE layer run(s), {} output values compared, #wrong {}, "
-          "max abs error {:.3g}, drop-count mismatches {}\n",
-          checks.size(), compared, wrong, max_err, drop_mismatch);
-      fmt::print(
-          "# check: backward of {} MoE layer run(s), {} gradients compared (dX, dWgate, dW1, "
-          "dW2), #wrong {}, max abs error {:.3g}{}\n",
-          executor.grad_checks().size(), grad_compared, grad_wrong, grad_max_err,
-          grad_compared == 0 ? " (no backward on real data: inference, the GPU path, or routed / "
-                               "sharded / Parm layers, whose backward runs on scratch buffers)"
-                             : "");
-    }
-    if (a.predict) {
-      fmt::print("\n# predict: engine {}, calibration {}\n",
-                 sim::network_kind_name(engine_cfg.network),
-                 sc.cluster.calibration_path.empty() ? "none (datasheet defaults)"
-                                                     : sc.cluster.calibration_path);
-      if (host)
-        fmt::print(
-            "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode), "
-            "the plain MoE layers' backward compute and the collectives run for real; the other "
-            "compute ops are empty ops there, shown apart "
-            "as 'not run (host)' (their prediction is what a GPU would take; the step rows "
-            "include it)\n");
-      for (size_t i = 0; i < specs.size(); ++i) print_predict(runs[i].strategy, predicted[i], host);
-    }
+    if (a.check) print_checks(totals);
+    if (a.predict) print_predictions(sc, engine_cfg, host, runs, predicted);
     if (!a.json_path.empty()) {
       nlohmann::ordered_json j;
       j["moesim_version"] = MOESIM_VERSION;
@@ -405,25 +439,16 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
           ps.push_back(predict_json(runs[i].strategy, predicted[i], host));
         j["predict"] = p;
       }
-      if (a.check) {
-        nlohmann::ordered_json c;
-        c["layers_checked"] = checks.size();
-        c["compared"] = compared;
-        c["wrong"] = wrong;
-        c["drop_count_mismatches"] = drop_mismatch;
-        c["gradients_compared"] = grad_compared;
-        c["gradients_wrong"] = grad_wrong;
-        j["check"] = c;
-      }
+      if (a.check) j["check"] = check_json(totals);
       write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
     }
   }
-  if (a.check && (wrong > 0 || drop_mismatch > 0 || grad_wrong > 0)) {
+  if (a.check && (totals.wrong > 0 || totals.drop_mismatch > 0 || totals.grad_wrong > 0)) {
     if (root)
       std::fprintf(stderr,
                    "moesim: error: --check failed: #wrong %lld, drop-count mismatches %lld, "
                    "gradients #wrong %lld\n",
-                   wrong, drop_mismatch, grad_wrong);
+                   totals.wrong, totals.drop_mismatch, totals.grad_wrong);
     return 1;
   }
   return 0;

@@ -2,12 +2,16 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <string_view>
+#include <vector>
 
 #include "apps/moesim/commands.hpp"
 #include "core/error.hpp"
+#include "core/yaml_reader.hpp"
 #include "sim/progress.hpp"
 
 namespace moesim::app {
@@ -37,6 +41,18 @@ int main(int argc, char** argv) {
   moesim::app::register_sweep(app);
   moesim::app::register_tune(app);
   moesim::app::register_list(app);
+  // A first word that names no command: say which one was meant (CLI11 would only say that a
+  // subcommand is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string_view> names;
+    for (const CLI::App* c : app.get_subcommands({})) names.push_back(c->get_name());
+    if (std::find(names.begin(), names.end(), std::string_view(argv[1])) == names.end()) {
+      std::fprintf(stderr, "moesim: error: unknown command '%s'%s; expected one of %s\n", argv[1],
+                   moesim::yaml::did_you_mean(argv[1], names).c_str(),
+                   moesim::yaml::join_alternatives(names).c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -133,6 +133,20 @@ TEST(Cli, TopoQuickstartJsonMatchesExpected) {
   fs::remove_all(dir);
 }
 
+// A mistyped command names the closest one and every command, exit 2.
+TEST(Cli, UnknownCommandSuggestsTheClosest) {
+  const auto r = run("simulat scenarios/quickstart.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("unknown command 'simulat' (did you mean 'simulate'?); expected one of "
+                       "validate, topo, simulate"),
+            std::string::npos)
+      << r.out;
+  const auto far = run("frobnicate");
+  EXPECT_EQ(far.exit_code, 2) << far.out;
+  EXPECT_NE(far.out.find("unknown command 'frobnicate'; expected one of"), std::string::npos)
+      << far.out;
+}
+
 TEST(Cli, TopoWritesDot) {
   fs::path dir = temp_dir();
   fs::path out = dir / "g.dot";

@@ -521,6 +521,10 @@ std::string SweepFingerprint::hash() const {
   return hex16(fnv1a(fmt::format("{}\n{}\n{}\n{}", version, engine, base, axes)));
 }
 
+std::string sweep_fingerprint_path(const std::string& csv_path) {
+  return csv_path + ".fingerprint";
+}
+
 std::string SweepFingerprint::csv_comment() const {
   return fmt::format("# moesim sweep fingerprint={} version={} engine={} base={} axes={}", hash(),
                      version, engine, base, axes);
@@ -739,19 +743,26 @@ std::vector<SweepRow> read_existing(const std::string& path, const std::vector<s
   const std::string start_over =
       "Delete the file (or choose another --csv) to start over, or pass --restart to discard its "
       "rows and run every point again";
-  auto file_fp = SweepFingerprint::parse(line);
+  // The fingerprint sits beside the CSV (PATH.fingerprint); files of older versions carry it as a
+  // comment on their first line instead.
+  std::optional<SweepFingerprint> file_fp;
+  std::ifstream side(sweep_fingerprint_path(path));
+  if (std::string side_line; side && std::getline(side, side_line)) {
+    file_fp = SweepFingerprint::parse(side_line);
+  } else if ((file_fp = SweepFingerprint::parse(line))) {
+    if (!std::getline(is, line)) return rows;
+  }
   if (!file_fp)
     throw InputError(fmt::format(
-        "--csv {}: the file has no sweep fingerprint on its first line (written by an older "
-        "moesim, or not by `moesim sweep`), so its rows cannot be checked against this run's base "
-        "scenario, axes, engine and version. {}",
-        path, start_over));
+        "--csv {}: the file has no sweep fingerprint ({} is missing or unreadable; written by an "
+        "older moesim, or not by `moesim sweep`), so its rows cannot be checked against this "
+        "run's base scenario, axes, engine and version. {}",
+        path, sweep_fingerprint_path(path), start_over));
   if (auto diff = fp.differences(*file_fp); !diff.empty())
     throw InputError(fmt::format(
         "--csv {}: the file holds rows of another setup; this run differs in {}. Resuming would "
         "report its figures under this run's labels. {}",
         path, fmt::join(diff, "; and in "), start_over));
-  if (!std::getline(is, line)) return rows;
   if (split_csv_line(line) != cols)
     throw InputError(fmt::format(
         "--csv {}: the file exists with other columns (another sweep?): found '{}', expected "
@@ -1152,6 +1163,15 @@ void report_interrupted(const SweepOptions& opts, const SweepProgress& progress,
 
 // The sweep's JSON file: the spec, the fingerprint and every point's runs (rows resumed from the
 // CSV carry the summary it kept).
+// An axis value (YAML text) as JSON: numbers, booleans and JSON-compatible lists as themselves,
+// so that a notebook gets numbers; anything else (2dh, a flow map) as its text.
+nlohmann::ordered_json axis_value_json(const std::string& text) {
+  nlohmann::ordered_json v =
+      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded() || v.is_null() || v.is_string() || v.is_object()) return text;
+  return v;
+}
+
 void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
                       const SweepFingerprint& fingerprint, const std::string& path) {
   const std::size_t num_axes = spec.axes.size();
@@ -1163,7 +1183,11 @@ void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
   j["fingerprint"] = fingerprint.json();
   j["mode"] = spec.mode == SweepMode::kZip ? "zip" : "cartesian";
   auto& axes = j["axes"] = nlohmann::ordered_json::array();
-  for (const auto& a : spec.axes) axes.push_back({{"key", a.key}, {"values", a.values}});
+  for (const auto& a : spec.axes) {
+    auto values = nlohmann::ordered_json::array();
+    for (const auto& v : a.values) values.push_back(axis_value_json(v));
+    axes.push_back({{"key", a.key}, {"values", std::move(values)}});
+  }
   j["points_total"] = result.points_total;
   j["points_skipped"] = result.points_skipped;
   auto& pts = j["points"] = nlohmann::ordered_json::array();
@@ -1172,7 +1196,8 @@ void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
     nlohmann::ordered_json pj;
     pj["index"] = idx;
     auto& params = pj["parameters"] = nlohmann::ordered_json::object();
-    for (std::size_t a = 0; a < num_axes; ++a) params[spec.axes[a].key] = result.rows[i].values[a];
+    for (std::size_t a = 0; a < num_axes; ++a)
+      params[spec.axes[a].key] = axis_value_json(result.rows[i].values[a]);
     auto& runs = pj["runs"] = nlohmann::ordered_json::array();
     for (; i < result.rows.size() && result.rows[i].point == idx; ++i) {
       const SweepRow& r = result.rows[i];
@@ -1446,8 +1471,10 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   const std::vector<std::size_t> mine = share_of_rank(work, ranks, rank);
 
   auto write_all = [&](const std::vector<SweepRow>& rows) {
+    // The fingerprint first: a CSV is never left beside another setup's fingerprint.
+    write_file_atomic(sweep_fingerprint_path(opts.csv_path),
+                      [&](std::ostream& os) { os << fingerprint.csv_comment() << "\n"; });
     write_file_atomic(opts.csv_path, [&](std::ostream& os) {
-      os << fingerprint.csv_comment() << "\n";
       for (std::size_t c = 0; c < cols.size(); ++c) os << (c ? "," : "") << csv_field(cols[c]);
       os << "\n";
       for (const auto& r : rows) os << csv_line(r);

@@ -118,8 +118,8 @@ struct SweepOptions {
   bool restart = false;
 };
 
-/// What decides a sweep's rows besides their own axis values, recorded in the CSV (its first line,
-/// a '#' comment, which pandas skips with comment='#') and the JSON: a resumed run reuses rows only
+/// What decides a sweep's rows besides their own axis values, recorded beside the CSV
+/// (sweep_fingerprint_path) and in the JSON: a resumed run reuses rows only
 /// when every part matches, so it never reports figures computed for another setup under this
 /// run's labels. Axis values are not part of it: each row carries its own, so extending an axis
 /// resumes the points already done.
@@ -145,6 +145,9 @@ struct SweepFingerprint {
 
 /// The fingerprint of a sweep run with `engine_override` (--engine; "" = the base's engine).
 SweepFingerprint sweep_fingerprint(const SweepSpec& spec, const std::string& engine_override);
+/// Where the fingerprint of the CSV `csv_path` is kept: PATH.fingerprint, one csv_comment() line,
+/// so that the CSV itself is plain (pandas.read_csv reads it as it is).
+std::string sweep_fingerprint_path(const std::string& csv_path);
 
 /// One strategy's result at one point.
 struct SweepRow {

@@ -256,13 +256,14 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   EXPECT_EQ(r.points_run, 4u);
   EXPECT_EQ(r.engine, "analytical");
   auto lines = lines_of(read_file(d / "out.csv"));
-  ASSERT_EQ(lines.size(), 2u + 4 * 2);
-  // The first line is the fingerprint of the setup, a comment (pandas: comment='#').
+  ASSERT_EQ(lines.size(), 1u + 4 * 2);
+  // The CSV is plain (pandas.read_csv reads it as it is); the setup's fingerprint sits beside it.
   const SweepFingerprint fp = sweep_fingerprint(load_sweep((d / "s.yaml").string()), "");
-  EXPECT_EQ(lines[0], fp.csv_comment());
-  EXPECT_EQ(lines[0].rfind("# moesim sweep fingerprint=" + fp.hash() + " version=", 0), 0u)
-      << lines[0];
-  lines.erase(lines.begin());
+  const auto side = lines_of(read_file(d / "out.csv.fingerprint"));
+  ASSERT_EQ(side.size(), 1u);
+  EXPECT_EQ(side[0], fp.csv_comment());
+  EXPECT_EQ(side[0].rfind("# moesim sweep fingerprint=" + fp.hash() + " version=", 0), 0u)
+      << side[0];
   EXPECT_EQ(lines[0],
             "point,model.capacity_factor,model.top_k,scenario,strategy,topology,gpus,step_time_s,"
             "step_time_p50_s,step_time_p95_s,moe_layer_time_s,a2a_s,allreduce_s,compute_s,"
@@ -295,7 +296,10 @@ TEST(SweepRun, CsvHasOneRowPerPointAndStrategyWithEveryAxis) {
   EXPECT_EQ(j["fingerprint"]["engine"], "analytical");
   EXPECT_EQ(j["fingerprint"]["base_scenario"], fp.base);
   ASSERT_EQ(j["points"].size(), 4u);
-  EXPECT_EQ(j["points"][3]["parameters"]["model.top_k"], "2");
+  // Axis values are numbers where the YAML value is one (pandas gets numeric columns).
+  EXPECT_EQ(j["points"][3]["parameters"]["model.top_k"], 2);
+  EXPECT_TRUE(j["points"][3]["parameters"]["model.top_k"].is_number_integer());
+  EXPECT_TRUE(j["axes"][0]["values"][0].is_number()) << j["axes"][0];
   EXPECT_EQ(j["points"][3]["runs"].size(), 2u);
   EXPECT_EQ(j["points"][3]["runs"][1]["strategy"], "tutel");
   EXPECT_TRUE(j["points"][3]["runs"][1].contains("memory_bytes"));
@@ -318,20 +322,20 @@ TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
   EXPECT_EQ(first.points_run, 3u);
   std::string full = read_file(d / "out.csv");
   auto lines = lines_of(full);
-  ASSERT_EQ(lines.size(), 8u);  // fingerprint, header, 3 points x 2 strategies
+  ASSERT_EQ(lines.size(), 7u);  // header, 3 points x 2 strategies
 
   // Interrupted run: point 2 is missing, point 1 lost its tutel row, and a line was cut short.
   write_file(d / "out.csv", lines[0] + "\n" + lines[1] + "\n" + lines[2] + "\n" + lines[3] + "\n" +
-                                lines[4] + "\n" + lines[6].substr(0, 20));
+                                lines[5].substr(0, 20));
   SweepResult second = run_sweep(spec, o);
   EXPECT_EQ(second.points_skipped, 1u);
   EXPECT_EQ(second.points_run, 2u);
   auto again = lines_of(read_file(d / "out.csv"));
-  ASSERT_EQ(again.size(), 8u);
+  ASSERT_EQ(again.size(), 7u);
   EXPECT_EQ(again[0], lines[0]);
-  EXPECT_EQ(again[2], lines[2]);  // resumed rows are kept as written (wall_s included)
-  EXPECT_EQ(again[3], lines[3]);
-  for (size_t i = 4; i < 8; ++i) {
+  EXPECT_EQ(again[1], lines[1]);  // resumed rows are kept as written (wall_s included)
+  EXPECT_EQ(again[2], lines[2]);
+  for (size_t i = 3; i < 7; ++i) {
     // Re-run rows: the same results but for the wall-clock column.
     EXPECT_EQ(again[i].substr(0, again[i].rfind(',')), lines[i].substr(0, lines[i].rfind(',')));
   }
@@ -342,7 +346,8 @@ TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
   EXPECT_EQ(third.rows.size(), 6u);
 
   // A CSV of another sweep is not appended to.
-  write_file(d / "other.csv", lines[0] + "\npoint,foo,scenario\n");
+  write_file(d / "other.csv", "point,foo,scenario\n");
+  write_file(d / "other.csv.fingerprint", read_file(d / "out.csv.fingerprint"));
   o.csv_path = (d / "other.csv").string();
   EXPECT_THROW(run_sweep(spec, o), InputError);
 }
@@ -436,9 +441,9 @@ TEST(SweepCli, ResumeRefusesRowsOfAnotherSetup) {
   auto step_times = [](const std::string& csv) {
     std::vector<double> t;
     auto lines = lines_of(csv);
-    auto cols = split_csv_line(lines.at(1));
+    auto cols = split_csv_line(lines.at(0));
     auto col = std::find(cols.begin(), cols.end(), "step_time_s") - cols.begin();
-    for (std::size_t i = 2; i < lines.size(); ++i)
+    for (std::size_t i = 1; i < lines.size(); ++i)
       t.push_back(std::stod(split_csv_line(lines[i]).at(static_cast<std::size_t>(col))));
     return t;
   };
@@ -451,13 +456,23 @@ TEST(SweepCli, ResumeRefusesRowsOfAnotherSetup) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("(0 run, 2 resumed)"), std::string::npos) << resumed.out;
 
-  // A CSV without a fingerprint (older moesim): refused too.
+  // A CSV without a fingerprint (neither beside it nor on its first line): refused too.
   auto lines = lines_of(fast);
-  write_file(d / "o.csv", lines[1] + "\n" + lines[2] + "\n");
+  const std::string side = read_file(d / "o.csv.fingerprint");
+  write_file(d / "o.csv", lines[0] + "\n" + lines[1] + "\n");
+  fs::remove(d / "o.csv.fingerprint");
   auto old = run(cmd);
   EXPECT_EQ(old.exit_code, 2) << old.out;
-  EXPECT_NE(old.out.find("the file has no sweep fingerprint on its first line"), std::string::npos)
+  EXPECT_NE(old.out.find("the file has no sweep fingerprint (" +
+                         (d / "o.csv.fingerprint").string() + " is missing"),
+            std::string::npos)
       << old.out;
+  // A CSV of an older moesim, its fingerprint on its first line: resumed.
+  write_file(d / "o.csv", side + lines[0] + "\n" + lines[1] + "\n");
+  auto legacy = run(cmd);
+  ASSERT_EQ(legacy.exit_code, 0) << legacy.out;
+  EXPECT_NE(legacy.out.find("(1 run, 1 resumed)"), std::string::npos) << legacy.out;
+  EXPECT_EQ(lines_of(read_file(d / "o.csv")).size(), 3u);  // plain again: header, 2 rows
 }
 
 // sweep --set: the same rows as the edit written in the file's `set:` (and the same fingerprint,
@@ -479,16 +494,16 @@ TEST(SweepCli, SetOnTheCommandLineIsLikeSetInTheFile) {
   auto c = run(cmd);
   ASSERT_EQ(c.exit_code, 0) << c.out;
   const auto fl = lines_of(read_file(d / "f.csv")), cl = lines_of(read_file(d / "c.csv"));
-  ASSERT_EQ(fl.size(), 2u + 4u);  // fingerprint, header, 2 points x 2 strategies
+  ASSERT_EQ(fl.size(), 1u + 4u);  // header, 2 points x 2 strategies
   ASSERT_EQ(cl.size(), fl.size());
-  EXPECT_EQ(cl[0], fl[0]);  // the same fingerprint
+  EXPECT_EQ(read_file(d / "c.csv.fingerprint"), read_file(d / "f.csv.fingerprint"));
   // Every row but its last field (wall_s).
   for (std::size_t i = 1; i < fl.size(); ++i)
     EXPECT_EQ(cl[i].substr(0, cl[i].rfind(',')), fl[i].substr(0, fl[i].rfind(','))) << i;
   // The plain sweep is faster: 200 Gb/s NICs.
   auto p = run(fmt::format("sweep '{0}/plain.yaml' --quiet --csv '{0}/p.csv'", d.string()));
   ASSERT_EQ(p.exit_code, 0) << p.out;
-  EXPECT_NE(lines_of(read_file(d / "p.csv"))[0], cl[0]);
+  EXPECT_NE(read_file(d / "p.csv.fingerprint"), read_file(d / "c.csv.fingerprint"));
 
   // Resumed with the same --set: every point skipped; with another: refused, the file untouched.
   auto same = run(cmd);
@@ -806,16 +821,15 @@ TEST(SweepCli, MpirunSpreadsPointsAndGathersTheSameOutput) {
   EXPECT_NE(two.out.find("(6 run on 2 ranks (3 + 3), 0 resumed)"), std::string::npos) << two.out;
   auto a = lines_of(read_file(d / "one.csv"));
   auto b = lines_of(read_file(d / "two.csv"));
-  ASSERT_EQ(a.size(), 2u + 6 * 2);  // fingerprint, header, rows
+  ASSERT_EQ(a.size(), 1u + 6 * 2);  // header, rows
   ASSERT_EQ(b.size(), a.size());
+  EXPECT_EQ(read_file(d / "one.csv.fingerprint"), read_file(d / "two.csv.fingerprint"));
   EXPECT_EQ(a[0], b[0]);
-  EXPECT_EQ(a[1], b[1]);
-  for (std::size_t i = 2; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(b[i]));
+  for (std::size_t i = 1; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(b[i]));
   EXPECT_EQ(read_file(d / "one.json"), read_file(d / "two.json"));
 
   // Resume under mpirun: the first 2 points are in the CSV; the 4 others run, 2 per rank.
-  write_file(d / "two.csv",
-             a[0] + "\n" + a[1] + "\n" + a[2] + "\n" + a[3] + "\n" + a[4] + "\n" + a[5] + "\n");
+  write_file(d / "two.csv", a[0] + "\n" + a[1] + "\n" + a[2] + "\n" + a[3] + "\n" + a[4] + "\n");
   auto again =
       run(fmt::format("sweep '{0}/s.yaml' --jobs 1 --csv '{0}/two.csv'", d.string()), mpirun);
   ASSERT_EQ(again.exit_code, 0) << again.out;
@@ -823,7 +837,7 @@ TEST(SweepCli, MpirunSpreadsPointsAndGathersTheSameOutput) {
       << again.out;
   auto c = lines_of(read_file(d / "two.csv"));
   ASSERT_EQ(c.size(), a.size());
-  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(c[i], a[i]);  // resumed rows kept as written
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(c[i], a[i]);  // resumed rows kept as written
   for (std::size_t i = 2; i < a.size(); ++i) EXPECT_EQ(without_wall(a[i]), without_wall(c[i]));
 
   // An input error is reported once (by rank 0) and ends the job with exit code 2.

@@ -1836,10 +1836,75 @@ void check_yaml_expansion(std::string_view yaml, const std::string& pseudo_file)
   }
 }
 
+namespace {
+
+// The position of the first byte of `text` that does not start or continue a valid UTF-8 sequence
+// (overlong forms, surrogates and code points above U+10FFFF included), or npos.
+std::size_t first_invalid_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    std::size_t len = 0;
+    unsigned cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+SourceLocation location_of_offset(std::string_view text, std::size_t at, const std::string& file) {
+  int line = 1, column = 1;
+  for (std::size_t i = 0; i < at && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return SourceLocation{file, line, column};
+}
+
+}  // namespace
+
 YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_file) {
+  // Text that is not UTF-8 parses, but fails later when a name reaches the JSON writer.
+  if (const std::size_t bad = first_invalid_utf8(yaml); bad != std::string_view::npos)
+    throw InputError(location_of_offset(yaml, bad, pseudo_file), "",
+                     fmt::format("found the byte 0x{:02X}, which is not UTF-8; expected UTF-8 text "
+                                 "(re-save the file as UTF-8)",
+                                 static_cast<unsigned>(static_cast<unsigned char>(yaml[bad]))));
   try {
     check_yaml_expansion(yaml, pseudo_file);
-    return YAML::Load(std::string(yaml));
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
+    if (docs.size() > 1) {
+      const YAML::Mark m = docs[1].Mark();
+      throw InputError(SourceLocation{pseudo_file, m.line >= 0 ? m.line + 1 : 0,
+                                      m.column >= 0 ? m.column + 1 : 0},
+                       "",
+                       fmt::format("found {} YAML documents (separated by ---), expected one: "
+                                   "the later ones would be ignored",
+                                   docs.size()));
+    }
+    return docs.empty() ? YAML::Node() : docs.front();
   } catch (const YAML::ParserException& e) {
     SourceLocation loc{pseudo_file, e.mark.line >= 0 ? e.mark.line + 1 : 0,
                        e.mark.column >= 0 ? e.mark.column + 1 : 0};

@@ -28,8 +28,8 @@ std::pair<std::string, YAML::Node> parse_set_edit(const std::string& s) {
     throw InputError(where, s, "expected KEY=VALUE, e.g. --set model.seq_len=16");
   const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
   YAML::Node value;
-  check_yaml_expansion(text, "--set " + key);  // an alias bomb in a value, too
   try {
+    check_yaml_expansion(text, "--set " + key);  // an alias bomb in a value, too
     value = YAML::Load(text);  // "16" and "fp32" stay scalars; "[1, 2]" / "{...}" structures
   } catch (const YAML::Exception& e) {
     throw InputError(where, key, fmt::format("value '{}' is not YAML: {}", text, e.msg));

@@ -133,6 +133,16 @@ TEST(Cli, TopoQuickstartJsonMatchesExpected) {
   fs::remove_all(dir);
 }
 
+// A --set value that is not YAML names --set and the key, exit 2 (it was yaml-cpp's bare message).
+TEST(Cli, SetValueThatIsNotYamlNamesTheFlag) {
+  const auto r =
+      run("validate " + kSource + "/scenarios/quickstart.yaml --set 'model.seq_len=[1,2'");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("moesim: error: --set: model.seq_len: value '[1,2' is not YAML"),
+            std::string::npos)
+      << r.out;
+}
+
 // A mistyped command names the closest one and every command, exit 2.
 TEST(Cli, UnknownCommandSuggestsTheClosest) {
   const auto r = run("simulat scenarios/quickstart.yaml");

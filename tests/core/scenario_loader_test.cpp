@@ -66,6 +66,26 @@ std::string error_of(const std::string& yaml) {
 // ---------------------------------------------------------------------------------------------
 // Valid input
 
+// Input a run would fail on, or silently misread, is refused where it is: a second YAML document
+// (it would be ignored) at its line; bytes that are not UTF-8 (the JSON writer fails on them at
+// the end of a run) at their line and column, with the byte. Valid UTF-8 passes.
+TEST(ScenarioLoader, OneUtf8DocumentOnly) {
+  EXPECT_EQ(error_of(std::string(kTiny) + "---\nname: second\n"),
+            "test.yaml:18:1: found 2 YAML documents (separated by ---), expected one: the later "
+            "ones would be ignored");
+  EXPECT_EQ(error_of(tiny_with("name: tiny", "name: \"caf\xe9\"")),
+            "test.yaml:1:11: found the byte 0xE9, which is not UTF-8; expected UTF-8 text "
+            "(re-save the file as UTF-8)");
+  // Overlong encoding of '/' and a lone surrogate are not UTF-8 either.
+  EXPECT_NE(error_of(tiny_with("name: tiny", "name: \"a\xc0\xaf\"")).find("byte 0xC0"),
+            std::string::npos);
+  EXPECT_NE(error_of(tiny_with("name: tiny", "name: \"a\xed\xa0\x80\"")).find("byte 0xED"),
+            std::string::npos);
+  EXPECT_EQ(parse(tiny_with("name: tiny", "name: \"caf\xc3\xa9 \xe2\x9c\x93\"")).name,
+            "caf\xc3\xa9 \xe2\x9c\x93");
+  EXPECT_EQ(parse("---\n" + std::string(kTiny)).name, parse(kTiny).name);  // one document, marked
+}
+
 TEST(ScenarioLoader, TinyScenarioGetsDocumentedDefaults) {
   Scenario s = parse(kTiny);
   EXPECT_EQ(s.name, "tiny");

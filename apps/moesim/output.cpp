@@ -7,14 +7,53 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.hpp"
 
 namespace moesim::app {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` with every symlink along its last component followed (a dangling link resolves to the
+// file it names), so an output replaces the link's target, never the link. InputError on a loop.
+fs::path resolve_links(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    if (hops == 40) throw InputError(fmt::format("'{}': too many levels of symbolic links", path));
+    fs::path next = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  return p;
+}
+
+// An existing file that is not a regular one (a character device such as /dev/null, a FIFO, a
+// socket): written in place, never replaced by a regular file.
+bool is_special(const fs::path& p) {
+  std::error_code ec;
+  const auto st = fs::status(p, ec);
+  return !ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st);
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
+  const fs::path target = resolve_links(path);
+  if (is_special(target)) {
+    // The whole content first, so a failing writer leaves nothing half-written there either.
+    std::ostringstream content;
+    write(content);
+    std::ofstream os(target, std::ios::binary);
+    if (!os) throw RuntimeError(fmt::format("cannot write '{}': cannot open it", path));
+    os << content.str();
+    os.flush();
+    if (!os) throw RuntimeError(fmt::format("cannot write '{}': write failed", path));
+    return;
+  }
   fs::path tmp = target;
   tmp += fmt::format(".tmp.{}", static_cast<long>(getpid()));
   try {
@@ -34,15 +73,18 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
 }
 
 void check_output_path(const std::string& path, const std::string& flag) {
-  namespace fs = std::filesystem;
   if (path.empty()) return;
-  const fs::path target(path);
-  // The temporary goes next to the target (then a rename): its directory must take new files.
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   auto fail = [&](const std::string& why) {
     throw InputError(fmt::format("{} {}: cannot write the file there: {}", flag, path, why));
   };
+  const fs::path target = resolve_links(path);
   std::error_code ec;
+  if (is_special(target)) {
+    if (access(target.c_str(), W_OK) != 0) fail("it is not writable");
+    return;
+  }
+  // The temporary goes next to the target (then a rename): its directory must take new files.
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (target.filename().empty() || fs::is_directory(target, ec))
     fail("it is a directory; expected a file name");
   const auto st = fs::status(dir, ec);

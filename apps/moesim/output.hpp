@@ -12,7 +12,8 @@ namespace moesim::app {
 
 /// Calls write(os) on a temporary file next to `path`, then renames it to `path`. On any
 /// exception the temporary is removed and the exception propagates. Throws RuntimeError when the
-/// file cannot be created.
+/// file cannot be created. A symlink is followed (its target is replaced, not the link); an
+/// existing device, FIFO or socket is written in place with the complete content, never replaced.
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write);
 
 /// Checks, before a run, that write_file_atomic(path) will be able to put its file there: the

@@ -1,8 +1,10 @@
 // Runs the moesim binary and checks what a user sees: exit codes (0 / 1 / 2), error messages with
 // file:line and key, and JSON outputs against expected files.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,6 +133,37 @@ TEST(Cli, TopoQuickstartJsonMatchesExpected) {
   auto got = nlohmann::json::parse(read_file(out));
   expect_json_near(want, got, "$");
   fs::remove_all(dir);
+}
+
+// Outputs never replace what is not a regular file: a symlink's target gets the file (the link
+// stays a link), a FIFO gets the complete content written into it (and stays a FIFO).
+TEST(Cli, OutputsFollowLinksAndWriteSpecialFilesInPlace) {
+  const fs::path d = temp_dir();
+  const std::string topo = "topo " + kSource + "/scenarios/quickstart.yaml --json ";
+  fs::create_symlink("target.json", d / "link.json");  // dangling until written
+  auto r = run(topo + "'" + (d / "link.json").string() + "'", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(d / "link.json")));
+  ASSERT_TRUE(fs::is_regular_file(d / "target.json"));
+  const std::string expected = read_file(d / "target.json");
+  EXPECT_TRUE(nlohmann::json::accept(expected)) << expected;
+
+  const fs::path fifo = d / "pipe.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // A non-blocking reader first, so the writer's open succeeds; the content (under the pipe's
+  // 64 KiB) waits in the pipe. A replaced FIFO leaves it empty instead of hanging the test.
+  const int rd = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(rd, 0);
+  r = run(topo + "'" + fifo.string() + "'", 60);
+  std::string got;
+  std::array<char, 4096> buf{};
+  for (ssize_t n; (n = read(rd, buf.data(), buf.size())) > 0;)
+    got.append(buf.data(), static_cast<std::size_t>(n));
+  close(rd);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(got, expected);
+  fs::remove_all(d);
 }
 
 // A --set value that is not YAML names --set and the key, exit 2 (it was yaml-cpp's bare message).

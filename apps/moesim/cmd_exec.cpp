@@ -318,13 +318,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   const bool root = session.rank() == 0;
   check_output_path_on_root(session, a.json_path, "--json");
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
-  const auto seed_flag =
-      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
-  Scenario sc = load_scenario_with(path, a.sets);
-  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
-  const int iterations =
-      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
+  auto [sc, iterations] = load_run_scenario(path, a.sets, a.iterations, a.seed);
   // Untimed runs of each strategy's first plan before its measured iterations (nccl-tests' -w):
   // the GPU path's first run pays CUDA's lazy module loading, cuBLAS's first-call set-up and the
   // executor's buffer allocations (a 266 ms first step against 1 ms after, on an H200), which

@@ -302,13 +302,7 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
 
 void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  const auto iterations_flag = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag);
-  const auto seed_flag =
-      parse_int_flag("--seed", a.seed, 0, std::numeric_limits<std::int64_t>::max());
-  Scenario sc = load_scenario_with(path, a.sets);
-  if (seed_flag) sc.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
-  const int iterations =
-      iterations_flag ? static_cast<int>(*iterations_flag) : sc.workload.iterations;
+  auto [sc, iterations] = load_run_scenario(path, a.sets, a.iterations, a.seed);
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   auto specs = select_strategies(sc, a.strategies);

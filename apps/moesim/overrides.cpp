@@ -39,6 +39,19 @@ std::pair<std::string, YAML::Node> parse_set_edit(const std::string& s) {
   return {key, value};
 }
 
+RunScenario load_run_scenario(const std::string& path, const std::vector<std::string>& sets,
+                              const std::optional<std::string>& iterations,
+                              const std::optional<std::string>& seed) {
+  const auto iterations_flag = parse_int_flag("--iterations", iterations, 1, kMaxIterationsFlag);
+  const auto seed_flag =
+      parse_int_flag("--seed", seed, 0, std::numeric_limits<std::int64_t>::max());
+  RunScenario r{load_scenario_with(path, sets), 0};
+  if (seed_flag) r.scenario.workload.routing.seed = static_cast<std::uint64_t>(*seed_flag);
+  r.iterations =
+      iterations_flag ? static_cast<int>(*iterations_flag) : r.scenario.workload.iterations;
+  return r;
+}
+
 Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets) {
   if (sets.empty()) return load_scenario(path);
   return parse_scenario_with(load_yaml_file(path), path, sets);

@@ -33,6 +33,16 @@ std::pair<std::string, YAML::Node> parse_set_edit(const std::string& text);
 /// (exit 2) for a malformed edit, a path through a non-map, or an invalid resulting scenario.
 Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets);
 
+/// A run's scenario: `path` with the --set edits and --seed applied, and the iterations to run
+/// (--iterations, else workload.iterations). Both flags are checked before the file is read.
+struct RunScenario {
+  Scenario scenario;
+  int iterations = 0;
+};
+RunScenario load_run_scenario(const std::string& path, const std::vector<std::string>& sets,
+                              const std::optional<std::string>& iterations,
+                              const std::optional<std::string>& seed);
+
 /// The same on a scenario tree already read (and perhaps edited, e.g. its cluster replaced by
 /// `compare --topology`); `path` names the file in errors and resolves its relative paths.
 Scenario parse_scenario_with(YAML::Node tree, const std::string& path,

@@ -1161,8 +1161,6 @@ void report_interrupted(const SweepOptions& opts, const SweepProgress& progress,
   std::fflush(stderr);
 }
 
-// The sweep's JSON file: the spec, the fingerprint and every point's runs (rows resumed from the
-// CSV carry the summary it kept).
 // An axis value (YAML text) as JSON: numbers, booleans and JSON-compatible lists as themselves,
 // so that a notebook gets numbers; anything else (2dh, a flow map) as its text.
 nlohmann::ordered_json axis_value_json(const std::string& text) {
@@ -1172,6 +1170,8 @@ nlohmann::ordered_json axis_value_json(const std::string& text) {
   return v;
 }
 
+// The sweep's JSON file: the spec, the fingerprint and every point's runs (rows resumed from the
+// CSV carry the summary it kept).
 void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
                       const SweepFingerprint& fingerprint, const std::string& path) {
   const std::size_t num_axes = spec.axes.size();

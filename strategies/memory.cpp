@@ -347,9 +347,8 @@ namespace {
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
-// The selective recomputation fit_advice proposes: every light module the model has (core_attn,
-// layernorm, mla_up_proj, mlp, moe_act, shared_experts), as DeepSeek-V3 and Megatron's MoE
-// recipes combine them; `moe` is left out, as it re-runs the layer's all-to-alls.
+}  // namespace
+
 std::vector<RecomputeModule> light_modules(const ModelSpec& m) {
   std::vector<RecomputeModule> out = {RecomputeModule::kCoreAttn, RecomputeModule::kLayernorm};
   if (m.attention.is_mla()) out.push_back(RecomputeModule::kMlaUpProj);
@@ -359,8 +358,6 @@ std::vector<RecomputeModule> light_modules(const ModelSpec& m) {
     out.push_back(RecomputeModule::kSharedExperts);
   return out;
 }
-
-}  // namespace
 
 std::string fit_advice(const Scenario& sc, const MemoryEstimate& est, double gpu_memory_bytes) {
   if (gpu_memory_bytes <= 0 || est.total_bytes() <= gpu_memory_bytes) return "";

@@ -71,6 +71,11 @@ int in_flight_micro_batches(const Scenario& sc, int stage);
 /// largest, an upper bound). Pure; formulas in docs/model.md, "Memory".
 MemoryEstimate estimate_memory(const Scenario& sc, const Decision& decision, std::int64_t capacity);
 
+/// The selective recomputation fit_advice and `tune` propose: every light module the model has
+/// (core_attn, layernorm, mla_up_proj, mlp, moe_act, shared_experts), as DeepSeek-V3 and
+/// Megatron's MoE recipes combine them; `moe` is left out, as it re-runs the layer's all-to-alls.
+std::vector<RecomputeModule> light_modules(const ModelSpec& m);
+
 /// Where `est` (an estimate_memory of `sc`) exceeds `gpu_memory_bytes`: "does not fit 80.0 GiB;
 /// fits with KEY (x GiB) or KEY (y GiB)", each KEY one single change of the scenario that makes
 /// the same estimate fit (parallelism.zero: 1; model.recompute selective / full; the smallest

@@ -146,17 +146,21 @@ Prepared prepare_iteration(const Scenario& sc, const StrategySpec& spec,
 }  // namespace
 
 Decision first_decision(const Scenario& whole, const StrategySpec& spec,
-                        const topology::Topology& topo, std::int64_t capacity) {
+                        const topology::Topology& topo, std::int64_t capacity, double f) {
   const Scenario sc = whole.stage_scenario();  // strategies decide for one pipeline stage
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const std::vector<IterationRecord> history;
-  workload::WorkloadGenerator generator(sc);
-  const StrategyContext ctx{sc,       spec,    topo, cost, 0, generator.capacity_factor(0),
-                            capacity, &history};
+  const StrategyContext ctx{sc, spec, topo, cost, 0, f, capacity, &history};
   Decision decision;
   stack->decide(ctx, decision);
   return decision;
+}
+
+Decision first_decision(const Scenario& whole, const StrategySpec& spec,
+                        const topology::Topology& topo, std::int64_t capacity) {
+  workload::WorkloadGenerator generator(whole.stage_scenario());
+  return first_decision(whole, spec, topo, capacity, generator.capacity_factor(0));
 }
 
 MemoryEstimate planned_memory(const Scenario& whole, const StrategySpec& spec,

@@ -67,6 +67,10 @@ struct StackRun {
 /// InputError where the stack cannot apply.
 Decision first_decision(const Scenario& sc, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity);
+/// The same at capacity factor `f` given (no workload generator is built: `tune` prices
+/// thousands of layouts this way, and building one costs a pass over every GPU's EP group).
+Decision first_decision(const Scenario& sc, const StrategySpec& spec,
+                        const topology::Topology& topo, std::int64_t capacity, double f);
 
 /// The per-GPU memory estimate `run_stack(sc, spec, topo, ..., iterations)` records for the
 /// iteration that needs the most, without building or running a plan: the same decision and

@@ -1,5 +1,6 @@
 // `moesim tune SCENARIO.yaml [--budget 60s] [--engine flow] [--top 10] [--jobs N] [--json F]
-//              [--csv F] [--report F.html] [--emit best.yaml] [--keep-layout] [--iterations N]
+//              [--csv F] [--report F.html] [--emit best.yaml] [--keep-layout] [--keep-pipeline]
+//              [--keep-memory] [--include-routing] [--iterations N]
 //              [--set KEY=VALUE]...`:
 // the best strategy stacks and parallel layouts for the scenario's model on its cluster; under
 // `mpirun -np N` the runs are spread over the ranks (each with --jobs threads)
@@ -30,7 +31,7 @@ struct TuneArgs {
   std::string engine = "auto";
   std::optional<std::string> top, iterations, jobs;
   std::string json_path, csv_path, emit_path, state_path, report_path;
-  bool keep_layout = false;
+  bool keep_layout = false, keep_pipeline = false, keep_memory = false, include_routing = false;
   bool quiet = false;
 };
 
@@ -52,6 +53,9 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
   if (auto v = parse_int_flag("--iterations", a.iterations, 1, kMaxIterationsFlag))
     o.iterations = static_cast<int>(*v);
   o.search_layouts = !a.keep_layout;
+  o.search_pipeline = !a.keep_pipeline;
+  o.search_memory = !a.keep_memory;
+  o.include_routing = a.include_routing;
   o.state_path = a.state_path;
   o.progress = !a.quiet;
   if (auto v = parse_int_flag("--jobs", a.jobs, 0, 4096)) o.jobs = static_cast<int>(*v);
@@ -108,6 +112,14 @@ void register_tune(CLI::App& app) {
                   "file was written for another scenario, engine, iteration count or version)");
   cmd->add_flag("--keep-layout", a->keep_layout,
                 "Search the strategy stacks on the scenario's own parallel layout only");
+  cmd->add_flag("--keep-pipeline", a->keep_pipeline,
+                "Keep the scenario's pipeline stages, schedule and micro-batches (search the "
+                "layouts of one stage)");
+  cmd->add_flag("--keep-memory", a->keep_memory,
+                "Keep the scenario's ZeRO stage and recomputation");
+  cmd->add_flag("--include-routing", a->include_routing,
+                "Also search routing roles that change which experts tokens reach (ta_moe, "
+                "faster_moe_hir): the model then learns something else; marked * in the table");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
   add_set_option(cmd, &a->sets);
   cmd->add_option("--jobs,-j", a->jobs,

@@ -495,8 +495,15 @@ void write_tune_report(const std::string& path, const TuneReport& rep) {
       html_escape(sc.cluster.gpu.name), gib_text(gpu_bytes),
       r.probes > 0 ? "over one iteration" : "over the scenario's iterations", r.layouts.size());
   h += row({"layout", "memory (GiB)", "fits", "screen (ms)", "stack search"}, true, 1);
+  // Every screened layout, then at most 300 more: a 2,048-GPU model has ten thousand.
+  constexpr std::size_t kUnscreenedShown = 300;
+  std::size_t unscreened = 0, hidden = 0;
   for (std::size_t i : order) {
     const TuneLayout& l = r.layouts[i];
+    if (std::isnan(l.screen_s) && ++unscreened > kUnscreenedShown) {
+      ++hidden;
+      continue;
+    }
     const bool fits = gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes;
     const std::string screen = std::isnan(l.screen_s)   ? (fits ? "not screened" : "-")
                                : std::isinf(l.screen_s) ? "refused"
@@ -506,7 +513,11 @@ void write_tune_report(const std::string& path, const TuneReport& rep) {
               l.search.empty() ? "-" : html_escape(l.search)},
              false, 1);
   }
-  h += "</table>\n</details>\n";
+  h += "</table>\n";
+  if (hidden > 0)
+    h += fmt::format("<p class=\"note\">{} more layouts, none screened, are not listed.</p>\n",
+                     hidden);
+  h += "</details>\n";
   if (!r.notes.empty()) {
     h += "<h2>Notes</h2>\n<ul>\n";
     for (const auto& n : r.notes) h += "<li>" + html_escape(n) + "</li>\n";

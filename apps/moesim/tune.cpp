@@ -56,19 +56,21 @@ std::vector<int> divisors(int n) {
 
 // The role space: one list of YAML values per role, baseline value first. Values that cannot
 // apply to any layout of this scenario are left out (2dh, ta_moe, faster_moe_hir on one node;
-// training schedules in inference). Values that apply to some layouts only are kept: the strategy
-// refuses them with an InputError, counted as inapplicable.
+// training schedules in inference; parm_auto on SwiGLU experts), and so are routing roles that
+// change what the model learns unless asked for (TuneOptions::include_routing). Values that apply
+// to some layouts only are kept: the strategy refuses them with an InputError, counted as
+// inapplicable.
 struct Role {
   std::string key;
   std::vector<std::string> values;  // "" = the baseline (key omitted)
 };
 
-std::vector<Role> role_space(const Scenario& sc) {
+std::vector<Role> role_space(const Scenario& sc, bool include_routing) {
   const bool multi_node = sc.cluster.nodes > 1;
   const bool training = sc.model.mode == Mode::kTraining;
   std::vector<Role> roles;
   roles.push_back({"routing", {""}});
-  if (multi_node && training) {
+  if (multi_node && training && include_routing) {
     roles.back().values.push_back("ta_moe");
     roles.back().values.push_back("faster_moe_hir");
   }
@@ -85,7 +87,9 @@ std::vector<Role> role_space(const Scenario& sc) {
   roles.push_back({"pipeline", {"", "pipemoe", "tutel_online"}});
   roles.push_back({"parallel", {"", "tutel_router"}});
   if (training) {
-    roles.push_back({"schedule", {"", "lina", "parm_auto"}});
+    roles.push_back({"schedule", {"", "lina"}});
+    // Parm's fused schedules build GELU expert FFNs (the plan builder refuses them on SwiGLU).
+    if (!sc.model.swiglu()) roles.back().values.push_back("parm_auto");
   } else {
     roles.push_back({"inference", {"", "lina"}});
   }
@@ -134,14 +138,25 @@ std::string stack_yaml(const std::vector<Role>& roles, const Choice& c, const st
 // candidate are one run, not two (the state key names the stack).
 const char* const kBaselineStack = "{name: tuned}";
 
-// The layouts run 1F1B (no schedule / vp), so a pipeline_layout goes along only when it has one
-// piece per stage (written for 1f1b or dualpipe); an interleaved one is dropped with its vp.
+// A layout's parallelism as YAML. The scenario's pipeline_layout goes along only where the layout
+// keeps the scenario's pp, schedule and vp (it names one piece per model chunk).
 std::string par_yaml(const ParallelismSpec& p) {
-  std::string layout;
-  if (!p.pipeline_layout.empty() && p.schedule != PipelineSchedule::kInterleaved)
-    layout = fmt::format(", pipeline_layout: [{}]", fmt::join(p.pipeline_layout, ", "));
+  std::string extra;
+  if (p.schedule != PipelineSchedule::kOneFOneB)
+    extra += fmt::format(", schedule: {}", name_of(p.schedule));
+  if (p.vp > 1) extra += fmt::format(", vp: {}", p.vp);
+  if (!p.pipeline_layout.empty())
+    extra += fmt::format(", pipeline_layout: [{}]", fmt::join(p.pipeline_layout, ", "));
   return fmt::format("{{pp: {}, zero: {}, ep: {}, esp: {}, mp: {}, dp: {}, layout: {}{}}}", p.pp,
-                     p.zero, p.ep, p.esp, p.mp, p.dp, name_of(p.layout), layout);
+                     p.zero, p.ep, p.esp, p.mp, p.dp, name_of(p.layout), extra);
+}
+
+std::string recompute_yaml(const RecomputeSpec& r) {
+  if (r.granularity != RecomputeGranularity::kSelective)
+    return fmt::format("{{granularity: {}}}", name_of(r.granularity));
+  std::vector<std::string_view> names;
+  for (RecomputeModule m : r.modules) names.push_back(name_of(m));
+  return fmt::format("{{granularity: selective, modules: [{}]}}", fmt::join(names, ", "));
 }
 
 YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
@@ -156,66 +171,148 @@ YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) 
 
 }  // namespace
 
-namespace {
-// A layout and the --set edits that give it.
-TuneLayout make_layout(const ParallelismSpec& par, int batch_per_gpu, int experts_per_gpu) {
-  TuneLayout l;
-  l.par = par;
-  l.batch_per_gpu = batch_per_gpu;
-  l.experts_per_gpu = experts_per_gpu;
-  l.edits = {"parallelism=" + par_yaml(par), fmt::format("model.batch_per_gpu={}", batch_per_gpu),
-             fmt::format("model.experts_per_gpu={}", experts_per_gpu)};
-  return l;
+void set_layout_edits(TuneLayout& l) {
+  l.edits = {"parallelism=" + par_yaml(l.par),
+             fmt::format("model.batch_per_gpu={}", l.batch_per_gpu),
+             fmt::format("model.micro_batches={}", l.micro_batches),
+             fmt::format("model.experts_per_gpu={}", l.experts_per_gpu),
+             "model.recompute=" + recompute_yaml(l.recompute)};
 }
+
+namespace {
+
+// Stage counts the loader accepts (core/scenario_loader.cpp): pp divides the GPUs into stages of
+// whole nodes or of a divisor of one node, and every stage runs at least one block.
+std::vector<int> stage_counts(const Scenario& sc) {
+  const std::int64_t gpus = sc.num_gpus(), gpn = sc.cluster.gpus_per_node;
+  std::vector<int> out;
+  for (int pp = 1; pp <= sc.model.layers && pp <= gpus; ++pp) {
+    if (gpus % pp != 0) continue;
+    const std::int64_t stage = gpus / pp;
+    if (stage % gpn == 0 || gpn % stage == 0) out.push_back(pp);
+  }
+  return out;
+}
+
+struct PipelineChoice {
+  int pp = 1;
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int vp = 1;
+};
+
+// The schedules of pp stages with m micro-batches (the loader's rules): 1f1b; interleaved with
+// vp the smallest of 2..8 dividing the blocks per stage (an even split, m a multiple of pp);
+// dualpipe with an even pp and an even m >= 2 pp.
+std::vector<PipelineChoice> schedules_of(const Scenario& sc, int pp, int m) {
+  std::vector<PipelineChoice> out = {{pp, PipelineSchedule::kOneFOneB, 1}};
+  if (pp < 2) return out;
+  const int layers = sc.model.layers;
+  if (layers % pp == 0 && m % pp == 0)
+    for (int vp = 2; vp <= 8; ++vp)
+      if ((layers / pp) % vp == 0) {
+        out.push_back({pp, PipelineSchedule::kInterleaved, vp});
+        break;
+      }
+  if (pp % 2 == 0 && m % 2 == 0 && m >= 2 * pp) out.push_back({pp, PipelineSchedule::kDualPipe, 1});
+  return out;
+}
+
+// The (B, m) splits of n sequences per replica: B a power of two or n itself, m = n / B >= pp; up
+// to three, the largest B first at pp = 1 (micro-batches there only save memory), the smallest
+// first at pp > 1 (more micro-batches, a smaller bubble).
+std::vector<std::pair<int, int>> batch_splits(std::int64_t n, int pp) {
+  std::vector<std::pair<int, int>> out;
+  for (std::int64_t b = 1; b <= n; ++b) {
+    const bool pow2 = (b & (b - 1)) == 0;
+    if (n % b != 0 || (!pow2 && b != n) || n / b < pp) continue;
+    out.emplace_back(static_cast<int>(b), static_cast<int>(n / b));
+  }
+  if (pp == 1) std::reverse(out.begin(), out.end());
+  if (out.size() > 3) out.resize(3);
+  return out;
+}
+
 }  // namespace
 
-// Every layout of P GPUs for the scenario's model (see tune.hpp). mp and esp stay inside a node
-// (tensor and expert-shard groups are intra-node in every system the strategies come from). The
-// scenario's pipeline stages stay as they are: the layouts are those of one stage's P / pp GPUs
-// (with the scenario's pipeline_layout, par_yaml).
-std::vector<TuneLayout> tune_layouts(const Scenario& sc) {
-  const int P = sc.stage_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
+// Every layout of the scenario's GPUs for its model (see tune.hpp). mp and esp stay inside a node
+// (tensor and expert-shard groups are intra-node in every system the strategies come from).
+std::vector<TuneLayout> tune_layouts(const Scenario& sc, const TuneSpace& space) {
+  const int N = sc.num_gpus(), g = sc.cluster.gpus_per_node, E = sc.num_experts();
   const ParallelismSpec& p0 = sc.parallelism;
-  // Global batch in sequences: P / mp replicas of batch_per_gpu (MP ranks share their tokens).
-  const std::int64_t global = static_cast<std::int64_t>(P / p0.mp) * sc.model.batch_per_gpu;
-  const bool inference = sc.model.mode == Mode::kInference;
+  const ModelSpec& m0 = sc.model;
+  const bool inference = m0.mode == Mode::kInference;
+  // Global batch in sequences per step: the dense data-parallel replicas of one stage (P / pp /
+  // mp: MP ranks share their tokens) times B times m.
+  const std::int64_t global =
+      static_cast<std::int64_t>(sc.stage_gpus() / p0.mp) * m0.batch_per_gpu * m0.micro_batches;
+  const bool vary_pipeline = space.pipeline && !inference;
+  const std::vector<int> pps = vary_pipeline ? stage_counts(sc) : std::vector<int>{p0.pp};
+  std::vector<int> zeros = {p0.zero};
+  if (space.zero && !inference) zeros = {0, 1};
   std::vector<TuneLayout> out;
-  for (int mp : divisors(g)) {
-    if (mp > 8 || sc.model.model_dim % mp != 0 || (inference && mp > 1)) continue;
-    if (global * mp % P != 0) continue;
-    const int batch = static_cast<int>(global * mp / P);
-    for (int esp : divisors(g)) {
-      if (esp > 8 || sc.model.hidden_dim % esp != 0 || (inference && esp > 1)) continue;
-      for (MpLayout lay : {MpLayout::kDisjoint, MpLayout::kOverlapped}) {
-        if (lay == MpLayout::kOverlapped && mp == 1) continue;  // the same as disjoint
-        const std::int64_t fixed = lay == MpLayout::kOverlapped ? esp : esp * mp;
-        if (P % fixed != 0) continue;
-        const int rest = static_cast<int>(P / fixed);
-        for (int ep : divisors(rest)) {
-          ParallelismSpec par;
-          par.pp = p0.pp;
-          if (p0.schedule != PipelineSchedule::kInterleaved)
-            par.pipeline_layout = p0.pipeline_layout;
-          par.zero = p0.zero;
-          par.ep = ep;
-          par.esp = esp;
-          par.mp = mp;
-          par.dp = rest / ep;
-          par.layout = lay;
-          if (lay == MpLayout::kOverlapped && (ep * esp) % mp != 0) continue;
-          int epg = 0;
-          if (E % ep == 0) {
-            epg = E / ep;
-          } else if (ep % E == 0 && esp == 1) {
-            epg = -(ep / E);
-          } else {
-            continue;
+  for (int pp : pps) {
+    const int P = N / pp;  // GPUs of one stage
+    for (int mp : divisors(g)) {
+      if (mp > 8 || m0.model_dim % mp != 0 || (inference && mp > 1) || P % mp != 0) continue;
+      const std::int64_t replicas = P / mp;
+      if (global % replicas != 0) continue;
+      const std::int64_t n = global / replicas;  // sequences per replica per step
+      std::vector<std::pair<int, int>> splits;
+      if (vary_pipeline) {
+        splits = batch_splits(n, pp);
+      } else if (n % m0.micro_batches == 0) {
+        splits = {{static_cast<int>(n / m0.micro_batches), m0.micro_batches}};
+      }
+      for (const auto& [batch, micro] : splits) {
+        std::vector<PipelineChoice> scheds = {{pp, p0.schedule, p0.vp}};
+        if (vary_pipeline) scheds = schedules_of(sc, pp, micro);
+        for (const PipelineChoice& pc : scheds) {
+          for (int esp : divisors(g)) {
+            if (esp > 8 || m0.hidden_dim % esp != 0 || (inference && esp > 1)) continue;
+            for (MpLayout lay : {MpLayout::kDisjoint, MpLayout::kOverlapped}) {
+              if (lay == MpLayout::kOverlapped && mp == 1) continue;  // the same as disjoint
+              const std::int64_t fixed = lay == MpLayout::kOverlapped ? esp : esp * mp;
+              if (P % fixed != 0) continue;
+              const int rest = static_cast<int>(P / fixed);
+              for (int ep : divisors(rest)) {
+                if (lay == MpLayout::kOverlapped && (ep * esp) % mp != 0) continue;
+                int epg = 0;
+                if (E % ep == 0) {
+                  epg = E / ep;
+                } else if (ep % E == 0 && esp == 1) {
+                  epg = -(ep / E);
+                } else {
+                  continue;
+                }
+                for (int zero : zeros) {
+                  TuneLayout l;
+                  l.par.pp = pc.pp;
+                  l.par.schedule = pc.schedule;
+                  l.par.vp = pc.vp;
+                  // The scenario's pipeline_layout names its own pieces: kept with its pp,
+                  // schedule and vp, else the even split.
+                  if (pc.pp == p0.pp && pc.schedule == p0.schedule && pc.vp == p0.vp)
+                    l.par.pipeline_layout = p0.pipeline_layout;
+                  l.par.zero = zero;
+                  l.par.ep = ep;
+                  l.par.esp = esp;
+                  l.par.mp = mp;
+                  l.par.dp = rest / ep;
+                  l.par.layout = lay;
+                  l.batch_per_gpu = batch;
+                  l.micro_batches = micro;
+                  l.experts_per_gpu = epg;
+                  l.recompute = m0.recompute;
+                  set_layout_edits(l);
+                  l.is_scenario = pp == p0.pp && pc.schedule == p0.schedule && pc.vp == p0.vp &&
+                                  zero == p0.zero && ep == p0.ep && esp == p0.esp && mp == p0.mp &&
+                                  l.par.dp == p0.dp && lay == p0.layout &&
+                                  batch == m0.batch_per_gpu && micro == m0.micro_batches;
+                  out.push_back(std::move(l));
+                }
+              }
+            }
           }
-          TuneLayout l = make_layout(par, batch, epg);
-          l.is_scenario = par.ep == p0.ep && par.esp == p0.esp && par.mp == p0.mp &&
-                          par.dp == p0.dp && par.layout == p0.layout &&
-                          batch == sc.model.batch_per_gpu;
-          out.push_back(std::move(l));
         }
       }
     }
@@ -316,7 +413,8 @@ class Search {
             "GPUs can take minutes); --engine flow forces it",
             kAutoFlowGpus, gpus);
     }
-    roles_ = role_space(base_);
+    roles_ = role_space(base_, opts_.include_routing);
+    base_f0_ = workload::WorkloadGenerator(base_.stage_scenario()).capacity_factor(0);
     iterations_ = opts.iterations.value_or(base_.workload.iterations);
     if (!tp_ || tp_->rank() == 0) load_state();
   }
@@ -352,8 +450,9 @@ class Search {
     YAML::Emitter em;
     em << tree_;
     const std::string what =
-        fmt::format("{}\n{}\n{}\n{}\n{}\n{}", MOESIM_VERSION, em.c_str(), opts_.screen_engine,
-                    opts_.rerun_engine, iterations_, opts_.search_layouts);
+        fmt::format("{}\n{}\n{}\n{}\n{}\n{} {} {} {}", MOESIM_VERSION, em.c_str(),
+                    opts_.screen_engine, opts_.rerun_engine, iterations_, opts_.search_layouts,
+                    opts_.search_pipeline, opts_.search_memory, opts_.include_routing);
     return fmt::format("{:016x}", std::hash<std::string>{}(what));
   }
 
@@ -399,11 +498,28 @@ class Search {
   // full runs too): twice the mean, at most the dearest so far. The mean alone overran a
   // 4,096-GPU budget by a pipelined stack's run; the dearest alone (a layout's first run pays its
   // topology caches) stopped a third early.
-  double run_cost(int iterations = 0) const {
-    const double per = iters_ > 0 ? std::min(max_per_iter_s_, 2.0 * run_s_ / iters_) : 0.0;
-    return per * (iterations > 0 ? iterations : iterations_);
+  // Costs are per unit of run size (units()), so a layout's probe predicts its full runs and one
+  // layout's runs predict another's.
+  double run_cost(double units) const {
+    const double per = units_ > 0 ? std::min(max_per_unit_s_, 2.0 * run_s_ / units_) : 0.0;
+    return per * units;
   }
-  bool room(double reserve) const { return left() - run_cost() >= reserve; }
+  bool room(double reserve, double units) const { return left() - run_cost(units) >= reserve; }
+
+  // A run's size in what its wall time grows with: micro-batches x blocks per stage (the plan's
+  // ops per rank) x iterations, a full recomputation's second forward counted. Per iteration
+  // alone, a pp = 1 layout of 30 micro-batches at 2,048 GPUs (4x the ops of the pp = 16
+  // reference) overran the budget by a minute.
+  static double units(const ParallelismSpec& p, int micro, int layers, const RecomputeSpec& rc,
+                      int iterations) {
+    const double per_stage = static_cast<double>(layers) / std::max(1, p.pp);
+    return micro * per_stage * (rc.full() ? 4.0 / 3.0 : 1.0) * iterations;
+  }
+  double layout_units(const TuneResult& r, int li, int iterations = 0) const {
+    const TuneLayout& l = r.layouts[li];
+    return units(l.par, l.micro_batches, base_.model.layers, l.recompute,
+                 iterations > 0 ? iterations : iterations_);
+  }
   // How many runs of `per_run_s` the workers finish within `wall_s` (a group runs ahead only as
   // far as the budget goes: 8 runs of a 4,096-GPU scenario on 2 workers overran it by seconds).
   std::size_t affordable(double wall_s, double per_run_s) const {
@@ -506,7 +622,10 @@ class Search {
     auto it = state_.find(k);
     if (it == state_.end()) {
       Outcome o = run_job(sc, spec, engine, iterations);
-      note_cost(engine, iterations, o.wall_s);
+      note_cost(engine,
+                units(sc.parallelism, sc.model.micro_batches, sc.model.layers, sc.model.recompute,
+                      iterations > 0 ? iterations : iterations_),
+                o.wall_s);
       it = state_.emplace(k, std::move(o.stored)).first;
     } else if (it->second.from_file) {
       ++resumed_;
@@ -547,12 +666,11 @@ class Search {
   }
 
   // Screening runs, refused ones too, are what run_cost() predicts the next one from.
-  void note_cost(const std::string& engine, int iterations, double wall_s) {
-    if (engine != opts_.screen_engine) return;
-    const int iters = iterations > 0 ? iterations : iterations_;
-    max_per_iter_s_ = std::max(max_per_iter_s_, wall_s / iters);
+  void note_cost(const std::string& engine, double units, double wall_s) {
+    if (engine != opts_.screen_engine || units <= 0) return;
+    max_per_unit_s_ = std::max(max_per_unit_s_, wall_s / units);
     run_s_ += wall_s;
-    iters_ += iters;
+    units_ += units;
   }
 
   // --- Spreading runs over threads and ranks -------------------------------------------------
@@ -619,7 +737,7 @@ class Search {
     for (std::size_t i = 0; i < jobs.size(); ++i) {  // in job order: deterministic
       if (!out[i]) continue;  // its stack does not parse alone: the walk meets that itself
       const Job& j = jobs[i];
-      note_cost(j.engine, j.iterations, out[i]->wall_s);
+      note_cost(j.engine, layout_units(r, j.layout, j.iterations), out[i]->wall_s);
       state_[state_key(run_key(r, j.layout, j.stack), j.engine, j.iterations)] =
           std::move(out[i]->stored);
     }
@@ -707,33 +825,151 @@ class Search {
     return r.layouts[li].describe() + "|" + stack;
   }
 
+  // The recomputation a layout tries, cheapest first: the scenario's, then (training, when the
+  // memory is searched) the light modules' selective recomputation, then full.
+  std::vector<RecomputeSpec> recompute_ladder() const {
+    std::vector<RecomputeSpec> out = {base_.model.recompute};
+    if (!opts_.search_memory || base_.model.mode != Mode::kTraining) return out;
+    if (base_.model.recompute.granularity == RecomputeGranularity::kNone) {
+      RecomputeSpec sel;
+      sel.granularity = RecomputeGranularity::kSelective;
+      sel.modules = strategies::light_modules(base_.model);
+      out.push_back(sel);
+    }
+    if (!base_.model.recompute.full()) {
+      RecomputeSpec full;
+      full.granularity = RecomputeGranularity::kFull;
+      out.push_back(full);
+    }
+    return out;
+  }
+
+  // A layout's estimate without a routing sample: the baseline's first decision at the nominal
+  // dC (nominal_capacity; for dropless routing the mean demand, below any sampled dC) and the
+  // scenario's own iteration-0 factor.
+  double quick_memory(const Scenario& sc) const {
+    const std::int64_t cap = strategies::nominal_capacity(sc.stage_scenario());
+    const strategies::Decision d =
+        strategies::first_decision(sc, sc.strategies.at(0), *topo_, cap, base_f0_);
+    return strategies::estimate_memory(sc, d, cap).total_bytes();
+  }
+
   void layouts(TuneResult& r) {
     std::vector<TuneLayout> all;
-    if (opts_.search_layouts) all = tune_layouts(base_);
+    if (opts_.search_layouts)
+      all = tune_layouts(base_, TuneSpace{opts_.search_pipeline, opts_.search_memory});
     bool has_own = false;
     for (const auto& l : all) has_own = has_own || l.is_scenario;
     if (!has_own) {  // the scenario's own layout is always a candidate
-      TuneLayout own =
-          make_layout(base_.parallelism, base_.model.batch_per_gpu, base_.model.experts_per_gpu);
+      TuneLayout own;
+      own.par = base_.parallelism;
+      own.batch_per_gpu = base_.model.batch_per_gpu;
+      own.micro_batches = base_.model.micro_batches;
+      own.experts_per_gpu = base_.model.experts_per_gpu;
+      own.recompute = base_.model.recompute;
+      set_layout_edits(own);
       own.is_scenario = true;
       all.insert(all.begin(), own);
     }
     const double gpu_bytes = topo_->gpu().memory.value();
+    const std::vector<RecomputeSpec> ladder = recompute_ladder();
+    std::vector<TuneLayout> kept;
+    int refused = 0;
+    std::string why;
     for (auto& l : all) {
-      // The estimate the baseline's screen run records (planned_memory: same decision, same
-      // sampled dC), sharing the screen runs' sample cache.
-      const Scenario sc = scenario_of(l, "{name: baseline}");
-      l.memory_bytes =
-          strategies::planned_memory(sc, sc.strategies.at(0), *topo_, iterations_, &cache_)
-              .total_bytes();
+      // The cheapest recomputation that fits by the estimate without sampling (the scenario's
+      // own layout keeps its own: it is the reference); when none fits, the one needing least.
+      double best = INFINITY;
+      try {
+        Scenario sc = scenario_of(l, "{name: baseline}");
+        for (std::size_t i = 0; i < (l.is_scenario ? 1 : ladder.size()); ++i) {
+          sc.model.recompute = ladder[i];
+          const double bytes = quick_memory(sc);
+          if (bytes < best) {
+            best = bytes;
+            l.recompute = ladder[i];
+          }
+          if (gpu_bytes <= 0 || bytes <= gpu_bytes) break;
+        }
+      } catch (const InputError& e) {
+        // A layout the scenario's other keys rule out (a routing node limit that its EP
+        // groups cannot meet, for one).
+        if (l.is_scenario) throw;
+        if (refused++ == 0) why = e.what();
+        continue;
+      }
+      set_layout_edits(l);
+      l.memory_bytes = best;
       if (gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes) ++r.layouts_fit;
+      kept.push_back(std::move(l));
     }
-    r.layouts = std::move(all);
+    if (refused > 0)
+      r.notes.push_back(
+          fmt::format("{} layouts refused by the scenario's other keys, e.g. {}", refused, why));
+    r.layouts = std::move(kept);
     for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li)
       r.stacks_in_space += space_size(roles(r, li));
-    say(fmt::format("{} GPUs; {} layouts ({} fit the {}'s {:.0f} GiB), {} stacks in all", r.gpus,
-                    r.layouts.size(), r.layouts_fit, topo_->gpu().name, gpu_bytes / (1 << 30),
-                    r.stacks_in_space));
+    say(fmt::format("{} GPUs; {} layouts ({} fit the {}'s {:.0f} GiB), {} stacks in all; {:.1f} s",
+                    r.gpus, r.layouts.size(), r.layouts_fit, topo_->gpu().name,
+                    gpu_bytes / (1 << 30), r.stacks_in_space, since(t0_)));
+    if (r.layouts_fit == 0) closest_note(r, gpu_bytes);
+  }
+
+  // Nothing fits: the three layouts needing least memory, and what each lacks.
+  void closest_note(TuneResult& r, double gpu_bytes) const {
+    std::vector<int> idx(r.layouts.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+      return r.layouts[a].memory_bytes < r.layouts[b].memory_bytes;
+    });
+    std::vector<std::string> closest;
+    for (std::size_t i = 0; i < idx.size() && i < 3; ++i) {
+      const TuneLayout& l = r.layouts[idx[i]];
+      closest.push_back(fmt::format("{} needs {} GiB ({} GiB more)", l.describe(),
+                                    gib(l.memory_bytes), gib(l.memory_bytes - gpu_bytes)));
+    }
+    r.notes.push_back(fmt::format(
+        "no layout fits the {}'s {} GiB{}; closest: {}. More GPUs (cluster.nodes), fp8 "
+        "(model.precision) or a shorter model.seq_len shrink what a GPU holds; tune changes none "
+        "of them",
+        topo_->gpu().name, gib(gpu_bytes),
+        opts_.search_memory ? " with ZeRO-1 and full recomputation" : "",
+        fmt::join(closest, "; ")));
+  }
+
+  // Before layout li's first run: its estimate from the sampled dC (planned_memory, what the run
+  // records), moving up the recomputation ladder while it does not fit. False when nothing fits.
+  bool fits_sampled(TuneResult& r, int li) {
+    TuneLayout& l = r.layouts[li];
+    const double gpu_bytes = topo_->gpu().memory.value();
+    if (l.memory_sampled || l.is_scenario) return gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes;
+    const std::vector<RecomputeSpec> ladder = recompute_ladder();
+    std::size_t i = 0;
+    while (i < ladder.size() && !(ladder[i].granularity == l.recompute.granularity &&
+                                  ladder[i].modules == l.recompute.modules))
+      ++i;
+    for (; i < ladder.size(); ++i) {
+      l.recompute = ladder[i];
+      set_layout_edits(l);
+      try {
+        const Scenario sc = scenario_of(l, "{name: baseline}");
+        l.memory_bytes =
+            strategies::planned_memory(sc, sc.strategies.at(0), *topo_, iterations_, &cache_)
+                .total_bytes();
+      } catch (const InputError& e) {
+        // The workload refuses the layout (a routing node limit its EP groups cannot meet).
+        l.memory_sampled = true;
+        l.memory_bytes = INFINITY;
+        ++refusals_[e.message()];
+        ++r.inapplicable;
+        return false;
+      }
+      if (gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes) break;
+    }
+    l.memory_sampled = true;
+    const bool fits = gpu_bytes <= 0 || l.memory_bytes <= gpu_bytes;
+    if (!fits) ++r.over_memory_sampled;
+    return fits;
   }
 
   void add(TuneResult& r, int li, const std::string& stack, const std::string& roles,
@@ -829,25 +1065,57 @@ class Search {
     return s && s->fits_memory() ? s->step_mean_s : INFINITY;
   }
 
-  // Screening order: the scenario's layout, then one layout of each family (mp, esp, disjoint /
-  // overlapped) in turn, each family's by ep from the largest, so a budget that stops the screen
-  // early has still seen every family.
+  // Screening order: the scenario's layout, then one layout of each family (pp, schedule, mp,
+  // esp, disjoint / overlapped; fewest stages first) in turn, so a budget that stops the screen
+  // early has still seen every family. In a family: the least recomputation first, then the
+  // largest ep, then ZeRO-1 before 0, then the batch split batch_splits put first.
   std::vector<int> screen_order(const TuneResult& r) const {
-    std::map<std::tuple<int, int, int>, std::vector<int>> families;
+    std::map<std::tuple<int, int, int, int, int, int>, std::vector<int>> families;
     for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li) {
       const ParallelismSpec& p = r.layouts[li].par;
-      families[{p.mp, p.esp, static_cast<int>(p.layout)}].push_back(li);
+      families[{p.pp, static_cast<int>(p.schedule), p.vp, p.mp, p.esp, static_cast<int>(p.layout)}]
+          .push_back(li);
     }
     for (auto& [key, list] : families)
-      std::stable_sort(list.begin(), list.end(),
-                       [&](int a, int b) { return r.layouts[a].par.ep > r.layouts[b].par.ep; });
+      std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+        const TuneLayout& x = r.layouts[a];
+        const TuneLayout& y = r.layouts[b];
+        const auto level = [](const TuneLayout& l) {
+          return static_cast<int>(l.recompute.granularity);
+        };
+        return std::make_tuple(level(x), -x.par.ep, -x.par.zero) <
+               std::make_tuple(level(y), -y.par.ep, -y.par.zero);
+      });
     std::vector<int> out;
-    for (int li = 0; li < static_cast<int>(r.layouts.size()); ++li)
-      if (r.layouts[li].is_scenario) out.push_back(li);
     for (std::size_t round = 0; out.size() < r.layouts.size(); ++round)
       for (auto& [key, list] : families)
-        if (round < list.size() && !r.layouts[list[round]].is_scenario) out.push_back(list[round]);
+        if (round < list.size()) out.push_back(list[round]);
+    // Then by the time a layout adds to the step by its pipeline bubble and recomputation, in
+    // steps of 5% (the order within a step stays the families' turn): layouts that pay little
+    // for fitting are screened first.
+    std::stable_sort(out.begin(), out.end(), [&](int a, int b) {
+      const auto bucket = [&](int li) {
+        return static_cast<int>(std::floor(std::log(overhead(r.layouts[li])) / std::log(1.05)));
+      };
+      const bool sa = r.layouts[a].is_scenario, sb = r.layouts[b].is_scenario;
+      if (sa != sb) return sa;
+      return bucket(a) < bucket(b);
+    });
     return out;
+  }
+
+  // A layout's step time over an ideal one's, for the screening order only: the pipeline's
+  // bubble ((m + pp - 1) / m for 1F1B, the bubble over vp interleaved, about half the stages'
+  // for DualPipe) times recomputation (the light modules about 5%, a full forward again 4/3).
+  static double overhead(const TuneLayout& l) {
+    const double m = l.micro_batches, pp = l.par.pp;
+    double bubble = pp - 1;
+    if (l.par.schedule == PipelineSchedule::kInterleaved) bubble /= l.par.vp;
+    if (l.par.schedule == PipelineSchedule::kDualPipe) bubble = pp / 2 - 1;
+    double rc = 1.0;
+    if (l.recompute.granularity == RecomputeGranularity::kSelective) rc = 1.05;
+    if (l.recompute.full()) rc = 4.0 / 3.0;
+    return (m + bubble) / m * rc;
   }
 
   // Whether choice c on layout li has its screening run already (evaluated, prefetched, resumed).
@@ -894,6 +1162,7 @@ class Search {
   // others; repeats until a full pass changes nothing (at most 3 passes).
   void descend(TuneResult& r, int li, double stop_at) {
     const std::vector<Role>& rl = roles(r, li);
+    const double cost = layout_units(r, li);
     Choice c(rl.size(), 0);
     double best = eval(r, li, c);
     for (int pass = 0; pass < 3; ++pass) {
@@ -905,11 +1174,11 @@ class Search {
           alts.push_back(c);
           alts.back()[k] = v;
         }
-        if (room(stop_at))
+        if (room(stop_at, cost))
           prefetch_choices(r, li, alts, 0,
-                           std::min(alts.size(), affordable(left() - stop_at, run_cost())));
+                           std::min(alts.size(), affordable(left() - stop_at, run_cost(cost))));
         for (const Choice& d : alts) {
-          if (!ready(r, li, d) && !room(stop_at)) continue;
+          if (!ready(r, li, d) && !room(stop_at, cost)) continue;
           const double t = eval(r, li, d);
           if (t < best * (1 - 1e-9)) {
             best = t;
@@ -920,11 +1189,12 @@ class Search {
       }
       if (!changed) break;
     }
-    if (!room(stop_at)) r.complete = false;
+    if (!room(stop_at, cost)) r.complete = false;
   }
 
   void exhaustive(TuneResult& r, int li, double stop_at) {
     const std::vector<Role>& rl = roles(r, li);
+    const double cost = layout_units(r, li);
     std::vector<Choice> all;
     Choice c(rl.size(), 0);
     do all.push_back(c);
@@ -934,11 +1204,11 @@ class Search {
     const auto chunk = static_cast<std::size_t>(workers_ > 1 ? 4 * workers_ : 1);
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (i % chunk == 0) {  // one worker: a check before every run, as the runs are sequential
-        if (!room(stop_at)) {
+        if (!room(stop_at, cost)) {
           r.complete = false;
           return;
         }
-        const std::size_t n = std::min(chunk, affordable(left() - stop_at, run_cost()));
+        const std::size_t n = std::min(chunk, affordable(left() - stop_at, run_cost(cost)));
         prefetch_choices(r, li, all, i, std::min(all.size(), i + std::max<std::size_t>(n, 1)));
       }
       eval(r, li, all[i]);
@@ -970,23 +1240,31 @@ class Search {
     std::vector<std::pair<double, int>> order;
     int unscreened = 0;
     // Layouts get at most 40% of the screening time, so the best ones still get a stack search.
-    auto screen_room = [&] {
-      return since(t) + run_cost(1) <= 0.4 * (opts_.budget_s - keep) &&
-             left() - run_cost(1) >= keep;
+    const int probe_iters = iterations_ > 1 ? 1 : 0;
+    auto screen_room = [&](int li) {
+      const double c = run_cost(layout_units(r, li, probe_iters));
+      return since(t) + c <= 0.4 * (opts_.budget_s - keep) && left() - c >= keep;
     };
     const std::vector<int> sorder = screen_order(r);
     const auto chunk = static_cast<std::size_t>(workers_);
     for (std::size_t i = 0; i < sorder.size(); ++i) {
       const int li = sorder[i];
-      if (workers_ > 1 && i % chunk == 0 && screen_room()) {  // the next chunk's probes at once
-        const std::size_t fit = affordable(
-            std::min(0.4 * (opts_.budget_s - keep) - since(t), left() - keep), run_cost(1));
+      // The next chunk's probes at once, once a run has priced them (the reference runs first).
+      if (workers_ > 1 && i % chunk == 0 && units_ > 0 && screen_room(li)) {
+        // As many as the workers finish within the screen's time, at each layout's own cost.
+        const double wall =
+            std::min(0.4 * (opts_.budget_s - keep) - since(t), left() - keep) * workers_;
+        double planned = 0;
         std::vector<Job> jobs;
-        for (std::size_t x = i; x < std::min(sorder.size(), i + chunk) && jobs.size() < fit; ++x) {
+        for (std::size_t x = i; x < std::min(sorder.size(), i + chunk); ++x) {
           const TuneLayout& lx = r.layouts[sorder[x]];
           if (lx.is_scenario || (gpu_bytes > 0 && lx.memory_bytes > gpu_bytes)) continue;
-          for (const Choice& c : probe_choices(r, sorder[x]))
-            jobs.push_back(choice_job(r, sorder[x], c, iterations_ > 1 ? 1 : 0));
+          const double c = run_cost(layout_units(r, sorder[x], probe_iters));
+          if (planned + c > wall) break;
+          if (!fits_sampled(r, sorder[x])) continue;
+          planned += c;
+          for (const Choice& ch : probe_choices(r, sorder[x]))
+            jobs.push_back(choice_job(r, sorder[x], ch, probe_iters));
         }
         prefetch(r, jobs);
       }
@@ -1006,21 +1284,28 @@ class Search {
               gib(r.baseline_screen.memory_bytes), gib(r.baseline_screen.gpu_memory_bytes)));
       }
       if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
-      if (!l.is_scenario && !probed(r, li) && !screen_room()) {
+      if (!l.is_scenario && !probed(r, li) && !screen_room(li)) {
         ++unscreened;
         r.complete = false;
         continue;
       }
+      if (!fits_sampled(r, li)) continue;
       double best = INFINITY;
       for (const Choice& c : probe_choices(r, li)) best = std::min(best, probe(r, li, c));
       r.layouts[li].screen_s = best;
       if (std::isfinite(best)) order.emplace_back(best, li);
     }
+    if (r.over_memory_sampled > 0)
+      r.notes.push_back(fmt::format(
+          "{} layouts that fit by the estimate without a routing sample did not with the sampled "
+          "dC, even with the most recomputation tried (not screened)",
+          r.over_memory_sampled));
     if (unscreened > 0)
       r.notes.push_back(
-          fmt::format("budget: {} fitting layouts were not screened (screening takes "
-                      "one layout of each mp / esp / layout family in turn, largest "
-                      "ep first; a larger --budget screens them)",
+          fmt::format("budget: {} fitting layouts were not screened (screening takes those "
+                      "whose bubble and recomputation cost least first, one layout of each pp / "
+                      "schedule / mp / esp / layout family in turn; a larger --budget screens "
+                      "them)",
                       unscreened));
     std::stable_sort(order.begin(), order.end());
     say(fmt::format("layouts screened: {} ran, best {:.3f} ms ({}), {:.1f} s{}", order.size(),
@@ -1029,7 +1314,7 @@ class Search {
                     iterations_ > 1 ? " (1-iteration probes)" : ""));
     // (2) Stack search on the best layouts while the budget lasts.
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (!room(keep)) {
+      if (!room(keep, layout_units(r, order[i].second))) {
         r.complete = r.complete && i == order.size();
         if (i < order.size())
           r.notes.push_back(fmt::format("budget: {} of {} layouts got no stack search",
@@ -1144,6 +1429,7 @@ class Search {
   std::vector<Role> roles_;
   std::map<int, std::vector<Role>> lroles_;
   int iterations_ = 1;
+  double base_f0_ = 1.0;  // the workload's capacity factor at iteration 0 (every layout's)
   // Layouts of one mp share the tokens per GPU, so their routing samples are the same: keep a
   // few iterations' worth (k P E 4 bytes each: 134 MB at 4,096 GPUs x 4,096 experts, top-2).
   workload::SampleCache cache_{std::size_t{1} << 30};
@@ -1162,16 +1448,26 @@ class Search {
   int workers_ = 1;               // threads of all ranks
   Clock::time_point last_tick_ = Clock::now();
   Clock::time_point last_save_ = Clock::now();
-  double max_per_iter_s_ = 0;  // of the screening runs
+  double max_per_unit_s_ = 0;  // of the screening runs
   double run_s_ = 0;           // their wall time
-  int iters_ = 0;              // and iterations
+  double units_ = 0;           // and size (units())
 };
 
 }  // namespace
 
 std::string TuneLayout::describe() const {
-  return fmt::format("ep={} esp={} mp={} dp={}{} B={}", par.ep, par.esp, par.mp, par.dp,
-                     par.mp > 1 ? fmt::format(" {}", name_of(par.layout)) : "", batch_per_gpu);
+  std::string out =
+      fmt::format("ep={} esp={} mp={} dp={}{} B={}", par.ep, par.esp, par.mp, par.dp,
+                  par.mp > 1 ? fmt::format(" {}", name_of(par.layout)) : "", batch_per_gpu);
+  if (par.pp > 1) {
+    out += fmt::format(" pp={} {}", par.pp, name_of(par.schedule));
+    if (par.vp > 1) out += fmt::format(" vp={}", par.vp);
+  }
+  if (micro_batches > 1) out += fmt::format(" m={}", micro_batches);
+  if (par.zero > 0) out += fmt::format(" zero={}", par.zero);
+  if (recompute.granularity != RecomputeGranularity::kNone)
+    out += fmt::format(" rc={}", name_of(recompute.granularity));
+  return out;
 }
 
 TuneResult tune(const YAML::Node& tree, const std::string& path,
@@ -1236,15 +1532,23 @@ void print_tune(const TuneResult& r) {
              rerun ? fmt::format("{}(ms)", r.rerun_engine.substr(0, 5)) : std::string("-"),
              "speedup", "mem(GiB)", "layout", "stack (why: decisions; a2a / compute / exposed ms)");
   int rank = 0;
+  bool routed = false;
   for (const TuneRow& row : r.ranked) {
     const RunSummary& s = row.rerun ? *row.rerun : row.screen;
-    fmt::print(
-        "{:<4} {:>10.3f} {:>10} {:>7.2f}x {:>9}  {:<36} {}\n", ++rank, row.screen.step_mean_s * 1e3,
-        row.rerun ? fmt::format("{:.3f}", row.rerun->step_mean_s * 1e3) : std::string("-"),
-        s.speedup, gib(row.screen.memory_bytes), r.layouts[row.layout].describe(),
-        fmt::format("{}; {}; {:.2f} / {:.2f} / {:.2f}", row.roles, s.decisions, s.a2a_mean_s * 1e3,
-                    s.compute_mean_s * 1e3, s.exposed_comm_mean_s * 1e3));
+    const bool changes_routing = row.changes_routing();
+    routed = routed || changes_routing;
+    fmt::print("{:<4} {:>10.3f} {:>10} {:>7.2f}x {:>9}  {:<36} {}\n", ++rank,
+               row.screen.step_mean_s * 1e3,
+               row.rerun ? fmt::format("{:.3f}", row.rerun->step_mean_s * 1e3) : std::string("-"),
+               s.speedup, gib(row.screen.memory_bytes), r.layouts[row.layout].describe(),
+               fmt::format("{}{}; {}; {:.2f} / {:.2f} / {:.2f}", changes_routing ? "* " : "",
+                           row.roles, s.decisions, s.a2a_mean_s * 1e3, s.compute_mean_s * 1e3,
+                           s.exposed_comm_mean_s * 1e3));
   }
+  if (routed)
+    fmt::print(
+        "# * the stack's routing role changes which experts tokens reach (what the model "
+        "learns); --include-routing put it in the search\n");
   fmt::print(
       "# search: {} on the best layout; {:.1f} s screening, {:.1f} s re-running on {} "
       "worker(s){}; best found after {:.1f} s; {}\n",
@@ -1278,6 +1582,7 @@ std::string tune_json(const TuneResult& r) {
   j["rerun_engine"] = r.rerun_engine;
   j["space"] = {{"layouts", r.layouts.size()},
                 {"layouts_fit_memory", r.layouts_fit},
+                {"over_memory_sampled", r.over_memory_sampled},
                 {"layouts_searched", r.layouts_searched},
                 {"stacks", r.stacks_in_space},
                 {"evaluated", r.evaluated},
@@ -1301,15 +1606,22 @@ std::string tune_json(const TuneResult& r) {
     const TuneLayout& l = r.layouts[row.layout];
     json x{{"rank", ++rank},
            {"parallelism",
-            {{"ep", l.par.ep},
+            {{"pp", l.par.pp},
+             {"schedule", std::string(name_of(l.par.schedule))},
+             {"vp", l.par.vp},
+             {"zero", l.par.zero},
+             {"ep", l.par.ep},
              {"esp", l.par.esp},
              {"mp", l.par.mp},
              {"dp", l.par.dp},
              {"layout", std::string(name_of(l.par.layout))}}},
            {"batch_per_gpu", l.batch_per_gpu},
+           {"micro_batches", l.micro_batches},
            {"experts_per_gpu", l.experts_per_gpu},
+           {"recompute", std::string(name_of(l.recompute.granularity))},
            {"stack", row.stack_yaml},
            {"roles", row.roles},
+           {"changes_routing", row.changes_routing()},
            {"screen", summary(row.screen)},
            {"speedup", row.rerun ? row.rerun->speedup : row.screen.speedup}};
     if (row.rerun) x["rerun"] = summary(*row.rerun);
@@ -1322,14 +1634,16 @@ std::string tune_json(const TuneResult& r) {
 
 std::string tune_csv(const TuneResult& r) {
   std::ostringstream o;
-  o << "rank,ep,esp,mp,dp,layout,batch_per_gpu,experts_per_gpu,roles,screen_step_s,rerun_step_s,"
-       "speedup,memory_bytes,decisions\n";
+  o << "rank,pp,schedule,vp,zero,ep,esp,mp,dp,layout,batch_per_gpu,micro_batches,experts_per_gpu,"
+       "recompute,roles,screen_step_s,rerun_step_s,speedup,memory_bytes,decisions\n";
   int rank = 0;
   for (const TuneRow& row : r.ranked) {
     const TuneLayout& l = r.layouts[row.layout];
-    o << fmt::format("{},{},{},{},{},{},{},{},\"{}\",{},{},{},{},\"{}\"\n", ++rank, l.par.ep,
+    o << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\",{},{},{},{},\"{}\"\n",
+                     ++rank, l.par.pp, name_of(l.par.schedule), l.par.vp, l.par.zero, l.par.ep,
                      l.par.esp, l.par.mp, l.par.dp, name_of(l.par.layout), l.batch_per_gpu,
-                     l.experts_per_gpu, row.roles, row.screen.step_mean_s,
+                     l.micro_batches, l.experts_per_gpu, name_of(l.recompute.granularity),
+                     row.roles, row.screen.step_mean_s,
                      row.rerun ? fmt::format("{}", row.rerun->step_mean_s) : std::string(""),
                      row.rerun ? row.rerun->speedup : row.screen.speedup, row.screen.memory_bytes,
                      row.screen.decisions);

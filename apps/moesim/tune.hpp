@@ -41,27 +41,41 @@ struct TuneOptions {
   int top = 10;                   // candidates re-run and printed
   std::optional<int> iterations;  // absent: the scenario's workload.iterations
   bool search_layouts = true;     // false: only the scenario's own layout
-  bool progress = true;           // a line on stderr per phase / layout
-  std::string state_path;         // --state: runs kept and reused across searches
-  int jobs = 0;                   // threads (per rank); 0: one per hardware thread
+  bool search_pipeline = true;    // pp, schedules and micro-batches besides the scenario's
+  bool search_memory = true;      // ZeRO 0 and 1, and recomputation where nothing else fits
+  // Stacks whose routing role changes which experts tokens reach (ta_moe, faster_moe_hir): what
+  // the model learns changes, so they join the search only when asked.
+  bool include_routing = false;
+  bool progress = true;    // a line on stderr per phase / layout
+  std::string state_path;  // --state: runs kept and reused across searches
+  int jobs = 0;            // threads (per rank); 0: one per hardware thread
   // Under mpirun: the ranks. Rank 0 runs the search and prints; every other rank runs its share
   // of each group of runs (tune() returns an empty result there). Null: this process alone.
   SweepTransport* transport = nullptr;
 };
 
-/// One parallel layout: the degrees, and the scenario edits that give it.
+/// One parallel layout: the degrees, the pipeline schedule and micro-batching, the memory
+/// settings (ZeRO stage, recomputation), and the scenario edits that give it.
 struct TuneLayout {
-  ParallelismSpec par;
+  ParallelismSpec par;  // pp, schedule, vp, zero, ep, esp, mp, dp, layout
   int batch_per_gpu = 0;
+  int micro_batches = 1;
   int experts_per_gpu = 0;
+  RecomputeSpec recompute;
   std::vector<std::string> edits;  // "KEY=VALUE" (--set syntax)
-  double memory_bytes = 0;         // the layout's estimate with the baseline stack
-  bool is_scenario = false;        // the scenario's own layout
+  // The layout's estimate with the baseline stack: before screening, with the nominal dC of
+  // nominal_capacity (no routing sample; a lower bound for dropless routing); once screened, the
+  // sampled estimate the run records (planned_memory).
+  double memory_bytes = 0;
+  bool memory_sampled = false;
+  bool is_scenario = false;  // the scenario's own layout
   // The layout screen: its best probe's step time (NaN: not screened, +inf: nothing ran), and
   // the stack search it got ("" = none).
   double screen_s = std::numeric_limits<double>::quiet_NaN();
   std::string search;
-  std::string describe() const;  // "ep=16 esp=1 mp=2 dp=1 layout=overlapped B=8"
+  // "ep=16 esp=1 mp=2 dp=1 overlapped B=8", then what differs from one stage, one micro-batch,
+  // ZeRO 0 and no recomputation: " pp=4 1f1b m=8 zero=1 rc=selective".
+  std::string describe() const;
 };
 
 /// One evaluated (layout, stack).
@@ -72,6 +86,8 @@ struct TuneRow {
   RunSummary screen;       // on the screening engine
   std::optional<RunSummary> rerun;
   double time_s() const { return rerun ? rerun->step_mean_s : screen.step_mean_s; }
+  /// Whether the stack's routing role changes which experts tokens reach (ta_moe, ...).
+  bool changes_routing() const { return roles.find("routing=") != std::string::npos; }
 };
 
 struct TuneResult {
@@ -79,7 +95,8 @@ struct TuneResult {
   int gpus = 0;
   std::string screen_engine, rerun_engine;
   std::vector<TuneLayout> layouts;  // every layout of the space (fitting or not)
-  int layouts_fit = 0;              // whose memory estimate fits the GPU
+  int layouts_fit = 0;              // whose estimate without sampling fits the GPU
+  int over_memory_sampled = 0;      // of those, screened ones whose sampled estimate did not
   int layouts_searched = 0;         // that got a stack search
   int stacks_in_space = 0;          // (layout, stack) combinations of the whole space
   int evaluated = 0;                // (layout, stack) runs on the screening engine
@@ -98,11 +115,27 @@ struct TuneResult {
   std::vector<std::string> notes;  // what was skipped and why
 };
 
-/// Every parallel layout of the scenario's GPUs for its model: mp and esp dividing the GPUs per
-/// node (at most 8, dividing model_dim / hidden_dim), disjoint and (mp > 1) overlapped, every ep
-/// dividing the rest with E / ep or ep / E whole (sharded experts only with esp = 1), and the
-/// global batch whole on P / mp replicas. Inference: mp = esp = 1.
-std::vector<TuneLayout> tune_layouts(const Scenario& sc);
+/// Which dimensions tune_layouts varies besides ep / esp / mp / dp and the layout kind.
+struct TuneSpace {
+  bool pipeline = true;  // pp, schedule (1f1b, interleaved, dualpipe) and micro-batches
+  bool zero = true;      // ZeRO 0 and 1 (training)
+};
+
+/// Every parallel layout of the scenario's GPUs for its model (docs/tune.md): pp among the stage
+/// counts the loader accepts (whole nodes or a divisor of a node per stage, at most one stage per
+/// block), with 1f1b, interleaved (vp the smallest of 2..8 dividing the blocks per stage) and
+/// dualpipe where they apply; per stage, mp and esp dividing the GPUs per node (at most 8,
+/// dividing model_dim / hidden_dim), disjoint and (mp > 1) overlapped, every ep dividing the rest
+/// with E / ep or ep / E whole (sharded experts only with esp = 1); the global batch (sequences
+/// per step) kept, split into B sequences x m micro-batches per replica (B a power of two or the
+/// whole share, m >= pp; up to three splits, fewest micro-batches first at pp = 1, most at
+/// pp > 1); ZeRO 0 and 1. Recomputation stays the scenario's (Search picks more where nothing
+/// else fits). Inference: pp, micro-batches and ZeRO as written, mp = esp = 1.
+std::vector<TuneLayout> tune_layouts(const Scenario& sc, const TuneSpace& space = {});
+
+/// The scenario edits that give layout `l` (its fields set): parallelism, batch, micro-batches,
+/// experts per GPU and recomputation.
+void set_layout_edits(TuneLayout& l);
 
 /// Runs the search on the scenario `tree` (read from `path`, with `sets` applied first).
 /// InputError for a scenario that does not validate.

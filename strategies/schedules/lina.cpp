@@ -58,6 +58,7 @@ void apply_lina(Plan& plan, const PlanIndex& index, ScheduleRole r,
 }
 
 Scenario packed_scenario(const Scenario& sc, int pack) {
+  if (pack == 1) return sc;  // no packing: sharded experts (which Lina never packs) included
   MOESIM_ASSERT(pack >= 1 && sc.parallelism.ep % pack == 0 && sc.model.experts_per_gpu >= 1,
                 "expert pack must divide ep, with unsharded experts");
   Scenario out = sc;

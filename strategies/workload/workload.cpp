@@ -349,16 +349,21 @@ std::vector<std::uint32_t> expert_nodes(const Scenario& sc, int gpu) {
   const auto placement = ExpertPlacement::of(sc.model);
   const int gpn = std::max(1, sc.cluster.gpus_per_node);
   std::vector<std::uint32_t> out(static_cast<std::size_t>(sc.num_experts()));
-  std::map<int, std::uint32_t> label;
+  // Node -> label, in order of first appearance (a flat table: this runs per EP group at 4,096+
+  // GPUs, where a map's allocations dominated).
+  constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  std::vector<std::uint32_t> label(static_cast<std::size_t>((sc.num_gpus() + gpn - 1) / gpn),
+                                   kNone);
+  std::uint32_t next = 0;
   for (int e = 0; e < sc.num_experts(); ++e) {
     const int pos = placement.owner(e);
     if (pos >= p.ep)
       throw InputError(
           sc.location_of("model.experts"), "model.experts",
           fmt::format("expert {} would live on EP position {}, but ep = {}", e, pos, p.ep));
-    const int node = p.rank_of(d, pos, s, t) / gpn;
-    const auto it = label.try_emplace(node, static_cast<std::uint32_t>(label.size())).first;
-    out[static_cast<std::size_t>(e)] = it->second;
+    const auto node = static_cast<std::size_t>(p.rank_of(d, pos, s, t) / gpn);
+    if (label[node] == kNone) label[node] = next++;
+    out[static_cast<std::size_t>(e)] = label[node];
   }
   return out;
 }
@@ -428,11 +433,23 @@ WorkloadGenerator::WorkloadGenerator(const Scenario& scenario) : impl_(std::make
     auto parts = std::make_shared<std::vector<std::vector<std::uint32_t>>>();
     auto rows = std::make_shared<std::vector<std::uint32_t>>(static_cast<std::size_t>(m.num_gpus));
     std::map<std::vector<std::uint32_t>, std::uint32_t> index;
+    // GPUs of one EP group (the same coordinates but the EP position) see the same experts on
+    // the same nodes: one expert_nodes per group.
+    const ParallelismSpec& par = scenario.parallelism;
+    std::map<std::tuple<int, int, int>, std::uint32_t> group_row;
     for (int gpu = 0; gpu < m.num_gpus; ++gpu) {
+      const std::tuple<int, int, int> group{gpu / std::max(1, par.ranks_per_dp()),
+                                            par.esp_index(gpu),
+                                            par.moe_major() ? 0 : par.mp_index(gpu)};
+      if (auto g = group_row.find(group); g != group_row.end()) {
+        (*rows)[static_cast<std::size_t>(gpu)] = g->second;
+        continue;
+      }
       auto nodes = expert_nodes(scenario, gpu);
       auto [it, added] = index.try_emplace(nodes, static_cast<std::uint32_t>(parts->size()));
       if (added) parts->push_back(std::move(nodes));
       (*rows)[static_cast<std::size_t>(gpu)] = it->second;
+      group_row.emplace(group, it->second);
     }
     // Every token must find top_k experts on the nodes it may use: the `limit` nodes holding the
     // fewest experts must hold k of them (a limit at or above an EP group's node count never

@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 
+#include "apps/moesim/overrides.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
 
@@ -96,7 +98,8 @@ TEST(TuneLayouts, CountedByHandOnFourGpus) {
   //        esp 2 -> ep 1, 2; esp 4 -> ep 1: 8.
   //  mp 4: disjoint esp 1 -> ep 1; overlapped esp 1 -> ep 4; esp 2 -> ep 2; esp 4 -> ep 1: 4.
   const Scenario sc = parse_scenario_string(scenario_yaml(1, 4, kNoInter, 4), "t.yaml");
-  const auto ls = tune_layouts(sc);
+  const TuneSpace stage_only{false, false};  // pp, micro-batches and ZeRO as written
+  const auto ls = tune_layouts(sc, stage_only);
   ASSERT_EQ(ls.size(), 18u);
   int per_mp[5] = {0, 0, 0, 0, 0}, own = 0;
   for (const auto& l : ls) {
@@ -116,11 +119,12 @@ TEST(TuneLayouts, CountedByHandOnFourGpus) {
   // Inference runs neither MP nor ESP (inference session): ep 1, 2, 4 only.
   const Scenario inf =
       parse_scenario_string(scenario_yaml(1, 4, kNoInter, 4, "inference"), "t.yaml");
-  EXPECT_EQ(tune_layouts(inf).size(), 3u);
+  EXPECT_EQ(tune_layouts(inf, stage_only).size(), 3u);
+  EXPECT_EQ(tune_layouts(inf).size(), 3u);  // nor pp, micro-batches or ZeRO
   // 2 experts on 4 GPUs: ep 4 shards each expert over 2 GPUs (experts_per_gpu -2), only at esp 1.
   const Scenario sharded = parse_scenario_string(scenario_yaml(1, 4, kNoInter, 2), "t.yaml");
   bool found = false;
-  for (const auto& l : tune_layouts(sharded)) {
+  for (const auto& l : tune_layouts(sharded, stage_only)) {
     if (l.experts_per_gpu < 0) {
       EXPECT_EQ(l.par.esp, 1);
       EXPECT_EQ(l.experts_per_gpu, -(l.par.ep / 2));
@@ -130,10 +134,62 @@ TEST(TuneLayouts, CountedByHandOnFourGpus) {
   EXPECT_TRUE(found);
 }
 
-// The layouts keep the scenario's pp, so a pipeline_layout with one piece per stage (1f1b,
-// dualpipe) goes along with every layout; an interleaved one (pp * vp pieces) is dropped with vp,
-// as the layouts run 1F1B.
-TEST(TuneLayouts, KeepAOneFOneBPipelineLayoutAndDropAnInterleavedOne) {
+// The pipeline space counted by hand: 2 nodes x 2 GPUs, 4 blocks, E = 4, a global batch of 16
+// sequences (B = 4 on 4 replicas). Stage counts the loader accepts: pp 1, 2 (a node each), 4 (a
+// GPU each). With mp = esp = 1, the largest ep and ZeRO 0, the (pp, schedule, B, m) are:
+//  pp 1: n = 4 sequences per replica -> B 4, 2, 1 (m 1, 2, 4), 1f1b: 3.
+//  pp 2: n = 8 -> B 1, 2, 4 (m 8, 4, 2 >= pp); 1f1b each, interleaved vp 2 each (4 blocks over 2
+//        stages, m even), dualpipe for m 8 and 4 (m >= 2 pp): 8.
+//  pp 4: n = 16 -> B 1, 2, 4 (m 16, 8, 4); 1f1b each, no interleaving (one block per stage),
+//        dualpipe for m 16 and 8: 5.
+TEST(TuneLayouts, PipelineStagesMicroBatchesAndZeroCountedByHand) {
+  const std::string inter =
+      "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 2, latency: 2us}";
+  YAML::Node tree = YAML::Load(scenario_yaml(2, 2, inter, 4));
+  tree["model"]["layers"] = 4;
+  const Scenario sc = parse_scenario(YAML::Clone(tree), "t.yaml");
+  const auto ls = tune_layouts(sc);
+  std::multiset<std::string> got;
+  int zero0 = 0, zero1 = 0;
+  for (const auto& l : ls) {
+    const int stage = 4 / l.par.pp;
+    // The global batch (16 sequences) is kept in every layout.
+    EXPECT_EQ(static_cast<std::int64_t>(stage / l.par.mp) * l.batch_per_gpu * l.micro_batches, 16)
+        << l.describe();
+    EXPECT_EQ(l.par.product(), stage) << l.describe();
+    EXPECT_GE(l.micro_batches, l.par.pp) << l.describe();
+    ++(l.par.zero == 0 ? zero0 : zero1);
+    if (l.par.mp == 1 && l.par.esp == 1 && l.par.ep == stage && l.par.zero == 0)
+      got.insert(fmt::format("pp{} {} vp{} B{} m{}", l.par.pp, name_of(l.par.schedule), l.par.vp,
+                             l.batch_per_gpu, l.micro_batches));
+  }
+  EXPECT_EQ(zero0, zero1);  // every layout with ZeRO 0 and 1
+  const std::multiset<std::string> want = {
+      "pp1 1f1b vp1 B4 m1",      "pp1 1f1b vp1 B2 m2",        "pp1 1f1b vp1 B1 m4",
+      "pp2 1f1b vp1 B1 m8",      "pp2 interleaved vp2 B1 m8", "pp2 dualpipe vp1 B1 m8",
+      "pp2 1f1b vp1 B2 m4",      "pp2 interleaved vp2 B2 m4", "pp2 dualpipe vp1 B2 m4",
+      "pp2 1f1b vp1 B4 m2",      "pp2 interleaved vp2 B4 m2", "pp4 1f1b vp1 B1 m16",
+      "pp4 dualpipe vp1 B1 m16", "pp4 1f1b vp1 B2 m8",        "pp4 dualpipe vp1 B2 m8",
+      "pp4 1f1b vp1 B4 m4"};
+  EXPECT_EQ(got, want);
+  // Every layout parses as written (the edits are valid scenario keys).
+  YAML::Node without_e = YAML::Clone(tree);  // the layouts give experts_per_gpu, as tune does
+  without_e["model"].remove("experts");
+  for (const auto& l : ls) {
+    try {
+      const Scenario x = parse_scenario_with(YAML::Clone(without_e), "t.yaml", l.edits);
+      EXPECT_EQ(x.parallelism.pp, l.par.pp);
+      EXPECT_EQ(x.model.micro_batches, l.micro_batches);
+      EXPECT_EQ(x.num_experts(), 4);
+    } catch (const InputError& e) {
+      ADD_FAILURE() << l.describe() << ": " << e.what();
+    }
+  }
+}
+
+// A pipeline_layout names the scenario's own pieces: it goes along with the layouts of the
+// scenario's pp, schedule and vp (1f1b here, and interleaved) and no other.
+TEST(TuneLayouts, KeepThePipelineLayoutWithItsOwnStagesOnly) {
   const std::string inter =
       "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 2, latency: 2us}";
   YAML::Node tree = YAML::Load(scenario_yaml(2, 2, inter, 4));
@@ -142,12 +198,18 @@ TEST(TuneLayouts, KeepAOneFOneBPipelineLayoutAndDropAnInterleavedOne) {
   tree["parallelism"] = YAML::Load("{pp: 2, pipeline_layout: 't*2|t'}");
   const Scenario sc = parse_scenario(YAML::Clone(tree), "t.yaml");
   ASSERT_EQ(sc.parallelism.pipeline_layout, (std::vector<int>{2, 1}));
-  const auto ls = tune_layouts(sc);
-  ASSERT_FALSE(ls.empty());
-  for (const auto& l : ls) {
-    EXPECT_EQ(l.par.pipeline_layout, (std::vector<int>{2, 1})) << l.describe();
-    EXPECT_THAT(l.edits.at(0), ::testing::HasSubstr("pipeline_layout: [2, 1]"));
+  int with = 0;
+  for (const auto& l : tune_layouts(sc)) {
+    const bool own = l.par.pp == 2 && l.par.schedule == PipelineSchedule::kOneFOneB;
+    if (own) {
+      ++with;
+      EXPECT_EQ(l.par.pipeline_layout, (std::vector<int>{2, 1})) << l.describe();
+      EXPECT_THAT(l.edits.at(0), ::testing::HasSubstr("pipeline_layout: [2, 1]"));
+    } else {
+      EXPECT_TRUE(l.par.pipeline_layout.empty()) << l.describe();
+    }
   }
+  EXPECT_GT(with, 0);
   TuneOptions o;
   o.budget_s = 600;
   o.rerun_engine = "analytical";
@@ -164,20 +226,26 @@ TEST(TuneLayouts, KeepAOneFOneBPipelineLayoutAndDropAnInterleavedOne) {
   const Scenario inter_sc = parse_scenario(YAML::Clone(tree), "t.yaml");
   ASSERT_EQ(inter_sc.parallelism.schedule, PipelineSchedule::kInterleaved);
   for (const auto& l : tune_layouts(inter_sc)) {
-    EXPECT_TRUE(l.par.pipeline_layout.empty()) << l.describe();
-    EXPECT_THAT(l.edits.at(0), ::testing::Not(::testing::HasSubstr("pipeline_layout")));
+    const bool own =
+        l.par.pp == 2 && l.par.schedule == PipelineSchedule::kInterleaved && l.par.vp == 2;
+    EXPECT_EQ(l.par.pipeline_layout.empty(), !own) << l.describe();
   }
   const TuneResult ri = tune(tree, "t.yaml", {}, o);
   ASSERT_TRUE(ri.complete);
   ASSERT_FALSE(ri.ranked.empty());
-  EXPECT_THAT(ri.layouts[0].edits.at(0), ::testing::Not(::testing::HasSubstr("pipeline_layout")));
+  EXPECT_THAT(ri.layouts[0].edits.at(0), ::testing::HasSubstr("pipeline_layout: [1, 1, 1, 1]"));
+  EXPECT_THAT(ri.layouts[0].edits.at(0), ::testing::HasSubstr("schedule: interleaved, vp: 2"));
 }
 
+// The stage layouts only (pp, micro-batches, ZeRO and recomputation as written): these tests
+// are about the stacks; the pipeline and memory space has tests of its own.
 TuneOptions screening_only() {
   TuneOptions o;
   o.budget_s = 600;  // never reached on these sizes: the search completes
   o.rerun_engine = "analytical";
   o.progress = false;
+  o.search_pipeline = false;
+  o.search_memory = false;
   return o;
 }
 
@@ -207,6 +275,7 @@ TEST(Tune, SlowInterNodeLinkMakesTheTunerAvoidOrShapeTheInterNodeAllToAll) {
   // On the scenario's layout (ep = 16) the best stack routes topology-aware or runs 2DH.
   TuneOptions keep = screening_only();
   keep.search_layouts = false;
+  keep.include_routing = true;  // topology-aware routing changes what the model learns
   const TuneResult fixed = tune(tree, "t.yaml", {}, keep);
   ASSERT_FALSE(fixed.ranked.empty());
   ASSERT_EQ(fixed.layouts.size(), 1u);
@@ -217,9 +286,62 @@ TEST(Tune, SlowInterNodeLinkMakesTheTunerAvoidOrShapeTheInterNodeAllToAll) {
       << best << " / " << fixed.ranked[0].screen.decisions;
   EXPECT_GT(fixed.ranked[0].screen.speedup, 1.2);
   // With the layout free as well, the answer is at least as fast.
-  const TuneResult free = tune(tree, "t.yaml", {}, screening_only());
+  TuneOptions all = screening_only();
+  all.include_routing = true;
+  const TuneResult free = tune(tree, "t.yaml", {}, all);
   ASSERT_FALSE(free.ranked.empty());
   EXPECT_LE(free.ranked[0].time_s(), fixed.ranked[0].time_s() * (1 + 1e-12));
+  // By default no stack changes the routing: the space is smaller by the routing role's values,
+  // and the best keeps the model's routing.
+  keep.include_routing = false;
+  const TuneResult kept = tune(tree, "t.yaml", {}, keep);
+  EXPECT_EQ(kept.stacks_in_space * 3, fixed.stacks_in_space);  // even, ta_moe, faster_moe_hir
+  for (const auto& row : kept.ranked) EXPECT_FALSE(row.changes_routing()) << row.roles;
+  EXPECT_TRUE(fixed.ranked[0].changes_routing() ||
+              fixed.ranked[0].screen.decisions.find("a2a=2dh") != std::string::npos);
+}
+
+// A GPU too small for the scenario's own layout: the search finds layouts that fit (ZeRO-1, more
+// stages or micro-batches, recomputation), every ranked row fits, and the scenario's layout is
+// still the reference. A GPU too small for any layout gets no row and a note naming the closest.
+TEST(Tune, FindsLayoutsThatFitWhereTheScenarioDoesNot) {
+  const std::string inter =
+      "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 2, latency: 2us}";
+  YAML::Node tree = YAML::Load(scenario_yaml(2, 2, inter, 4));
+  tree["model"]["layers"] = 4;
+  TuneOptions own = screening_only();
+  own.search_layouts = false;
+  const double need = tune(tree, "t.yaml", {}, own).baseline_screen.memory_bytes;
+  ASSERT_GT(need, 0);
+  auto small_gpu = [&](double bytes) {
+    tree["cluster"]["gpu"] = YAML::Load(fmt::format(
+        "{{name: small, peak_tflops: 312TFLOPS, hbm_bandwidth: 2039GB/s, memory: {}KiB}}",
+        static_cast<long long>(bytes / 1024)));
+  };
+  small_gpu(0.7 * need);
+  TuneOptions o = screening_only();
+  o.search_pipeline = o.search_memory = true;
+  const TuneResult r = tune(tree, "t.yaml", {}, o);
+  EXPECT_FALSE(r.baseline_screen.fits_memory());
+  EXPECT_GT(r.layouts_fit, 0);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const auto& row : r.ranked) {
+    EXPECT_TRUE(row.screen.fits_memory()) << r.layouts[row.layout].describe();
+    EXPECT_FALSE(r.layouts[row.layout].is_scenario);
+  }
+  // The stage layouts alone (pp, micro-batches, ZeRO and recomputation as written) hold less.
+  const TuneResult stage_only = tune(tree, "t.yaml", {}, screening_only());
+  EXPECT_LT(stage_only.layouts_fit, r.layouts_fit);
+
+  small_gpu(4096);  // 4 MiB: not even the weights
+  const TuneResult none = tune(tree, "t.yaml", {}, o);
+  EXPECT_EQ(none.layouts_fit, 0);
+  EXPECT_TRUE(none.ranked.empty());
+  bool named = false;
+  for (const auto& n : none.notes)
+    named = named || (n.find("no layout fits") != std::string::npos &&
+                      n.find("closest: ") != std::string::npos);
+  EXPECT_TRUE(named) << fmt::format("{}", fmt::join(none.notes, "\n"));
 }
 
 // DeepEP's per-node dispatch joins the a2a role for a dropless dispatch across nodes: with
@@ -364,6 +486,59 @@ TEST(TuneCli, EmittedScenarioReproducesTheReportedTime) {
   for (const auto& run_j : sj["runs"])
     if (run_j["strategy"] == "tuned") simulated = run_j["step_time_s"].get<double>();
   ASSERT_GT(simulated, 0) << sj.dump(1).substr(0, 2000);
+  EXPECT_NEAR(simulated, reported, 1e-9 * reported);
+  fs::remove_all(d);
+}
+
+// Where the winner changes pp, micro-batches, ZeRO or recomputation, the emitted file carries them
+// and reproduces the reported time.
+TEST(TuneCli, EmittedMemoryLayoutReproducesTheReportedTime) {
+  const fs::path d = temp_dir();
+  const std::string inter =
+      "{kind: switch, nic_bandwidth: 100Gb/s, nics_per_node: 2, latency: 2us}";
+  YAML::Node tree = YAML::Load(scenario_yaml(2, 2, inter, 4));
+  tree["model"]["layers"] = 4;
+  TuneOptions own = screening_only();
+  own.search_layouts = false;
+  const double need = tune(tree, "t.yaml", {}, own).baseline_screen.memory_bytes;
+  tree["cluster"]["gpu"] = YAML::Load(
+      fmt::format("{{name: small, peak_tflops: 312TFLOPS, hbm_bandwidth: 2039GB/s, memory: {}KiB}}",
+                  static_cast<long long>(0.7 * need / 1024)));
+  {
+    YAML::Emitter em;
+    em << tree;
+    std::ofstream(d / "s.yaml") << em.c_str() << "\n";
+  }
+  const std::string s = (d / "s.yaml").string(), best = (d / "best.yaml").string();
+  const RunOutput t =
+      run(fmt::format("tune '{}' --budget 120s --top 3 --engine analytical -q "
+                      "--json '{}' --emit '{}'",
+                      s, (d / "t.json").string(), best));
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  std::ifstream js(d / "t.json");
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_FALSE(j["ranked"].empty());
+  const auto& top = j["ranked"][0];
+  const auto& par = top["parallelism"];
+  // The winner is not the scenario's settings: something that saves memory changed.
+  EXPECT_TRUE(par["pp"].get<int>() > 1 || par["zero"].get<int>() == 1 ||
+              top["micro_batches"].get<int>() > 1 || top["recompute"] != "none")
+      << top.dump(1);
+  const double reported = top["screen"]["step_time_s"].get<double>();
+  const Scenario emitted = parse_scenario(YAML::LoadFile(best), best);
+  EXPECT_EQ(emitted.parallelism.pp, par["pp"].get<int>());
+  EXPECT_EQ(emitted.parallelism.zero, par["zero"].get<int>());
+  EXPECT_EQ(emitted.model.micro_batches, top["micro_batches"].get<int>());
+  EXPECT_EQ(name_of(emitted.model.recompute.granularity), top["recompute"].get<std::string>());
+  const RunOutput sim = run(fmt::format("simulate '{}' --engine analytical --json '{}' -q", best,
+                                        (d / "sim.json").string()));
+  ASSERT_EQ(sim.exit_code, 0) << sim.out;
+  std::ifstream ss(d / "sim.json");
+  const auto sj = nlohmann::json::parse(ss);
+  double simulated = -1;
+  for (const auto& run_j : sj["runs"])
+    if (run_j["strategy"] == "tuned") simulated = run_j["step_time_s"].get<double>();
+  ASSERT_GT(simulated, 0);
   EXPECT_NEAR(simulated, reported, 1e-9 * reported);
   fs::remove_all(d);
 }

@@ -269,5 +269,24 @@ TEST(LinaSchedule, ExpertPackingStopsAtMaxPack) {
   EXPECT_EQ(run_schedule(sc, 2).decision.expert_pack, 1);
 }
 
+TEST(LinaSchedule, ShardedExpertsRunUnpacked) {
+  // Experts sharded over 2 GPUs each (experts_per_gpu -2): Lina never packs them, and choosing
+  // the micro-op count measures the unpacked layout (pack 1 is the scenario itself).
+  Scenario sc = lina_scenario("4MB", "flow", "true");
+  sc.cluster.nodes = 16;
+  sc.cluster.gpus_per_node = 1;
+  sc.parallelism.ep = 16;
+  sc.parallelism.dp = 1;
+  sc.model.experts_per_gpu = -2;
+  sc.model.experts = 8;
+  const auto topo = topology::build_topology(sc.cluster);
+  const auto c = schedules::lina_choose(sc, *topo, 512, Bytes(4e6), LayoutRole::kPlain, 2, 1);
+  EXPECT_EQ(c.expert_pack, 1);
+  EXPECT_GE(c.pipeline_degree, 1);
+  const Scenario same = schedules::packed_scenario(sc, 1);
+  EXPECT_EQ(same.parallelism.ep, 16);
+  EXPECT_EQ(same.model.experts_per_gpu, -2);
+}
+
 }  // namespace
 }  // namespace moesim::strategies

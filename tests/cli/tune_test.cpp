@@ -543,6 +543,37 @@ TEST(TuneCli, EmittedMemoryLayoutReproducesTheReportedTime) {
   fs::remove_all(d);
 }
 
+// A model preset whose own layout does not fit the H100 (Mixtral 8x7B at EP 8 x DP 8, 150 GiB
+// with Adam): tune finds layouts that fit, ranks them, and the emitted one simulates to the
+// reported time. (bench/tune_bench.sh --rows presets runs every preset with a minute's budget.)
+TEST(TuneCli, MixtralPresetFindsFittingLayoutsAndEmitsOne) {
+  const fs::path d = temp_dir();
+  const std::string preset =
+      std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/mixtral-8x7b.yaml";
+  const std::string best = (d / "best.yaml").string(), js_path = (d / "t.json").string();
+  const RunOutput t = run(
+      fmt::format("tune '{}' --budget 20s --top 3 --engine analytical -q --json '{}' --emit '{}'",
+                  preset, js_path, best));
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("the scenario's own layout does not fit"));
+  std::ifstream js(js_path);
+  const auto j = nlohmann::json::parse(js);
+  EXPECT_GT(j["space"]["layouts_fit_memory"].get<int>(), 0);
+  ASSERT_FALSE(j["ranked"].empty());
+  for (const auto& row : j["ranked"])
+    EXPECT_LE(row["screen"]["memory_bytes"].get<double>(), 80.0 * (1 << 30)) << row.dump();
+  const double reported = j["ranked"][0]["screen"]["step_time_s"].get<double>();
+  const RunOutput sim = run(fmt::format(
+      "simulate '{}' --engine analytical --strategy tuned --json '{}' -q", best,
+      (d / "sim.json").string()));
+  ASSERT_EQ(sim.exit_code, 0) << sim.out;
+  std::ifstream ss(d / "sim.json");
+  const auto sj = nlohmann::json::parse(ss);
+  ASSERT_EQ(sj["runs"].size(), 1u);
+  EXPECT_NEAR(sj["runs"][0]["step_time_s"].get<double>(), reported, 0.01 * reported);
+  fs::remove_all(d);
+}
+
 // `mpirun -np 2 moesim tune` spreads the runs over both ranks and ranks what one process ranks;
 // rank 0 alone prints and writes; an input error is reported once and exits 2.
 TEST(TuneCli, MpirunSpreadsRunsAndRanksTheSame) {

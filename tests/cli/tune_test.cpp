@@ -548,8 +548,7 @@ TEST(TuneCli, EmittedMemoryLayoutReproducesTheReportedTime) {
 // reported time. (bench/tune_bench.sh --rows presets runs every preset with a minute's budget.)
 TEST(TuneCli, MixtralPresetFindsFittingLayoutsAndEmitsOne) {
   const fs::path d = temp_dir();
-  const std::string preset =
-      std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/mixtral-8x7b.yaml";
+  const std::string preset = std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/mixtral-8x7b.yaml";
   const std::string best = (d / "best.yaml").string(), js_path = (d / "t.json").string();
   const RunOutput t = run(
       fmt::format("tune '{}' --budget 20s --top 3 --engine analytical -q --json '{}' --emit '{}'",
@@ -563,9 +562,9 @@ TEST(TuneCli, MixtralPresetFindsFittingLayoutsAndEmitsOne) {
   for (const auto& row : j["ranked"])
     EXPECT_LE(row["screen"]["memory_bytes"].get<double>(), 80.0 * (1 << 30)) << row.dump();
   const double reported = j["ranked"][0]["screen"]["step_time_s"].get<double>();
-  const RunOutput sim = run(fmt::format(
-      "simulate '{}' --engine analytical --strategy tuned --json '{}' -q", best,
-      (d / "sim.json").string()));
+  const RunOutput sim =
+      run(fmt::format("simulate '{}' --engine analytical --strategy tuned --json '{}' -q", best,
+                      (d / "sim.json").string()));
   ASSERT_EQ(sim.exit_code, 0) << sim.out;
   std::ifstream ss(d / "sim.json");
   const auto sj = nlohmann::json::parse(ss);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up for moesim on a Debian machine: installs the Debian packages of
-# docs/design.md §8 that are missing, then configures and builds Release.
+# docs/design.md §8 that are missing, then configures and builds Release, and installs the Python
+# package into BUILD/python-venv.
 #
 #   scripts/setup.sh [--build-dir DIR] [--type Release|Debug|Asan] [--no-build]
 #
@@ -24,7 +25,9 @@ done
 
 packages=(build-essential cmake pkg-config libyaml-cpp-dev libboost-graph-dev libsimgrid-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenmpi-dev openmpi-bin clang-format gnuplot-nox chromium libprotobuf-dev protobuf-compiler)
+  libopenmpi-dev openmpi-bin clang-format gnuplot-nox chromium libprotobuf-dev protobuf-compiler
+  pybind11-dev python3-dev python3-pandas python3-venv python3-pip python3-setuptools
+  python3-wheel)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -54,7 +57,20 @@ case "$build_type" in
                      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
                      "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
                      -DMOESIM_WITH_CUDA=OFF -DMOESIM_BUILD_BENCH=OFF) ;;
-  *) cmake_args+=(-DCMAKE_BUILD_TYPE="$build_type") ;;
+  # Debian's interpreter, whose python3-pandas the Python package's users and tests import (a
+  # python3 earlier on PATH, e.g. pyenv's, has no Debian packages).
+  *) cmake_args+=(-DCMAKE_BUILD_TYPE="$build_type" -DPython_EXECUTABLE=/usr/bin/python3) ;;
 esac
 cmake "${cmake_args[@]}" >/dev/null
 cmake --build "$build_dir" -j "$jobs"
+
+# The Python package (apps/python), installed with the system's tools into a virtual environment
+# that sees Debian's packages (pandas): BUILD/python-venv/bin/python has `import moesim`. pip
+# takes the module the build above made; nothing is downloaded (--no-index, --no-build-isolation).
+if grep -q '^MOESIM_PYTHON:BOOL=ON' "$build_dir/CMakeCache.txt"; then
+  venv="$build_dir/python-venv"
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  MOESIM_BUILD_DIR="$build_dir" "$venv/bin/python" -m pip install -q --no-index --no-deps \
+    --no-build-isolation --force-reinstall "$here/apps/python" >/dev/null
+  echo "setup.sh: Python package installed: $venv/bin/python -c 'import moesim'" >&2
+fi

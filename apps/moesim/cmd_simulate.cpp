@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "apps/moesim/api.hpp"
 #include "apps/moesim/chakra_export.hpp"
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
@@ -303,6 +304,7 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
 void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   auto [sc, iterations] = load_run_scenario(path, a.sets, a.iterations, a.seed);
+  warn_implausible(sc);
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, a.engine, a.simgrid_mode);
   auto specs = select_strategies(sc, a.strategies);
@@ -322,28 +324,7 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   warn_memory(sc, rows, topo->gpu().name);
 
   if (!a.json_path.empty()) {
-    nlohmann::ordered_json j;
-    j["moesim_version"] = MOESIM_VERSION;
-    j["scenario"] = sc.name;
-    j["engine"] = std::string(sim::network_kind_name(cfg.network));
-    if (auto m = simgrid_mode_used(cfg, topo->num_gpus()); !m.empty()) j["simgrid_mode"] = m;
-    if (cfg.network == sim::NetworkKind::kFlow)
-      j["flow_event_tolerance"] = cfg.flow_event_tolerance;
-    // The compute slow-down beside communication the run used (scenario, GPU default or
-    // calibration).
-    j["interference"] = cfg.compute.interference;
-    // The per-message and per-peer costs it charged (scenario keys or the NIC model's).
-    j["message_overhead_s"] = cfg.net.message_overhead_s;
-    j["peer_cache"] = cfg.net.peer_cache;
-    j["peer_miss_overhead_s"] = cfg.net.peer_miss_overhead_s;
-    j["seed"] = sc.workload.routing.seed;
-    auto& runs = j["runs"] = nlohmann::ordered_json::array();
-    double wall = 0;
-    for (const auto& o : outcomes) {
-      runs.push_back(run_json(sc, o.run, o.summary));
-      wall += o.summary.wall_s;
-    }
-    j["wall_s"] = wall;
+    const nlohmann::ordered_json j = simulate_json(sc, cfg, *topo, outcomes);
     write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
   }
   if (!a.csv_path.empty()) {

@@ -21,8 +21,10 @@ namespace {
 // Per-GPU memory (docs/model.md, "Memory"): the layout alone (the baseline stack), then each
 // strategy, each through planned_memory: the decision and the sampled dC that simulate's run
 // records, so the figure printed here is simulate's memory_bytes. A warning on stderr for each
-// that does not fit, with the single keys that would make it fit; validation still succeeds.
+// that does not fit (one for all), with the single keys that would make it fit; validation still
+// succeeds. First, values no real cluster has (implausible_values).
 void print_memory(const Scenario& sc, const topology::Topology& topo) {
+  warn_implausible(sc);
   const double gpu_bytes = topo.gpu().memory.value();
   const auto& m = sc.model;
   const bool training = m.mode == Mode::kTraining;

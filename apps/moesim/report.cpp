@@ -1,6 +1,7 @@
 #include "apps/moesim/report.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -292,21 +293,82 @@ std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memo
   return s;
 }
 
+std::vector<std::string> implausible_values(const Scenario& sc) {
+  // Bounds no real fabric is outside of: a link below 1 Mb/s (a 1990s modem's order) or a hop
+  // slower than a second. The run would still complete, with a step of years; say why up front.
+  constexpr double kMinLinkBytesPerS = 1e6 / 8;
+  constexpr double kMaxLatencyS = 1.0;
+  std::vector<std::string> out;
+  auto link = [&](const std::string& key, double bytes_per_s) {
+    if (bytes_per_s > 0 && bytes_per_s < kMinLinkBytesPerS)
+      out.push_back(
+          fmt::format("{}: {:.3g} b/s is below 1 Mb/s, far below any real link (a "
+                      "unit typo? e.g. 100Gb/s, 25GB/s)",
+                      key, bytes_per_s * 8));
+  };
+  auto hop = [&](const std::string& key, double s) {
+    if (s > kMaxLatencyS)
+      out.push_back(
+          fmt::format("{}: {:.3g} s per hop is above 1 s, far above any real link (a "
+                      "unit typo? e.g. 2us, 1.5ms)",
+                      key, s));
+  };
+  const ClusterSpec& c = sc.cluster;
+  link("cluster.intra_node.bandwidth", c.intra.bandwidth.value());
+  link("cluster.intra_node.socket_link_bandwidth", c.intra.socket_link_bandwidth.value());
+  hop("cluster.intra_node.latency", c.intra.latency.value());
+  link("cluster.inter_node.nic_bandwidth", c.inter.nic_bandwidth.value());
+  link("cluster.inter_node.global_bandwidth", c.inter.global_bandwidth.value());
+  link("cluster.inter_node.local_bandwidth", c.inter.local_bandwidth.value());
+  for (std::size_t i = 0; i < c.inter.tree_level_bandwidth.size(); ++i)
+    link(fmt::format("cluster.inter_node.tree_level_bandwidth[{}]", i),
+         c.inter.tree_level_bandwidth[i].value());
+  hop("cluster.inter_node.latency", c.inter.latency.value());
+  if (c.custom)
+    for (std::size_t i = 0; i < c.custom->links.size(); ++i) {
+      link(fmt::format("cluster.custom.links[{}].bandwidth", i),
+           c.custom->links[i].bandwidth.value());
+      hop(fmt::format("cluster.custom.links[{}].latency", i), c.custom->links[i].latency.value());
+    }
+  link("cluster.gpu.hbm_bandwidth", c.gpu.hbm_bandwidth.value());
+  return out;
+}
+
+void warn_implausible(const Scenario& sc) {
+  for (const std::string& w : implausible_values(sc))
+    std::fprintf(stderr, "moesim: warning: %s\n", w.c_str());
+}
+
 void warn_memory(const Scenario& sc, const std::vector<RunSummary>& rows,
                  const std::string& gpu_name) {
-  for (const auto& r : rows) {
-    if (r.fits_memory()) continue;
-    // The single keys that would make it fit (strategies::fit_advice; every command prints the
-    // same). A summary restored from a sweep's CSV has no parts to re-estimate from.
-    const std::string advice = r.memory.total_bytes() > 0
-                                   ? strategies::fit_advice(sc, r.memory, r.gpu_memory_bytes)
-                                   : std::string();
-    std::fprintf(stderr,
-                 "moesim: warning: strategy '%s' does not fit in memory: estimated %s per GPU, "
-                 "more than the %s's memory (docs/model.md, \"Memory\")%s%s\n",
-                 r.strategy.c_str(), describe_memory(r.memory, r.gpu_memory_bytes).c_str(),
-                 gpu_name.c_str(), advice.empty() ? "" : "; ", advice.c_str());
+  // One warning per run: the strategies over memory, and the largest one's estimate with the
+  // single keys that make it fit (strategies::fit_advice; a key that fits the largest fits the
+  // rest, as the estimates differ only by what the stacks add).
+  std::vector<const RunSummary*> over;
+  for (const auto& r : rows)
+    if (!r.fits_memory()) over.push_back(&r);
+  if (over.empty()) return;
+  const RunSummary& worst = **std::max_element(
+      over.begin(), over.end(),
+      [](const RunSummary* a, const RunSummary* b) { return a->memory_bytes < b->memory_bytes; });
+  // A summary restored from a sweep's CSV has no parts to re-estimate from.
+  const std::string advice = worst.memory.total_bytes() > 0
+                                 ? strategies::fit_advice(sc, worst.memory, worst.gpu_memory_bytes)
+                                 : std::string();
+  std::string who;
+  if (over.size() == 1) {
+    who = fmt::format("strategy '{}' does not fit in memory", worst.strategy);
+  } else {
+    std::vector<std::string> names;
+    for (const RunSummary* r : over) names.push_back("'" + r->strategy + "'");
+    who = fmt::format("{} of {} strategies ({}) do not fit in memory; the largest, '{}'",
+                      over.size(), rows.size(), fmt::join(names, ", "), worst.strategy);
   }
+  std::fprintf(stderr,
+               "moesim: warning: %s: estimated %s per GPU, more than the %s's memory "
+               "(docs/model.md, \"Memory\")%s%s\n",
+               who.c_str(), describe_memory(worst.memory, worst.gpu_memory_bytes).c_str(),
+               gpu_name.c_str(), advice.empty() ? "" : "; ", advice.c_str());
 }
 
 nlohmann::ordered_json run_json(const Scenario& sc, const strategies::StackRun& run,

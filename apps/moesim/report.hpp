@@ -92,8 +92,14 @@ nlohmann::ordered_json memory_json(const strategies::MemoryEstimate& m, double g
 /// "weights 1.2 GiB, gradients ..., total 9.8 GiB of 40.0 GiB" (one line, for the CLI).
 std::string describe_memory(const strategies::MemoryEstimate& m, double gpu_memory_bytes);
 
-/// A warning on stderr for every row whose estimate exceeds the GPU's memory, with the single
-/// keys of `sc` (the scenario the rows ran) that would make it fit (strategies::fit_advice).
+/// Values no real cluster has (a link below 1 Mb/s, a hop above 1 s), each "KEY: why": the run
+/// would complete with an absurd step time; validate and simulate warn before running.
+std::vector<std::string> implausible_values(const Scenario& sc);
+void warn_implausible(const Scenario& sc);
+
+/// One warning on stderr when rows' estimates exceed the GPU's memory: which strategies, the
+/// largest estimate, and the single keys of `sc` (the scenario the rows ran) that make it fit
+/// (strategies::fit_advice).
 void warn_memory(const Scenario& sc, const std::vector<RunSummary>& rows,
                  const std::string& gpu_name);
 

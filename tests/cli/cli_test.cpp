@@ -750,6 +750,20 @@ TEST(Cli, SimulateReportsMemoryAndWarnsWhenItDoesNotFit) {
       << over.out;
   auto b = nlohmann::json::parse(read_file(dir / "b.json"));
   EXPECT_EQ(b["runs"][0]["memory"]["fits"], false);
+  // Every strategy of the scenario over memory: one warning, naming them all and the key that fits.
+  auto all =
+      run(fmt::format("simulate '{}/scenarios/lina-a100-4x4.yaml' --engine analytical --set "
+                      "model.batch_per_gpu=128 -q",
+                      kSource));
+  ASSERT_EQ(all.exit_code, 0) << all.out;
+  std::size_t warnings = 0;
+  for (std::size_t at = all.out.find("moesim: warning:"); at != std::string::npos;
+       at = all.out.find("moesim: warning:", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << all.out;
+  EXPECT_THAT(all.out, ::testing::HasSubstr("strategies ('baseline', "));
+  EXPECT_THAT(all.out, ::testing::HasSubstr("do not fit in memory; the largest, '"));
+  EXPECT_THAT(all.out, ::testing::HasSubstr("fits with "));
   EXPECT_GT(b["runs"][0]["memory_bytes"].get<double>(), 40.0 * 1024 * 1024 * 1024);
   // validate prints the estimate and the same warning.
   auto v = run(fmt::format("validate '{}/scenarios/lina-a100-4x4.yaml'", kSource));
@@ -761,8 +775,29 @@ TEST(Cli, SimulateReportsMemoryAndWarnsWhenItDoesNotFit) {
   auto vo = run(fmt::format(
       "validate '{}/scenarios/lina-a100-4x4.yaml' --set model.batch_per_gpu=128", kSource));
   ASSERT_EQ(vo.exit_code, 0) << vo.out;
-  EXPECT_NE(vo.out.find("does not fit in memory"), std::string::npos) << vo.out;
+  EXPECT_NE(vo.out.find("do not fit in memory; the largest, "), std::string::npos) << vo.out;
   fs::remove_all(dir);
+}
+
+// Values no real cluster has run, with a warning naming the key: a NIC of 1 b/s (a unit typo)
+// gives a step of years, and validate and simulate say why before the number.
+TEST(Cli, ImplausibleLinkValuesWarnWithTheirKey) {
+  const std::string q = fmt::format("'{}/scenarios/quickstart.yaml'", kSource);
+  for (const char* cmd : {"validate", "simulate"}) {
+    auto r =
+        run(fmt::format("{} {} --set cluster.inter_node.nic_bandwidth=0.000001b/s --set "
+                        "cluster.intra_node.latency=2s{}",
+                        cmd, q, std::string(cmd) == "simulate" ? " --engine analytical -q" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_THAT(r.out, ::testing::HasSubstr("moesim: warning: cluster.inter_node.nic_bandwidth: "
+                                            "1e-06 b/s is below 1 Mb/s"));
+    EXPECT_THAT(r.out,
+                ::testing::HasSubstr(
+                    "moesim: warning: cluster.intra_node.latency: 2 s per hop is above 1 s"));
+  }
+  auto ok = run(fmt::format("validate {}", q));
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ok.out.find("moesim: warning"), std::string::npos) << ok.out;
 }
 
 TEST(Cli, SimulateSeedChangesTheWorkload) {

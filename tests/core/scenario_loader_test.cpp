@@ -616,7 +616,7 @@ TEST(ScenarioErrors, WrongYamlType) {
                     HasSubstr("expected a map")));
   EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: two")),
               StartsWith("test.yaml:5:18: cluster.gpus_per_node: found 'two', expected an "
-                         "integer in [1, 16777216]"));
+                         "integer in [1, 131072]"));
   EXPECT_THAT(error_of(tiny_with("gpus_per_node: 2", "gpus_per_node: 2.5")),
               HasSubstr("cluster.gpus_per_node: found '2.5', expected an integer"));
   EXPECT_THAT(error_of(tiny_with("  - {name: baseline}\n", "  - baseline\n")),
@@ -756,7 +756,7 @@ TEST(ScenarioValidation, ClusterRules) {
               HasSubstr("cluster.inter_node.nics_per_node: found 3, expected a divisor of "
                         "cluster.gpus_per_node = 2"));
   EXPECT_THAT(error_of(tiny_with("nodes: 2", "nodes: 0")),
-              HasSubstr("cluster.nodes: found 0, expected an integer in [1, 16777216]"));
+              HasSubstr("cluster.nodes: found 0, expected an integer in [1, 131072]"));
   EXPECT_THAT(error_of(tiny_with("bandwidth: 300GB/s", "bandwidth: 0GB/s")),
               HasSubstr("cluster.intra_node.bandwidth: found a zero bandwidth"));
   EXPECT_THAT(error_of(tiny_with("{kind: switch, nic_bandwidth: 200Gb/s}",
@@ -1072,10 +1072,12 @@ TEST(ScenarioBounds, IntegerRangesAreStated) {
   EXPECT_THAT(error_of(kTiny + std::string("workload: {iterations: 1000001}\n")),
               HasSubstr("workload.iterations: found 1000001, expected an integer in [1, "
                         "1000000]"));
-  EXPECT_EQ(error_of(tiny_with("nodes: 2", "nodes: 16777216")),
-            "test.yaml:4:10: cluster.nodes: found 16777216, expected an integer in [1, "
-            "2^24/gpus_per_node = 8388608] (16777216 nodes x 2 GPUs is more than the 2^24 GPUs "
-            "supported)");
+  EXPECT_EQ(error_of(tiny_with("nodes: 2", "nodes: 65537")),
+            "test.yaml:4:10: cluster.nodes: found 65537, expected an integer in [1, "
+            "2^17/gpus_per_node = 65536] (65537 nodes x 2 GPUs is more than the 2^17 = 131,072 "
+            "GPUs moesim simulates: its per-GPU tables outgrow memory beyond)");
+  EXPECT_THAT(error_of(tiny_with("nodes: 2", "nodes: 1e6")),
+              HasSubstr("cluster.nodes: found '1e6', expected an integer in [1, 131072]"));
   EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n", "  experts: 1048577\n")),
               HasSubstr("model.experts: found 1048577, expected an integer in [1, 1048576]"));
 }

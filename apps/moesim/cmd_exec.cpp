@@ -297,12 +297,26 @@ nlohmann::ordered_json check_json(const CheckTotals& t) {
 }
 
 // The --predict report: each strategy's measured steps beside the simulator's prediction.
-void print_predictions(const Scenario& sc, const sim::EngineConfig& engine_cfg, bool host,
+void print_predictions(const Scenario& sc, const std::string& path,
+                       const sim::EngineConfig& engine_cfg, bool host,
                        const std::vector<strategies::StackRun>& runs,
                        const std::vector<std::vector<PredictStep>>& predicted) {
+  const bool calibrated = !sc.cluster.calibration_path.empty();
   fmt::print("\n# predict: engine {}, calibration {}\n", sim::network_kind_name(engine_cfg.network),
-             sc.cluster.calibration_path.empty() ? "none (datasheet defaults)"
-                                                 : sc.cluster.calibration_path);
+             calibrated ? sc.cluster.calibration_path : "none (datasheet defaults)");
+  // What the two columns are: this run's clock against the model of the scenario's hardware. On
+  // the host path without a calibration they measure different machines, hence -60% to -99%.
+  fmt::print(
+      "# compared: measured = this run's ops on this machine ({}); predicted = the {} engine's "
+      "time for the same plan on the scenario's cluster ({} x {}, {})\n",
+      host ? "the host path: CPU code through MPI" : "the GPUs through NCCL",
+      sim::network_kind_name(engine_cfg.network), sc.num_gpus(), sc.cluster.gpu.name,
+      calibrated ? "with the calibration's measured rates" : "from its datasheet figures");
+  if (!calibrated)
+    fmt::print(
+        "# to predict this machine rather than the datasheet: mpirun -np {} moesim calibrate "
+        "'{}' --out cal.yaml, then --set cluster.calibration=cal.yaml (docs/calibration.md)\n",
+        sc.num_gpus(), path);
   if (host)
     fmt::print(
         "# host path: only the MoE forward's compute (gate, encode, expert GEMMs, decode), "
@@ -409,7 +423,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   if (root) {
     print_table(rows);
     if (a.check) print_checks(totals);
-    if (a.predict) print_predictions(sc, engine_cfg, host, runs, predicted);
+    if (a.predict) print_predictions(sc, path, engine_cfg, host, runs, predicted);
     if (!a.json_path.empty()) {
       nlohmann::ordered_json j;
       j["moesim_version"] = MOESIM_VERSION;

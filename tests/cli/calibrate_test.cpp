@@ -30,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 fs::path temp_dir() {
   fs::path d = fs::temp_directory_path() /
@@ -226,7 +227,20 @@ TEST(CalibrateCli, QuickRunUnderMpirunWritesAFileAScenarioLoads) {
                       mpirun(4), (d / "s.yaml").string(), json.string()));
   ASSERT_EQ(e.exit_code, 0) << e.out;
   EXPECT_THAT(e.out, AllOf(HasSubstr("# predict: baseline"), HasSubstr("all_to_all"),
-                           HasSubstr("step 0"), HasSubstr("calib.yaml")));
+                           HasSubstr("step 0"), HasSubstr("calib.yaml"),
+                           HasSubstr("# compared: measured = this run's ops on this machine (the "
+                                     "host path: CPU code through MPI)"),
+                           HasSubstr("with the calibration's measured rates")));
+  EXPECT_THAT(e.out, Not(HasSubstr("to predict this machine rather than the datasheet")));
+  // Without the calibration it says how to get one.
+  const RunOutput plain =
+      run(fmt::format("{} exec '{}' --predict --iterations 1 --strategy "
+                      "baseline",
+                      mpirun(4), scenario));
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_THAT(plain.out, AllOf(HasSubstr("from its datasheet figures"),
+                               HasSubstr("to predict this machine rather than the datasheet: "
+                                         "mpirun -np 4 moesim calibrate")));
   const auto j = nlohmann::json::parse(read(json));
   ASSERT_TRUE(j.contains("predict"));
   EXPECT_EQ(j["predict"]["engine"], "flow");

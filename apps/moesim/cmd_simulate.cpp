@@ -1,6 +1,6 @@
 // `moesim simulate` (docs/design.md §5):
 //   moesim simulate [SCENARIO.yaml] [--strategy NAME]... [--engine E] [--iterations N] [--seed S]
-//                   [--json F] [--csv F] [--trace F]
+//                   [--json F] [--csv F] [--trace F] [--report F.html]
 // runs every strategy stack of the scenario (or the named ones) for N iterations and prints the
 // comparison table; and the single-collective mode (nccl-tests style):
 //   moesim simulate SCENARIO.yaml --collective all_to_all --size 128MiB [--algo A] [--engine E]
@@ -18,6 +18,7 @@
 #include "apps/moesim/chakra_export.hpp"
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/html_report.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/progress.hpp"
@@ -52,6 +53,7 @@ struct CollectiveArgs {
   std::string engine;
   std::string json_path;
   std::string trace_path;
+  std::string report_path;  // --report F.html
   std::string chakra_dir;
   bool quiet = false;  // --quiet: no progress on stderr
 };
@@ -333,6 +335,18 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
       for (const auto& o : outcomes) write_csv_rows(os, sc, o.run, topo_name);
     });
   }
+  if (!a.report_path.empty()) {
+    CompareReport rep;
+    rep.command = "simulate";
+    rep.engine = std::string(sim::network_kind_name(cfg.network));
+    for (const auto& s : specs) rep.strategies.push_back(s.name);
+    rep.topology_names = {topo_name};
+    rep.scenarios = {&sc};
+    std::vector<ReportRun> runs;
+    for (const auto& o : outcomes) runs.push_back({&o.run, o.summary});
+    rep.runs = {std::move(runs)};
+    write_compare_report(a.report_path, rep);
+  }
   if (!a.chakra_dir.empty()) {
     std::vector<ChakraRun> runs;
     for (const auto& o : outcomes)
@@ -380,6 +394,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--simgrid-mode", a->simgrid_mode,
                   "With --engine simgrid: per_flow, ptask or auto (default: engine.simgrid.mode)");
   cmd->add_option("--json", a->json_path, "Write results as JSON to this file");
+  cmd->add_option("--report", a->report_path,
+                  "Self-contained HTML report: the scenario and cluster, the strategies' step "
+                  "times and speedups, the breakdown and the decisions of every iteration");
   cmd->add_option("--trace", a->trace_path,
                   "Write a Chrome trace (chrome://tracing, Perfetto); several strategies share "
                   "the file, each one's ranks as processes named after it");
@@ -389,8 +406,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--quiet,-q", a->quiet,
                 "No progress line on stderr (shown otherwise for runs longer than 2 s)");
   cmd->callback([a] {
-    check_output_paths(
-        {{"--json", a->json_path}, {"--csv", a->csv_path}, {"--trace", a->trace_path}});
+    check_output_paths({{"--json", a->json_path},
+                        {"--csv", a->csv_path},
+                        {"--trace", a->trace_path},
+                        {"--report", a->report_path}});
+    if (!a->collective.empty() && !a->report_path.empty())
+      throw InputError("--report: only for a scenario's strategies, not with --collective");
     if (a->collective.empty() && !a->sizes.empty())
       throw InputError("--size: only meaningful with --collective");
     if (!a->collective.empty() && !a->chakra_dir.empty())

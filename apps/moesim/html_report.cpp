@@ -92,7 +92,8 @@ std::string page_end() {
                      MOESIM_VERSION);
 }
 
-std::string scenario_section(const Scenario& sc) {
+// `cluster`: what the box says of the cluster ("" = none: the caller shows it elsewhere).
+std::string scenario_section(const Scenario& sc, const std::string& cluster = "") {
   const auto& m = sc.model;
   const auto& p = sc.parallelism;
   std::string s = "<h2>Scenario</h2>\n";
@@ -101,6 +102,7 @@ std::string scenario_section(const Scenario& sc) {
   auto kv = [&](const std::string& k, const std::string& v) {
     s += row({k, html_escape(v)}, false, 2);
   };
+  if (!cluster.empty()) kv("cluster", cluster);
   kv("model",
      fmt::format("{}, {} layer(s), MoE every {}",
                  m.mode == Mode::kTraining ? "training" : "inference", m.layers, m.moe_every));
@@ -191,12 +193,20 @@ void write_compare_report(const std::string& path, const CompareReport& r) {
   MOESIM_ASSERT(!r.scenarios.empty() && r.runs.size() == r.scenarios.size(),
                 "a report needs one run list per topology");
   const Scenario& base = *r.scenarios.front();
-  std::string h = page_start(fmt::format("moesim compare: {}", base.name));
+  std::string h = page_start(fmt::format("moesim {}: {}", r.command, base.name));
   h +=
       fmt::format("<p>Engine <b>{}</b>; {} strateg{} on {} topolog{}.</p>\n", html_escape(r.engine),
                   r.strategies.size(), r.strategies.size() == 1 ? "y" : "ies",
                   r.topology_names.size(), r.topology_names.size() == 1 ? "y" : "ies");
-  h += scenario_section(base);
+  // compare replaces the cluster per topology: the file's description names its own cluster,
+  // which the runs below may not have used.
+  const auto& c = base.cluster;
+  h += scenario_section(
+      base, r.command == "compare"
+                ? "one per topology (below); the description is the scenario file's, written "
+                  "for its own cluster"
+                : fmt::format("{} nodes x {} {} ({})", c.nodes, c.gpus_per_node, c.gpu.name,
+                              r.topology_names.front()));
 
   h += "<h2>Topologies</h2>\n<table>\n" + topology_header();
   for (std::size_t t = 0; t < r.scenarios.size(); ++t)

@@ -1,6 +1,7 @@
-// Self-contained HTML reports (`--report F.html` on compare, sweep and tune): scenario and topology
-// summary, the comparison table, the plot inline (SVG embedded, PNG as a data URI), and the
-// decisions per iteration. No external CSS, scripts or images: the file can be mailed around.
+// Self-contained HTML reports (`--report F.html` on simulate, compare, sweep and tune): scenario
+// and topology summary, the comparison table, the plot inline (SVG embedded, PNG as a data URI),
+// and the decisions per iteration. No external CSS, scripts or images: the file can be mailed
+// around.
 #pragma once
 
 #include <string>
@@ -20,7 +21,9 @@ struct ReportRun {
   RunSummary summary;
 };
 
+/// `compare --report` (one column per topology) and `simulate --report` (one topology).
 struct CompareReport {
+  std::string command = "compare";  // or "simulate": the title and the cluster row
   std::string engine;
   std::vector<std::string> topology_names;
   std::vector<const Scenario*> scenarios;  // one per topology (the base's cluster replaced)

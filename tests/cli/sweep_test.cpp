@@ -666,6 +666,29 @@ TEST(SweepCli, CompareBarsAndReport) {
   EXPECT_NE(html.find("data:image/png;base64,"), std::string::npos);
   EXPECT_NE(html.find("Decisions per iteration"), std::string::npos);
   EXPECT_NE(html.find("a100-4x4-ib100"), std::string::npos);
+  // The scenario box does not name the file's own cluster as if the runs used it.
+  EXPECT_NE(html.find("one per topology (below); the description is the scenario file&#39;s"),
+            std::string::npos)
+      << html.substr(0, 3000);
+}
+
+// `simulate --report`: the one-topology page of the same writer, with the scenario's cluster.
+TEST(SweepCli, SimulateReport) {
+  fs::path d = temp_dir();
+  auto r = run(fmt::format("simulate '{}' --engine analytical --report '{}/s.html' -q", kQuickstart,
+                           d.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string html = read_file(d / "s.html");
+  EXPECT_NE(html.find("<title>moesim simulate: quickstart</title>"), std::string::npos);
+  EXPECT_NE(html.find("2 nodes x 8 a100-sxm-80gb"), std::string::npos);
+  for (const char* s : {"baseline", "tutel", "pipemoe", "ta_moe"})
+    EXPECT_NE(html.find(fmt::format(">{}<", s)), std::string::npos) << s;
+  EXPECT_NE(html.find("Decisions per iteration"), std::string::npos);
+  auto bad =
+      run(fmt::format("simulate '{}' --collective all_to_all --size 1MiB --report '{}/x.html'",
+                      kQuickstart, d.string()));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_FALSE(fs::exists(d / "x.html"));
 }
 
 // The `plot ` commands of a gnuplot script, each with the `lc rgb '#......'` colours of its lines.

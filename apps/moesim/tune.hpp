@@ -1,20 +1,22 @@
 // `moesim tune`: searches the strategy stacks (routing x a2a x layout x pipeline x parallel x
-// schedule) and the parallel layouts (ep / esp / mp / dp, disjoint or overlapped) of a scenario's
-// model on its cluster, and ranks what it finds (docs/tune.md).
+// schedule) and the parallel layouts (pp with its schedule and micro-batches, ep / esp / mp / dp,
+// disjoint or overlapped, ZeRO and recomputation) of a scenario's model on its cluster, and ranks
+// what it finds (docs/tune.md).
 //
-// The model stays the scenario's: the expert count E, the global batch (the dense data-parallel
-// replicas P / mp times batch_per_gpu sequences) and every model dimension. A layout changes
-// parallelism, model.experts_per_gpu (E / ep, or -ep / E for sharded experts) and
-// model.batch_per_gpu (the same global batch spread over P / mp replicas). Every candidate is the
-// scenario's YAML tree with --set-style edits, parsed by the same loader, so the emitted file
-// (`--emit`) is exactly what was simulated.
+// The model stays the scenario's: the expert count E, the global batch (sequences per step: the
+// dense data-parallel replicas P / pp / mp times batch_per_gpu times micro_batches) and every
+// model dimension. A layout changes parallelism, model.experts_per_gpu (E / ep, or -ep / E for
+// sharded experts), model.batch_per_gpu and model.micro_batches (the same global batch over its
+// replicas) and model.recompute. Every candidate is the scenario's YAML tree with --set-style
+// edits, parsed by the same loader, so the emitted file (`--emit`) is exactly what was simulated.
 //
 // Search: (1) every layout whose memory estimate fits the GPU runs the baseline stack (and
-// parm_auto where mp or esp > 1) on the screening engine (analytical); (2) the best layouts, in
-// that order, get a stack search: exhaustive when the whole role space fits the remaining budget,
-// else coordinate descent (one role at a time, every value, from the baseline, until no role
-// improves); (3) the best distinct candidates are re-run on the re-run engine (flow) and ranked by
-// it. Deterministic for a seed when the search completes within the budget (the result says).
+// parm_auto where mp or esp > 1) on the screening engine (analytical), those whose bubble and
+// recomputation cost least first; (2) the best layouts, in that order, get a stack search:
+// exhaustive when the whole role space fits the remaining budget, else coordinate descent (one
+// role at a time, every value, from the baseline, until no role improves); (3) the best distinct
+// candidates are re-run on the re-run engine (flow) and ranked by it. Deterministic for a seed
+// when the search completes within the budget (the result says).
 #pragma once
 
 #include <yaml-cpp/yaml.h>

@@ -142,6 +142,12 @@ struct ModelSpec {
   // once, after the last. With parallelism.pp > 1 they flow through the stages under a 1F1B
   // schedule (strategies/plan_builder.hpp, "Pipeline stages").
   int micro_batches = 1;
+  // Multi-token prediction (DeepSeek-V3's MTP of depth D; Megatron's mtp_num_layers): D modules
+  // after the last block, on the stage that holds the LM head, in training only. Module k
+  // normalises the previous depth's hidden states and the embeddings of the tokens k + 1 ahead,
+  // projects their concatenation 2M -> M, runs one block (an MoE FFN when the model's last block
+  // has one) and the shared LM head with a loss of its own.
+  int mtp_layers = 0;
   // Global experts E and local experts per GPU (the EP group is parallelism.ep GPUs). Exactly one
   // of `experts` / `experts_per_gpu` is written in the file; the loader fills both:
   // experts_per_gpu >= 1: E = experts_per_gpu * ep;
@@ -168,14 +174,26 @@ struct ModelSpec {
   }
   /// MoE layers in the model: blocks K + moe_every - 1, K + 2*moe_every - 1, ... below `layers`
   /// (K = first_dense_layers; 1-based: blocks moe_every, 2*moe_every, ... when K = 0).
-  int num_moe_layers() const { return std::max(0, layers - first_dense_layers) / moe_every; }
-  /// Whether block l (0-based) has an MoE FFN.
+  /// MTP modules (model.mtp_layers) run: training only (inference drops them).
+  int mtp_blocks() const { return mode == Mode::kTraining ? mtp_layers : 0; }
+  /// Blocks a step runs: the model's `layers`, then the MTP modules' blocks (indices layers ...).
+  int num_blocks() const { return layers + mtp_blocks(); }
+  /// MoE layers a step runs: the model's (blocks K + moe_every - 1, K + 2*moe_every - 1, ...
+  /// below `layers`; K = first_dense_layers) and the MTP blocks' when the last block is MoE.
+  int num_moe_layers() const {
+    const int main = std::max(0, layers - first_dense_layers) / moe_every;
+    return main + (layers > 0 && is_moe_block(layers - 1) ? mtp_blocks() : 0);
+  }
+  /// Whether block l (0-based; l >= layers: an MTP block, MoE like the last block) has an MoE FFN.
   bool is_moe_block(int l) const {
+    if (l >= layers) return layers > 0 && is_moe_block(layers - 1);
     return l >= first_dense_layers && (l - first_dense_layers + 1) % moe_every == 0;
   }
   /// The MoE layer index of block l (0-based, counting MoE blocks only); -1 for a dense block.
   int moe_layer_of_block(int l) const {
-    return is_moe_block(l) ? (l - first_dense_layers + 1) / moe_every - 1 : -1;
+    if (!is_moe_block(l)) return -1;
+    if (l >= layers) return moe_layer_of_block(layers - 1) + (l - layers + 1);
+    return (l - first_dense_layers + 1) / moe_every - 1;
   }
   bool capacity_is_dropless() const { return capacity_factor <= 0.0; }
   int bytes_per_element() const { return dtype_bytes(dtype); }

@@ -114,6 +114,7 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "capacity_factor",
                                                   "dtype",
                                                   "micro_batches",
+                                                  "mtp_layers",
                                                   "attention",
                                                   "activation",
                                                   "precision",
@@ -126,6 +127,8 @@ constexpr double kMaxA2aBytes = 1125899906842624.0;  // 2^50
 constexpr std::int64_t kMaxIterations = 1'000'000;   // the routing trace's limit, too
 // Micro-batches per step: the plan holds every one's ops (per pipeline stage), so bounded.
 constexpr std::int64_t kMaxMicroBatches = 4096;
+// MTP depth (DeepSeek-V3 trains with 1; each module is a block and an LM head on the last stage).
+constexpr std::int64_t kMaxMtpLayers = 16;
 
 // A plain number in [lo, hi] ((lo, hi] when lo_open), with the range stated when out of it.
 double number_in(const MapReader& m, std::string_view key, double lo, double hi,
@@ -796,6 +799,15 @@ ModelSpec parse_model(const MapReader& root) {
         number_in(m, "capacity_factor", -kMaxCapacityFactor, kMaxCapacityFactor);
   if (auto v = get_enum(m, "dtype", dtype_table())) model.dtype = *v;
   if (auto v = m.get_int("micro_batches", 1, kMaxMicroBatches)) model.micro_batches = to_int32(*v);
+  if (auto v = m.get_int("mtp_layers", 0, kMaxMtpLayers)) {
+    // A module ends in the shared LM head: without a vocabulary there is nothing to predict.
+    if (*v > 0 && model.vocab_size == 0)
+      m.fail("mtp_layers", fmt::format("found {} with model.vocab_size = 0, expected 0 (an MTP "
+                                       "module predicts tokens through the LM head: set "
+                                       "vocab_size)",
+                                       *v));
+    model.mtp_layers = to_int32(*v);
+  }
   if (auto v = get_enum(m, "activation", ffn_activation_names())) model.activation = *v;
   model.attention = parse_attention(m, model.model_dim);
   model.precision = parse_precision(m, model.dtype);
@@ -1013,16 +1025,22 @@ void parse_pipeline_layout(const MapReader& m, const ModelSpec& model, Paralleli
       else
         pieces.back().push_back(x);
     }
+    int mtp = 0;
     for (std::size_t k = 0; k < pieces.size(); ++k) {
       const auto& piece = pieces[k];
       int blocks = 0;
       for (std::size_t j = 0; j < piece.size(); ++j) {
         const LayoutSymbol& x = piece[j];
-        if (x.c == 'm')
+        // The MTP modules run with the LM head (Megatron writes them as m before the L).
+        const bool before_head =
+            j + 1 < piece.size() && (piece[j + 1].c == 'm' || piece[j + 1].c == 'L');
+        if (x.c == 'm' && (k + 1 != pieces.size() || !before_head))
           m.fail("pipeline_layout",
-                 fmt::format("found '{}', m at character {}: MTP layers are not modelled; write "
-                             "the layout without m",
-                             text, x.pos));
+                 fmt::format("found '{}', m at character {} (piece {}), expected m only at the "
+                             "end of the last piece, before its L (the MTP modules run with the "
+                             "LM head)",
+                             text, x.pos, k));
+        mtp += x.c == 'm' ? 1 : 0;
         if (x.c == 'E' && (k != 0 || j != 0))
           m.fail("pipeline_layout",
                  fmt::format("found '{}', E at character {} (piece {}), expected E only at the "
@@ -1037,6 +1055,11 @@ void parse_pipeline_layout(const MapReader& m, const ModelSpec& model, Paralleli
       }
       layout.push_back(blocks);
     }
+    if (mtp > 0 && mtp != model.mtp_layers)
+      m.fail("pipeline_layout",
+             fmt::format("found '{}' with {} m, expected model.mtp_layers = {} of them (or none: "
+                         "the MTP modules run with the LM head either way)",
+                         text, mtp, model.mtp_layers));
   } else {
     m.fail("pipeline_layout",
            fmt::format("found {}, expected Megatron's layout string (e.g. 'Et*4|(t*4|)*14tL') or "

@@ -219,6 +219,11 @@ Executor::Executor(const Scenario& sc, const topology::Topology& topo, MpiSessio
         "exec runs GELU expert FFNs with every tensor in model.dtype ({}); this scenario sets "
         "model.activation {} / model.precision: expected activation gelu and no precision map",
         dtype_name(md.dtype), name_of(md.activation)));
+  if (md.mtp_blocks() > 0)
+    throw InputError(fmt::format(
+        "exec runs the model's blocks without multi-token prediction; this scenario sets "
+        "model.mtp_layers {}: expected 0",
+        md.mtp_layers));
   shape_ = MoeShape{static_cast<int>(md.tokens_per_gpu()), md.model_dim, md.hidden_dim, md.experts,
                     md.top_k};
   std::tie(shape_.experts_per_group, shape_.group_limit) = node_limit_groups(sc, comm_.rank());

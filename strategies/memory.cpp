@@ -209,9 +209,14 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
                                   ? (m.tie_embeddings ? 1 : 2)
                                   : (part.embedding ? 1 : 0) + (part.head ? 1 : 0);
   const double final_norm = V > 0 && part.head ? M : 0;
+  // MTP modules (their blocks are counted above): the 2M -> M projection split over mp, its two
+  // input norms, and an embedding copy where the stage with the head lacks the embedding.
+  const double mtp = part.head ? m.mtp_blocks() : 0;
+  const double mtp_params =
+      mtp * (2 * M * M / mp + 2 * M) + (mtp > 0 && !part.embedding ? V * M / mp : 0);
   est.dense_params = layers * (attention_params(m, mp) + norm_params(m)) +
                      dense_layers * ffn(Hd) / mp + moe_layers * (M * E + ffn(Hs) / mp) +
-                     vocab_copies * V * M / mp + final_norm;
+                     vocab_copies * V * M / mp + final_norm + mtp_params;
   // Experts: an expert's FFN split over its esp hidden slices and n shards.
   est.expert_params = moe_layers * local * ffn(H) / (esp * n);
   const double params = est.dense_params + est.expert_params;
@@ -230,7 +235,11 @@ MemoryEstimate estimate_share(const Scenario& sc, const Decision& decision, std:
   // Activations. The LM head: the final norm's input, the head's input and its S V / mp logits
   // (kept for the loss's backward); the embedding's token ids are not counted.
   const double rows_tp = sc.parallelism.folded() ? S * mp : S;  // folded: the gathered rows
-  const double head = V > 0 && part.head ? 2 * S * M * b + rows_tp * V / mp * b : 0;
+  // Each MTP module keeps as much again for its own head and loss, and its projection's input
+  // (the two normalised halves, 2 S M) with the norms' inputs (2 S M).
+  const double head = V > 0 && part.head
+                          ? (1 + mtp) * (2 * S * M * b + rows_tp * V / mp * b) + mtp * 4 * S * M * b
+                          : 0;
   const RecomputeSpec none;
   if (training) {
     const RecomputeSpec& rc = m.recompute;
@@ -320,6 +329,9 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
       StageShare::Chunk x;
       for (int l = begin; l < end; ++l) ++(m.is_moe_block(l) ? x.moe_layers : x.dense_layers);
       x.head = k == pieces - 1;
+      // The MTP modules' blocks run with the LM head.
+      for (int l = m.layers; x.head && l < m.num_blocks(); ++l)
+        ++(m.is_moe_block(l) ? x.moe_layers : x.dense_layers);
       part.moe_layers += x.moe_layers;
       part.dense_layers += x.dense_layers;
       part.embedding = part.embedding || k == 0;
@@ -352,7 +364,7 @@ std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0
 std::vector<RecomputeModule> light_modules(const ModelSpec& m) {
   std::vector<RecomputeModule> out = {RecomputeModule::kCoreAttn, RecomputeModule::kLayernorm};
   if (m.attention.is_mla()) out.push_back(RecomputeModule::kMlaUpProj);
-  if (m.num_moe_layers() < m.layers) out.push_back(RecomputeModule::kMlp);
+  if (m.num_moe_layers() < m.num_blocks()) out.push_back(RecomputeModule::kMlp);
   if (m.num_moe_layers() > 0) out.push_back(RecomputeModule::kMoeAct);
   if (m.shared_experts > 0 && m.num_moe_layers() > 0)
     out.push_back(RecomputeModule::kSharedExperts);

@@ -39,15 +39,18 @@ ModelFlops model_flops(const ModelSpec& m) {
   const double matrices = m.swiglu() ? 3 : 2;
   double proj = 0, core = 0;
   attention_flops(m, proj, core);
+  // The MTP modules (training) count as Megatron counts them: a block each, their 2M -> M
+  // projection with the attention projections, and a pass through the LM head each.
+  const int blocks = m.num_blocks(), mtp = m.mtp_blocks();
   const int moe_blocks = m.experts > 0 ? m.num_moe_layers() : 0;
-  const int dense_blocks = m.layers - moe_blocks;
-  f.attention_projections = proj * m.layers;
-  f.attention_core = core * m.layers;
+  const int dense_blocks = blocks - moe_blocks;
+  f.attention_projections = proj * blocks + mtp * 2 * (2 * M) * M;
+  f.attention_core = core * blocks;
   f.dense_ffn = dense_blocks * 2 * M * static_cast<double>(m.dense_hidden()) * matrices;
   f.routed_experts = moe_blocks * 2 * M * static_cast<double>(m.hidden_dim) * m.top_k * matrices;
   f.shared_experts =
       moe_blocks * 2 * M * static_cast<double>(m.hidden_dim) * m.shared_experts * matrices;
-  f.logits = 2 * M * static_cast<double>(m.vocab_size);
+  f.logits = (1 + mtp) * 2 * M * static_cast<double>(m.vocab_size);
   return f;
 }
 

@@ -216,6 +216,9 @@ class Builder {
       prev = is_moe(l) ? moe_forward(l, moe++, prev) : dense_ffn(l, prev, false);
     }
     if (head) prev = lm_head(prev, /*backward=*/false);
+    // The MTP modules (training) run with the LM head, after it.
+    const int mtp_end = head ? m.num_blocks() : m.layers;
+    for (int l = m.layers; l < mtp_end; ++l) prev = mtp_module(l, moe, prev, false);
     StagePlan out;
     out.fwd_out = prev;
     out.bwd_begin = static_cast<OpId>(plan_.ops().size());
@@ -223,8 +226,14 @@ class Builder {
       // Backward mirrors forward, last block first. The dense gradients fill buckets
       // (parallelism.grad_bucket) all-reduced as soon as they are full, on the "grad" stream, so
       // the next blocks' backward overlaps them (PyTorch DDP, Megatron's overlapped grad reduce).
+      bucket_ = DenseBucket{};
+      for (int l = mtp_end - 1; l >= m.layers; --l) prev = mtp_module(l, moe, prev, true);
+      flush_dense_bucket(prev);
+      // The MTP modules' embedding copy (the stage lacks the embedding): its gradient is complete.
+      if (mtp_end > m.layers && !embed) vocab_gradient_sync("mtp.embed.grad.allreduce", prev);
       if (head) {
         prev = lm_head(prev, /*backward=*/true);
+        // The LM head's gradient (shared with the MTP modules' heads) is complete.
         if (!tied_here) vocab_gradient_sync("lm_head.grad.allreduce", prev);
       }
       bucket_ = DenseBucket{};
@@ -882,21 +891,23 @@ class Builder {
   // all-reduce of S*M*b when mp > 1; backward: the scatter-add of the rows' gradients. Sequence
   // parallel: the TP group's S * tp rows, reduce-scattered to the ranks' S (the gradients'
   // all-gather before the backward).
-  OpId embedding(OpId prev, bool backward) {
+  OpId embedding(OpId prev, bool backward, const std::string& prefix = "") {
     const double bytes = 2.0 * static_cast<double>(rows_ * M_ * b_);
     const double sp_bytes = static_cast<double>(rows_ * M_ * b_);
     if (sp_ && backward)
       prev = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
-                        grouping(groups_.mp), sp_bytes, deps_of({prev}), "embed.bwd.sp_allgather");
+                        grouping(groups_.mp), sp_bytes, deps_of({prev}),
+                        prefix + "embed.bwd.sp_allgather");
     OpId last = kernel(ComputeClass::kElementwise, 0, bytes, deps_of({prev}),
-                       backward ? "embed.bwd" : "embed.fwd");
+                       prefix + (backward ? "embed.bwd" : "embed.fwd"));
     if (sp_ && !backward)
       return collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
-                        grouping(groups_.mp), sp_bytes, deps_of({last}), "embed.sp_reduce_scatter");
+                        grouping(groups_.mp), sp_bytes, deps_of({last}),
+                        prefix + "embed.sp_reduce_scatter");
     if (!backward && mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), static_cast<double>(S_ * M_ * b_), deps_of({last}),
-                        "embed.mp_allreduce");
+                        prefix + "embed.mp_allreduce");
     return last;
   }
 
@@ -905,33 +916,71 @@ class Builder {
   // floats per token over mp). Backward: the loss's gradient, then the GEMM at 2x the FLOPs.
   // Sequence parallel: the head's input is the TP group's S * tp rows, all-gathered (its
   // gradient reduce-scattered after the backward GEMM).
-  OpId lm_head(OpId prev, bool backward) {
+  OpId lm_head(OpId prev, bool backward, const std::string& prefix = "") {
     const std::int64_t Vp = div_up(static_cast<std::int64_t>(sc_.model.vocab_size), mp_);
     const GemmShape head{rows_, Vp, M_, 1};
     const double logits = static_cast<double>(rows_ * Vp);
     const double loss_bytes = 2.0 * logits * static_cast<double>(b_);
     const double sp_bytes = static_cast<double>(rows_ * M_ * b_);
     if (backward) {
-      OpId g =
-          kernel(ComputeClass::kElementwise, 2 * logits, loss_bytes, deps_of({prev}), "loss.bwd");
-      OpId last = gemm(ComputeClass::kGemm, head, 2.0 * head.flops(), deps_of({g}), "lm_head.bwd");
+      OpId g = kernel(ComputeClass::kElementwise, 2 * logits, loss_bytes, deps_of({prev}),
+                      prefix + "loss.bwd");
+      OpId last =
+          gemm(ComputeClass::kGemm, head, 2.0 * head.flops(), deps_of({g}), prefix + "lm_head.bwd");
       if (sp_)
         last = collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                           grouping(groups_.mp), sp_bytes, deps_of({last}),
-                          "lm_head.bwd.sp_reduce_scatter");
+                          prefix + "lm_head.bwd.sp_reduce_scatter");
       return last;
     }
     if (sp_)
       prev = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
-                        grouping(groups_.mp), sp_bytes, deps_of({prev}), "lm_head.sp_allgather");
-    OpId h = gemm(ComputeClass::kGemm, head, head.flops(), deps_of({prev}), "lm_head.fwd");
-    OpId last =
-        kernel(ComputeClass::kElementwise, 5 * logits, loss_bytes, deps_of({h}), "loss.fwd");
+                        grouping(groups_.mp), sp_bytes, deps_of({prev}),
+                        prefix + "lm_head.sp_allgather");
+    OpId h = gemm(ComputeClass::kGemm, head, head.flops(), deps_of({prev}), prefix + "lm_head.fwd");
+    OpId last = kernel(ComputeClass::kElementwise, 5 * logits, loss_bytes, deps_of({h}),
+                       prefix + "loss.fwd");
     if (mp_ > 1)
       last = collective(s_comm_, CollectiveType::kAllReduce, CollectiveAlgo::kAuto,
                         grouping(groups_.mp), 8.0 * static_cast<double>(rows_), deps_of({last}),
-                        "loss.mp_allreduce");
+                        prefix + "loss.mp_allreduce");
     return last;
+  }
+
+  // MTP module of block l (model.mtp_layers; DeepSeek-V3, section 2.2): the embeddings of the
+  // tokens one depth further ahead and the previous depth's hidden states, each normalised,
+  // concatenated and projected 2M -> M (column-parallel over mp, all-gathered), then block l and
+  // the shared LM head with a loss of its own. Backward runs it in reverse; `moe` is the running
+  // MoE layer index (advanced in forward, taken back in backward).
+  OpId mtp_module(int l, int& moe, OpId prev, bool backward) {
+    const std::string prefix = fmt::format("L{}.mtp.", l);
+    const double S = static_cast<double>(S_), M = static_cast<double>(M_);
+    std::vector<KernelDesc> ks = {norm("mtp.norms", S, 2 * M),
+                                  linear("mtp.proj", rows_, div_up(M_, mp_), 2 * M_)};
+    mark_sequence_parallel(ks);
+    const bool gather = mp_ > 1 && !sp_;
+    const double gather_bytes = static_cast<double>(S_ * M_ * b_);
+    if (!backward) {
+      prev = embedding(prev, false, prefix);
+      prev = run_kernels(ks, l, false, prev);
+      if (gather)
+        prev = collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                          grouping(groups_.mp), gather_bytes, deps_of({prev}),
+                          lbl(l, false, "mtp.proj.mp_allgather"));
+      prev = attention(l, prev, false);
+      prev = is_moe(l) ? moe_forward(l, moe++, prev) : dense_ffn(l, prev, false);
+      return lm_head(prev, false, prefix);
+    }
+    prev = lm_head(prev, true, prefix);
+    prev = is_moe(l) ? moe_backward(l, --moe, prev) : dense_ffn(l, prev, true);
+    prev = attention(l, prev, true);
+    if (gather)
+      prev = collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
+                        grouping(groups_.mp), gather_bytes, deps_of({prev}),
+                        lbl(l, true, "mtp.proj.mp_reduce_scatter"));
+    prev = run_kernels(ks, l, true, prev);
+    dense_gradient_sync(l, prev);
+    return embedding(prev, true, prefix);
   }
 
   // The V x M/mp embedding (or LM head) weights' gradient, all-reduced over the dense DP group
@@ -956,7 +1005,11 @@ class Builder {
     const double dense_replicas = zero ? std::max(1, groups_.dense_dp.group_size()) : 1;
     const double expert_replicas = zero ? std::max(1, groups_.dp.group_size()) : 1;
     double dense = 0, experts = 0;
-    for (int l = part_.first_block; l < part_.end_block; ++l) {
+    std::vector<int> blocks;
+    for (int l = part_.first_block; l < part_.end_block; ++l) blocks.push_back(l);
+    const bool head = m.vocab_size > 0 && part_.head;
+    for (int l = m.layers; head && l < m.num_blocks(); ++l) blocks.push_back(l);
+    for (int l : blocks) {
       dense += dense_param_bytes(l) / grad_bytes_;
       if (is_moe(l))
         experts += static_cast<double>(m.ffn_params(H_)) * static_cast<double>(dE_) /
@@ -965,6 +1018,7 @@ class Builder {
     const double vocab = static_cast<double>(m.vocab_size) * static_cast<double>(div_up(M_, mp_));
     if (m.vocab_size > 0 && part_.embedding) dense += vocab;
     if (m.vocab_size > 0 && part_.head && !(m.tie_embeddings && part_.embedding)) dense += vocab;
+    if (head && m.mtp_blocks() > 0 && !part_.embedding) dense += vocab;  // the MTP's copy
     const double params = dense / dense_replicas + experts / expert_replicas;
     const double per_param = grad_bytes_ + 4.0 * dtype_bytes(m.precision.moments) +
                              (b_ < 4 ? 8.0 : 0.0) + static_cast<double>(b_);
@@ -1000,6 +1054,10 @@ class Builder {
                                           "shared", false, false));
     else
       params += linear_params(ffn_kernels(m.dense_hidden(), "ffn", false, false));
+    // An MTP block's module adds its 2M -> M projection (split over mp) and two norms.
+    if (l >= m.layers)
+      params += 2.0 * static_cast<double>(M_) * static_cast<double>(div_up(M_, mp_)) +
+                2.0 * static_cast<double>(M_);
     return params * grad_bytes_;
   }
 

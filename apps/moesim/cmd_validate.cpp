@@ -89,11 +89,14 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  topology     {} vertices, {} full-duplex links\n", topo.vertices().size(),
              topo.links().size() / 2);
   // The dense FFN's width shows only where the model has dense FFN blocks.
-  const std::string dense_h =
-      m.layers > m.num_moe_layers() ? fmt::format(" dense H={}", m.dense_hidden()) : std::string();
+  const std::string dense_h = m.num_blocks() > m.num_moe_layers()
+                                  ? fmt::format(" dense H={}", m.dense_hidden())
+                                  : std::string();
   fmt::print(
-      "  model        {}, {} layer(s), MoE every {}{}; B={} L={} (S={} tokens/GPU) M={} H={}{}{}\n",
-      name_of(m.mode), m.layers, m.moe_every,
+      "  model        {}, {} layer(s){}, MoE every {}{}; B={} L={} (S={} tokens/GPU) M={} "
+      "H={}{}{}\n",
+      name_of(m.mode), m.layers,
+      m.mtp_blocks() > 0 ? fmt::format(" + {} MTP module(s)", m.mtp_blocks()) : "", m.moe_every,
       m.first_dense_layers > 0 ? fmt::format(" after {} dense", m.first_dense_layers) : "",
       m.batch_per_gpu, m.seq_len, m.tokens_per_gpu(), m.model_dim, m.hidden_dim, dense_h,
       m.shared_experts > 0 ? fmt::format(" + {} shared expert(s)", m.shared_experts) : "");

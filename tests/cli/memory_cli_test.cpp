@@ -117,7 +117,7 @@ TEST(MemoryCli, PipelineSchedulesFromSet) {
   const std::string args = fmt::format(
       "validate '{}/scenarios/models/deepseek-v3.yaml' --set model.layers=16 --set "
       "cluster.nodes=8 --set parallelism.pp=4 --set parallelism.ep=16 --set "
-      "model.micro_batches=8",
+      "model.micro_batches=8 --set model.mtp_layers=0",
       kSource);
   const auto plain = run(args);
   ASSERT_EQ(plain.exit_code, 0) << plain.out;

@@ -717,6 +717,19 @@ TEST(ScenarioLoader, Vocabulary) {
   EXPECT_THAT(
       error_of(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n  vocab_size: -1\n")),
       HasSubstr("model.vocab_size: found -1, expected an integer in [0, "));
+  // MTP modules end in the LM head: refused without a vocabulary, bounded, read with one.
+  EXPECT_THAT(
+      error_of(tiny_with("  experts_per_gpu: 1\n", "  experts_per_gpu: 1\n  mtp_layers: 1\n")),
+      HasSubstr("model.mtp_layers: found 1 with model.vocab_size = 0, expected 0"));
+  EXPECT_THAT(error_of(tiny_with("  experts_per_gpu: 1\n",
+                                 "  experts_per_gpu: 1\n  vocab_size: 64\n"
+                                 "  mtp_layers: 17\n")),
+              HasSubstr("model.mtp_layers: found 17, expected an integer in [0, 16]"));
+  EXPECT_EQ(parse(tiny_with("  experts_per_gpu: 1\n",
+                            "  experts_per_gpu: 1\n  vocab_size: 64\n"
+                            "  mtp_layers: 2\n"))
+                .model.num_blocks(),
+            parse(kTiny).model.layers + 2);
 }
 
 TEST(ScenarioErrors, MissingRequiredKey) {

@@ -116,6 +116,45 @@ TEST(ModelFlops, SwigluSharedExpertsDenseFirstLayersAndLogits) {
   EXPECT_DOUBLE_EQ(f.training(), 97536);
 }
 
+// One MTP module (model.mtp_layers 1) on the model above: a sixth block, MoE like block 4, its
+// 2M -> M projection among the attention projections and a second pass through the LM head.
+// Inference drops it.
+TEST(ModelFlops, MtpModuleCountsABlockAProjectionAndAHeadPass) {
+  ModelSpec m;
+  m.layers = 5;
+  m.first_dense_layers = 1;
+  m.moe_every = 2;
+  m.seq_len = 4;
+  m.batch_per_gpu = 1;
+  m.model_dim = 16;
+  m.hidden_dim = 8;
+  m.dense_hidden_dim = 48;
+  m.experts = 4;
+  m.top_k = 2;
+  m.shared_experts = 1;
+  m.vocab_size = 100;
+  m.activation = FfnActivation::kSwiglu;
+  m.attention.heads = 1;
+  m.attention.kv_heads = 1;
+  m.attention.head_dim = 16;
+  m.mtp_layers = 1;
+  ASSERT_EQ(m.num_blocks(), 6);
+  ASSERT_EQ(m.num_moe_layers(), 3);
+  ASSERT_TRUE(m.is_moe_block(5));
+  ASSERT_EQ(m.moe_layer_of_block(5), 2);
+  const ModelFlops f = model_flops(m);
+  EXPECT_DOUBLE_EQ(f.attention_projections, 6 * 8 * 16 * 16.0 + 2 * 32 * 16.0);
+  EXPECT_DOUBLE_EQ(f.attention_core, 6 * 2 * 2 * 16 * 2.0);
+  EXPECT_DOUBLE_EQ(f.dense_ffn, 3 * 2 * 16 * 48 * 3.0);
+  EXPECT_DOUBLE_EQ(f.routed_experts, 3 * 2 * 16 * 8 * 2 * 3.0);
+  EXPECT_DOUBLE_EQ(f.shared_experts, 3 * 2 * 16 * 8 * 1 * 3.0);
+  EXPECT_DOUBLE_EQ(f.logits, 2 * 2 * 16 * 100.0);
+  EXPECT_DOUBLE_EQ(f.forward(), 41216);
+  m.mode = Mode::kInference;
+  EXPECT_EQ(m.num_moe_layers(), 2);
+  EXPECT_DOUBLE_EQ(model_flops(m).forward(), 32512);
+}
+
 // DeepSeek-V3 without MTP at seq 4,096 (its published config): 61 blocks, the first 3 dense
 // (18,432), 256 experts of 2,048, top-8, 1 shared; MLA of 128 heads, q_lora 1,536, kv_lora 512,
 // nope 128, rope 64, v 128; vocabulary 129,280. Megatron-Bridge's performance summary reports

@@ -30,6 +30,7 @@ struct Cfg {
   int layers = 6, pp = 2, micro_batches = 4;
   int ep = 1;
   int vocab = 0;
+  int mtp = 0;                 // model.mtp_layers
   std::string parallel_extra;  // more `parallelism:` keys, e.g. ", vp: 2"
 };
 
@@ -50,6 +51,7 @@ model:
   model_dim: 256
   hidden_dim: 512
   vocab_size: {}
+  mtp_layers: {}
   experts_per_gpu: 1
   top_k: 1
   capacity_factor: 1.0
@@ -59,7 +61,7 @@ parallelism: {{pp: {}, ep: {}, dp: auto{}}}
 strategies:
   - {{name: baseline}}
 )",
-                                           c.nodes, c.gpn, c.gpn, c.layers, c.vocab,
+                                           c.nodes, c.gpn, c.gpn, c.layers, c.vocab, c.mtp,
                                            c.micro_batches, c.pp, c.ep, c.parallel_extra),
                                "layout.yaml");
 }
@@ -134,15 +136,18 @@ TEST(PipelineLayoutLoader, MegatronBridgeDeepSeekV3Strings) {
   c.pp = 8;
   c.parallel_extra = ", vp: 4, pipeline_layout: 'Et|(tt|)*30mL'";
   const std::string mtp = error_of(c);
-  EXPECT_NE(mtp.find("parallelism.pipeline_layout: found 'Et|(tt|)*30mL', m at character 12: "
-                     "MTP layers are not modelled; write the layout without m"),
+  EXPECT_NE(mtp.find("parallelism.pipeline_layout: found 'Et|(tt|)*30mL' with 1 m, expected "
+                     "model.mtp_layers = 0 of them"),
             std::string::npos)
       << mtp;
-  // Without the MTP layer the last piece holds the LM head alone.
-  c.parallel_extra = ", vp: 4, pipeline_layout: 'Et|(tt|)*30L'";
+  // With the MTP module (DeepSeek-V3's depth 1) the last piece holds it and the LM head; written
+  // without the m it is the same layout.
+  c.mtp = 1;
   const Scenario b = make_scenario(c);
   EXPECT_EQ(b.parallelism.pipeline_layout, concat(concat({1}, repeat(2, 30)), {0}));
   EXPECT_EQ(piece_blocks(b, 31), std::make_pair(61, 61));
+  c.parallel_extra = ", vp: 4, pipeline_layout: 'Et|(tt|)*30L'";
+  EXPECT_EQ(make_scenario(c).parallelism.pipeline_layout, b.parallelism.pipeline_layout);
 }
 
 // Nested groups, whitespace, a group ending in '|' and a trailing symbol after the last group.
@@ -221,7 +226,11 @@ TEST(PipelineLayoutLoader, RefusalsNameTheKeyAndWhatWasExpected) {
        key + "found 't*3L|t*3', L at character 4 (piece 0), expected L only at the end of the "
              "last piece"},
       {", pipeline_layout: 't*3|t*3mL'", 1000,
-       "m at character 8: MTP layers are not modelled; write the layout without m"},
+       key + "found 't*3|t*3mL' with 1 m, expected model.mtp_layers = 0 of them"},
+      {", pipeline_layout: 't*3m|t*3L'", 1000,
+       key + "found 't*3m|t*3L', m at character 4 (piece 0), expected m only at the end of the "
+             "last piece, before its L"},
+      {", pipeline_layout: 't*3|tmt*2L'", 1000, "m at character 6 (piece 1)"},
       {", pipeline_layout: 't*3|t*3x'", 0, "at character 8: unknown symbol 'x'"},
       {", pipeline_layout: '(t*3|t*3'", 0, "at character 1: '(' without a matching ')'"},
       {", pipeline_layout: 't*3)|t*3'", 0, "at character 4: ')' without a matching '('"},
@@ -404,6 +413,75 @@ TEST(PipelineLayoutPlan, PiecesHoldingOnlyTheEmbeddingOrTheHeadRunAndPassOn) {
     EXPECT_NE(std::find(head.deps.begin(), head.deps.end(), send), head.deps.end()) << i;
     EXPECT_EQ(head.ranks.at(0) / b.sc.stage_gpus(), 1);
   }
+}
+
+// DeepSeek-V3's multi-token prediction (model.mtp_layers 1): the module's block (index
+// `layers`) runs on the stage with the LM head, after it, with its own MoE layer, projection,
+// head pass and embedding copy; the other stage is unchanged.
+TEST(PipelineLayoutPlan, MtpModuleRunsWithTheHeadOnTheLastStage) {
+  Cfg c;
+  c.gpn = 2;
+  c.ep = 2;
+  c.vocab = 1000;
+  c.micro_batches = 2;
+  const Built plain = build(c);
+  c.mtp = 1;
+  const Built b = build(c);
+  EXPECT_NO_THROW(b.bp.plan.validate());
+  const auto by_stage = blocks_by_stage(b);
+  EXPECT_EQ(by_stage.at(0), (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(by_stage.at(1), (std::set<int>{3, 4, 5, 6}));
+  // Seven MoE layers per micro-batch, the seventh the module's.
+  EXPECT_EQ(b.bp.index.moe_layers.size(), 7u * 2u);
+  std::map<std::string, const Op*> op;
+  for (const Op& o : b.bp.plan.ops()) op.emplace(o.label, &o);
+  for (int i = 0; i < 2; ++i) {
+    const std::string mb = fmt::format("mb{}.", i);
+    for (const char* name :
+         {"L6.mtp.embed.fwd", "L6.fwd.mtp.norms", "L6.fwd.mtp.proj", "L6.mtp.lm_head.fwd",
+          "L6.mtp.loss.fwd", "L6.mtp.lm_head.bwd", "L6.bwd.mtp.proj", "L6.mtp.embed.bwd"}) {
+      ASSERT_TRUE(op.count(mb + name)) << mb + name;
+      EXPECT_EQ(op.at(mb + name)->ranks.at(0) / b.sc.stage_gpus(), 1) << mb + name;
+    }
+    // The projection S x 2M . 2M x M: 2 * 512 * 512 * 256 FLOPs (S = 2 x 256, M = 256); its
+    // backward twice that; the head pass S x M . M x V as the main head's.
+    EXPECT_DOUBLE_EQ(op.at(mb + "L6.fwd.mtp.proj")->compute().flops.value(), 134217728.0);
+    EXPECT_DOUBLE_EQ(op.at(mb + "L6.bwd.mtp.proj")->compute().flops.value(), 2 * 134217728.0);
+    EXPECT_DOUBLE_EQ(op.at(mb + "L6.mtp.lm_head.fwd")->compute().flops.value(),
+                     op.at(mb + "lm_head.fwd")->compute().flops.value());
+    // Forward: the module after the main head; backward: before the main head's.
+    const Op& mtp_embed = *op.at(mb + "L6.mtp.embed.fwd");
+    EXPECT_GT(mtp_embed.id, op.at(mb + "loss.fwd")->id);
+    EXPECT_LT(op.at(mb + "L6.mtp.embed.bwd")->id, op.at(mb + "lm_head.bwd")->id);
+  }
+  // Stage 1 lacks the embedding: its copy's gradient is all-reduced over the stage's DP group
+  // (one per step, like the head's).
+  EXPECT_EQ(count_label(b, "mtp.embed.grad.allreduce"), 1);
+  EXPECT_EQ(count_label(plain, "mtp."), 0);
+  EXPECT_GT(makespan(b), makespan(plain));
+}
+
+// An MTP module holds what one more block holds, plus its projection and norms (pp = 1: the
+// embedding is the stage's own, no copy); its logits are kept like the main head's.
+TEST(PipelineLayoutMemory, MtpModuleHoldsABlockAProjectionAndAHeadsActivations) {
+  Cfg c;
+  c.nodes = 1;
+  c.gpn = 2;
+  c.ep = 2;
+  c.pp = 1;
+  c.vocab = 1000;
+  c.micro_batches = 1;
+  c.mtp = 1;
+  const MemoryEstimate mtp = estimate_memory(make_scenario(c), Decision{}, 512);
+  c.mtp = 0;
+  c.layers = 7;
+  const MemoryEstimate seven = estimate_memory(make_scenario(c), Decision{}, 512);
+  EXPECT_DOUBLE_EQ(mtp.expert_params, seven.expert_params);
+  EXPECT_DOUBLE_EQ(mtp.dense_params - seven.dense_params, 2.0 * 256 * 256 + 2 * 256);
+  // One more head pass: the head's input and its S x V logits, and the 4 S M of the module's
+  // norms and projection input (S = 512, M = 256, V = 1000, fp16).
+  EXPECT_DOUBLE_EQ(mtp.activations_bytes - seven.activations_bytes,
+                   (2.0 * 512 * 256 + 512 * 1000.0) * 2 + 4.0 * 512 * 256 * 2);
 }
 
 // 1F1B, 8 blocks on 2 stages (m 4: stage 0 keeps 2 micro-batches, stage 1 one): [5, 3] gives

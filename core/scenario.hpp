@@ -454,12 +454,22 @@ std::string describe_roles(const StrategySpec& s);
 
 // ---------------------------------------------------------------------------------------------
 
+// Where model.hf_config took the architecture from (empty without one): the config's path,
+// the family it was read as, and its fields moesim does not use (core/hf_config.hpp).
+struct ModelImport {
+  std::string hf_config;
+  std::string family;
+  std::vector<std::string> unknown;  // neither mapped nor known
+  std::vector<std::string> ignored;  // "field: what moesim does not model"
+};
+
 struct Scenario {
   std::string name;
   std::string description;
   std::string source_file;  // as given to the loader (or the pseudo file name)
   ClusterSpec cluster;
   ModelSpec model;
+  ModelImport model_import;
   ParallelismSpec parallelism;
   WorkloadSpec workload;
   EngineSpec engine;

@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/hf_config.hpp"
 #include "core/yaml_reader.hpp"
 
 namespace moesim {
@@ -115,6 +116,7 @@ const std::vector<std::string_view> kModelKeys = {"mode",
                                                   "dtype",
                                                   "micro_batches",
                                                   "mtp_layers",
+                                                  "hf_config",
                                                   "attention",
                                                   "activation",
                                                   "precision",
@@ -1966,8 +1968,39 @@ YAML::Node load_yaml_file(const std::string& path) {
   return parse_yaml_string(text.str(), path);
 }
 
-Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
+namespace {
+
+// model.hf_config (docs/model.md, "Importing a Hugging Face config"): the architecture keys of a
+// Hugging Face config.json, under the keys the scenario writes itself. Returns `root` unchanged
+// without one; else a copy whose model map holds the imported keys.
+YAML::Node with_hf_config(const YAML::Node& root, const std::string& file, ModelImport& out) {
+  if (!root.IsMap() || !root["model"] || !root["model"].IsMap() || !root["model"]["hf_config"])
+    return root;
+  Context scratch(file);  // the model map is read again, with its locations, by parse_model
+  const MapReader model(scratch, root["model"], "model", kModelKeys);
+  const std::string path = resolve_existing(model, "hf_config", "a Hugging Face config.json");
+  HfImport imp;
+  try {
+    imp = import_hf_config(path);
+  } catch (const InputError& e) {
+    model.fail("hf_config", e.what());
+  }
+  YAML::Node merged = YAML::Clone(root);
+  YAML::Node keys = merged["model"];
+  for (const auto& kv : imp.model) {
+    const std::string key = kv.first.as<std::string>();
+    if (!keys[key]) keys[key] = kv.second;
+  }
+  out = ModelImport{path, imp.family, std::move(imp.unknown), std::move(imp.ignored)};
+  return merged;
+}
+
+}  // namespace
+
+Scenario parse_scenario(const YAML::Node& written, const std::string& file) {
   Context ctx(file);
+  ModelImport imported;
+  const YAML::Node root = with_hf_config(written, file, imported);
   if (!root.IsDefined() || root.IsNull())
     throw InputError(SourceLocation{file, 1, 1}, "",
                      fmt::format("found an empty document, expected a map with keys {}",
@@ -1984,6 +2017,7 @@ Scenario parse_scenario(const YAML::Node& root, const std::string& file) {
   s.cluster = parse_cluster(m);
   s.cluster.name = s.name;
   s.model = parse_model(m);
+  s.model_import = std::move(imported);
   s.parallelism = parse_parallelism(m, s.cluster, s.model, ctx);
   resolve_experts(m, s.model, s.parallelism);
   check_attention_split(m, s.model, s.parallelism);

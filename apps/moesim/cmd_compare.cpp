@@ -49,11 +49,13 @@ struct Variant {
 
 // The scenario with its cluster replaced by the one of `topo_path`. The topology file is checked
 // on its own first, so its errors name its own lines.
-Variant with_topology(const std::string& scenario_path, const std::string& topo_path,
+Variant with_topology(const std::string& scenario_arg, const std::string& topo_arg,
                       const std::vector<std::string>& sets) {
+  const std::string topo_path = resolve_input(topo_arg, InputKind::kTopology);
   ClusterSpec checked = load_cluster_file(topo_path);
   YAML::Node topo_root = load_yaml_file(topo_path);
-  YAML::Node root = load_yaml_file(scenario_path);
+  std::string scenario_path;
+  YAML::Node root = load_input_yaml(scenario_arg, InputKind::kScenario, scenario_path);
   root["cluster"] = topo_root["cluster"] ? topo_root["cluster"] : topo_root;
   Variant v;
   if (topo_root["name"] && topo_root["name"].IsScalar())

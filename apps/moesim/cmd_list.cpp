@@ -10,6 +10,7 @@
 
 #include "apps/moesim/commands.hpp"
 #include "core/error.hpp"
+#include "core/hf_config.hpp"
 #include "core/scenario_loader.hpp"
 
 namespace moesim::app {
@@ -67,6 +68,33 @@ void list_folder(const fs::path& dir, const std::string& title) {
   fmt::print("\n");
 }
 
+// Hugging Face config.json files: what each reads as (core/hf_config.hpp).
+void list_hf_configs(const fs::path& dir) {
+  if (!fs::is_directory(dir)) return;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  if (files.empty()) return;
+  std::sort(files.begin(), files.end());
+  fmt::print("Hugging Face configs, for a scenario's `model: {{hf_config: PATH}}` ({}):\n",
+             dir.string());
+  for (const auto& f : files) {
+    fmt::print("  {}\n", f.filename().string());
+    std::string text;
+    try {
+      const HfImport imp = import_hf_config(f.string());
+      const YAML::Node& m = imp.model;
+      text = fmt::format("{}: {} blocks, M {}, {} experts of {}, top-{}", imp.family,
+                         m["layers"].Scalar(), m["model_dim"].Scalar(), m["experts"].Scalar(),
+                         m["expert_hidden_dim"].Scalar(), m["top_k"].Scalar());
+    } catch (const InputError& e) {
+      text = fmt::format("(unreadable: {})", e.what());
+    }
+    fmt::print("{}", wrap(text, 6, 100));
+  }
+  fmt::print("\n");
+}
+
 void run_list(const ListArgs& a) {
   fs::path root = a.dir.empty() ? fs::path(MOESIM_SOURCE_DIR) / "scenarios" : fs::path(a.dir);
   if (!fs::is_directory(root))
@@ -74,6 +102,7 @@ void run_list(const ListArgs& a) {
   list_folder(root, "Scenarios (run with `moesim simulate FILE` or `moesim compare FILE`)");
   list_folder(root / "models",
               "Model presets, published dimensions (run with `moesim simulate FILE`)");
+  list_hf_configs(root / "models" / "hf");
   list_folder(root / "sweeps", "Sweeps (run with `moesim sweep FILE`)");
   list_folder(root / "topologies",
               "Topologies (use with `moesim compare SCENARIO --topology FILE`)");

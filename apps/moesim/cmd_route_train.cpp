@@ -141,7 +141,7 @@ void register_route_train(CLI::App& app) {
     }
     check_output_path(*json_path, "--json");
     const std::string path = scenario->empty() ? default_scenario_path() : *scenario;
-    const Scenario sc = load_scenario(path);
+    const Scenario sc = load_scenario_with(path, {});
     const auto topo = topology::build_topology(sc.cluster);
     if (sc.model.expert_shards() > 1)
       throw InputError(sc.location_of("model.experts_per_gpu"), "model.experts_per_gpu",

@@ -61,8 +61,9 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
   if (auto v = parse_int_flag("--jobs", a.jobs, 0, 4096)) o.jobs = static_cast<int>(*v);
   o.transport = transport;
   const bool root = !transport || transport->rank() == 0;
-  const std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
-  const YAML::Node tree = load_yaml_file(path);
+  std::string path;
+  const YAML::Node tree = load_input_yaml(a.scenario.empty() ? default_scenario_path() : a.scenario,
+                                          InputKind::kScenario, path);
   const TuneResult r = tune(tree, path, a.sets, o);
   if (!root) return;  // rank 0 has the result and writes every output
   print_tune(r);

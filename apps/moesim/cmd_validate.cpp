@@ -1,6 +1,7 @@
 // `moesim validate SCENARIO.yaml`: parse and check a scenario (schema, units, consistency, GPU
 // and topology), print what it resolved to. Errors name file:line, key, found and expected.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "apps/moesim/commands.hpp"
 #include "apps/moesim/engine_setup.hpp"
@@ -110,6 +111,14 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
           : (m.capacity_factor == 0 ? std::string("f=dropless")
                                     : fmt::format("f=dropless<={}", -m.capacity_factor));
   fmt::print("  experts      {}; top-{}; {}; {}\n", experts, m.top_k, cf, dtype_name(m.dtype));
+  // model.hf_config: what was read, and the config's fields the model does not follow.
+  const ModelImport& hf = sc.model_import;
+  if (!hf.hf_config.empty()) {
+    fmt::print("  hf_config    {} (read as {})\n", hf.hf_config, hf.family);
+    for (const std::string& f : hf.ignored) fmt::print("  not modelled {}\n", f);
+    if (!hf.unknown.empty())
+      fmt::print("  not read     {} (unknown fields)\n", fmt::join(hf.unknown, ", "));
+  }
   // The block's kernels as the plan lowers them (docs/model.md, "A block as the kernels").
   const AttentionSpec& at = m.attention;
   const std::string heads =

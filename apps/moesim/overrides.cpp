@@ -5,6 +5,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
+#include <iostream>
 
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
@@ -12,6 +14,8 @@
 #include "core/yaml_reader.hpp"
 
 namespace moesim::app {
+
+namespace fs = std::filesystem;
 
 void add_set_option(CLI::App* cmd, std::vector<std::string>* sets) {
   cmd->add_option("--set", *sets,
@@ -52,9 +56,91 @@ RunScenario load_run_scenario(const std::string& path, const std::vector<std::st
   return r;
 }
 
-Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets) {
-  if (sets.empty()) return load_scenario(path);
-  return parse_scenario_with(load_yaml_file(path), path, sets);
+namespace {
+
+constexpr std::string_view kStdin = "<stdin>";
+
+// The folders a bare name is looked up in, in order.
+std::vector<fs::path> bundle_folders(InputKind kind) {
+  const fs::path root = fs::path(MOESIM_SOURCE_DIR) / "scenarios";
+  switch (kind) {
+    case InputKind::kScenario:
+      return {root / "models", root};
+    case InputKind::kSweep:
+      return {root / "sweeps"};
+    case InputKind::kTopology:
+      return {root / "topologies"};
+  }
+  return {};
+}
+
+const char* bundle_what(InputKind kind) {
+  switch (kind) {
+    case InputKind::kScenario:
+      return "bundled scenario or model preset";
+    case InputKind::kSweep:
+      return "bundled sweep";
+    case InputKind::kTopology:
+      return "bundled topology";
+  }
+  return "bundled file";
+}
+
+// stdin, read whole the first time (a command may load its scenario more than once).
+const std::string& stdin_text() {
+  static const std::string text = [] {
+    std::string out;
+    char buf[65536];
+    while (std::cin.read(buf, sizeof buf) || std::cin.gcount() > 0) {
+      out.append(buf, static_cast<std::size_t>(std::cin.gcount()));
+      if (out.size() > kMaxYamlFileBytes)
+        throw InputError(SourceLocation{std::string(kStdin), 0, 0}, "",
+                         fmt::format("found more than {} bytes, expected a YAML document of at "
+                                     "most 64 MiB",
+                                     kMaxYamlFileBytes));
+    }
+    return out;
+  }();
+  return text;
+}
+
+}  // namespace
+
+std::string resolve_input(const std::string& arg, InputKind kind) {
+  std::error_code ec;
+  if (arg == "-" || arg.empty() || fs::exists(arg, ec)) return arg;
+  // A bare name: no folder, no extension.
+  const bool bare = arg.find('/') == std::string::npos && arg.find('.') == std::string::npos;
+  if (!bare) return arg;
+  std::vector<std::string> names;
+  for (const fs::path& dir : bundle_folders(kind)) {
+    const fs::path candidate = dir / (arg + ".yaml");
+    if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".yaml") names.push_back(e.path().stem().string());
+  }
+  std::vector<std::string_view> views(names.begin(), names.end());
+  std::string hint = yaml::did_you_mean(arg, views);
+  // A name cut short ("dgx-a100" for "dgx-a100-2x8") is too far for the edit distance.
+  for (const std::string& n : names)
+    if (hint.empty() && n.rfind(arg, 0) == 0) hint = fmt::format(" (did you mean '{}'?)", n);
+  throw InputError(SourceLocation{arg, 0, 0}, "",
+                   fmt::format("no such file, and no {} of that name{}; `moesim list` shows them",
+                               bundle_what(kind), hint));
+}
+
+YAML::Node load_input_yaml(const std::string& arg, InputKind kind, std::string& path) {
+  path = resolve_input(arg, kind);
+  if (path != "-") return load_yaml_file(path);
+  path = std::string(kStdin);
+  return parse_yaml_string(stdin_text(), path);
+}
+
+Scenario load_scenario_with(const std::string& arg, const std::vector<std::string>& sets) {
+  std::string path;
+  YAML::Node tree = load_input_yaml(arg, InputKind::kScenario, path);
+  if (sets.empty()) return parse_scenario(tree, path);
+  return parse_scenario_with(tree, path, sets);
 }
 
 Scenario parse_scenario_with(YAML::Node tree, const std::string& path,

@@ -31,7 +31,20 @@ std::pair<std::string, YAML::Node> parse_set_edit(const std::string& text);
 
 /// load_scenario(path) with the `--set` edits applied in order (a later one wins). InputError
 /// (exit 2) for a malformed edit, a path through a non-map, or an invalid resulting scenario.
-Scenario load_scenario_with(const std::string& path, const std::vector<std::string>& sets);
+/// What an input argument names (docs/tutorial.md): an existing file; "-", the YAML read from
+/// stdin (once per process; errors name "<stdin>", relative paths inside resolve from the working
+/// directory); or a bundled file by name, without folder or extension: a scenario is looked up in
+/// scenarios/models/ then scenarios/, a sweep in scenarios/sweeps/, a topology in
+/// scenarios/topologies/. Anything else is returned as given, for the loader's "file not found";
+/// a bare name that matches nothing is an InputError naming the closest bundled one.
+enum class InputKind { kScenario, kSweep, kTopology };
+std::string resolve_input(const std::string& arg, InputKind kind);
+/// The YAML tree of an input argument (resolve_input, then the file or stdin); `path` receives
+/// the name errors and relative paths use (the file's path, or "<stdin>").
+YAML::Node load_input_yaml(const std::string& arg, InputKind kind, std::string& path);
+
+/// The scenario an argument names (resolve_input), with the --set edits applied.
+Scenario load_scenario_with(const std::string& arg, const std::vector<std::string>& sets);
 
 /// A run's scenario: `path` with the --set edits and --seed applied, and the iterations to run
 /// (--iterations, else workload.iterations). Both flags are checked before the file is read.

@@ -234,6 +234,10 @@ SweepSpec parse_sweep(const YAML::Node& root, const std::string& file) {
   std::string base = *m.get_string("base");
   fs::path bp(base);
   if (bp.is_relative()) bp = fs::path(file).parent_path() / bp;
+  // A bare name (no folder, no extension) beside no such file: a bundled scenario or preset.
+  std::error_code ec;
+  if (!fs::exists(bp, ec) && base.find_first_of("/.") == std::string::npos)
+    bp = resolve_input(base, InputKind::kScenario);
   spec.base_path = bp.lexically_normal().string();
   if (auto mode = m.get_choice("mode", {"cartesian", "zip"}))
     spec.mode = *mode == 0 ? SweepMode::kCartesian : SweepMode::kZip;
@@ -307,7 +311,11 @@ SweepSpec parse_sweep(const YAML::Node& root, const std::string& file) {
   return spec;
 }
 
-SweepSpec load_sweep(const std::string& path) { return parse_sweep(load_yaml_file(path), path); }
+SweepSpec load_sweep(const std::string& arg) {
+  std::string path;
+  YAML::Node tree = load_input_yaml(arg, InputKind::kSweep, path);
+  return parse_sweep(tree, path);
+}
 
 std::vector<SweepPoint> expand_points(const SweepSpec& spec) {
   std::vector<SweepPoint> out;

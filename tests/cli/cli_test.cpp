@@ -1068,4 +1068,79 @@ TEST(Cli, Fp8GemmsOnAGpuWithoutFp8AreRefused) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
+// Inputs by bundled name and from stdin (docs/tutorial.md): a model preset or scenario named
+// without folder or extension, a sweep and a topology likewise, "-" for stdin; a name that
+// matches nothing exits 2 naming the closest.
+TEST(Cli, BundledNamesAndStdin) {
+  auto r = run("validate mixtral-8x7b");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(kSource + "/scenarios/models/mixtral-8x7b.yaml: valid"), std::string::npos)
+      << r.out;
+  r = run("validate quickstart");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("/scenarios/quickstart.yaml: valid"), std::string::npos) << r.out;
+  r = run("validate mixtral-8x7");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("mixtral-8x7: no such file, and no bundled scenario or model preset of "
+                       "that name (did you mean 'mixtral-8x7b'?)"),
+            std::string::npos)
+      << r.out;
+  // A path-like argument keeps the loader's message.
+  r = run("validate ./mixtral-8x7b");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("file not found"), std::string::npos) << r.out;
+  r = run(fmt::format("simulate - --engine analytical --quiet < '{}/scenarios/quickstart.yaml'",
+                      kSource));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("fastest: "), std::string::npos) << r.out;
+  r = run("validate - < /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("<stdin>:1:1: "), std::string::npos) << r.out;
+  r = run("compare quickstart --topology dgx-a100-2x8 --engine analytical --quiet");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  r = run("compare quickstart --topology dgx-a100 --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("no bundled topology of that name (did you mean 'dgx-a100-2x8'?)"),
+            std::string::npos)
+      << r.out;
+}
+
+// A Hugging Face config of every family the importer reads (scenarios/models/hf/) validates and
+// simulates as a scenario's model (model.hf_config), on 16 GPUs with EP 8.
+TEST(Cli, HfConfigOfEveryFamilySimulates) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "hf-cli";
+  fs::create_directories(dir);
+  int families = 0;
+  for (const auto& e : fs::directory_iterator(kSource + "/scenarios/models/hf")) {
+    if (e.path().extension() != ".json") continue;
+    ++families;
+    const fs::path yaml = dir / (e.path().stem().string() + ".yaml");
+    std::ofstream(yaml) << fmt::format(R"(name: hf-{}
+cluster:
+  gpu: h100-sxm
+  nodes: 2
+  gpus_per_node: 8
+  intra_node: {{kind: nvswitch, bandwidth: 450GB/s}}
+  inter_node: {{kind: fat_tree, nic_bandwidth: 400Gb/s, nics_per_node: 8}}
+model:
+  hf_config: '{}'
+  batch_per_gpu: 1
+  seq_len: 1024
+  dtype: bf16
+parallelism: {{ep: 8, dp: auto, zero: 1}}
+workload: {{iterations: 1}}
+strategies: [{{name: baseline}}]
+)",
+                                       e.path().stem().string(), e.path().string());
+    auto r = run(fmt::format("validate '{}'", yaml.string()));
+    EXPECT_EQ(r.exit_code, 0) << yaml << "\n" << r.out;
+    EXPECT_NE(r.out.find("hf_config    " + e.path().string() + " (read as "), std::string::npos)
+        << r.out;
+    r = run(fmt::format("simulate '{}' --engine analytical --quiet", yaml.string()));
+    EXPECT_EQ(r.exit_code, 0) << yaml << "\n" << r.out;
+    EXPECT_NE(r.out.find("\nbaseline "), std::string::npos) << r.out;
+  }
+  EXPECT_GE(families, 7);
+}
+
 }  // namespace

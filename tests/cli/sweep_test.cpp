@@ -808,6 +808,12 @@ TEST(SweepCli, ListShowsTheLibraryWithDescriptions) {
   EXPECT_NE(r.out.find("Model presets"), std::string::npos) << r.out;
   for (const auto& e : fs::directory_iterator(kSource + "/scenarios/models"))
     EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
+  EXPECT_NE(r.out.find("Hugging Face configs"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(kSource + "/scenarios/models/hf"))
+    EXPECT_NE(r.out.find(e.path().filename().string()), std::string::npos) << e.path();
+  EXPECT_NE(r.out.find("deepseek_v3: 61 blocks, M 7168, 256 experts of 2048, top-8"),
+            std::string::npos)
+      << r.out;
 }
 
 // Every field of a CSV line but the last (wall_s, the wall-clock time of the row).

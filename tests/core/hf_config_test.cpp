@@ -505,5 +505,96 @@ TEST(HfConfig, OtherChecks) {
   EXPECT_NEAR(billions(p.total), 6.92 - 0.103, 0.005);
 }
 
+// ---------------------------------------------------------------------------------------------
+// model.hf_config in a scenario: the import under the scenario's own keys, the path relative to
+// the scenario file, and the import's errors at the key.
+
+std::string scenario_yaml(const std::string& model_extra) {
+  return R"(name: hf-scenario
+cluster:
+  gpu: h100-sxm
+  nodes: 1
+  gpus_per_node: 8
+  intra_node: {kind: nvswitch}
+  inter_node: {kind: none}
+model:
+  batch_per_gpu: 1
+  seq_len: 512
+  dtype: bf16
+)" + model_extra +
+         R"(parallelism: {ep: 8, dp: auto}
+strategies:
+  - {name: baseline}
+)";
+}
+
+std::string scenario_error(const std::string& yaml, const std::string& file) {
+  try {
+    parse_scenario_string(yaml, file);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an InputError for:\n" << yaml;
+  return "";
+}
+
+TEST(HfConfigScenario, ImportsUnderTheScenariosOwnKeysRelativeToTheFile) {
+  // A scenario beside scenarios/models/: "hf/..." is scenarios/models/hf/...
+  const std::string file = kPresetDir + "hf-test.yaml";
+  const Scenario s =
+      parse_scenario_string(scenario_yaml("  hf_config: hf/mixtral-8x7b.json\n"), file);
+  EXPECT_EQ(s.model.layers, 32);
+  EXPECT_EQ(s.model.model_dim, 4096);
+  EXPECT_EQ(s.model.hidden_dim, 14336);
+  EXPECT_EQ(s.model.experts, 8);
+  EXPECT_EQ(s.model.top_k, 2);
+  EXPECT_EQ(s.model.vocab_size, 32000);
+  EXPECT_FALSE(s.model.tie_embeddings);
+  EXPECT_EQ(s.model.attention.heads, 32);
+  EXPECT_EQ(s.model.attention.kv_heads, 8);
+  EXPECT_TRUE(s.model.swiglu());
+  EXPECT_EQ(s.model.seq_len, 512);  // the scenario's run keys stay its own
+  EXPECT_EQ(s.model_import.family, "mixtral");
+  EXPECT_EQ(s.model_import.hf_config, kHfDir + "mixtral-8x7b.json");
+  // A key written beside hf_config wins over the config's.
+  const Scenario four = parse_scenario_string(
+      scenario_yaml("  hf_config: hf/mixtral-8x7b.json\n  layers: 4\n  top_k: 1\n"), file);
+  EXPECT_EQ(four.model.layers, 4);
+  EXPECT_EQ(four.model.top_k, 1);
+  EXPECT_EQ(four.model.model_dim, 4096);
+  // Without hf_config nothing is recorded.
+  EXPECT_TRUE(parse_scenario_string(scenario_yaml("  model_dim: 64\n  hidden_dim: 128\n  "
+                                                  "experts: 8\n"),
+                                    file)
+                  .model_import.hf_config.empty());
+}
+
+TEST(HfConfigScenario, ErrorsNameTheKeyAndTheConfig) {
+  const std::string file = kPresetDir + "hf-test.yaml";
+  EXPECT_THAT(scenario_error(scenario_yaml("  hf_config: hf/nope.json\n"), file),
+              HasSubstr("model.hf_config: found 'hf/nope.json' (resolved to '" + kHfDir +
+                        "nope.json'), which does not exist; expected the path of a Hugging Face "
+                        "config.json"));
+  // The import's own error, at the key: a config without a field the mapping needs.
+  const std::string dir = ::testing::TempDir();
+  {
+    std::ofstream out(dir + "/broken.json");
+    out << edit(read_text(kHfDir + "mixtral-8x7b.json"), "\"num_local_experts\"",
+                "\"num_local_expertz\"");
+  }
+  const std::string e =
+      scenario_error(scenario_yaml("  hf_config: broken.json\n"), dir + "/hf-test.yaml");
+  EXPECT_THAT(e, HasSubstr("hf-test.yaml:"));
+  EXPECT_THAT(e, HasSubstr("model.hf_config: "));
+  EXPECT_THAT(e, HasSubstr("missing 'num_local_experts'"));
+  {
+    std::ofstream out(dir + "/bad.json");
+    out << "{\"model_type\": \"mixtral\",,}";
+  }
+  EXPECT_THAT(scenario_error(scenario_yaml("  hf_config: bad.json\n"), dir + "/hf-test.yaml"),
+              HasSubstr("malformed JSON"));
+  EXPECT_THAT(scenario_error(scenario_yaml("  hf_config: {path: x}\n"), file),
+              HasSubstr("model.hf_config: "));
+}
 }  // namespace
 }  // namespace moesim

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fuzz.sh: libFuzzer on the input loaders: the scenario target (what `moesim validate`
-# does) and the sweep target (what `moesim sweep` checks before running), built with clang,
+# does), the sweep target (what `moesim sweep` checks before running) and the hf_config target
+# (a Hugging Face config.json, imported and loaded as a scenario's model), built with clang,
 # ASan and UBSan in build-fuzz/. Each runs --runs inputs (default 1,000,000) from the corpus
 # (bundled scenarios and sweeps, tests/cli/bad, tests/fuzz/corpus), with a timeout per input of
 # --timeout s (default 5: ASan and UBSan make the loaders 3-5x slower; the 1 s bound of a Release
@@ -14,13 +15,13 @@
 # under an hour of one core; crashes, hangs over 1 s, OOMs and exits other than 0 / 2 are caught,
 # memory errors that do not crash are not (the sanitized runs are for those).
 #
-#   bench/fuzz.sh [--runs N] [--timeout S] [--targets scenario,sweep] [--jobs J] [--build DIR]
+#   bench/fuzz.sh [--runs N] [--timeout S] [--targets scenario,sweep,hf_config] [--jobs J] [--build DIR]
 #                 [--no-sanitizers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=1000000
 timeout=5
-targets="scenario,sweep"
+targets="scenario,sweep,hf_config"
 jobs=$(nproc)
 build=build-fuzz
 sanitize=ON
@@ -68,12 +69,16 @@ for t in "${list[@]}"; do
   corpus="$build/corpus-$t"
   findings="$build/findings/$t"
   mkdir -p "$corpus" "$findings"
+  ext='*.yaml'
   if [ "$t" = scenario ]; then
     seeds=(scenarios scenarios/topologies tests/cli/bad tests/fuzz/corpus/scenario)
+  elif [ "$t" = hf_config ]; then
+    seeds=(scenarios/models/hf tests/fuzz/corpus/hf_config)
+    ext='*.json'
   else
     seeds=(scenarios/sweeps bench/validation tests/fuzz/corpus/sweep)
   fi
-  for d in "${seeds[@]}"; do find "$d" -maxdepth 1 -type f -name '*.yaml' -exec cp {} "$corpus/" \; ; done
+  for d in "${seeds[@]}"; do find "$d" -maxdepth 1 -type f -name "$ext" -exec cp {} "$corpus/" \; ; done
   log="$build/fuzz-$t.log"
   # Findings of earlier runs stay (they are the inputs to fix) but are not this run's failures.
   stamp="$build/fuzz-$t.start"

@@ -8,8 +8,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // Relative references resolve from the bundled scenarios, so mutated paths can hit real files.
-#ifdef MOESIM_FUZZ_SWEEP
+#if defined(MOESIM_FUZZ_SWEEP)
   moesim::fuzz::sweep_input(data, size, MOESIM_SOURCE_DIR "/scenarios/sweeps/fuzz.yaml");
+#elif defined(MOESIM_FUZZ_HF_CONFIG)
+  moesim::fuzz::hf_config_input(data, size, MOESIM_SOURCE_DIR "/scenarios/models/hf/fuzz.json");
 #else
   moesim::fuzz::scenario_input(data, size, MOESIM_SOURCE_DIR "/scenarios/fuzz.yaml");
 #endif

@@ -25,4 +25,9 @@ int scenario_input(const std::uint8_t* data, std::size_t size, const std::string
 /// with its first value, as `moesim sweep` does before running a point.
 int sweep_input(const std::uint8_t* data, std::size_t size, const std::string& pseudo_file);
 
+/// A Hugging Face config.json (core/hf_config.hpp, what `model: {hf_config: ...}` reads): 0 when
+/// it imports and the imported model loads and sizes as a scenario's on one 8-GPU node, 2 on an
+/// InputError; anything else escaping is a finding.
+int hf_config_input(const std::uint8_t* data, std::size_t size, const std::string& pseudo_file);
+
 }  // namespace moesim::fuzz

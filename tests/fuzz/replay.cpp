@@ -3,7 +3,7 @@
 // check that the corpus (the bundled scenarios and sweeps, the bad-input files, the inputs fuzzing
 // found) is still accepted or refused cleanly, each in under a second.
 //
-//   fuzz_replay [--max-seconds S] scenario|sweep DIR_OR_FILE...
+//   fuzz_replay [--max-seconds S] scenario|sweep|hf_config DIR_OR_FILE...
 //
 // Exit 0 when every input returned 0 or 2 within S seconds (default 1; sanitizer builds pass more);
 // 1 when one escaped with another exception or took longer (its path and the exception are
@@ -30,12 +30,13 @@ int main(int argc, char** argv) {
     max_s = std::atof(argv[2]);
     first = 3;
   }
+  const std::string kind = argc > first ? argv[first] : "";
   if (argc < first + 2 || max_s <= 0 ||
-      (std::string(argv[first]) != "scenario" && std::string(argv[first]) != "sweep")) {
-    std::fprintf(stderr, "usage: fuzz_replay [--max-seconds S] scenario|sweep DIR_OR_FILE...\n");
+      (kind != "scenario" && kind != "sweep" && kind != "hf_config")) {
+    std::fprintf(stderr,
+                 "usage: fuzz_replay [--max-seconds S] scenario|sweep|hf_config DIR_OR_FILE...\n");
     return 2;
   }
-  const bool sweep = std::string(argv[first]) == "sweep";
   std::vector<fs::path> files;
   for (int i = first + 1; i < argc; ++i) {
     const fs::path p(argv[i]);
@@ -59,8 +60,10 @@ int main(int argc, char** argv) {
     const std::string pseudo = fs::absolute(f).string();
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const int rc = sweep ? moesim::fuzz::sweep_input(data, bytes.size(), pseudo)
-                           : moesim::fuzz::scenario_input(data, bytes.size(), pseudo);
+      const int rc = kind == "sweep" ? moesim::fuzz::sweep_input(data, bytes.size(), pseudo)
+                     : kind == "hf_config"
+                         ? moesim::fuzz::hf_config_input(data, bytes.size(), pseudo)
+                         : moesim::fuzz::scenario_input(data, bytes.size(), pseudo);
       (rc == 0 ? accepted : refused)++;
     } catch (const std::exception& e) {
       std::printf("FAIL %s: escaped: %s\n", f.c_str(), e.what());

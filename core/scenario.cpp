@@ -281,7 +281,7 @@ std::pair<int, int> Scenario::stage_blocks(int stage) const {
 }
 
 SourceLocation Scenario::location_of(const std::string& key_path) const {
-  if (auto it = locations.find(key_path); it != locations.end()) return it->second;
+  if (auto it = locations->find(key_path); it != locations->end()) return it->second;
   return SourceLocation{source_file, 0, 0};
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -475,8 +476,13 @@ struct Scenario {
   EngineSpec engine;
   std::vector<StrategySpec> strategies;
   // Every key path present in the file ("cluster.gpu", "strategies[1].pipeline",
-  // "cluster.inter_node.tree") -> its file:line:col. List items are "key[i]".
-  std::map<std::string, SourceLocation> locations;
+  // "cluster.inter_node.tree") -> its file:line:col. List items are "key[i]". Shared, not
+  // copied: every strategy's run copies its scenario, and with thousands of strategies a copied
+  // map made validate quadratic.
+  using Locations = std::map<std::string, SourceLocation>;
+  std::shared_ptr<const Locations> locations = std::make_shared<const Locations>();
+  /// Whether the file wrote `key_path`.
+  bool written(const std::string& key_path) const { return locations->count(key_path) > 0; }
 
   int num_gpus() const { return cluster.num_gpus(); }                     // P
   std::int64_t tokens_per_gpu() const { return model.tokens_per_gpu(); }  // S = B * L

@@ -2026,7 +2026,7 @@ Scenario parse_scenario(const YAML::Node& written, const std::string& file) {
   s.engine = parse_engine(m);
   s.strategies = parse_strategies(m, s.model);
   attach_cluster_locations(s.cluster, ctx);
-  s.locations = ctx.locations();
+  s.locations = std::make_shared<const Scenario::Locations>(ctx.locations());
   return s;
 }
 

@@ -79,10 +79,15 @@ enum class EventType : std::uint8_t {
 };
 
 struct Event {
-  EventType type;
-  std::uint32_t version;
-  std::int32_t a;  // op (compute/copy/group) or cohort id
-  std::int32_t b;  // position in op.ranks, or group index
+  // A constructor, not an aggregate: EventQueue::emplace builds events in place from their
+  // fields, and clang before 16 has no parenthesised aggregate initialisation (bench/fuzz.sh).
+  Event() = default;
+  Event(EventType t, std::uint32_t v, std::int32_t x, std::int32_t y)
+      : type(t), version(v), a(x), b(y) {}
+  EventType type{};
+  std::uint32_t version = 0;
+  std::int32_t a = 0;  // op (compute/copy/group) or cohort id
+  std::int32_t b = 0;  // position in op.ranks, or group index
 };
 
 // One op instance in a (rank, stream) queue.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "core/error.hpp"
@@ -309,9 +310,11 @@ MemoryEstimate estimate_memory(const Scenario& scenario, const Decision& decisio
   MOESIM_ASSERT(decision.expert_pack >= 1 && decision.parallel_degree >= 1,
                 "decision degrees must be >= 1");
   // Lina's expert packing: the same job on fewer, fuller EP ranks (what the plan builder builds).
-  const Scenario sc = decision.expert_pack > 1
-                          ? schedules::packed_scenario(scenario, decision.expert_pack)
-                          : scenario;
+  // A copy only when packing changes it: a Scenario copy carries every strategy.
+  std::optional<Scenario> packed;
+  if (decision.expert_pack > 1)
+    packed.emplace(schedules::packed_scenario(scenario, decision.expert_pack));
+  const Scenario& sc = packed ? *packed : scenario;
   const auto& m = sc.model;
   const int pp = sc.parallelism.pp;
   MemoryEstimate worst;

@@ -18,6 +18,14 @@ namespace moesim::strategies {
 
 namespace {
 
+// The scenario one pipeline stage decides on: `whole` itself without stages (no copy: a
+// Scenario copy carries every strategy, and each strategy's run would pay for all of them),
+// else its stage_scenario() kept in `storage`.
+const Scenario& stage_of(const Scenario& whole, std::optional<Scenario>& storage) {
+  if (whole.parallelism.pp <= 1) return whole;
+  return storage.emplace(whole.stage_scenario());
+}
+
 // Last end minus first start over a set of ops (0 for an empty set).
 double span_s(const RunResult& r, const std::vector<OpId>& ops) {
   if (ops.empty()) return 0;
@@ -89,7 +97,8 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
   rec.exposed_comm_s = result.breakdown.exposed_comm_s;
   rec.breakdown = result.breakdown;
   for (const auto& l : work.layers) rec.dropped_tokens += l.dropped;
-  rec.memory = estimate_memory(sc, d, memory_capacity(sc.stage_scenario(), d, work));
+  std::optional<Scenario> staged;
+  rec.memory = estimate_memory(sc, d, memory_capacity(stage_of(sc, staged), d, work));
   return rec;
 }
 
@@ -147,7 +156,8 @@ Prepared prepare_iteration(const Scenario& sc, const StrategySpec& spec,
 
 Decision first_decision(const Scenario& whole, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity, double f) {
-  const Scenario sc = whole.stage_scenario();  // strategies decide for one pipeline stage
+  std::optional<Scenario> staged;
+  const Scenario& sc = stage_of(whole, staged);  // strategies decide for one pipeline stage
   const CostModel cost(sc, topo);
   std::unique_ptr<StrategyStack> stack = make_stack(spec);
   const std::vector<IterationRecord> history;
@@ -159,14 +169,16 @@ Decision first_decision(const Scenario& whole, const StrategySpec& spec,
 
 Decision first_decision(const Scenario& whole, const StrategySpec& spec,
                         const topology::Topology& topo, std::int64_t capacity) {
-  workload::WorkloadGenerator generator(whole.stage_scenario());
+  std::optional<Scenario> staged;
+  workload::WorkloadGenerator generator(stage_of(whole, staged));
   return first_decision(whole, spec, topo, capacity, generator.capacity_factor(0));
 }
 
 MemoryEstimate planned_memory(const Scenario& whole, const StrategySpec& spec,
                               const topology::Topology& topo, int iterations,
                               workload::SampleCache* cache) {
-  const Scenario sc = whole.stage_scenario();  // as run_stack: one stage decides and samples
+  std::optional<Scenario> staged;
+  const Scenario& sc = stage_of(whole, staged);  // as run_stack: one stage decides and samples
   workload::WorkloadGenerator generator(sc);
   generator.set_keep_demanded(false);
   generator.set_count_distinct(false);  // the estimate reads dC and kept counts only
@@ -195,7 +207,8 @@ StackRun run_stack(const Scenario& whole, const StrategySpec& spec, const topolo
   // The workload, the strategies and the cost model describe one pipeline stage (its MoE groups
   // are the same in every stage); the plan and the memory estimate the whole step (pp = 1: the
   // same scenario).
-  const Scenario sc = whole.stage_scenario();
+  std::optional<Scenario> staged;
+  const Scenario& sc = stage_of(whole, staged);
   MOESIM_ASSERT(static_cast<bool>(backend), "run_stack needs a backend");
   workload::WorkloadGenerator generator(sc);
   generator.set_keep_demanded(false);  // the plan needs kept counts only (one P x E matrix less)

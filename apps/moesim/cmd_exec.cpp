@@ -231,7 +231,7 @@ void refuse_unsupported_layout(const Scenario& sc, const std::string& backend) {
   // tensor, sequence and context parallelism have no data path, so they are refused up front.
   if (const ParallelismSpec& p = sc.parallelism;
       p.folded() && (p.mp > 1 || p.cp > 1 || p.esp > 1)) {
-    const std::string key = p.mp > 1   ? (sc.locations.count("parallelism.mp") ? "mp" : "tp")
+    const std::string key = p.mp > 1   ? (sc.written("parallelism.mp") ? "mp" : "tp")
                             : p.cp > 1 ? "cp"
                                        : "etp";
     const int found = p.mp > 1 ? p.mp : p.cp > 1 ? p.cp : p.esp;

@@ -28,7 +28,7 @@ void apply_calibration(sim::EngineConfig& cfg, const Scenario& sc) {
 void check_precision(const Scenario& sc, const GpuSpec& gpu) {
   const PrecisionSpec& p = sc.model.precision;
   if (p.gemm != Dtype::kFp8 || gpu.peak.count(Dtype::kFp8) > 0) return;
-  const bool from_dtype = sc.locations.count("model.precision.gemm") == 0;
+  const bool from_dtype = !sc.written("model.precision.gemm");
   const std::string key = from_dtype ? "model.dtype" : "model.precision.gemm";
   throw InputError(sc.location_of(key), key,
                    fmt::format("found fp8, but GPU '{}' has no fp8 tensor cores; expected bf16 or "

@@ -577,8 +577,9 @@ class Search {
           layout_deepep_sc_[li] = std::move(with);
           break;
         }
-      std::erase_if(sc->locations,
-                    [](const auto& kv) { return kv.first.rfind("strategies[", 0) == 0; });
+      auto kept = std::make_shared<Scenario::Locations>(*sc->locations);
+      std::erase_if(*kept, [](const auto& kv) { return kv.first.rfind("strategies[", 0) == 0; });
+      sc->locations = std::move(kept);
     } catch (const InputError&) {
       sc = nullptr;
     }

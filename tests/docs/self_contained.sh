@@ -32,7 +32,7 @@ fi
 # Repository paths named in text must exist. Allowed: other projects' files cited as sources
 # ("docs/legacy.md of deepseek-ai/DeepEP"), the tutorial's user file, the fuzz targets' input names.
 allowed=' docs/legacy.md docs/performance-summary.md scenarios/my-h100.yaml scenarios/fuzz.yaml
- scenarios/sweeps/fuzz.yaml '
+ scenarios/sweeps/fuzz.yaml scenarios/models/hf/fuzz.json '
 dirs='scenarios|docs|bench|tests|scripts|core|sim|strategies|exec|kernels|topology|apps|cmake'
 exts='md|hpp|cpp|yaml|sh|csv|cu|cuh|txt|json|py'
 missing=0

@@ -154,12 +154,139 @@ void begin_backward_layer(const Plan& plan, const MoeLayerPlan& lp, int rank, co
   bl.grad_dispatched.assign(static_cast<size_t>(s.experts) * lp.capacity * M, 0.0f);
 }
 
+namespace {
+
+// Chunk j's fc2 backward: dHidden = dOut W2^T through the ReLU, and dW2 += hidden^T dOut.
+void backward_fc2(const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s, int j) {
+  const MoeLayerPlan& lp = *fwd.plan;
+  const int M = s.model_dim, H = s.hidden_dim, E = s.experts;
+  const int W = lp.ep, dE = lp.local_experts;
+  kc::Context ctx;
+  MOESIM_ASSERT(bl.decoded, "backward fc2 before the backward decode");
+  const int c = lp.caps[j];
+  if (!lp.has_a2a) bl.chunk_dout[j] = pack_chunk(bl.grad_expert_out, lp, j, E, M);  // W = 1
+  const auto& dout = bl.chunk_dout[j];
+  const auto& hidden = (*fwd.hidden)[j];
+  auto& dh = bl.chunk_dhidden[j];
+  dh.assign(static_cast<size_t>(W) * dE * c * H, 0.0f);
+  for (int w = 0; w < W; ++w)
+    for (int le = 0; le < dE; ++le) {
+      const size_t blk = static_cast<size_t>(w) * dE + le;
+      const float* h = &hidden[blk * c * H];
+      const float* d = &dout[blk * c * M];
+      float* g = &dh[blk * c * H];
+      // dHidden = dOut W2^T, then the ReLU's backward (hidden is post-ReLU: > 0 iff active).
+      kc::gemm(ctx, kF32, c, H, M, d, bl.w2t[le].data(), g);
+      for (size_t i = 0; i < static_cast<size_t>(c) * H; ++i) g[i] = h[i] > 0 ? g[i] : 0.0f;
+      // dW2 (H x M) += hidden^T (H x c) dOut (c x M); empty slots are zero rows of both.
+      const std::vector<float> ht =
+          transpose(std::vector<float>(h, h + static_cast<size_t>(c) * H), c, H);
+      kc::gemm(ctx, kF32, H, M, c, ht.data(), d, bl.dw2[le].data(), 1.0f, 1.0f);
+    }
+  std::vector<float>().swap(bl.chunk_dout[j]);  // done with it: keep the peak memory down
+}
+
+// Chunk j's fc1 backward: dIn = dHidden W1^T and dW1 += in^T dHidden (W = 1: straight into the
+// dispatched gradient, the experts being local).
+void backward_fc1(const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s, int j) {
+  const MoeLayerPlan& lp = *fwd.plan;
+  const int M = s.model_dim, H = s.hidden_dim, E = s.experts;
+  const int W = lp.ep, dE = lp.local_experts;
+  kc::Context ctx;
+  const int c = lp.caps[j];
+  const auto& dh = bl.chunk_dhidden[j];
+  MOESIM_ASSERT(dh.size() == static_cast<size_t>(W) * dE * c * H, "fc1 backward before fc2");
+  const auto& in = (*fwd.chunk_in)[j];
+  auto& din = bl.chunk_din[j];
+  din.assign(static_cast<size_t>(W) * dE * c * M, 0.0f);
+  for (int w = 0; w < W; ++w)
+    for (int le = 0; le < dE; ++le) {
+      const size_t blk = static_cast<size_t>(w) * dE + le;
+      const float* x = &in[blk * c * M];
+      const float* g = &dh[blk * c * H];
+      kc::gemm(ctx, kF32, c, M, H, g, bl.w1t[le].data(), &din[blk * c * M]);  // dIn
+      const std::vector<float> xt =
+          transpose(std::vector<float>(x, x + static_cast<size_t>(c) * M), c, M);
+      kc::gemm(ctx, kF32, M, H, c, xt.data(), g, bl.dw1[le].data(), 1.0f, 1.0f);  // dW1
+    }
+  std::vector<float>().swap(bl.chunk_dhidden[j]);
+  if (!lp.has_a2a) {  // W = 1: the experts are local
+    unpack_chunk(din.data(), lp, j, E, M, bl.grad_dispatched);
+    std::vector<float>().swap(din);
+  }
+  ++bl.fc1_done;
+}
+
+// The gate's backward, after the encode's: dWgate and the gate's share of dX.
+void backward_gate(const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s) {
+  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
+  kc::Context ctx;
+  // Softmax backward of the kept choices' dWeight (the gate's weights are the softmax
+  // probabilities over all E experts, not renormalised over the top k): g (E) = dWeight at
+  // the chosen experts, dLogits = p (g - <p, g>); dWgate = x^T dLogits, dX += dLogits Wg^T.
+  MOESIM_ASSERT(bl.encoded, "backward gate before the backward encode");
+  const auto& logits = *fwd.logits;
+  std::vector<float> dl(static_cast<size_t>(S) * E, 0.0f);
+  std::vector<double> p(E), g(E);
+  for (int t = 0; t < S; ++t) {
+    const float* lg = &logits[static_cast<size_t>(t) * E];
+    const double mx = *std::max_element(lg, lg + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(static_cast<double>(lg[e]) - mx));
+    std::fill(g.begin(), g.end(), 0.0);
+    for (int c = 0; c < k; ++c) {
+      const size_t entry = static_cast<size_t>(t) * k + c;
+      if ((*fwd.slot)[entry] >= 0) g[(*fwd.expert)[entry]] += bl.grad_weight[entry];
+    }
+    double pg = 0;
+    for (int e = 0; e < E; ++e) pg += (p[e] /= sum) * g[e];
+    for (int e = 0; e < E; ++e)
+      dl[static_cast<size_t>(t) * E + e] = static_cast<float>(p[e] * (g[e] - pg));
+  }
+  const std::vector<float> xt = transpose(*fwd.x, S, M);  // dWgate += x^T dLogits
+  kc::gemm(ctx, kF32, M, E, S, xt.data(), dl.data(), bl.dgate_w.data(), 1.0f, 1.0f);
+  const std::vector<float> wgt = transpose(*fwd.gate_w, M, E);
+  kc::gemm(ctx, kF32, S, M, E, dl.data(), wgt.data(), bl.dx.data(), 1.0f, 1.0f);
+  bl.gated = true;
+}
+
+// One (micro-)op of the expert gradients' DP all-reduce, on the real dW1 / dW2.
+std::int64_t expert_grad_sync(Communicator& comm, const collectives::CostContext& cost,
+                              const Plan& plan, const Op& op, const MoeBwdRef& ref,
+                              const MoeLayerPlan& lp, BackwardLayer& bl, const MoeShape& s) {
+  const int M = s.model_dim, H = s.hidden_dim, dE = lp.local_experts;
+  // The real dW1 / dW2 of the local experts, flattened [dW1 of le 0.. | dW2 of le 0..];
+  // Lina's micro-op i of n sums part i of it.
+  MOESIM_ASSERT(bl.fc1_done == static_cast<int>(lp.caps.size()),
+                "expert gradient all-reduce before the expert backward");
+  const std::vector<int>* group = my_group(plan, op, comm.rank());
+  if (!group) return -1;
+  const size_t per = static_cast<size_t>(M) * H, total = 2 * per * dE;
+  const int parts = std::max(1, bl.dp_parts), part = std::max(0, ref.micro);
+  MOESIM_ASSERT(part < parts, "expert all-reduce micro-op out of range");
+  const size_t lo = total * part / parts, hi = total * (part + 1) / parts;
+  std::vector<float> flat(hi - lo);
+  auto at = [&](size_t i) -> float& {
+    const size_t mat = i / per, off = i % per;
+    return mat < static_cast<size_t>(dE) ? bl.dw1[mat][off] : bl.dw2[mat - dE][off];
+  };
+  for (size_t i = lo; i < hi; ++i) flat[i - lo] = at(i);
+  comm.all_reduce_sum(flat.data(), flat.size(), *group);
+  for (size_t i = lo; i < hi; ++i) at(i) = flat[i - lo];
+  ++bl.dp_parts_done;
+  collectives::CollectiveCall call{&op.collective(), group, 0, true};
+  const collectives::CostContext& cctx = cost;
+  return static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
+}
+
+}  // namespace
+
 std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext& cost,
                              const Plan& plan, const Op& op, const MoeBwdRef& ref,
                              const ForwardView& fwd, BackwardLayer& bl, const MoeShape& s,
                              std::uint64_t seed, int iteration, int key_rank) {
   const MoeLayerPlan& lp = *fwd.plan;
-  const int S = s.tokens, M = s.model_dim, H = s.hidden_dim, E = s.experts, k = s.top_k;
+  const int S = s.tokens, M = s.model_dim, E = s.experts, k = s.top_k;
   const int W = lp.ep, dE = lp.local_experts;
   kc::Context ctx;
   switch (ref.kind) {
@@ -184,56 +311,12 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
       return exchange(comm, cost, plan, op, pack_chunk(bl.grad_expert_out, lp, j, E, M),
                       bl.chunk_dout[j]);
     }
-    case OpRoleKind::kFc2: {
-      MOESIM_ASSERT(bl.decoded, "backward fc2 before the backward decode");
-      const int j = ref.chunk, c = lp.caps[j];
-      if (!lp.has_a2a) bl.chunk_dout[j] = pack_chunk(bl.grad_expert_out, lp, j, E, M);  // W = 1
-      const auto& dout = bl.chunk_dout[j];
-      const auto& hidden = (*fwd.hidden)[j];
-      auto& dh = bl.chunk_dhidden[j];
-      dh.assign(static_cast<size_t>(W) * dE * c * H, 0.0f);
-      for (int w = 0; w < W; ++w)
-        for (int le = 0; le < dE; ++le) {
-          const size_t blk = static_cast<size_t>(w) * dE + le;
-          const float* h = &hidden[blk * c * H];
-          const float* d = &dout[blk * c * M];
-          float* g = &dh[blk * c * H];
-          // dHidden = dOut W2^T, then the ReLU's backward (hidden is post-ReLU: > 0 iff active).
-          kc::gemm(ctx, kF32, c, H, M, d, bl.w2t[le].data(), g);
-          for (size_t i = 0; i < static_cast<size_t>(c) * H; ++i) g[i] = h[i] > 0 ? g[i] : 0.0f;
-          // dW2 (H x M) += hidden^T (H x c) dOut (c x M); empty slots are zero rows of both.
-          const std::vector<float> ht =
-              transpose(std::vector<float>(h, h + static_cast<size_t>(c) * H), c, H);
-          kc::gemm(ctx, kF32, H, M, c, ht.data(), d, bl.dw2[le].data(), 1.0f, 1.0f);
-        }
-      std::vector<float>().swap(bl.chunk_dout[j]);  // done with it: keep the peak memory down
+    case OpRoleKind::kFc2:
+      backward_fc2(fwd, bl, s, ref.chunk);
       return -1;
-    }
-    case OpRoleKind::kFc1: {
-      const int j = ref.chunk, c = lp.caps[j];
-      const auto& dh = bl.chunk_dhidden[j];
-      MOESIM_ASSERT(dh.size() == static_cast<size_t>(W) * dE * c * H, "fc1 backward before fc2");
-      const auto& in = (*fwd.chunk_in)[j];
-      auto& din = bl.chunk_din[j];
-      din.assign(static_cast<size_t>(W) * dE * c * M, 0.0f);
-      for (int w = 0; w < W; ++w)
-        for (int le = 0; le < dE; ++le) {
-          const size_t blk = static_cast<size_t>(w) * dE + le;
-          const float* x = &in[blk * c * M];
-          const float* g = &dh[blk * c * H];
-          kc::gemm(ctx, kF32, c, M, H, g, bl.w1t[le].data(), &din[blk * c * M]);  // dIn
-          const std::vector<float> xt =
-              transpose(std::vector<float>(x, x + static_cast<size_t>(c) * M), c, M);
-          kc::gemm(ctx, kF32, M, H, c, xt.data(), g, bl.dw1[le].data(), 1.0f, 1.0f);  // dW1
-        }
-      std::vector<float>().swap(bl.chunk_dhidden[j]);
-      if (!lp.has_a2a) {  // W = 1: the experts are local
-        unpack_chunk(din.data(), lp, j, E, M, bl.grad_dispatched);
-        std::vector<float>().swap(din);
-      }
-      ++bl.fc1_done;
+    case OpRoleKind::kFc1:
+      backward_fc1(fwd, bl, s, ref.chunk);
       return -1;
-    }
     case OpRoleKind::kDispatch: {
       // The dispatch's backward: each expert's dIn back to the token owners (the forward
       // combine's direction), received as (E, c, M) = source position s's dE experts.
@@ -252,60 +335,11 @@ std::int64_t run_backward_op(Communicator& comm, const collectives::CostContext&
                           bl.dx.data());
       bl.encoded = true;
       return -1;
-    case OpRoleKind::kGate: {
-      // Softmax backward of the kept choices' dWeight (the gate's weights are the softmax
-      // probabilities over all E experts, not renormalised over the top k): g (E) = dWeight at
-      // the chosen experts, dLogits = p (g - <p, g>); dWgate = x^T dLogits, dX += dLogits Wg^T.
-      MOESIM_ASSERT(bl.encoded, "backward gate before the backward encode");
-      const auto& logits = *fwd.logits;
-      std::vector<float> dl(static_cast<size_t>(S) * E, 0.0f);
-      std::vector<double> p(E), g(E);
-      for (int t = 0; t < S; ++t) {
-        const float* lg = &logits[static_cast<size_t>(t) * E];
-        const double mx = *std::max_element(lg, lg + E);
-        double sum = 0;
-        for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(static_cast<double>(lg[e]) - mx));
-        std::fill(g.begin(), g.end(), 0.0);
-        for (int c = 0; c < k; ++c) {
-          const size_t entry = static_cast<size_t>(t) * k + c;
-          if ((*fwd.slot)[entry] >= 0) g[(*fwd.expert)[entry]] += bl.grad_weight[entry];
-        }
-        double pg = 0;
-        for (int e = 0; e < E; ++e) pg += (p[e] /= sum) * g[e];
-        for (int e = 0; e < E; ++e)
-          dl[static_cast<size_t>(t) * E + e] = static_cast<float>(p[e] * (g[e] - pg));
-      }
-      const std::vector<float> xt = transpose(*fwd.x, S, M);  // dWgate += x^T dLogits
-      kc::gemm(ctx, kF32, M, E, S, xt.data(), dl.data(), bl.dgate_w.data(), 1.0f, 1.0f);
-      const std::vector<float> wgt = transpose(*fwd.gate_w, M, E);
-      kc::gemm(ctx, kF32, S, M, E, dl.data(), wgt.data(), bl.dx.data(), 1.0f, 1.0f);
-      bl.gated = true;
+    case OpRoleKind::kGate:
+      backward_gate(fwd, bl, s);
       return -1;
-    }
-    case OpRoleKind::kExpertGradSync: {
-      // The real dW1 / dW2 of the local experts, flattened [dW1 of le 0.. | dW2 of le 0..];
-      // Lina's micro-op i of n sums part i of it.
-      MOESIM_ASSERT(bl.fc1_done == static_cast<int>(lp.caps.size()),
-                    "expert gradient all-reduce before the expert backward");
-      const std::vector<int>* group = my_group(plan, op, comm.rank());
-      if (!group) return -1;
-      const size_t per = static_cast<size_t>(M) * H, total = 2 * per * dE;
-      const int parts = std::max(1, bl.dp_parts), part = std::max(0, ref.micro);
-      MOESIM_ASSERT(part < parts, "expert all-reduce micro-op out of range");
-      const size_t lo = total * part / parts, hi = total * (part + 1) / parts;
-      std::vector<float> flat(hi - lo);
-      auto at = [&](size_t i) -> float& {
-        const size_t mat = i / per, off = i % per;
-        return mat < static_cast<size_t>(dE) ? bl.dw1[mat][off] : bl.dw2[mat - dE][off];
-      };
-      for (size_t i = lo; i < hi; ++i) flat[i - lo] = at(i);
-      comm.all_reduce_sum(flat.data(), flat.size(), *group);
-      for (size_t i = lo; i < hi; ++i) at(i) = flat[i - lo];
-      ++bl.dp_parts_done;
-      collectives::CollectiveCall call{&op.collective(), group, 0, true};
-      const collectives::CostContext& cctx = cost;
-      return static_cast<std::int64_t>(collectives::select_algorithm(call, cctx).algo());
-    }
+    case OpRoleKind::kExpertGradSync:
+      return expert_grad_sync(comm, cost, plan, op, ref, lp, bl, s);
     default:  // kNone: moe_bwd_ref gives no other kind
       break;
   }

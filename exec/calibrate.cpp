@@ -375,31 +375,13 @@ GemmTimer host_gemm_timer() {
   };
 }
 
-CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& topo,
-                               MpiSession& session, Communicator& comm, const GemmTimer& gemm,
-                               const std::string& device, const CalibrateOptions& options) {
-  CalibrateOptions opt = options;
-  if (opt.repeats <= 0) opt.repeats = opt.quick ? 3 : 7;
-  if (opt.max_bytes == 0) opt.max_bytes = opt.quick ? (64u << 10) : (16u << 20);
-  const int w = comm.size();
-  CalibrationRun run;
-  Calibration& cal = run.calibration;
-  cal.gpu = sc.cluster.gpu.name;
-  cal.device = device;
-  cal.backend = std::string(comm.name());
-  cal.dtype = opt.gemm_dtype;
-  cal.ranks = w;
-  cal.nodes = topo.num_nodes();
-  cal.gpus_per_node = topo.gpus_per_node();
-  cal.comments.push_back(
-      fmt::format("Written by `moesim calibrate{}` on {} rank(s) ({} x {}), scenario '{}'.",
-                  opt.quick ? " --quick" : "", w, topo.num_nodes(), topo.gpus_per_node(), sc.name));
-  cal.comments.push_back(fmt::format(
-      "GEMMs: {} ({}), median of {} repeats per rank, median over ranks; collectives: {}, "
-      "median over {} repeats of the slowest rank.",
-      device, opt.gemm_dtype, opt.repeats, cal.backend, opt.repeats));
+namespace {
 
-  // --- GEMM sweep ------------------------------------------------------------------------------
+// The GEMM sweep: each grid shape's time (median of repeats, median over ranks), the alpha-beta
+// fit of the large half and the efficiency table that reproduces every measured time.
+void calibrate_gemms(const Scenario& sc, MpiSession& session, const GemmTimer& gemm,
+                     const CalibrateOptions& opt, CalibrationRun& run) {
+  Calibration& cal = run.calibration;
   const auto shapes = gemm_grid(sc, opt.quick, opt.gemm_on_gpu);
   for (const auto& g : shapes) {
     session.barrier("calibrate gemm");
@@ -450,8 +432,14 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
           gemm_time(params, cal.gemm, FlopsPerSecond(0), BytesPerSecond(0), work).value();
     }
   }
+}
 
-  // --- Collectives -----------------------------------------------------------------------------
+// The collectives (linear and 2DH all-to-all, all-reduce, all-gather, reduce-scatter) and one
+// point-to-point line per tier, each over the size sweep, with their alpha-beta fits.
+void calibrate_collectives(const Scenario& sc, const topology::Topology& topo, MpiSession& session,
+                           Communicator& comm, const CalibrateOptions& opt, CalibrationRun& run) {
+  Calibration& cal = run.calibration;
+  const int w = comm.size();
   const auto sizes = sweep_sizes(opt.max_bytes);
   Sweeper sw(sc, topo, session, comm, opt);
   if (w > 1) {
@@ -480,8 +468,15 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
       cal.collectives.push_back({l.type, l.algo, l.ranks, l.fit, {}});
     }
   }
+}
 
-  // --- Interference ----------------------------------------------------------------------------
+// Interference: a GEMM's slowdown while the largest linear all-to-all runs beside it (on a second
+// thread), as the compute model's factor.
+void calibrate_interference(const topology::Topology& topo, MpiSession& session, Communicator& comm,
+                            const GemmTimer& gemm, const std::string& device,
+                            const CalibrateOptions& opt, CalibrationRun& run) {
+  Calibration& cal = run.calibration;
+  const int w = comm.size();
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   if (w == 1) {
@@ -553,6 +548,37 @@ CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& top
           "Host path: this is CPU contention between the GEMM thread and MPI progress, not GPU "
           "SM/HBM sharing; recalibrate on the GPU path for a GPU figure.");
   }
+}
+
+}  // namespace
+
+CalibrationRun run_calibration(const Scenario& sc, const topology::Topology& topo,
+                               MpiSession& session, Communicator& comm, const GemmTimer& gemm,
+                               const std::string& device, const CalibrateOptions& options) {
+  CalibrateOptions opt = options;
+  if (opt.repeats <= 0) opt.repeats = opt.quick ? 3 : 7;
+  if (opt.max_bytes == 0) opt.max_bytes = opt.quick ? (64u << 10) : (16u << 20);
+  const int w = comm.size();
+  CalibrationRun run;
+  Calibration& cal = run.calibration;
+  cal.gpu = sc.cluster.gpu.name;
+  cal.device = device;
+  cal.backend = std::string(comm.name());
+  cal.dtype = opt.gemm_dtype;
+  cal.ranks = w;
+  cal.nodes = topo.num_nodes();
+  cal.gpus_per_node = topo.gpus_per_node();
+  cal.comments.push_back(
+      fmt::format("Written by `moesim calibrate{}` on {} rank(s) ({} x {}), scenario '{}'.",
+                  opt.quick ? " --quick" : "", w, topo.num_nodes(), topo.gpus_per_node(), sc.name));
+  cal.comments.push_back(fmt::format(
+      "GEMMs: {} ({}), median of {} repeats per rank, median over ranks; collectives: {}, "
+      "median over {} repeats of the slowest rank.",
+      device, opt.gemm_dtype, opt.repeats, cal.backend, opt.repeats));
+
+  calibrate_gemms(sc, session, gemm, opt, run);
+  calibrate_collectives(sc, topo, session, comm, opt, run);
+  calibrate_interference(topo, session, comm, gemm, device, opt, run);
   return run;
 }
 

@@ -270,13 +270,28 @@ long long Executor::total_wrong() const {
 }
 
 RunResult Executor::run(const Plan& plan) {
-  const int me = comm_.rank();
   if (plan.num_ranks() != comm_.size())
     throw InputError(
         fmt::format("plan of {} ranks run on {} ranks", plan.num_ranks(), comm_.size()));
-  const auto& md = sc_.model;
   const auto wall0 = Clock::now();
+  prepare_layers(plan);
+  const std::vector<double> mine = run_ops(plan);
+  collect_layer_results();
 
+  // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
+  RunResult result = gather_result(plan, session_.all_gather_doubles(mine));
+  if (options_.check) check_layers();
+  ++iteration_;
+  result.wall_s =
+      session_.all_reduce_max(std::chrono::duration<double>(Clock::now() - wall0).count());
+  result.peak_rss_bytes = process_peak_rss_bytes();
+  return result;
+}
+
+// The data paths this plan's MoE layers run on (sharded, Parm or the layer program), each layer's
+// buffers allocated and loaded with its inputs (the data generation is not part of the timing).
+void Executor::prepare_layers(const Plan& plan) {
+  const int me = comm_.rank();
   layers_.clear();
   checked_.clear();
   if (sharded_) {
@@ -297,50 +312,48 @@ RunResult Executor::run(const Plan& plan) {
       if (options_.check) throw;
     }
   }
-  if (data_path_ && !parm_plan) {
-    for (MoeLayerPlan& lp : plan_moe_layers(plan, me, md.experts)) {
-      layers_.push_back(std::make_unique<Layer>());
-      static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
-    }
+  if (!data_path_ || parm_plan) return;
+  for (MoeLayerPlan& lp : plan_moe_layers(plan, me, sc_.model.experts)) {
+    layers_.push_back(std::make_unique<Layer>());
+    static_cast<MoeLayerPlan&>(*layers_.back()) = std::move(lp);
   }
-  if (data_path_) {
-    // This rank's experts: EP position * dE + le.
-    const std::uint64_t seed = sc_.workload.routing.seed;
-    const int token_rank = token_key_rank(sc_.parallelism, me);  // MP ranks share tokens
-    for (auto& lp : layers_) {
-      Layer& L = *lp;
-      if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
-      if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
-        L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_);
-        if (is_deepep_layer(*L.rpath)) {  // the same assignment, moved once per node
-          L.dpath = prepare_deepep_layer(*L.rpath, shape_);
-          L.lay = deepep_layout(*L.rpath, *L.dpath, shape_);
-          L.buf.allocate(L.lay, shape_);
-          fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);
-        } else {
-          L.lay = routed_layout(*L.rpath, shape_);
-          L.buf.allocate(L.lay, shape_);
-          fill_routed_layer(*L.rpath, shape_, seed, L.buf);
-        }
-      } else {
-        L.lay = layer_layout(L, shape_);
+  // This rank's experts: EP position * dE + le.
+  const std::uint64_t seed = sc_.workload.routing.seed;
+  const int token_rank = token_key_rank(sc_.parallelism, me);  // MP ranks share tokens
+  for (auto& lp : layers_) {
+    Layer& L = *lp;
+    if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
+    if (L.routed) {            // the routing decision comes from the plan's all_to_allv matrices
+      L.rpath = prepare_routed_layer(plan, L.block, L.moe, me, shape_);
+      if (is_deepep_layer(*L.rpath)) {  // the same assignment, moved once per node
+        L.dpath = prepare_deepep_layer(*L.rpath, shape_);
+        L.lay = deepep_layout(*L.rpath, *L.dpath, shape_);
         L.buf.allocate(L.lay, shape_);
-        const int dE = L.local_experts;
-        for (int le = 0; le < dE; ++le) {
-          L.buf.f({LayerBuf::kW1, le}) = make_w1(shape_, seed, L.moe, L.ep_pos * dE + le);
-          L.buf.f({LayerBuf::kW2, le}) = make_w2(shape_, seed, L.moe, L.ep_pos * dE + le);
-        }
+        fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);
+      } else {
+        L.lay = routed_layout(*L.rpath, shape_);
+        L.buf.allocate(L.lay, shape_);
+        fill_routed_layer(*L.rpath, shape_, seed, L.buf);
       }
-      // Inputs before the step (the data generation is not part of the timed model).
-      L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
-      L.buf.f({LayerBuf::kX32}) = make_tokens(shape_, seed, iteration_, L.moe, token_rank);
+    } else {
+      L.lay = layer_layout(L, shape_);
+      L.buf.allocate(L.lay, shape_);
+      const int dE = L.local_experts;
+      for (int le = 0; le < dE; ++le) {
+        L.buf.f({LayerBuf::kW1, le}) = make_w1(shape_, seed, L.moe, L.ep_pos * dE + le);
+        L.buf.f({LayerBuf::kW2, le}) = make_w2(shape_, seed, L.moe, L.ep_pos * dE + le);
+      }
     }
+    L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
+    L.buf.f({LayerBuf::kX32}) = make_tokens(shape_, seed, iteration_, L.moe, token_rank);
   }
+}
 
+// This rank's ops of the plan, on the GPU or on the host: (start, end) of each, in op order.
+std::vector<double> Executor::run_ops(const Plan& plan) {
+  const int me = comm_.rank();
   collective_algo_.assign(plan.ops().size(), -1);
-  std::vector<double> mine;  // (start, end) of every op of this rank, in op order
-  outputs_.clear();
-  dropped_.clear();
+  std::vector<double> mine;
   if (device_) {
 #ifdef MOESIM_HAVE_NCCL
     // The layers every data path built (loaded with their inputs): the GPU runs them.
@@ -355,19 +368,26 @@ RunResult Executor::run(const Plan& plan) {
                                    [this] { session_.barrier("start of the step"); });
     mine = std::move(step.times);
 #endif
-  } else {
-    session_.barrier("start of the step");
-    const auto t0 = Clock::now();
-    for (const Op& op : plan.ops()) {
-      if (!op.ranks.contains(me)) continue;
-      const double start = std::chrono::duration<double>(Clock::now() - t0).count();
-      run_op(plan, op);
-      const double end = std::chrono::duration<double>(Clock::now() - t0).count();
-      mine.push_back(start);
-      mine.push_back(end);
-    }
+    return mine;
   }
-  // Outputs and drops from the data paths' buffers (the GPU path downloaded its results there).
+  session_.barrier("start of the step");
+  const auto t0 = Clock::now();
+  for (const Op& op : plan.ops()) {
+    if (!op.ranks.contains(me)) continue;
+    const double start = std::chrono::duration<double>(Clock::now() - t0).count();
+    run_op(plan, op);
+    const double end = std::chrono::duration<double>(Clock::now() - t0).count();
+    mine.push_back(start);
+    mine.push_back(end);
+  }
+  return mine;
+}
+
+// Outputs, drops and gradients from the data paths' buffers (the GPU path downloaded its
+// results there).
+void Executor::collect_layer_results() {
+  outputs_.clear();
+  dropped_.clear();
   for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
     outputs_.push_back(parm_->output(li));
     dropped_.push_back(parm_->dropped(li));
@@ -402,9 +422,11 @@ RunResult Executor::run(const Plan& plan) {
     for (const auto& w : b.dw2) g.insert(g.end(), w.begin(), w.end());
   }
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
+}
 
-  // Every rank gets every rank's times, so every strategy stack sees the same RunResult.
-  const std::vector<double> all = session_.all_gather_doubles(mine);
+// The RunResult of every rank's (start, end) times, in rank then op order, with one record per
+// collective (its algorithm as run and its mean bytes per rank).
+RunResult Executor::gather_result(const Plan& plan, const std::vector<double>& all) const {
   RunResult result;
   init_run_result(plan, result);
   result.backend = std::string(comm_.name());
@@ -450,12 +472,6 @@ RunResult Executor::run(const Plan& plan) {
     result.collectives.push_back(rec);
   }
   summarize_run(plan, result);
-
-  if (options_.check) check_layers();
-  ++iteration_;
-  result.wall_s =
-      session_.all_reduce_max(std::chrono::duration<double>(Clock::now() - wall0).count());
-  result.peak_rss_bytes = process_peak_rss_bytes();
   return result;
 }
 

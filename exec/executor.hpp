@@ -187,6 +187,10 @@ class Executor {
 
  private:
   struct Layer;
+  void prepare_layers(const Plan& plan);
+  std::vector<double> run_ops(const Plan& plan);
+  void collect_layer_results();
+  RunResult gather_result(const Plan& plan, const std::vector<double>& all) const;
   void run_op(const Plan& plan, const Op& op);
   void run_collective(const Plan& plan, const Op& op);
   bool run_backward_hook(const Plan& plan, const Op& op);

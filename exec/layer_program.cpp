@@ -520,14 +520,173 @@ std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind
       fmt::format("layer program: op '{}' is not a step of deepep MoE layer {}", op.label, L.moe));
 }
 
+// The gate: the capacity gate, or on plan-routed layers the softmax weights of the plan's
+// choices (the plan decided which experts a token goes to; the gate decides how much each counts).
+void run_gate(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
+  const int M = s.model_dim, E = s.experts, k = s.top_k;
+  const int T = L.unit_tokens(s);
+  const std::size_t Mz = sz(M);
+  if (L.input == GateInput::kOwnRows) {  // MP split before the gate (Parm S1)
+    ops.copy(rows_copy(buf(LayerBuf::kXOwn), sz(L.gate_first), buf(LayerBuf::kX), 0, sz(T), Mz));
+    ops.widen_tokens(sz(T) * Mz);
+  }
+  if (L.routing == LayerRouting::kCapacity) {
+    ops.gate(gate_params(s, T, L.capacity));
+    return;
+  }
+  GemmJob g;
+  g.a = buf(LayerBuf::kX32);
+  g.b = buf(LayerBuf::kGateW);
+  g.c = buf(LayerBuf::kLogits);
+  g.m = T;
+  g.n = E;
+  g.k = M;
+  ops.gemm(g, /*f32=*/true);
+  ops.routed_weights(buf(LayerBuf::kLogits), buf(LayerBuf::kRoutedExpert), buf(LayerBuf::kWeight),
+                     T, E, k);
+}
+
+// The encode: tokens into their experts' slots (rho copies of each expert's slots, one per hidden
+// slice, under P2 / intermediate repeat); plan-routed layers: every chunk's send rows at once.
+void run_encode(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
+  const int E = s.experts;
+  const int T = L.unit_tokens(s);
+  const std::size_t Mz = sz(s.model_dim);
+  if (L.routing != LayerRouting::kCapacity) {  // one pseudo-expert of R rows
+    ops.encode(buf(LayerBuf::kSend), T, 1, L.total_send_rows());
+    return;
+  }
+  // A step may run several times (micro-batches): the local combine sums into a clean buffer.
+  if (L.accumulate_back)
+    ops.zero(buf(LayerBuf::kExpertOut), sz(E) * sz(L.rho) * sz(L.capacity) * Mz);
+  if (L.rho == 1) {
+    ops.encode(buf(LayerBuf::kDispatched), T, E, L.capacity);
+    return;
+  }
+  ops.encode(buf(LayerBuf::kSummed), T, E, L.capacity);
+  for (int q = 0; q < L.rho; ++q) {
+    BlockCopy c;
+    c.src = buf(LayerBuf::kSummed);
+    c.dst = buf(LayerBuf::kDispatched);
+    c.run = sz(L.capacity) * Mz;
+    c.src_pitch = c.run;
+    c.dst_pitch = sz(L.rho) * c.run;
+    c.dst_off = sz(q) * c.run;
+    c.count = E;
+    ops.copy(c);
+  }
+}
+
+// Chunk j's dispatch: the send blocks (packed now unless a dump op packed every chunk) to the
+// experts' input; plan-routed layers send their rows of the plan's matrix.
+std::int64_t run_dispatch(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
+                          LayerOps& ops) {
+  const int M = s.model_dim;
+  const std::size_t Mz = sz(M);
+  Exchange x;
+  x.recv = buf(LayerBuf::kIn, j);
+  x.recv_elems = sz(L.received_rows(j)) * Mz;
+  if (L.routing != LayerRouting::kCapacity) {
+    x.send = buf(LayerBuf::kSend);
+    x.send_off = sz(L.send_first[sz(j)]) * Mz;
+    x.send_elems = sz(L.send_rows[sz(j)]) * Mz;
+    x.row_elems = Mz;
+  } else {
+    if (!L.dump_op)
+      for (const BlockCopy& c : pack_blocks(L, j, M, buf(LayerBuf::kSend, j))) ops.copy(c);
+    x.send = buf(LayerBuf::kSend, j);
+    x.send_elems = sz(L.send_block_rows(j)) * Mz;
+  }
+  return ops.exchange(op, x);
+}
+
+// Chunk j's combine, the transpose of its dispatch: the outputs go back to the tokens' ranks
+// (SAA: every MP share's, all-gathered over the MP group in the same collective).
+std::int64_t run_combine(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
+                         LayerOps& ops) {
+  const int M = s.model_dim;
+  const std::size_t Mz = sz(M);
+  Exchange x;
+  x.send = buf(LayerBuf::kOut, j);
+  x.send_elems = sz(L.received_rows(j)) * Mz;
+  if (L.routing != LayerRouting::kCapacity) {
+    x.recv = buf(LayerBuf::kBack);
+    x.recv_off = sz(L.send_first[sz(j)]) * Mz;
+    x.recv_elems = sz(L.send_rows[sz(j)]) * Mz;
+    x.row_elems = Mz;
+    return ops.exchange(op, x);
+  }
+  x.recv = buf(LayerBuf::kBack, j);
+  x.recv_elems = sz(L.back_block_rows(j)) * Mz;
+  const std::int64_t algo = ops.exchange(op, x);
+  if (!L.accumulate_back)
+    for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
+  return algo;
+}
+
+// The sharded experts' parameter all-gather. Member i's shard s = q g + i holds hidden units
+// [s h, s h + h): slice q of rho is the members' columns of W1 side by side and their rows of W2
+// one after the other.
+std::int64_t run_param_gather(const LayerLayout& L, const MoeShape& s, const Op& op,
+                              LayerOps& ops) {
+  const int M = s.model_dim;
+  const std::size_t Mz = sz(M);
+  const int g = L.gather(), h = s.hidden_dim / L.shards, hq = L.hidden;
+  const std::size_t block = 2 * Mz * sz(h);
+  const std::int64_t algo =
+      ops.all_gather(op, buf(LayerBuf::kParamIn), block, buf(LayerBuf::kParamAll));
+  for (int i = 0; i < g; ++i) {
+    BlockCopy w1;
+    w1.src = buf(LayerBuf::kParamAll);
+    w1.dst = buf(LayerBuf::kW1);
+    w1.src_off = block * sz(i);
+    w1.src_pitch = sz(h);
+    w1.dst_off = sz(i) * sz(h);
+    w1.dst_pitch = sz(hq);
+    w1.run = sz(h);
+    w1.count = M;
+    ops.copy(w1);
+    BlockCopy w2;
+    w2.src = buf(LayerBuf::kParamAll);
+    w2.dst = buf(LayerBuf::kW2);
+    w2.src_off = block * sz(i) + Mz * sz(h);
+    w2.dst_off = sz(i) * sz(h) * Mz;
+    w2.run = sz(h) * Mz;
+    w2.count = 1;
+    ops.copy(w2);
+  }
+  return algo;
+}
+
+// The decode: the returned expert outputs weighted back into the tokens' rows (after the local
+// combine, and with W = 1 the outputs placed now, after the ESP all-reduce if any).
+void run_decode(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
+  const int M = s.model_dim, E = s.experts;
+  const int T = L.unit_tokens(s);
+  const std::size_t Mz = sz(M);
+  if (L.routing != LayerRouting::kCapacity) {
+    ops.decode(buf(LayerBuf::kBack), buf(LayerBuf::kY), T, 1, L.total_send_rows());
+    return;
+  }
+  if (L.accumulate_back && !L.combine_op) combine_returned(L, M, ops);
+  if (!L.has_a2a)
+    for (int c = 0; c < L.chunks(); ++c)
+      for (const BlockCopy& b : unpack_blocks(L, c, M, buf(LayerBuf::kOut, c))) ops.copy(b);
+  ops.decode(buf(L.rho > 1 ? LayerBuf::kSummed : LayerBuf::kExpertOut), buf(LayerBuf::kY), T, E,
+             L.capacity);
+  if (L.output == LayerOutput::kOwnRows)  // the ESP split back to this rank's own rows
+    ops.copy(
+        rows_copy(buf(LayerBuf::kY), sz(L.own_first), buf(LayerBuf::kYOwn), 0, sz(s.tokens), Mz));
+}
+
 }  // namespace
 
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                               const Op& op, LayerOps& ops) {
-  const int M = s.model_dim, E = s.experts, k = s.top_k;
+  const int M = s.model_dim, E = s.experts;
   const int T = L.unit_tokens(s);  // rows of the routing unit
   const std::size_t Mz = sz(M);
-  const bool plan_routed = L.routing != LayerRouting::kCapacity;  // the gate is the same
+  const bool plan_routed = L.routing != LayerRouting::kCapacity;
   const int j = chunk;
   if (L.routing == LayerRouting::kDeepep && kind != OpRoleKind::kGate)
     return run_deepep_step(L, s, kind, op, ops);
@@ -542,77 +701,18 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
         ops.widen_tokens(sz(T) * Mz);
         return algo;
       }
-    case OpRoleKind::kGate: {
-      if (L.input == GateInput::kOwnRows) {  // MP split before the gate (Parm S1)
-        ops.copy(
-            rows_copy(buf(LayerBuf::kXOwn), sz(L.gate_first), buf(LayerBuf::kX), 0, sz(T), Mz));
-        ops.widen_tokens(sz(T) * Mz);
-      }
-      if (!plan_routed) {
-        ops.gate(gate_params(s, T, L.capacity));
-        return -1;
-      }
-      // The plan decided which experts a token goes to; the gate decides how much each counts:
-      // the fp32 gate GEMM, then the softmax probability of each entry's expert.
-      GemmJob g;
-      g.a = buf(LayerBuf::kX32);
-      g.b = buf(LayerBuf::kGateW);
-      g.c = buf(LayerBuf::kLogits);
-      g.m = T;
-      g.n = E;
-      g.k = M;
-      ops.gemm(g, /*f32=*/true);
-      ops.routed_weights(buf(LayerBuf::kLogits), buf(LayerBuf::kRoutedExpert),
-                         buf(LayerBuf::kWeight), T, E, k);
+    case OpRoleKind::kGate:
+      run_gate(L, s, ops);
       return -1;
-    }
     case OpRoleKind::kEncode:
-      if (plan_routed) {  // every chunk's send rows at once: one pseudo-expert of R rows
-        ops.encode(buf(LayerBuf::kSend), T, 1, L.total_send_rows());
-        return -1;
-      }
-      // A step may run several times (micro-batches): the local combine sums into a clean buffer.
-      if (L.accumulate_back)
-        ops.zero(buf(LayerBuf::kExpertOut), sz(E) * sz(L.rho) * sz(L.capacity) * Mz);
-      if (L.rho == 1) {
-        ops.encode(buf(LayerBuf::kDispatched), T, E, L.capacity);
-        return -1;
-      }
-      // rho copies of each expert's slots, one per hidden slice (P2 / intermediate repeat).
-      ops.encode(buf(LayerBuf::kSummed), T, E, L.capacity);
-      for (int q = 0; q < L.rho; ++q) {
-        BlockCopy c;
-        c.src = buf(LayerBuf::kSummed);
-        c.dst = buf(LayerBuf::kDispatched);
-        c.run = sz(L.capacity) * Mz;
-        c.src_pitch = c.run;
-        c.dst_pitch = sz(L.rho) * c.run;
-        c.dst_off = sz(q) * c.run;
-        c.count = E;
-        ops.copy(c);
-      }
+      run_encode(L, s, ops);
       return -1;
     case OpRoleKind::kParmLocalDump:  // every chunk's send buffer before the first dispatch
       for (int c = 0; c < L.chunks(); ++c)
         for (const BlockCopy& b : pack_blocks(L, c, M, buf(LayerBuf::kSend, c))) ops.copy(b);
       return -1;
-    case OpRoleKind::kDispatch: {
-      Exchange x;
-      x.recv = buf(LayerBuf::kIn, j);
-      x.recv_elems = sz(L.received_rows(j)) * Mz;
-      if (plan_routed) {
-        x.send = buf(LayerBuf::kSend);
-        x.send_off = sz(L.send_first[sz(j)]) * Mz;
-        x.send_elems = sz(L.send_rows[sz(j)]) * Mz;
-        x.row_elems = Mz;
-      } else {
-        if (!L.dump_op)
-          for (const BlockCopy& c : pack_blocks(L, j, M, buf(LayerBuf::kSend, j))) ops.copy(c);
-        x.send = buf(LayerBuf::kSend, j);
-        x.send_elems = sz(L.send_block_rows(j)) * Mz;
-      }
-      return ops.exchange(op, x);
-    }
+    case OpRoleKind::kDispatch:
+      return run_dispatch(L, s, j, op, ops);
     case OpRoleKind::kFc1:
       // W = 1: no dispatch, the chunk is packed straight into the experts' input.
       if (!plan_routed && !L.has_a2a)
@@ -626,79 +726,21 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
     case OpRoleKind::kEspAllReduce:  // the esp shards' partial outputs summed (baseline)
       return ops.all_reduce(op, buf(LayerBuf::kOut, j), sz(L.received_rows(j)) * Mz);
     case OpRoleKind::kCombine:
-    case OpRoleKind::kCombineSaa: {
-      // The transpose of the dispatch: the outputs go back to the tokens' ranks (SAA: every MP
-      // share's, all-gathered over the MP group in the same collective).
-      Exchange x;
-      x.send = buf(LayerBuf::kOut, j);
-      x.send_elems = sz(L.received_rows(j)) * Mz;
-      if (plan_routed) {
-        x.recv = buf(LayerBuf::kBack);
-        x.recv_off = sz(L.send_first[sz(j)]) * Mz;
-        x.recv_elems = sz(L.send_rows[sz(j)]) * Mz;
-        x.row_elems = Mz;
-        return ops.exchange(op, x);
-      }
-      x.recv = buf(LayerBuf::kBack, j);
-      x.recv_elems = sz(L.back_block_rows(j)) * Mz;
-      const std::int64_t algo = ops.exchange(op, x);
-      if (!L.accumulate_back)
-        for (const BlockCopy& c : unpack_blocks(L, j, M, buf(LayerBuf::kBack, j))) ops.copy(c);
-      return algo;
-    }
+    case OpRoleKind::kCombineSaa:
+      return run_combine(L, s, j, op, ops);
     case OpRoleKind::kParmLocalCombine:
     case OpRoleKind::kParmJoin:
       MOESIM_ASSERT(L.accumulate_back, "local combine of a layer that copies its returns");
       combine_returned(L, M, ops);
       return -1;
-    case OpRoleKind::kParamGather: {
-      // Member i's shard s = q g + i holds hidden units [s h, s h + h): slice q of rho is the
-      // members' columns of W1 side by side and their rows of W2 one after the other.
-      const int g = L.gather(), h = s.hidden_dim / L.shards, hq = L.hidden;
-      const std::size_t block = 2 * Mz * sz(h);
-      const std::int64_t algo =
-          ops.all_gather(op, buf(LayerBuf::kParamIn), block, buf(LayerBuf::kParamAll));
-      for (int i = 0; i < g; ++i) {
-        BlockCopy w1;
-        w1.src = buf(LayerBuf::kParamAll);
-        w1.dst = buf(LayerBuf::kW1);
-        w1.src_off = block * sz(i);
-        w1.src_pitch = sz(h);
-        w1.dst_off = sz(i) * sz(h);
-        w1.dst_pitch = sz(hq);
-        w1.run = sz(h);
-        w1.count = M;
-        ops.copy(w1);
-        BlockCopy w2;
-        w2.src = buf(LayerBuf::kParamAll);
-        w2.dst = buf(LayerBuf::kW2);
-        w2.src_off = block * sz(i) + Mz * sz(h);
-        w2.dst_off = sz(i) * sz(h) * Mz;
-        w2.run = sz(h) * Mz;
-        w2.count = 1;
-        ops.copy(w2);
-      }
-      return algo;
-    }
+    case OpRoleKind::kParamGather:
+      return run_param_gather(L, s, op, ops);
     case OpRoleKind::kPartialSum:
       ops.sum_slices(buf(LayerBuf::kExpertOut), buf(LayerBuf::kSummed), E, L.rho,
                      sz(L.capacity) * Mz);
       return -1;
     case OpRoleKind::kDecode:
-      if (plan_routed) {
-        ops.decode(buf(LayerBuf::kBack), buf(LayerBuf::kY), T, 1, L.total_send_rows());
-        return -1;
-      }
-      if (L.accumulate_back && !L.combine_op) combine_returned(L, M, ops);
-      // W = 1: no combine; the outputs are placed now (after the ESP all-reduce, if any).
-      if (!L.has_a2a)
-        for (int c = 0; c < L.chunks(); ++c)
-          for (const BlockCopy& b : unpack_blocks(L, c, M, buf(LayerBuf::kOut, c))) ops.copy(b);
-      ops.decode(buf(L.rho > 1 ? LayerBuf::kSummed : LayerBuf::kExpertOut), buf(LayerBuf::kY), T, E,
-                 L.capacity);
-      if (L.output == LayerOutput::kOwnRows)  // the ESP split back to this rank's own rows
-        ops.copy(rows_copy(buf(LayerBuf::kY), sz(L.own_first), buf(LayerBuf::kYOwn), 0,
-                           sz(s.tokens), Mz));
+      run_decode(L, s, ops);
       return -1;
     case OpRoleKind::kParmMpAllGather:  // every MP share's rows (Parm S1)
       MOESIM_ASSERT(L.output == LayerOutput::kMpGathered, "MP all-gather of a layer without it");

@@ -177,10 +177,25 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
   if (sc.model.expert_shards() != 1)
     throw InputError(
         "--check: the MP/ESP data path needs unsharded experts (experts_per_gpu >= 1)");
-  const int S = shape_.tokens, M = shape_.model_dim, E = shape_.experts;
   div_exact(shape_.hidden_dim, esp_, "esp to divide the hidden dim");
-  const double b = static_cast<double>(sc.bytes_per_element());
+  const std::map<int, std::vector<double>> fused_sm = parse_plan(plan);
+  for (auto& lp : layers_) {
+    Layer& L = *lp;
+    if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
+    auto it = fused_sm.find(L.block);
+    set_geometry(L, it == fused_sm.end() ? std::vector<double>{} : it->second);
+    build_layout(L);
+    load_inputs(L);
+  }
+}
 
+// The plan's Parm ops of this rank's layers, in op order: each layer's groups, schedule, dispatch
+// chunks and expert GEMM rows. Returns per fused layer (block) each chunk's dC_j / mp from the
+// dispatch bytes.
+std::map<int, std::vector<double>> ParmPath::parse_plan(const Plan& plan) {
+  const int r = comm_.rank();
+  const int M = shape_.model_dim, E = shape_.experts;
+  const double b = static_cast<double>(sc_.bytes_per_element());
   std::map<int, int> block_to_layer;
   auto layer_of = [&](int block) -> Layer& {
     auto it = block_to_layer.find(block);
@@ -253,81 +268,85 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
         break;
     }
   }
-  for (auto& lp : layers_) {
-    Layer& L = *lp;
-    if (!L.on_rank) continue;  // another pipeline stage's layer: no data here
-    if (L.sched != ParmSchedule::kBaseline) {
-      // Fused: the chunk's per-(source, expert) slots dC_j / mp come from the dispatch bytes
-      // (esp * E * dC_j / mp * M * b); the GEMM rows are rounded up, so they cannot tell.
-      const auto& sm = fused_sm[L.block];
-      MOESIM_ASSERT(sm.size() == L.caps.size(), "one dispatch per expert chunk");
-      for (std::size_t j = 0; j < sm.size(); ++j) {
-        const double rounded = std::round(sm[j]);
-        if (std::fabs(sm[j] - rounded) > 1e-9 || rounded < 1)
-          throw InputError(fmt::format(
-              "--check: Parm {} splits each expert chunk's capacity over the mp = {} ranks; chunk "
-              "{} of MoE layer {} has {} slots per MP rank (not whole): choose a capacity factor "
-              "or sizes that mp divides",
-              parm_schedule_name(L.sched), mp_, j + 1, L.moe, sm[j]));
-        MOESIM_ASSERT(L.caps[j] == static_cast<int>(rounded) * esp_,
-                      "fused expert GEMM rows disagree with the dispatch bytes");
-        L.caps[j] = static_cast<int>(rounded);
-      }
-      MOESIM_ASSERT(static_cast<int>(L.a2a_group.size()) == ep_ * esp_,
-                    "the fused all-to-all spans EP x ESP");
-      L.dE = E / ep_;
-      L.my_e = e_;
-      L.blocks = ep_ * esp_ * L.dE;
-    } else {
-      MOESIM_ASSERT(static_cast<int>(L.esp_group.size()) == esp_ && esp_ > 1,
-                    "the ESP path all-gathers the tokens over esp ranks");
-      MOESIM_ASSERT(L.esp_group[s_] == r, "ESP group order is the shard order");
-      const int W = L.has_a2a ? static_cast<int>(L.a2a_group.size()) : 1;
-      MOESIM_ASSERT(E % W == 0, "EP group size must divide the experts");
-      L.dE = E / W;
-      L.my_e = L.has_a2a ? static_cast<int>(std::find(L.a2a_group.begin(), L.a2a_group.end(), r) -
-                                            L.a2a_group.begin())
-                         : 0;
-      L.blocks = W * L.dE;
+  return fused_sm;
+}
+
+// A layer's experts, capacities and token rows on this rank, from what parse_plan read.
+void ParmPath::set_geometry(Layer& L, const std::vector<double>& sm) {
+  const ParallelismSpec& p = sc_.parallelism;
+  const int r = comm_.rank();
+  const int S = shape_.tokens, E = shape_.experts;
+  if (L.sched != ParmSchedule::kBaseline) {
+    // Fused: the chunk's per-(source, expert) slots dC_j / mp come from the dispatch bytes
+    // (esp * E * dC_j / mp * M * b); the GEMM rows are rounded up, so they cannot tell.
+    MOESIM_ASSERT(sm.size() == L.caps.size(), "one dispatch per expert chunk");
+    for (std::size_t j = 0; j < sm.size(); ++j) {
+      const double rounded = std::round(sm[j]);
+      if (std::fabs(sm[j] - rounded) > 1e-9 || rounded < 1)
+        throw InputError(fmt::format(
+            "--check: Parm {} splits each expert chunk's capacity over the mp = {} ranks; chunk "
+            "{} of MoE layer {} has {} slots per MP rank (not whole): choose a capacity factor "
+            "or sizes that mp divides",
+            parm_schedule_name(L.sched), mp_, j + 1, L.moe, sm[j]));
+      MOESIM_ASSERT(L.caps[j] == static_cast<int>(rounded) * esp_,
+                    "fused expert GEMM rows disagree with the dispatch bytes");
+      L.caps[j] = static_cast<int>(rounded);
     }
-    L.offset.assign(L.caps.size(), 0);
-    for (std::size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
-    const int sum = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
-    switch (L.sched) {
-      case ParmSchedule::kBaseline:
-        L.capacity = sum;
-        L.gate_tokens = S * esp_;
-        L.own_first = s_ * S;
-        break;
-      case ParmSchedule::kS1:
-        L.capacity = sum;
-        L.gate_tokens = div_exact(S, mp_, "mp to divide the tokens per GPU (Parm S1 MP split)");
-        L.own_first = 0;
-        if (mp_ > 1)
-          MOESIM_ASSERT(static_cast<int>(L.mp_group.size()) == mp_ && L.mp_group[t_] == r,
-                        "S1 ends with the MP all-gather in MP order");
-        break;
-      case ParmSchedule::kS2:
-        L.capacity = sum * mp_;
-        L.gate_tokens = S;
-        L.own_first = 0;
-        MOESIM_ASSERT(static_cast<int>(L.saa_group.size()) == p.ranks_per_dp(),
-                      "SAA spans the ranks of one DP index");
-        break;
-    }
-    build_layout(L);
-    const std::uint64_t seed = sc.workload.routing.seed;
-    L.buf.allocate(L.lay, shape_);
-    L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
-    for (int le = 0; le < L.dE; ++le) {
-      L.buf.f({LayerBuf::kW1, le}) =
-          make_w1_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
-      L.buf.f({LayerBuf::kW2, le}) =
-          make_w2_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
-    }
-    L.buf.f({L.lay.input == GateInput::kOwn ? LayerBuf::kX32 : LayerBuf::kXOwn}) =
-        make_tokens(shape_, seed, iteration_, L.moe, token_key_rank(p, r));
+    MOESIM_ASSERT(static_cast<int>(L.a2a_group.size()) == ep_ * esp_,
+                  "the fused all-to-all spans EP x ESP");
+    L.dE = E / ep_;
+    L.my_e = e_;
+    L.blocks = ep_ * esp_ * L.dE;
+  } else {
+    MOESIM_ASSERT(static_cast<int>(L.esp_group.size()) == esp_ && esp_ > 1,
+                  "the ESP path all-gathers the tokens over esp ranks");
+    MOESIM_ASSERT(L.esp_group[s_] == r, "ESP group order is the shard order");
+    const int W = L.has_a2a ? static_cast<int>(L.a2a_group.size()) : 1;
+    MOESIM_ASSERT(E % W == 0, "EP group size must divide the experts");
+    L.dE = E / W;
+    L.my_e = L.has_a2a ? static_cast<int>(std::find(L.a2a_group.begin(), L.a2a_group.end(), r) -
+                                          L.a2a_group.begin())
+                       : 0;
+    L.blocks = W * L.dE;
   }
+  L.offset.assign(L.caps.size(), 0);
+  for (std::size_t j = 1; j < L.caps.size(); ++j) L.offset[j] = L.offset[j - 1] + L.caps[j - 1];
+  const int sum = L.caps.empty() ? 0 : L.offset.back() + L.caps.back();
+  switch (L.sched) {
+    case ParmSchedule::kBaseline:
+      L.capacity = sum;
+      L.gate_tokens = S * esp_;
+      L.own_first = s_ * S;
+      break;
+    case ParmSchedule::kS1:
+      L.capacity = sum;
+      L.gate_tokens = div_exact(S, mp_, "mp to divide the tokens per GPU (Parm S1 MP split)");
+      L.own_first = 0;
+      if (mp_ > 1)
+        MOESIM_ASSERT(static_cast<int>(L.mp_group.size()) == mp_ && L.mp_group[t_] == r,
+                      "S1 ends with the MP all-gather in MP order");
+      break;
+    case ParmSchedule::kS2:
+      L.capacity = sum * mp_;
+      L.gate_tokens = S;
+      L.own_first = 0;
+      MOESIM_ASSERT(static_cast<int>(L.saa_group.size()) == p.ranks_per_dp(),
+                    "SAA spans the ranks of one DP index");
+      break;
+  }
+}
+
+// The layer's buffers, loaded with its gate, this rank's expert slices and its tokens.
+void ParmPath::load_inputs(Layer& L) {
+  const std::uint64_t seed = sc_.workload.routing.seed;
+  L.buf.allocate(L.lay, shape_);
+  L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
+  for (int le = 0; le < L.dE; ++le) {
+    L.buf.f({LayerBuf::kW1, le}) = make_w1_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
+    L.buf.f({LayerBuf::kW2, le}) = make_w2_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
+  }
+  L.buf.f({L.lay.input == GateInput::kOwn ? LayerBuf::kX32 : LayerBuf::kXOwn}) =
+      make_tokens(shape_, seed, iteration_, L.moe, token_key_rank(sc_.parallelism, comm_.rank()));
 }
 
 // The layer program's record of a Parm-path layer. Baseline: the plain layout on the gathered

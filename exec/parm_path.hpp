@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,7 +100,10 @@ class ParmPath {
  private:
   struct Layer;
   const std::vector<int>& my_group(const Grouping& g, int* index) const;
+  std::map<int, std::vector<double>> parse_plan(const Plan& plan);
+  void set_geometry(Layer& L, const std::vector<double>& sm);
   void build_layout(Layer& L) const;
+  void load_inputs(Layer& L);
 
   const Scenario& sc_;
   const topology::Topology& topo_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/gemm_model.hpp"
 
 #ifdef MOESIM_HAVE_CHAKRA
 #include <google/protobuf/io/coded_stream.h>
@@ -152,16 +153,6 @@ const ByteMatrix* matrix_of(const CollectiveSpec& spec, int group_index) {
   return spec.matrix.get();
 }
 
-// The one off-diagonal non-zero entry of a two-position matrix, if that is all it moves.
-bool one_way(const ByteMatrix& m, int* src, int* dst) {
-  if (m.size != 2) return false;
-  const double a = m.at(0, 1).value(), b = m.at(1, 0).value();
-  if (m.at(0, 0).value() != 0 || m.at(1, 1).value() != 0 || (a > 0) == (b > 0)) return false;
-  *src = a > 0 ? 0 : 1;
-  *dst = 1 - *src;
-  return true;
-}
-
 void write_delimited(google::protobuf::io::CodedOutputStream& out,
                      const google::protobuf::Message& msg) {
   out.WriteVarint32(static_cast<std::uint32_t>(msg.ByteSizeLong()));
@@ -170,7 +161,7 @@ void write_delimited(google::protobuf::io::CodedOutputStream& out,
 
 // One rank's trace of one plan.
 void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& groups,
-                const std::string& path) {
+                const ChakraOptions& options, const std::string& path) {
   std::ofstream file(path, std::ios::binary);
   if (!file) throw RuntimeError(fmt::format("--chakra: cannot create {}", path));
   {
@@ -230,7 +221,10 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
           const ComputeSpec& c = op.compute();
           const double scale = c.rank_scale ? (*c.rank_scale)[static_cast<std::size_t>(pos)] : 1.0;
           flops = c.flops.value() * scale;
-          bytes = c.bytes.value() * scale;
+          bytes = c.bytes.value();
+          if (bytes <= 0 && c.gemm)  // the engines' own floor for a GEMM's HBM traffic
+            bytes = gemm_min_bytes(*c.gemm, c.fp8 ? 1.0 : options.bytes_per_element);
+          bytes *= scale;
         } else {
           bytes = op.copy().bytes.value();
         }
@@ -244,7 +238,6 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
         const auto [grp, p] = group_of(plan, spec, rank, &gi);
         MOESIM_ASSERT(grp != nullptr, "a collective's rank is in none of its groups");
         const int w = static_cast<int>(grp->size());
-        int src = -1, dst = -1;
         const ByteMatrix* m =
             spec.type == CollectiveType::kAllToAllv ? matrix_of(spec, gi) : nullptr;
         if (spec.type == CollectiveType::kSendRecv) {
@@ -253,16 +246,24 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
             send_recv((*grp)[static_cast<std::size_t>((p + off) % w)],
                       (*grp)[static_cast<std::size_t>((p - off + w) % w)], spec.bytes.value(),
                       spec.bytes.value());
-        } else if (m != nullptr && one_way(*m, &src, &dst)) {
-          const double bytes = m->at(src, dst).value();
-          if (p == src) send_recv((*grp)[static_cast<std::size_t>(dst)], -1, bytes, 0);
-          if (p == dst) send_recv(-1, (*grp)[static_cast<std::size_t>(src)], 0, bytes);
+        } else if (m != nullptr && !options.a2av_as_collective) {
+          // Exact per-pair sizes: sends in destination order, then receives in source order.
+          for (int d = 0; d < w; ++d)
+            if (d != p && m->at(p, d).value() > 0)
+              send_recv((*grp)[static_cast<std::size_t>(d)], -1, m->at(p, d).value(), 0);
+          for (int q = 0; q < w; ++q)
+            if (q != p && m->at(q, p).value() > 0)
+              send_recv(-1, (*grp)[static_cast<std::size_t>(q)], 0, m->at(q, p).value());
         } else {
           Node n;
           base(n, ChakraProtoMsg::COMM_COLL_NODE, op.label);
           attr_i64(n, "comm_type", comm_type(spec.type));
-          const double size = m != nullptr ? m->row_sum(p).value() : spec.bytes.value();
+          // The approximation (a2av_as_collective): every rank of the group sends the mean row.
+          const double size = m != nullptr ? m->total().value() / w : spec.bytes.value();
           attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(size)));
+          if (m != nullptr)
+            attr_str(n, "moesim_approximation",
+                     "all_to_allv as an all_to_all of the group's mean row; rows differ per rank");
           attr_str(n, "pg_name", std::to_string(groups.id_of(*grp)));
           emit(n);
         }
@@ -281,10 +282,11 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
 #endif
 
 void write_chakra(const std::string& dir, const std::string& scenario,
-                  const std::vector<ChakraRun>& runs) {
+                  const std::vector<ChakraRun>& runs, const ChakraOptions& options) {
 #ifndef MOESIM_HAVE_CHAKRA
   (void)scenario;
   (void)runs;
+  (void)options;
   check_chakra_dir(dir);  // throws: no protobuf
 #else
   const fs::path target(dir);
@@ -298,6 +300,9 @@ void write_chakra(const std::string& dir, const std::string& scenario,
     manifest["producer"] = "moesim";
     manifest["scenario"] = scenario;
     manifest["schema"] = "Chakra ET (ChakraProtoMsg), version 0.0.4";
+    manifest["all_to_allv"] = options.a2av_as_collective
+                                  ? "one all_to_all node of the group's mean row (approximation)"
+                                  : "per-peer send and receive nodes of the plan's exact sizes";
     auto& list = manifest["strategies"] = nlohmann::ordered_json::array();
     for (const ChakraRun& r : runs) {
       MOESIM_ASSERT(r.plan != nullptr && r.result != nullptr, "Chakra export of a missing run");
@@ -305,7 +310,7 @@ void write_chakra(const std::string& dir, const std::string& scenario,
       fs::create_directories(sub);
       GroupIds groups;
       for (int rank = 0; rank < r.plan->num_ranks(); ++rank)
-        write_rank(*r.plan, *r.result, rank, groups,
+        write_rank(*r.plan, *r.result, rank, groups, options,
                    (sub / fmt::format("et.{}.et", rank)).string());
       std::ofstream cg(sub / "comm_group.json");
       cg << groups.json().dump() << "\n";

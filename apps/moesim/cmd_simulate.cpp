@@ -55,6 +55,7 @@ struct CollectiveArgs {
   std::string trace_path;
   std::string report_path;  // --report F.html
   std::string chakra_dir;
+  std::string chakra_a2av = "p2p";
   bool quiet = false;  // --quiet: no progress on stderr
 };
 
@@ -351,7 +352,10 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
     std::vector<ChakraRun> runs;
     for (const auto& o : outcomes)
       runs.push_back({o.run.strategy, &o.run.last_plan.plan, &o.run.last_result});
-    write_chakra(a.chakra_dir, sc.name, runs);
+    ChakraOptions opt;
+    opt.bytes_per_element = sc.bytes_per_element();
+    opt.a2av_as_collective = a.chakra_a2av == "collective";
+    write_chakra(a.chakra_dir, sc.name, runs, opt);
   }
   if (!a.trace_path.empty()) {
     // One file for all strategies, each a group of processes named after it (sim/trace.hpp).
@@ -403,6 +407,11 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--chakra", a->chakra_dir,
                   "Write each strategy's last plan as Chakra execution traces, one per rank "
                   "(DIR/<strategy>/et.<rank>.et and comm_group.json), for ASTRA-sim");
+  cmd->add_option("--chakra-a2av", a->chakra_a2av,
+                  "How --chakra writes an all_to_allv: p2p (default: per-peer sends and receives "
+                  "of the plan's exact sizes) or collective (one all_to_all of the group's mean "
+                  "row: an approximation when rows differ)")
+      ->check(CLI::IsMember({"p2p", "collective"}));
   cmd->add_flag("--quiet,-q", a->quiet,
                 "No progress line on stderr (shown otherwise for runs longer than 2 s)");
   cmd->callback([a] {
@@ -416,6 +425,8 @@ void register_simulate(CLI::App& app) {
       throw InputError("--size: only meaningful with --collective");
     if (!a->collective.empty() && !a->chakra_dir.empty())
       throw InputError("--chakra: only for a scenario's strategies, not with --collective");
+    if (a->chakra_dir.empty() && a->chakra_a2av != "p2p")
+      throw InputError("--chakra-a2av: only meaningful with --chakra");
     check_chakra_dir(a->chakra_dir);
     // Progress on stderr; Ctrl-C: a summary, no output file, exit 130 (main.cpp).
     run_interruptible(a->quiet, [&](ProgressReporter& progress) {

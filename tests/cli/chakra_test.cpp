@@ -209,6 +209,149 @@ TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
   fs::remove_all(d);
 }
 
+// 2 nodes x 4 GPUs, EP 8, Zipf-skewed routing under TA-MoE: every dispatch and combine is an
+// all_to_allv whose rows differ per rank (the trace that deadlocked ASTRA-sim as collectives).
+Scenario skewed() {
+  return parse_scenario_string(R"(
+name: chakra-skewed
+cluster:
+  gpu: a100-sxm-80gb
+  nodes: 2
+  gpus_per_node: 4
+  intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}
+  inter_node: {kind: switch, nic_bandwidth: 200Gb/s, nics_per_node: 4, latency: 2us}
+model:
+  layers: 2
+  batch_per_gpu: 2
+  seq_len: 256
+  model_dim: 128
+  hidden_dim: 256
+  experts_per_gpu: 1
+  top_k: 2
+workload:
+  routing: {distribution: zipf, skew: 1.0, seed: 3}
+parallelism: {ep: 8}
+strategies:
+  - {name: ta_moe, routing: ta_moe}
+)",
+                               "chakra-skewed.yaml");
+}
+
+// What ASTRA-sim needs to replay a trace without deadlock, checked on the files as written: every
+// send has one receive of the same (src, dst, tag) and size on the peer, every dependency names an
+// earlier node, and the plan's bytes of each all_to_allv pair are what the nodes carry.
+TEST(Chakra, ASkewedAllToAllvIsExactPerPeerSendsAndReceivesThatPairUp) {
+  const Scenario sc = skewed();
+  const auto topo = topology::build_topology(sc.cluster);
+  sim::EngineConfig cfg;
+  cfg.network = sim::NetworkKind::kAnalytical;
+  const strategies::StackRun run = strategies::run_stack(
+      sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+  const Plan& plan = run.last_plan.plan;
+  const RunResult& result = run.last_result;
+  // The plan's bytes per (src rank, dst rank, op id) of its all_to_allvs, and whether rows differ.
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::uint64_t> plan_pairs;
+  bool rows_differ = false;
+  for (const Op& op : plan.ops()) {
+    if (op.kind != OpKind::kCollective || op.collective().type != CollectiveType::kAllToAllv)
+      continue;
+    const CollectiveSpec& c = op.collective();
+    const Grouping& g = plan.grouping(c.grouping);
+    for (std::size_t gi = 0; gi < g.groups.size(); ++gi) {
+      const ByteMatrix& m = c.per_group.empty() ? *c.matrix : *c.per_group[gi];
+      const auto& grp = g.groups[gi];
+      for (int a = 0; a < m.size; ++a) {
+        if (m.row_sum(a).value() != m.row_sum(0).value()) rows_differ = true;
+        for (int b = 0; b < m.size; ++b)
+          if (a != b && m.at(a, b).value() > 0)
+            plan_pairs[{grp[static_cast<std::size_t>(a)], grp[static_cast<std::size_t>(b)],
+                        op.id}] = static_cast<std::uint64_t>(std::llround(m.at(a, b).value()));
+      }
+    }
+  }
+  ASSERT_FALSE(plan_pairs.empty());
+  ASSERT_TRUE(rows_differ) << "the test needs a plan whose all_to_allv rows differ";
+
+  const fs::path d = temp_dir();
+  write_chakra((d / "p2p").string(), sc.name, {{"baseline", &plan, &result}});
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::uint64_t> sends, recvs;
+  std::size_t gemms = 0;
+  for (int rank = 0; rank < 8; ++rank) {
+    const Trace t = read_trace(d / "p2p" / "baseline" / fmt::format("et.{}.et", rank));
+    for (const auto& n : t.nodes) {
+      for (auto dep : n.data_deps()) EXPECT_LT(dep, n.id());
+      for (auto dep : n.ctrl_deps()) EXPECT_LT(dep, n.id());
+      if (n.type() == ChakraProtoMsg::COMM_COLL_NODE) {
+        // Only the padded collectives (gradient all-reduces) stay collective nodes.
+        EXPECT_NE(attr(n, "comm_type")->int64_val(), ChakraProtoMsg::ALL_TO_ALL) << n.name();
+      } else if (n.type() == ChakraProtoMsg::COMM_SEND_NODE ||
+                 n.type() == ChakraProtoMsg::COMM_RECV_NODE) {
+        const bool send = n.type() == ChakraProtoMsg::COMM_SEND_NODE;
+        const auto key =
+            std::make_tuple(attr(n, "comm_src")->int64_val(), attr(n, "comm_dst")->int64_val(),
+                            attr(n, "comm_tag")->int64_val());
+        EXPECT_EQ(send ? std::get<0>(key) : std::get<1>(key), rank);
+        auto& side = send ? sends : recvs;
+        EXPECT_TRUE(side.emplace(key, attr(n, "comm_size")->uint64_val()).second)
+            << "two nodes for one pair of one op: " << n.name();
+      } else if (n.type() == ChakraProtoMsg::COMP_NODE &&
+                 n.name().find("fc1") != std::string::npos) {
+        ++gemms;
+        // A GEMM's tensor_size is its operands and result at 2 bytes (fp16), never 0.
+        EXPECT_GT(attr(n, "tensor_size")->uint64_val(), 0u) << n.name();
+      }
+    }
+  }
+  EXPECT_GT(gemms, 0u);
+  EXPECT_EQ(sends, recvs);
+  EXPECT_EQ(sends, plan_pairs);
+
+  // The approximation on request: one all_to_all node per rank, the group's mean row, marked.
+  ChakraOptions approx;
+  approx.a2av_as_collective = true;
+  write_chakra((d / "coll").string(), sc.name, {{"baseline", &plan, &result}}, approx);
+  const Trace t0 = read_trace(d / "coll" / "baseline" / "et.0.et");
+  std::size_t marked = 0;
+  for (const auto& n : t0.nodes) {
+    EXPECT_NE(n.type(), ChakraProtoMsg::COMM_SEND_NODE);
+    if (attr(n, "moesim_approximation") != nullptr) ++marked;
+  }
+  EXPECT_GT(marked, 0u);
+  fs::remove_all(d);
+}
+
+// A GEMM's tensor_size: M x K + K x N + M x N elements at the run's element size, for one
+// expert's fc1 of the pipelined scenario (no skew: the rank's scale is 1).
+TEST(Chakra, GemmNodesCarryTheirOperandBytes) {
+  const Scenario sc = pipelined();
+  const auto topo = topology::build_topology(sc.cluster);
+  sim::EngineConfig cfg;
+  cfg.network = sim::NetworkKind::kAnalytical;
+  const strategies::StackRun run = strategies::run_stack(
+      sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+  const Plan& plan = run.last_plan.plan;
+  const fs::path d = temp_dir();
+  ChakraOptions opt;
+  opt.bytes_per_element = 2;
+  write_chakra((d / "et").string(), sc.name, {{"baseline", &plan, &run.last_result}}, opt);
+  const Trace t = read_trace(d / "et" / "baseline" / "et.0.et");
+  std::size_t k = 0, checked = 0;
+  for (const Op& op : plan.ops()) {
+    if (op.ranks.index_of(0) < 0) continue;
+    const auto& n = t.nodes[k++];
+    if (op.kind != OpKind::kCompute || !op.compute().gemm || op.compute().bytes.value() > 0)
+      continue;
+    const GemmShape& g = *op.compute().gemm;
+    const double elems = static_cast<double>(g.batch) * (g.m * g.k + g.k * g.n + g.m * g.n);
+    EXPECT_EQ(attr(n, "tensor_size")->uint64_val(),
+              static_cast<std::uint64_t>(std::llround(2 * elems)))
+        << op.label;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u);
+  fs::remove_all(d);
+}
+
 #endif
 
 }  // namespace

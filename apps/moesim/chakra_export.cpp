@@ -79,6 +79,11 @@ void attr_u64(Node& n, const char* name, std::uint64_t v) {
   a->set_name(name);
   a->set_uint64_val(v);
 }
+void attr_i32(Node& n, const char* name, std::int32_t v) {
+  AttributeProto* a = n.add_attr();
+  a->set_name(name);
+  a->set_int32_val(v);
+}
 void attr_i64(Node& n, const char* name, std::int64_t v) {
   AttributeProto* a = n.add_attr();
   a->set_name(name);
@@ -203,10 +208,10 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
         Node n;
         const bool send = type == ChakraProtoMsg::COMM_SEND_NODE;
         base(n, type, op.label + (send ? ".send" : ".recv"));
-        attr_i64(n, "comm_src", src);
-        attr_i64(n, "comm_dst", dst);
-        attr_i64(n, "comm_tag", op.id);
-        attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(bytes)));
+        attr_i32(n, "comm_src", src);
+        attr_i32(n, "comm_dst", dst);
+        attr_i32(n, "comm_tag", op.id);
+        attr_i64(n, "comm_size", std::llround(bytes));
         emit(n);
       };
       auto send_recv = [&](int peer_to, int peer_from, double bytes_out, double bytes_in) {
@@ -228,7 +233,7 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
         } else {
           bytes = op.copy().bytes.value();
         }
-        attr_u64(n, "num_ops", static_cast<std::uint64_t>(std::llround(flops)));
+        attr_i64(n, "num_ops", std::llround(flops));
         attr_u64(n, "tensor_size", static_cast<std::uint64_t>(std::llround(bytes)));
         attr_bool(n, "is_cpu_op", false);
         emit(n);
@@ -260,7 +265,7 @@ void write_rank(const Plan& plan, const RunResult& result, int rank, GroupIds& g
           attr_i64(n, "comm_type", comm_type(spec.type));
           // The approximation (a2av_as_collective): every rank of the group sends the mean row.
           const double size = m != nullptr ? m->total().value() / w : spec.bytes.value();
-          attr_u64(n, "comm_size", static_cast<std::uint64_t>(std::llround(size)));
+          attr_i64(n, "comm_size", std::llround(size));
           if (m != nullptr)
             attr_str(n, "moesim_approximation",
                      "all_to_allv as an all_to_all of the group's mean row; rows differ per rank");

@@ -21,6 +21,9 @@
 //    collective node without deadlocking it. ChakraOptions::a2av_as_collective asks for the
 //    approximation instead: one ALL_TO_ALL node per rank with the group's mean row as comm_size
 //    (attribute moesim_approximation says so);
+//  Attribute types are the ones Chakra's trace feeder (src/feeder/et_feeder_node.cpp) reads:
+//  num_ops and comm_size int64, tensor_size uint64, comm_src / comm_dst / comm_tag int32 (a value
+//  of another type reads as 0 there).
 //  - data_deps: the op's dependencies on this rank; ctrl_deps: the previous op of the same stream
 //    on this rank (streams run in plan order); start_time_micros / duration_micros: the
 //    simulated times.

@@ -159,8 +159,8 @@ TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
         const double scale = op.compute().rank_scale
                                  ? (*op.compute().rank_scale)[static_cast<std::size_t>(pos)]
                                  : 1.0;
-        EXPECT_EQ(attr(n, "num_ops")->uint64_val(),
-                  static_cast<std::uint64_t>(std::llround(op.compute().flops.value() * scale)));
+        EXPECT_EQ(attr(n, "num_ops")->int64_val(),
+                  std::llround(op.compute().flops.value() * scale));
       } else if (op.kind == OpKind::kCollective && n.type() == ChakraProtoMsg::COMM_COLL_NODE) {
         ++colls;
         const auto& spec = op.collective();
@@ -174,8 +174,7 @@ TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
           }
         EXPECT_TRUE(in);
         if (spec.type == CollectiveType::kAllToAll || spec.type == CollectiveType::kAllReduce) {
-          EXPECT_EQ(attr(n, "comm_size")->uint64_val(),
-                    static_cast<std::uint64_t>(std::llround(spec.bytes.value())));
+          EXPECT_EQ(attr(n, "comm_size")->int64_val(), std::llround(spec.bytes.value()));
         }
         EXPECT_EQ(
             attr(n, "comm_type")->int64_val(),
@@ -188,8 +187,9 @@ TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
                  n.type() == ChakraProtoMsg::COMM_RECV_NODE) {
         EXPECT_NE(op.label.find(".pp."), std::string::npos) << op.label;
         auto key =
-            std::make_tuple(attr(n, "comm_src")->int64_val(), attr(n, "comm_dst")->int64_val(),
-                            attr(n, "comm_tag")->int64_val(), attr(n, "comm_size")->uint64_val());
+            std::make_tuple(attr(n, "comm_src")->int32_val(), attr(n, "comm_dst")->int32_val(),
+                            attr(n, "comm_tag")->int32_val(),
+                            static_cast<std::uint64_t>(attr(n, "comm_size")->int64_val()));
         EXPECT_EQ(n.type() == ChakraProtoMsg::COMM_SEND_NODE ? std::get<0>(key) : std::get<1>(key),
                   rank);
         (n.type() == ChakraProtoMsg::COMM_SEND_NODE ? sends : recvs).insert(key);
@@ -288,11 +288,12 @@ TEST(Chakra, ASkewedAllToAllvIsExactPerPeerSendsAndReceivesThatPairUp) {
                  n.type() == ChakraProtoMsg::COMM_RECV_NODE) {
         const bool send = n.type() == ChakraProtoMsg::COMM_SEND_NODE;
         const auto key =
-            std::make_tuple(attr(n, "comm_src")->int64_val(), attr(n, "comm_dst")->int64_val(),
-                            attr(n, "comm_tag")->int64_val());
+            std::make_tuple(attr(n, "comm_src")->int32_val(), attr(n, "comm_dst")->int32_val(),
+                            attr(n, "comm_tag")->int32_val());
         EXPECT_EQ(send ? std::get<0>(key) : std::get<1>(key), rank);
         auto& side = send ? sends : recvs;
-        EXPECT_TRUE(side.emplace(key, attr(n, "comm_size")->uint64_val()).second)
+        EXPECT_TRUE(
+            side.emplace(key, static_cast<std::uint64_t>(attr(n, "comm_size")->int64_val())).second)
             << "two nodes for one pair of one op: " << n.name();
       } else if (n.type() == ChakraProtoMsg::COMP_NODE &&
                  n.name().find("fc1") != std::string::npos) {

@@ -596,6 +596,19 @@ HfImport import_hf_config(std::string_view json_text, const std::string& display
     const auto [line, column] = line_column(json_text, e.byte);
     throw InputError(SourceLocation{file, line, column}, "",
                      fmt::format("malformed JSON: {}", detail));
+  } catch (const Json::out_of_range& e) {
+    // A number beyond double's range ("number overflow parsing '1e+320'"): located by its text.
+    const std::string detail = e.what();
+    const auto q0 = detail.find('\''), q1 = detail.rfind('\'');
+    const std::string number =
+        q0 != std::string::npos && q1 > q0 ? detail.substr(q0 + 1, q1 - q0 - 1) : "";
+    const auto at = number.empty() ? std::string_view::npos : json_text.find(number);
+    const auto [line, column] = line_column(json_text, at == std::string_view::npos ? 0 : at + 1);
+    throw InputError(SourceLocation{file, at == std::string_view::npos ? 0 : line,
+                                    at == std::string_view::npos ? 0 : column},
+                     "",
+                     fmt::format("number {} is out of range (beyond a double's ~1.8e308)",
+                                 number.empty() ? std::string("in the file") : number));
   }
   if (!root.is_object())
     throw InputError(SourceLocation{file, 0, 0}, "",

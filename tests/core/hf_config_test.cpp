@@ -423,6 +423,10 @@ TEST(HfConfig, MalformedJsonNamesFileLineAndColumn) {
               HasSubstr("config.json:4:14: malformed JSON: syntax error while parsing object - "
                         "unexpected string literal; expected '}'"));
   EXPECT_THAT(error_of(""), HasSubstr("config.json:1:1: malformed JSON"));
+  // A number beyond a double (found by the hf_config fuzzer: it escaped as nlohmann's
+  // out_of_range and terminated the process), located by its text.
+  EXPECT_EQ(error_of("{\n  \"model_type\": \"qwen3_moe\",\n  \"num_experts_per_tok\": 1e+320\n}"),
+            "config.json:3:26: number 1e+320 is out of range (beyond a double's ~1.8e308)");
   EXPECT_EQ(error_of("[1, 2]"),
             "config.json: found [1,2], expected a JSON object (a Hugging Face config.json)");
   try {

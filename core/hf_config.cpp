@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/text_file.hpp"
 
 namespace moesim {
 namespace {
@@ -680,26 +681,8 @@ HfImport import_hf_config(std::string_view json_text, const std::string& display
 }
 
 HfImport import_hf_config(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     "file not found; expected the path of a Hugging Face config.json");
-  if (!fs::is_regular_file(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     "found a directory or device, expected the path of a config.json file");
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > kMaxHfConfigBytes)
-    throw InputError(
-        SourceLocation{path, 0, 0}, "",
-        fmt::format("found a file of {} bytes, expected a config.json of at most {} bytes (16 MiB)",
-                    size, kMaxHfConfigBytes));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     fmt::format("cannot read the file ({})", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  return import_hf_config(text.str(), path);
+  return import_hf_config(read_text_file(path, "a Hugging Face config.json", kMaxHfConfigBytes),
+                          path);
 }
 
 }  // namespace moesim

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/hf_config.hpp"
+#include "core/text_file.hpp"
 #include "core/yaml_reader.hpp"
 
 namespace moesim {
@@ -1942,30 +1943,7 @@ YAML::Node parse_yaml_string(std::string_view yaml, const std::string& pseudo_fi
 }
 
 YAML::Node load_yaml_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     "file not found; expected the path of an existing YAML file");
-  if (fs::is_directory(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     "found a directory, expected the path of a YAML file");
-  // A device or pipe (/dev/zero, /dev/stdin, a FIFO) may never end: reading it hung validate.
-  if (!fs::is_regular_file(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     "found a device, pipe or socket, expected the path of a regular YAML file");
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > kMaxYamlFileBytes)
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     fmt::format("found a file of {} bytes, expected a YAML file of at most {} "
-                                 "bytes (64 MiB)",
-                                 size, kMaxYamlFileBytes));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(SourceLocation{path, 0, 0}, "",
-                     fmt::format("cannot read the file ({})", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_yaml_string(text.str(), path);
+  return parse_yaml_string(read_text_file(path, "a YAML file", kMaxYamlFileBytes), path);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "strategies/model_params.hpp"
 #include "strategies/schedules/lina.hpp"
 #include "strategies/stage_schedule.hpp"
 #include "strategies/workload/workload.hpp"
@@ -50,31 +51,6 @@ struct StageShare {
   std::vector<Chunk> chunk_blocks;
   std::vector<StageAction> order;
 };
-
-// Parameters of one attention block on one MP rank (docs/model.md, "Memory"). The projections
-// that produce heads are split over mp as Megatron splits them; MLA's down-projections to the
-// latents are not (every TP rank holds them whole).
-double attention_params(const ModelSpec& m, double mp) {
-  const auto& a = m.attention;
-  const double M = m.model_dim, h = a.heads;
-  if (!a.is_mla()) {
-    const double d = a.head_dim, kv = a.kv_heads;
-    return (M * h * d + 2 * M * kv * d + h * d * M) / mp;
-  }
-  const double qk = a.qk_head_dim(), v = a.v_head_dim, rope = a.qk_rope_head_dim;
-  const double q_lora = a.q_lora_rank, kv_lora = a.kv_lora_rank;
-  const double replicated = (q_lora > 0 ? M * q_lora : 0) + M * (kv_lora + rope);
-  const double split = (q_lora > 0 ? q_lora * h * qk : M * h * qk) +
-                       kv_lora * h * (a.qk_nope_head_dim + v) + h * v * M;
-  return replicated + split / mp;
-}
-
-// Norm weights of one block, counted as RMSNorm's (one M-vector each, replicated over mp): the
-// attention's and the FFN's input norms, and MLA's norms of its q and kv latents.
-double norm_params(const ModelSpec& m) {
-  const auto& a = m.attention;
-  return 2.0 * m.model_dim + (a.is_mla() ? a.q_lora_rank + a.kv_lora_rank : 0.0);
-}
 
 // Bytes of the tensors one block keeps for backward, per micro-batch (docs/model.md, "Memory":
 // Korthikanti et al. 2022's accounting with flash attention: no L x L scores). `rc` drops what

@@ -3,35 +3,27 @@
 #include <cstdint>
 
 namespace moesim::strategies {
-namespace {
-
-// One block's attention projections: strategies/memory.cpp's attention_params with mp = 1 (kept
-// the same formula so the two counts agree; hf_config_test cross-checks them).
-double attention_params(const ModelSpec& m) {
+double attention_params(const ModelSpec& m, double mp) {
   const auto& a = m.attention;
   const double M = m.model_dim, h = a.heads;
   if (!a.is_mla()) {
     const double d = a.head_dim, kv = a.kv_heads;
-    return M * h * d + 2 * M * kv * d + h * d * M;
+    return (M * h * d + 2 * M * kv * d + h * d * M) / mp;
   }
   const double qk = a.qk_head_dim(), v = a.v_head_dim, rope = a.qk_rope_head_dim;
   const double q_lora = a.q_lora_rank, kv_lora = a.kv_lora_rank;
-  // Down-projections to the latents (and the shared RoPE key), then the per-head up-projections
-  // and the output projection.
+  // Down-projections to the latents (and the shared RoPE key), replicated over mp; the per-head
+  // up-projections and the output projection, split.
   const double down = (q_lora > 0 ? M * q_lora : 0) + M * (kv_lora + rope);
   const double up = (q_lora > 0 ? q_lora * h * qk : M * h * qk) +
                     kv_lora * h * (a.qk_nope_head_dim + v) + h * v * M;
-  return down + up;
+  return down + up / mp;
 }
 
-// One block's RMSNorm weights (memory.cpp's norm_params): the attention and FFN input norms, and
-// MLA's norms of its q and kv latents.
 double norm_params(const ModelSpec& m) {
   const auto& a = m.attention;
   return 2.0 * m.model_dim + (a.is_mla() ? a.q_lora_rank + a.kv_lora_rank : 0.0);
 }
-
-}  // namespace
 
 ModelParams model_params(const ModelSpec& m) {
   const double M = m.model_dim, E = m.experts, V = m.vocab_size;

@@ -36,4 +36,12 @@ struct ModelParams {
 
 ModelParams model_params(const ModelSpec& m);
 
+/// Parameters of one block's attention on one MP rank (docs/model.md, "Memory"): the
+/// projections that produce heads split over mp as Megatron splits them; MLA's down-projections
+/// to the latents are not (every TP rank holds them whole).
+double attention_params(const ModelSpec& m, double mp = 1);
+/// One block's norm weights, counted as RMSNorm's (one M-vector each, replicated over mp): the
+/// attention's and the FFN's input norms, and MLA's norms of its q and kv latents.
+double norm_params(const ModelSpec& m);
+
 }  // namespace moesim::strategies

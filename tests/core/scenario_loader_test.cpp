@@ -578,7 +578,7 @@ TEST(ScenarioErrors, DevicesAreRefusedNotRead) {
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), StartsWith("/dev/zero: "));
     EXPECT_THAT(e.what(), HasSubstr("found a device, pipe or socket, expected the path of a "
-                                    "regular YAML file"));
+                                    "YAML file (a regular file)"));
   }
   EXPECT_THROW(load_cluster_file("/dev/zero"), InputError);
 }

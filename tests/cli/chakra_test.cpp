@@ -114,13 +114,18 @@ strategies:
                                "chakra.yaml");
 }
 
-TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
-  const Scenario sc = pipelined();
+// The scenario's first strategy, one iteration on the analytical engine.
+strategies::StackRun first_stack(const Scenario& sc) {
   const auto topo = topology::build_topology(sc.cluster);
   sim::EngineConfig cfg;
   cfg.network = sim::NetworkKind::kAnalytical;
-  const strategies::StackRun run = strategies::run_stack(
+  return strategies::run_stack(
       sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+}
+
+TEST(Chakra, ATracePerRankReadsBackWithTheSchemaAndMatchesThePlan) {
+  const Scenario sc = pipelined();
+  const strategies::StackRun run = first_stack(sc);
   const Plan& plan = run.last_plan.plan;
   const RunResult& result = run.last_result;
   const fs::path d = temp_dir();
@@ -242,11 +247,7 @@ strategies:
 // earlier node, and the plan's bytes of each all_to_allv pair are what the nodes carry.
 TEST(Chakra, ASkewedAllToAllvIsExactPerPeerSendsAndReceivesThatPairUp) {
   const Scenario sc = skewed();
-  const auto topo = topology::build_topology(sc.cluster);
-  sim::EngineConfig cfg;
-  cfg.network = sim::NetworkKind::kAnalytical;
-  const strategies::StackRun run = strategies::run_stack(
-      sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+  const strategies::StackRun run = first_stack(sc);
   const Plan& plan = run.last_plan.plan;
   const RunResult& result = run.last_result;
   // The plan's bytes per (src rank, dst rank, op id) of its all_to_allvs, and whether rows differ.
@@ -325,11 +326,7 @@ TEST(Chakra, ASkewedAllToAllvIsExactPerPeerSendsAndReceivesThatPairUp) {
 // expert's fc1 of the pipelined scenario (no skew: the rank's scale is 1).
 TEST(Chakra, GemmNodesCarryTheirOperandBytes) {
   const Scenario sc = pipelined();
-  const auto topo = topology::build_topology(sc.cluster);
-  sim::EngineConfig cfg;
-  cfg.network = sim::NetworkKind::kAnalytical;
-  const strategies::StackRun run = strategies::run_stack(
-      sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+  const strategies::StackRun run = first_stack(sc);
   const Plan& plan = run.last_plan.plan;
   const fs::path d = temp_dir();
   ChakraOptions opt;

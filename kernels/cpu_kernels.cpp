@@ -371,6 +371,55 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
          static_cast<std::byte*>(c) + i * stride_c * es);
 }
 
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+                            const void* a, long long stride_a, const void* b, long long stride_b,
+                            void* c, long long stride_c, int batch, float beta) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+    throw ArgumentError("kernels::gemm_strided_batched_t: negative dimension, batch or stride");
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t mk = std::size_t(m) * k, kn = std::size_t(k) * n, mn = std::size_t(m) * n;
+  std::vector<float> af(mk), bf(kn), prod(mn);
+  for (int i = 0; i < batch; ++i) {
+    const auto* ai = static_cast<const std::byte*>(a) + i * stride_a * es;
+    const auto* bi = static_cast<const std::byte*>(b) + i * stride_b * es;
+    auto* ci = static_cast<std::byte*>(c) + i * stride_c * es;
+    // op(A) as m x k and op(B) as k x n in fp32, then the plain blocked GEMM.
+    for (int r = 0; r < m; ++r)
+      for (int q = 0; q < k; ++q)
+        af[std::size_t(r) * k + q] =
+            load_element(dtype, ai, trans.a ? std::size_t(q) * m + r : std::size_t(r) * k + q);
+    for (int r = 0; r < k; ++r)
+      for (int q = 0; q < n; ++q)
+        bf[std::size_t(r) * n + q] =
+            load_element(dtype, bi, trans.b ? std::size_t(q) * k + r : std::size_t(r) * n + q);
+    gemm_f32(ctx.num_threads(), m, n, k, af.data(), bf.data(), prod.data());
+    for (std::size_t e = 0; e < mn; ++e)
+      store_element(dtype, ci, e,
+                    beta != 0.0f ? prod[e] + beta * load_element(dtype, ci, e) : prod[e]);
+  }
+}
+
+void relu_backward(Context&, DType dtype, const void* activated, void* grad, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    store_element(dtype, grad, i,
+                  rules::relu_grad(load_element(dtype, activated, i), load_element(dtype, grad, i)));
+}
+
+void softmax_backward(Context&, int tokens, int experts, int top_k, const float* logits,
+                      const std::int32_t* expert, const float* grad_weight, float* grad_logits) {
+  if (tokens < 0 || experts < 1 || top_k < 1)
+    throw ArgumentError("kernels::softmax_backward: needs tokens >= 0, experts >= 1, top_k >= 1");
+  for (int t = 0; t < tokens; ++t) {
+    const std::size_t first = std::size_t(t) * top_k;
+    for (int c = 0; c < top_k; ++c)
+      if (expert[first + c] >= experts)
+        throw ArgumentError("kernels::softmax_backward: expert out of range");
+    rules::softmax_backward_row(logits + std::size_t(t) * experts, experts, top_k,
+                                expert + first, grad_weight + first,
+                                grad_logits + std::size_t(t) * experts);
+  }
+}
+
 void activation(Context&, DType dtype, Activation act, void* data, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
     store_element(dtype, data, i, rules::activate(act, load_element(dtype, data, i)));

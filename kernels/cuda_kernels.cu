@@ -542,6 +542,28 @@ __global__ void softmax_pick_kernel(long long entries, int experts, int k,
   }
 }
 
+// One thread per token row: the gate softmax's backward (rules::softmax_backward_row).
+__global__ void softmax_backward_kernel(int tokens, int experts, int k,
+                                        const float* __restrict__ logits,
+                                        const std::int32_t* __restrict__ expert,
+                                        const float* __restrict__ grad_weight,
+                                        float* __restrict__ grad_logits) {
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < tokens; t += gridDim.x * blockDim.x) {
+    const long long first = static_cast<long long>(t) * k;
+    rules::softmax_backward_row(logits + static_cast<long long>(t) * experts, experts, k,
+                                expert + first, grad_weight + first,
+                                grad_logits + static_cast<long long>(t) * experts);
+  }
+}
+
+template <typename T>
+__global__ void relu_backward_kernel(std::size_t n, const T* __restrict__ activated,
+                                     T* __restrict__ grad) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    grad[i] = from_f<T>(rules::relu_grad(to_f(activated[i]), to_f(grad[i])));
+}
+
 // dst row r += src row r over `count` rows of `run` elements (blockIdx.y walks the rows).
 template <typename T>
 __global__ void add_rows_kernel(std::size_t run, int count, const T* __restrict__ src,
@@ -963,6 +985,48 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
       static_cast<cublasHandle_t>(ctx.cublas_handle()), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha,
       b, t, n, stride_b, a, t, k, stride_a, &beta, c, t, n, stride_c, batch, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+                            const void* a, long long stride_a, const void* b, long long stride_b,
+                            void* c, long long stride_c, int batch, float beta) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+    throw ArgumentError(
+        "kernels::cuda::gemm_strided_batched_t: negative dimension, batch or stride");
+  if (m == 0 || n == 0 || batch == 0) return;
+  const cudaDataType_t t = cuda_type(dtype);
+  const float alpha = 1.0f;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: a row-major operand is its
+  // own transpose in column-major, so the operation flips where the operand is stored transposed.
+  MOESIM_KCUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(ctx.cublas_handle()), trans.b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      trans.a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, t, trans.b ? k : n, stride_b, a, t,
+      trans.a ? m : k, stride_a, &beta, c, t, n, stride_c, batch, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+void relu_backward(Context& ctx, DType dtype, const void* activated, void* grad, std::size_t n) {
+  if (n == 0) return;
+  const int grid = grid_for(std::min<std::size_t>((n + 255) / 256, 65536));
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    relu_backward_kernel<T><<<grid, 256, 0, ctx.stream()>>>(n, static_cast<const T*>(activated),
+                                                            static_cast<T*>(grad));
+  });
+  MOESIM_KCUDA_LAUNCHED();
+}
+
+void softmax_backward(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                      const std::int32_t* expert, const float* grad_weight, float* grad_logits) {
+  if (tokens < 0 || experts < 1 || top_k < 1)
+    throw ArgumentError(
+        "kernels::cuda::softmax_backward: needs tokens >= 0, experts >= 1, top_k >= 1");
+  if (tokens == 0) return;
+  const int grid = grid_for(std::min<std::size_t>((static_cast<std::size_t>(tokens) + 127) / 128,
+                                                  65536));
+  softmax_backward_kernel<<<grid, 128, 0, ctx.stream()>>>(tokens, experts, top_k, logits, expert,
+                                                          grad_weight, grad_logits);
+  MOESIM_KCUDA_LAUNCHED();
 }
 
 void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n) {

@@ -201,6 +201,11 @@ struct FfnShape {
   int hidden_dim = 0;  // H
 };
 
+/// Which operands of a GEMM are read transposed (gemm_strided_batched_t).
+struct GemmTrans {
+  bool a = false, b = false;
+};
+
 // --- CPU reference kernels -----------------------------------------------------------------------
 namespace cpu {
 
@@ -263,6 +268,20 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
 void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch);
+/// gemm_strided_batched with transposed operands and an accumulating C, for the backward GEMMs
+/// (dX = dY W^T, dW += X^T dY): C_i (m x n) = op(A_i) op(B_i) + beta C_i, where op(A_i) is m x k
+/// (stored k x m when trans.a) and op(B_i) k x n (stored n x k when trans.b). fp32 accumulation,
+/// one rounding to the dtype on the store.
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+                            const void* a, long long stride_a, const void* b, long long stride_b,
+                            void* c, long long stride_c, int batch, float beta);
+/// grad[i] = activated[i] > 0 ? grad[i] : 0 for n elements (the ReLU's backward, on its output).
+void relu_backward(Context& ctx, DType dtype, const void* activated, void* grad, std::size_t n);
+/// The gate softmax's backward (rules::softmax_backward_row) for `tokens` rows of `experts` fp32
+/// logits: grad_logits (tokens x experts, fp32) from the entries' grad_weight (tokens x top_k,
+/// fp32; expert < 0: dropped).
+void softmax_backward(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                      const std::int32_t* expert, const float* grad_weight, float* grad_logits);
 /// data[i] = act(data[i]) for n elements (kGelu: the tanh approximation above).
 void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
 /// weight[t*k+c] = softmax(logits[t, :])[expert[t*k+c]] for `tokens` rows of `experts` fp32
@@ -346,6 +365,13 @@ void expert_ffn(Context& ctx, DType dtype, Activation act, const FfnShape& shape
 void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const void* a,
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch);
+/// cublasGemmStridedBatchedEx with the operations and leading dimensions of the transposes.
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+                            const void* a, long long stride_a, const void* b, long long stride_b,
+                            void* c, long long stride_c, int batch, float beta);
+void relu_backward(Context& ctx, DType dtype, const void* activated, void* grad, std::size_t n);
+void softmax_backward(Context& ctx, int tokens, int experts, int top_k, const float* logits,
+                      const std::int32_t* expert, const float* grad_weight, float* grad_logits);
 void activation(Context& ctx, DType dtype, Activation act, void* data, std::size_t n);
 void softmax_pick(Context& ctx, int tokens, int experts, int top_k, const float* logits,
                   const std::int32_t* expert, float* weight);

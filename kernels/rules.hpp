@@ -129,6 +129,33 @@ MOESIM_HOST_DEVICE float softmax_prob(const float* row, int e, int chosen) {
   return static_cast<float>(exp(static_cast<double>(row[chosen] - mx)) / sum);
 }
 
+/// The backward of the gate's softmax for one token's `e` logits: g_j = the sum of grad_weight[c]
+/// over its `k` choices c with expert[c] == j (expert < 0: a dropped choice, skipped), and
+/// grad_row[j] = p_j (g_j - <p, g>) with p = softmax(row) (in double, as softmax_prob). The
+/// weights are the softmax over all e experts, so every logit gets a gradient.
+MOESIM_HOST_DEVICE void softmax_backward_row(const float* row, int e, int k,
+                                             const std::int32_t* expert, const float* grad_weight,
+                                             float* grad_row) {
+  float mx = row[0];
+  for (int j = 1; j < e; ++j) mx = row[j] > mx ? row[j] : mx;
+  double sum = 0.0;
+  for (int j = 0; j < e; ++j) sum += exp(static_cast<double>(row[j] - mx));
+  double pg = 0.0;
+  for (int c = 0; c < k; ++c)
+    if (expert[c] >= 0)
+      pg += exp(static_cast<double>(row[expert[c]] - mx)) / sum * grad_weight[c];
+  for (int j = 0; j < e; ++j) {
+    double g = 0.0;
+    for (int c = 0; c < k; ++c) g += expert[c] == j ? static_cast<double>(grad_weight[c]) : 0.0;
+    grad_row[j] = static_cast<float>(exp(static_cast<double>(row[j] - mx)) / sum * (g - pg));
+  }
+}
+
+/// The ReLU's backward on its output: the gradient passes where the unit was active.
+MOESIM_HOST_DEVICE float relu_grad(float activated, float grad) {
+  return activated > 0.0f ? grad : 0.0f;
+}
+
 /// One token's routing: softmax over its `e` logits, then its `k` choices (1 <= k <= min(e,
 /// kMaxTopK)): the k largest logits in descending order, the lower expert index first on ties
 /// (top-k on the logits, which the softmax preserves, so CPU and GPU choose alike). Writes

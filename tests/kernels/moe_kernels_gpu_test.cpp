@@ -398,6 +398,58 @@ TEST_F(KernelGpuTest, GemmStridedBatchedAndActivationMatchCpu) {
   }
 }
 
+// The backward GEMMs (every transpose combination, accumulating) and the ReLU / softmax backward
+// kernels against their CPU twins.
+TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
+  const int m = 24, n = 40, k = 56, batch = 3;
+  for (DType d : kAllDTypes)
+    for (int t = 0; t < 4; ++t) {
+      const GemmTrans trans{(t & 1) != 0, (t & 2) != 0};
+      SCOPED_TRACE(std::string(dtype_name(d)) + " trans " + std::to_string(t));
+      HostBuffer a(d, random_floats(std::size_t(batch) * m * k, 96)),
+          b(d, random_floats(std::size_t(batch) * k * n, 97, -0.3f, 0.3f)),
+          c(d, random_floats(std::size_t(batch) * m * n, 98));
+      DeviceBuffer da(a), db(b), dc(c);
+      cpu::Context cctx;
+      cpu::gemm_strided_batched_t(cctx, d, trans, m, n, k, a.data(), static_cast<long long>(m) * k,
+                                  b.data(), static_cast<long long>(k) * n, c.data(),
+                                  static_cast<long long>(m) * n, batch, 1.0f);
+      cuda::gemm_strided_batched_t(ctx(), d, trans, m, n, k, da.get(),
+                                   static_cast<long long>(m) * k, db.get(),
+                                   static_cast<long long>(k) * n, dc.get(),
+                                   static_cast<long long>(m) * n, batch, 1.0f);
+      ctx().synchronize();
+      const float tol = 4 * testing::dtype_eps(d) + 1e-5f;
+      expect_close(dc.to_buffer(d).to_float(), c.to_float(), tol, tol, "gemm_strided_batched_t");
+    }
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer act(d, random_floats(1000, 99)), grad(d, random_floats(1000, 100));
+    DeviceBuffer dact(act), dgrad(grad);
+    cpu::Context cctx;
+    cpu::relu_backward(cctx, d, act.data(), grad.data(), 1000);
+    cuda::relu_backward(ctx(), d, dact.get(), dgrad.get(), 1000);
+    ctx().synchronize();
+    expect_close(dgrad.to_buffer(d).to_float(), grad.to_float(), 0.0f, 0.0f, "relu_backward");
+  }
+  const int tokens = 37, experts = 24, top_k = 3;
+  const std::vector<float> logits = random_floats(std::size_t(tokens) * experts, 101, -4.0f, 4.0f);
+  const std::vector<float> gw = random_floats(std::size_t(tokens) * top_k, 102);
+  std::vector<std::int32_t> expert(std::size_t(tokens) * top_k);
+  for (std::size_t i = 0; i < expert.size(); ++i)
+    expert[i] = i % 7 == 0 ? -1 : static_cast<std::int32_t>((i * 5) % experts);
+  std::vector<float> want(std::size_t(tokens) * experts);
+  cpu::Context cctx;
+  cpu::softmax_backward(cctx, tokens, experts, top_k, logits.data(), expert.data(), gw.data(),
+                        want.data());
+  DeviceBuffer dl(logits), de(expert), dg(gw), dout(want.size() * sizeof(float));
+  cuda::softmax_backward(ctx(), tokens, experts, top_k, static_cast<const float*>(dl.get()),
+                         static_cast<const std::int32_t*>(de.get()),
+                         static_cast<const float*>(dg.get()), static_cast<float*>(dout.get()));
+  ctx().synchronize();
+  expect_close(dout.to_vector<float>(), want, 1e-6f, 1e-6f, "softmax_backward");
+}
+
 // The plan-routed layers' combine weights and Parm's / sharded experts' sums of returned rows:
 // the device against the CPU twin (both call rules::softmax_prob; add_rows sums in fp32).
 TEST_F(KernelGpuTest, SoftmaxPickAndAddRowsMatchCpu) {

@@ -561,6 +561,86 @@ TEST(KernelGemmStridedBatched, SharedWeightsExactInEveryDType) {
                ArgumentError);
 }
 
+// The backward GEMMs' operands read transposed: A (3 x 2) stored as its 2 x 3 transpose, B (2 x 2)
+// as its transpose, C accumulated (beta 1) onto its old value; each entry worked by hand.
+TEST(KernelGemmStridedBatchedT, TransposedOperandsAndAccumulationByHand) {
+  // op(A) = {{1, 2}, {3, 4}, {5, 6}} stored as {{1, 3, 5}, {2, 4, 6}}; op(B) = {{1, 0}, {1, 2}}
+  // stored as {{1, 1}, {0, 2}}. op(A) op(B) = {{3, 4}, {7, 8}, {11, 12}}; C starts at 1.
+  const std::vector<float> at = {1, 3, 5, 2, 4, 6}, bt = {1, 1, 0, 2};
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer ha(d, at), hb(d, bt), hc(d, std::vector<float>(6, 1.0f));
+    cpu::Context ctx;
+    cpu::gemm_strided_batched_t(ctx, d, GemmTrans{true, true}, 3, 2, 2, ha.data(), 0, hb.data(), 0,
+                                hc.data(), 0, 1, 1.0f);
+    EXPECT_EQ(hc.to_float(), (std::vector<float>{4, 5, 8, 9, 12, 13}));
+  }
+  // Untransposed with beta 0 is gemm_strided_batched, batch entries included.
+  const std::vector<float> a = random_floats(2 * 3 * 4, 7), b = random_floats(4 * 5, 8);
+  HostBuffer ha(DType::kF32, a), hb(DType::kF32, b), want(DType::kF32, std::size_t(30)),
+      got(DType::kF32, std::vector<float>(30, 9.0f));
+  cpu::Context ctx;
+  cpu::gemm_strided_batched(ctx, DType::kF32, 3, 5, 4, ha.data(), 12, hb.data(), 0, want.data(), 15,
+                            2);
+  cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmTrans{}, 3, 5, 4, ha.data(), 12, hb.data(), 0,
+                              got.data(), 15, 2, 0.0f);
+  EXPECT_EQ(got.to_float(), want.to_float());
+  float x = 0;
+  EXPECT_THROW(cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmTrans{}, -1, 1, 1, &x, 0, &x, 0,
+                                           &x, 0, 1, 0.0f),
+               ArgumentError);
+}
+
+TEST(KernelReluBackward, PassesTheGradientWhereTheUnitWasActive) {
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer act(d, std::vector<float>{0, 2, 0, 0.5f}), grad(d, std::vector<float>{1, -3, 5, 7});
+    cpu::Context ctx;
+    cpu::relu_backward(ctx, d, act.data(), grad.data(), 4);
+    EXPECT_EQ(grad.to_float(), (std::vector<float>{0, -3, 0, 7}));
+  }
+}
+
+// Softmax backward by hand: token 0 has logits {0, ln 3} (p = {1/4, 3/4}), its choice of expert 1
+// has dWeight 2, so g = {0, 2}, <p, g> = 3/2, dLogits = {1/4 (0 - 3/2), 3/4 (2 - 3/2)} =
+// {-3/8, 3/8}. Token 1 (p = {1/2, 1/2}) chose expert 0 twice over (dWeight 1 and 3: g = {4, 0})
+// and a dropped choice that counts nothing: <p, g> = 2, dLogits = {1, -1}. Rows sum to zero.
+TEST(KernelSoftmaxBackward, ByHandAndAgainstFiniteDifferences) {
+  const float ln3 = std::log(3.0f), ln2 = std::log(2.0f);
+  const std::vector<float> logits{0.0f, ln3, ln2, ln2};
+  const std::vector<std::int32_t> expert{1, -1, 0, 0};
+  const std::vector<float> dweight{2.0f, 5.0f, 1.0f, 3.0f};
+  std::vector<float> dl(4, -9.0f);
+  cpu::Context ctx;
+  cpu::softmax_backward(ctx, 2, 2, 2, logits.data(), expert.data(), dweight.data(), dl.data());
+  EXPECT_NEAR(dl[0], -0.375f, 1e-6f);
+  EXPECT_NEAR(dl[1], 0.375f, 1e-6f);
+  EXPECT_NEAR(dl[2], 1.0f, 1e-6f);
+  EXPECT_NEAR(dl[3], -1.0f, 1e-6f);
+  // L = sum_c dWeight_c p[expert_c]: its derivative by each logit, by central differences.
+  const int E = 5, k = 2;
+  const std::vector<float> row = random_floats(E, 11, -2.0f, 2.0f);
+  const std::vector<std::int32_t> ex{3, 1};
+  const std::vector<float> gw{0.7f, -1.3f};
+  std::vector<float> grad(E);
+  cpu::softmax_backward(ctx, 1, E, k, row.data(), ex.data(), gw.data(), grad.data());
+  auto loss = [&](const std::vector<double>& l) {
+    double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+    for (double v : l) sum += std::exp(v - mx);
+    return gw[0] * std::exp(l[3] - mx) / sum + gw[1] * std::exp(l[1] - mx) / sum;
+  };
+  for (int j = 0; j < E; ++j) {
+    std::vector<double> up(row.begin(), row.end()), down(row.begin(), row.end());
+    up[j] += 1e-4;
+    down[j] -= 1e-4;
+    EXPECT_NEAR(grad[j], (loss(up) - loss(down)) / 2e-4, 1e-5) << "logit " << j;
+  }
+  const std::vector<std::int32_t> bad{2, 0, 0, 0};
+  EXPECT_THROW(
+      cpu::softmax_backward(ctx, 2, 2, 2, logits.data(), bad.data(), dweight.data(), dl.data()),
+      ArgumentError);
+}
+
 TEST(KernelActivation, ReluAndGeluInPlace) {
   HostBuffer h(DType::kF32, std::vector<float>{-2, -0.5f, 0, 1.5f});
   cpu::Context ctx;

@@ -182,6 +182,22 @@ class DeviceLayerOps final : public LayerOps {
     kcu::decode(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim, at(src),
                 at(dst));
   }
+  void decode_backward(BufId out, BufId d_out, int tokens, int num_experts, int capacity) override {
+    kcu::decode_backward(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
+                         at(out), at({LayerBuf::kDY}), at(d_out), at<float>({LayerBuf::kDWeight}));
+  }
+  void encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) override {
+    kcu::encode_backward(cx_, dtype_, routing(tokens, num_experts, capacity), shape_.model_dim,
+                         at(d_slots), at({LayerBuf::kDX}));
+  }
+  void relu_backward(BufId activated, BufId grad, std::size_t elements) override {
+    kcu::relu_backward(cx_, dtype_, at(activated), at(grad), elements);
+  }
+  void softmax_backward(BufId expert, int tokens, int experts, int top_k) override {
+    kcu::softmax_backward(cx_, tokens, experts, top_k, at<float>({LayerBuf::kLogits}),
+                          at<std::int32_t>(expert), at<float>({LayerBuf::kDWeight}),
+                          at<float>({LayerBuf::kDLogits}));
+  }
   void widen_tokens(std::size_t elements) override {
     kcu::convert(cx_, dtype_, at({LayerBuf::kX}), DType::kF32, at({LayerBuf::kX32}), elements);
   }
@@ -205,9 +221,17 @@ class DeviceLayerOps final : public LayerOps {
   }
   void gemm(const GemmJob& g, bool f32) override {
     const std::size_t es = f32 ? sizeof(float) : es_;
-    kcu::gemm_strided_batched(cx_, f32 ? DType::kF32 : dtype_, g.m, g.n, g.k,
-                              at(g.a) + g.a_off * es, g.a_stride, at(g.b), 0,
-                              at(g.c) + g.c_off * es, g.c_stride, g.batch);
+    if (!g.trans_a && !g.trans_b && !g.accumulate) {
+      kcu::gemm_strided_batched(cx_, f32 ? DType::kF32 : dtype_, g.m, g.n, g.k,
+                                at(g.a) + g.a_off * es, g.a_stride, at(g.b) + g.b_off * es, 0,
+                                at(g.c) + g.c_off * es, g.c_stride, g.batch);
+      return;
+    }
+    MOESIM_ASSERT(!g.accumulate || g.batch == 1 || g.c_stride != 0, "accumulating GEMMs share C");
+    kcu::gemm_strided_batched_t(
+        cx_, f32 ? DType::kF32 : dtype_, kernels::GemmTrans{g.trans_a, g.trans_b}, g.m, g.n, g.k,
+        at(g.a) + g.a_off * es, g.a_stride, at(g.b) + g.b_off * es, 0, at(g.c) + g.c_off * es,
+        g.c_stride, g.batch, g.accumulate ? 1.0f : 0.0f);
   }
   void relu(BufId buf, std::size_t elements) override {
     kcu::activation(cx_, dtype_, kernels::Activation::kRelu, at(buf), elements);
@@ -273,9 +297,10 @@ class DeviceLayerOps final : public LayerOps {
                         elements * elem_bytes(in.buf), at(out));
     return kLibraryAlgo;  // NCCL's own algorithm runs
   }
-  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) override {
-    comm_.all_reduce_on(plan_.grouping(op.collective().grouping), channel_, st_, at(buf), elements,
-                        dtype_);
+  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
+                          std::size_t elements) override {
+    comm_.all_reduce_on(plan_.grouping(op.collective().grouping), channel_, st_,
+                        at(buf) + offset * elem_bytes(buf.buf), elements, dtype_);
     return kLibraryAlgo;
   }
 
@@ -528,6 +553,18 @@ void DevicePath::Impl::download_outputs() {
     std::vector<float>& logits = h.f({LayerBuf::kLogits});
     CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
                        logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    if (!L.ref.lay->backward) continue;
+    // The gradients the check compares: dX and dWgate in fp32, the experts' dW in the dtype.
+    for (LayerBuf g : {LayerBuf::kDX32, LayerBuf::kDGateW}) {
+      std::vector<float>& v = h.f({g});
+      CUDA_OK(cudaMemcpy(v.data(), a.at(L.off.at({g})), v.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+    }
+    std::vector<float>& dw = h.f({LayerBuf::kDW});
+    std::vector<std::byte> raw_dw(dw.size() * es);
+    CUDA_OK(cudaMemcpy(raw_dw.data(), a.at(L.off.at({LayerBuf::kDW})), raw_dw.size(),
+                       cudaMemcpyDeviceToHost));
+    kernels::convert(dtype, raw_dw.data(), DType::kF32, dw.data(), dw.size());
   }
 }
 
@@ -598,7 +635,8 @@ void DevicePath::Impl::moe_op(const Plan& plan, const Op& op, int layer, cudaStr
       });
   // The layer program (exec/layer_program.hpp), the same steps the host path runs.
   const std::int64_t algo =
-      run_forward_step(*L.ref.lay, shape, op.role.kind, op.role.chunk, op, ops);
+      op.role.backward ? run_backward_step(*L.ref.lay, shape, op.role.kind, op.role.chunk, op, ops)
+                       : run_forward_step(*L.ref.lay, shape, op.role.kind, op.role.chunk, op, ops);
   if (algo != -1) collective_algo[op.id] = algo;
 }
 
@@ -727,14 +765,18 @@ DeviceStep DevicePath::run(const Plan& plan, const std::vector<ProgramLayerRef>&
         t == CollectiveType::kReduceScatter)
       d.comm.prepare_group(plan.grouping(op.collective().grouping), op.stream);
   }
-  // The ops the layer program runs: forward steps of the given layers (by block).
+  // The ops the layer program runs: forward steps of the given layers (by block), and backward
+  // steps of those that run their backward there (LayerLayout::backward).
   d.layer_of_op.assign(plan.ops().size(), -1);
   if (d.data_path) {
     std::map<int, int> by_block;
     for (size_t li = 0; li < layers.size(); ++li) by_block[layers[li].block] = static_cast<int>(li);
     for (const Op& op : plan.ops()) {
       const auto it = by_block.find(op.role.block);
-      if (it != by_block.end() && is_forward_step(op)) d.layer_of_op[op.id] = it->second;
+      if (it == by_block.end()) continue;
+      if (is_forward_step(op) ||
+          (is_backward_step(op) && layers[static_cast<std::size_t>(it->second)].lay->backward))
+        d.layer_of_op[op.id] = it->second;
     }
     d.setup_layers(layers);
   } else {

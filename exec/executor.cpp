@@ -45,10 +45,10 @@ std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m;
 }  // namespace
 
 namespace {
-// The data steps of the plain, routed and sharded paths (the plan builder's roles).
-MoeOpRef moe_ref_of_pass(const Op& op, bool backward) {
+// The forward data steps of the plain, routed and sharded paths (the plan builder's roles).
+MoeOpRef moe_ref_of_pass(const Op& op) {
   MoeOpRef ref;
-  if (op.role.backward != backward) return ref;
+  if (op.role.backward) return ref;
   switch (op.role.kind) {
     case OpRoleKind::kGate:
     case OpRoleKind::kEncode:
@@ -70,9 +70,7 @@ MoeOpRef moe_ref_of_pass(const Op& op, bool backward) {
 }
 }  // namespace
 
-MoeOpRef moe_op_ref(const Op& op) { return moe_ref_of_pass(op, false); }
-
-MoeOpRef moe_bwd_op_ref(const Op& op) { return moe_ref_of_pass(op, true); }
+MoeOpRef moe_op_ref(const Op& op) { return moe_ref_of_pass(op); }
 
 std::vector<MoeLayerPlan> plan_moe_layers(const Plan& plan, int rank, int experts) {
   std::vector<MoeLayerPlan> layers;
@@ -184,22 +182,20 @@ struct Executor::Layer : MoeLayerPlan {
   HostLayerBuffers buf;
   std::unique_ptr<RoutedLayer> rpath;  // plan-routed layer (exec/routed_path.hpp), or null
   std::unique_ptr<DeepepLayer> dpath;  // ... whose dispatch is deepep (exec/deepep_path.hpp)
-  std::unique_ptr<BackwardLayer> bwd;  // backward on real data (exec/backward_path.hpp), or null
-  ForwardView view() const {
-    using B = LayerBuf;
-    return ForwardView{this,
-                       &buf.f({B::kX32}),
-                       &buf.f({B::kGateW}),
-                       &buf.f({B::kLogits}),
-                       &buf.f({B::kWeight}),
-                       &buf.i({B::kExpert}),
-                       &buf.i({B::kSlot}),
-                       &buf.i({B::kSlotEntry}),
-                       &buf.f({B::kExpertOut}),
-                       &buf.all(B::kW1),
-                       &buf.all(B::kW2),
-                       &buf.all(B::kIn),
-                       &buf.all(B::kHidden)};
+  LayerBackwardPlan bwd;               // the plan's backward of it (lay.backward: the program's)
+  // Its gradients as the check reads them (lay.backward).
+  LayerGradients gradients() const {
+    LayerGradients g;
+    g.moe = moe;
+    g.ep_pos = lay.ep_pos;
+    g.local_experts = lay.slices;
+    g.capacity = capacity;
+    g.routed_expert = rpath ? &rpath->sent.expert : nullptr;
+    g.plan = &bwd;
+    g.dx = &buf.f({LayerBuf::kDX32});
+    g.dgate_w = &buf.f({LayerBuf::kDGateW});
+    g.dw = &buf.f({LayerBuf::kDW});
+    return g;
   }
 };
 
@@ -332,11 +328,13 @@ void Executor::prepare_layers(const Plan& plan) {
         fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);
       } else {
         L.lay = routed_layout(*L.rpath, shape_);
+        enable_backward(plan, L);
         L.buf.allocate(L.lay, shape_);
         fill_routed_layer(*L.rpath, shape_, seed, L.buf);
       }
     } else {
       L.lay = layer_layout(L, shape_);
+      enable_backward(plan, L);
       L.buf.allocate(L.lay, shape_);
       const int dE = L.local_experts;
       for (int le = 0; le < dE; ++le) {
@@ -346,7 +344,18 @@ void Executor::prepare_layers(const Plan& plan) {
     }
     L.buf.f({LayerBuf::kGateW}) = make_gate_weights(shape_, seed, L.moe);
     L.buf.f({LayerBuf::kX32}) = make_tokens(shape_, seed, iteration_, L.moe, token_rank);
+    if (L.lay.backward)
+      L.buf.f({LayerBuf::kDY}) = make_grad_output(shape_, seed, iteration_, L.moe, token_rank);
   }
+}
+
+// The layer's backward runs through the layer program when the plan has it and the layout is one
+// the program differentiates (backward_unsupported); otherwise its backward ops stay on scratch
+// buffers. Called before the buffers are allocated (the gradients' are among them).
+void Executor::enable_backward(const Plan& plan, Layer& L) {
+  L.bwd = layer_backward_plan(plan, L.block, comm_.rank());
+  L.lay.backward = L.bwd.passes > 0 && backward_unsupported(L.lay).empty();
+  L.lay.grad_sync_parts = L.bwd.sync_parts;
 }
 
 // This rank's ops of the plan, on the GPU or on the host: (start, end) of each, in op order.
@@ -412,14 +421,12 @@ void Executor::collect_layer_results() {
   real_backward_ = false;
   for (const auto& lp : layers_) {
     gradients_.emplace_back();
-    if (!lp->bwd || !lp->bwd->gated) continue;
+    if (!lp->buf.allocated() || !lp->lay.backward) continue;
     real_backward_ = true;
-    const BackwardLayer& b = *lp->bwd;
+    const LayerGradients lg = lp->gradients();
     auto& g = gradients_.back();
-    g.insert(g.end(), b.dx.begin(), b.dx.end());
-    g.insert(g.end(), b.dgate_w.begin(), b.dgate_w.end());
-    for (const auto& w : b.dw1) g.insert(g.end(), w.begin(), w.end());
-    for (const auto& w : b.dw2) g.insert(g.end(), w.begin(), w.end());
+    for (const std::vector<float>* v : {lg.dx, lg.dgate_w, lg.dw})
+      g.insert(g.end(), v->begin(), v->end());
   }
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 }
@@ -478,7 +485,18 @@ RunResult Executor::gather_result(const Plan& plan, const std::vector<double>& a
 void Executor::run_op(const Plan& plan, const Op& op) {
   if (sharded_ && sharded_->run_op(plan, op, collective_algo_)) return;
   if (parm_ && parm_->run_op(plan, op, collective_algo_[op.id])) return;
-  if (!layers_.empty() && run_backward_hook(plan, op)) return;
+  if (!layers_.empty() && is_backward_step(op)) {
+    // The backward program on the layer's gradient buffers, where the layer has them.
+    const int moe = sc_.model.moe_layer_of_block(op.role.block);
+    Layer* L = moe >= 0 && moe < static_cast<int>(layers_.size()) ? layers_[moe].get() : nullptr;
+    if (L && L->block == op.role.block && L->buf.allocated() && L->lay.backward) {
+      HostLayerOps ops(comm_, cost_, topo_, plan, shape_, L->buf);
+      const std::int64_t algo =
+          run_backward_step(L->lay, shape_, op.role.kind, op.role.chunk, op, ops);
+      if (algo >= 0) collective_algo_[op.id] = algo;
+      return;
+    }
+  }
   MoeOpRef ref = !layers_.empty() ? moe_op_ref(op) : MoeOpRef{};
   Layer* L = nullptr;
   if (ref.kind != OpRoleKind::kNone) {
@@ -496,27 +514,6 @@ void Executor::run_op(const Plan& plan, const Op& op) {
   }
   if (op.kind == OpKind::kCollective) run_collective(plan, op);
   // Other compute and copy ops: empty on the host path (see executor.hpp).
-}
-
-// The plain layers' backward ops and expert-gradient all-reduces on real data
-// (exec/backward_path.hpp); false for every other op (routed layers keep scratch buffers).
-bool Executor::run_backward_hook(const Plan& plan, const Op& op) {
-  const MoeBwdRef ref = moe_bwd_ref(op);
-  if (ref.kind == OpRoleKind::kNone) return false;
-  const int moe = sc_.model.moe_layer_of_block(ref.block);
-  if (moe < 0 || moe >= static_cast<int>(layers_.size())) return false;
-  Layer& L = *layers_[moe];
-  if (L.rpath || L.block != ref.block || !L.buf.allocated()) return false;
-  const ForwardView fwd = L.view();
-  if (!L.bwd) {
-    L.bwd = std::make_unique<BackwardLayer>();
-    begin_backward_layer(plan, L, comm_.rank(), shape_, fwd, *L.bwd);
-  }
-  const std::int64_t algo =
-      run_backward_op(comm_, cost_, plan, op, ref, fwd, *L.bwd, shape_, sc_.workload.routing.seed,
-                      iteration_, token_key_rank(sc_.parallelism, comm_.rank()));
-  if (algo >= 0) collective_algo_[op.id] = algo;
-  return true;
 }
 
 // A collective outside the MoE data path: scratch buffers of the plan's sizes, real bytes moved.
@@ -640,13 +637,13 @@ void Executor::check_layers() {
     chk.expected_dropped = session_.all_reduce_sum(drops);
     chk.max_abs_error = session_.all_reduce_max(max_err);
     checks_.push_back(chk);
-    // The layer's gradients, when its backward ran on real data (the same on every rank of the
-    // layer's stage: they run every op of a plain MoE layer; the others join idle).
-    const bool backward_here = L && L->bwd && L->bwd->decoded;
+    // The layer's gradients, when the program ran its backward (the same on every rank of the
+    // layer's stage: they run every op of the layer; the others join idle).
+    const bool backward_here = L && L->buf.allocated() && L->lay.backward;
     if (session_.all_reduce_sum(backward_here ? 1LL : 0LL) > 0)
       grad_checks_.push_back(
           backward_here
-              ? check_backward_layer(comm_, session_, *L, *L->bwd, shape_, seed, iteration_,
+              ? check_backward_layer(comm_, session_, L->gradients(), shape_, seed, iteration_,
                                      token_key_rank(sc_.parallelism, comm_.rank()), tolerance_)
               : idle_backward_check(session_, iteration_, moe));
   }

@@ -7,15 +7,13 @@
 //    collective library lowers (linear = one grouped exchange, 2DH = stride copies + intra and
 //    inter phases, see phase_runner.hpp); all_reduce / all_gather / reduce_scatter as the
 //    communicator's group collectives;
-//  - the forward MoE layer on real seeded data: the layer program (exec/layer_program.hpp) run
-//    by HostLayerOps (exec/host_layer.hpp, the CPU kernels): gate (+top-k, capacity), encode,
-//    per chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 -> combine, decode. Dispatch and
-//    combine move the real expert buffers;
-//  - the backward MoE layer of the plain data path on real data (exec/backward_path.hpp): seeded
-//    dY, decode / combine / fc2 / fc1 / dispatch / encode / gate backward, and the DP all-reduce
-//    of the real expert gradients ("L{b}.grad.expert_allreduce[.m{i}]"); --check compares dX,
-//    dWgate, dW1 and dW2 with reference_backward. The GPU path and the routed, sharded and Parm
-//    layers keep running their backward on scratch buffers (no gradient is checked there);
+//  - the MoE layer on real seeded data: the layer program (exec/layer_program.hpp) run by
+//    HostLayerOps (exec/host_layer.hpp, the CPU kernels): gate (+top-k, capacity), encode, per
+//    chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 -> combine, decode; and its backward from
+//    a seeded dY (decode / combine / fc2 / fc1 / dispatch / encode / gate backward, the DP
+//    all-reduce of the real expert gradients) on the plain and plan-routed layouts; --check
+//    compares dX, dWgate, dW1 and dW2 with the reference (exec/grad_check.hpp). Sharded, Parm
+//    and deepep layers keep running their backward on scratch buffers (no gradient is checked);
 //  - every other op (attention, dense FFN, shared experts, other backward, gradient buckets) with
 //    scratch buffers of the plan's sizes: collectives move real bytes, compute ops outside the
 //    MoE forward are timed as empty ops on the host path (their cost is what the simulator's
@@ -47,8 +45,8 @@
 
 #include "core/run_result.hpp"
 #include "core/scenario.hpp"
-#include "exec/backward_path.hpp"
 #include "exec/communicator.hpp"
+#include "exec/grad_check.hpp"
 #include "exec/moe_data.hpp"
 #include "strategies/collectives/collective.hpp"
 #include "strategies/runner.hpp"
@@ -103,8 +101,6 @@ struct MoeOpRef {
   int chunk = -1;  // 0-based
 };
 MoeOpRef moe_op_ref(const Op& op);
-/// The same for the backward pass's MoE ops (backward_path.hpp).
-MoeOpRef moe_bwd_op_ref(const Op& op);
 /// What the GPU path stores as a collective's resolved algorithm where NCCL runs its own
 /// (ncclAllReduce / ncclAllGather / ncclReduceScatter): the record then says "nccl"
 /// (CollectiveRecord::library_algo), not moesim's choice for the same call.
@@ -161,24 +157,24 @@ class Executor {
 
   /// This rank's output (S x M fp32) of every MoE layer of the last run; empty without data path.
   const std::vector<std::vector<float>>& last_outputs() const { return outputs_; }
-  /// This rank's gradients of every plain MoE layer whose backward ran on real data in the last
-  /// run (exec/backward_path.hpp), each [dX (S x M) | dWgate (M x E) | dW1 of its local experts
-  /// | dW2 of them] (dW after the plan's DP all-reduce); empty entries for the other layers.
+  /// This rank's gradients of every MoE layer whose backward the layer program ran in the last
+  /// run, each [dX (S x M) | dWgate (M x E) | dW1 of its local experts | dW2 of them] (dW after
+  /// the plan's DP all-reduce); empty entries for the other layers.
   const std::vector<std::vector<float>>& last_gradients() const { return gradients_; }
   /// Choices dropped by the capacity rule on this rank, per MoE layer of the last run.
   const std::vector<long long>& last_dropped() const { return dropped_; }
   /// Every layer check so far (options.check).
   const std::vector<LayerCheck>& checks() const { return checks_; }
-  /// Every gradient check so far (options.check; plain layers whose backward ran on real data,
-  /// exec/backward_path.hpp): empty on the GPU path and for routed / sharded / Parm layers.
+  /// Every gradient check so far (options.check; layers whose backward the program ran): empty
+  /// for sharded / Parm / deepep layers.
   const std::vector<GradCheck>& grad_checks() const { return grad_checks_; }
   /// Elements outside tolerance over every layer check and gradient check so far.
   long long total_wrong() const;
   /// Whether the last run's MoE forward ran on real data (plain, sharded or Parm path; plans no
   /// data path covers run on scratch buffers, see exec/sharded_path.hpp, exec/parm_path.hpp).
   bool has_data_path() const;
-  /// Whether the last run's MoE backward ran on real data (plain layers on the host path,
-  /// exec/backward_path.hpp): the plan's ops that moe_bwd_ref names ran for real.
+  /// Whether the last run's MoE backward ran on real data (the layer program's backward steps,
+  /// is_backward_step, ran for real).
   bool has_backward_path() const { return real_backward_; }
   const MoeShape& shape() const { return shape_; }
   int runs() const { return iteration_; }
@@ -193,7 +189,7 @@ class Executor {
   RunResult gather_result(const Plan& plan, const std::vector<double>& all) const;
   void run_op(const Plan& plan, const Op& op);
   void run_collective(const Plan& plan, const Op& op);
-  bool run_backward_hook(const Plan& plan, const Op& op);
+  void enable_backward(const Plan& plan, Layer& L);
   void check_layers();
 
   const Scenario& sc_;

@@ -168,6 +168,53 @@ void HostLayerOps::decode(BufId src, BufId dst, int tokens, int num_experts, int
              b_.f(dst).data());
 }
 
+void HostLayerOps::decode_backward(BufId out, BufId d_out, int tokens, int num_experts,
+                                   int capacity) {
+  const std::size_t rows = static_cast<std::size_t>(num_experts) * capacity * shape_.model_dim;
+  const std::size_t entries = static_cast<std::size_t>(tokens) * shape_.top_k;
+  MOESIM_ASSERT(
+      b_.f(out).size() >= rows && b_.f(d_out).size() >= rows &&
+          b_.f({LayerBuf::kDY}).size() >= static_cast<std::size_t>(tokens) * shape_.model_dim &&
+          b_.f({LayerBuf::kDWeight}).size() >= entries &&
+          b_.i({LayerBuf::kSlotEntry}).size() >= static_cast<std::size_t>(num_experts) * capacity,
+      "decode backward out of bounds");
+  kc::Context ctx;
+  kc::decode_backward(ctx, kF32, routing(tokens, num_experts, capacity), shape_.model_dim,
+                      b_.f(out).data(), b_.f({LayerBuf::kDY}).data(), b_.f(d_out).data(),
+                      b_.f({LayerBuf::kDWeight}).data());
+}
+
+void HostLayerOps::encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) {
+  MOESIM_ASSERT(
+      b_.f(d_slots).size() >= static_cast<std::size_t>(num_experts) * capacity * shape_.model_dim &&
+          b_.f({LayerBuf::kDX}).size() >= static_cast<std::size_t>(tokens) * shape_.model_dim,
+      "encode backward out of bounds");
+  kc::Context ctx;
+  kc::encode_backward(ctx, kF32, routing(tokens, num_experts, capacity), shape_.model_dim,
+                      b_.f(d_slots).data(), b_.f({LayerBuf::kDX}).data());
+}
+
+void HostLayerOps::relu_backward(BufId activated, BufId grad, std::size_t elements) {
+  const std::vector<float>& a = b_.f(activated);
+  std::vector<float>& g = b_.f(grad);
+  MOESIM_ASSERT(elements <= a.size() && elements <= g.size(), "relu backward out of bounds");
+  kc::Context ctx;
+  kc::relu_backward(ctx, kF32, a.data(), g.data(), elements);
+}
+
+void HostLayerOps::softmax_backward(BufId expert, int tokens, int experts, int top_k) {
+  const std::size_t entries = static_cast<std::size_t>(tokens) * top_k;
+  const std::size_t logits = static_cast<std::size_t>(tokens) * experts;
+  MOESIM_ASSERT(b_.f({LayerBuf::kLogits}).size() >= logits &&
+                    b_.f({LayerBuf::kDLogits}).size() >= logits && b_.i(expert).size() >= entries &&
+                    b_.f({LayerBuf::kDWeight}).size() >= entries,
+                "softmax backward out of bounds");
+  kc::Context ctx;
+  kc::softmax_backward(ctx, tokens, experts, top_k, b_.f({LayerBuf::kLogits}).data(),
+                       b_.i(expert).data(), b_.f({LayerBuf::kDWeight}).data(),
+                       b_.f({LayerBuf::kDLogits}).data());
+}
+
 void HostLayerOps::zero(BufId buf, std::size_t elements) {
   std::vector<float>& v = b_.f(buf);
   MOESIM_ASSERT(elements <= v.size(), "zero out of bounds");
@@ -208,12 +255,21 @@ void HostLayerOps::gemm(const GemmJob& g, bool /*f32: the host path's data is fp
     return static_cast<std::size_t>(stride) * static_cast<std::size_t>(g.batch - 1) + rows_cols;
   };
   MOESIM_ASSERT(g.a_off + last(g.a_stride, static_cast<std::size_t>(g.m) * g.k) <= a.size() &&
-                    static_cast<std::size_t>(g.k) * g.n <= w.size() &&
+                    g.b_off + static_cast<std::size_t>(g.k) * g.n <= w.size() &&
                     g.c_off + last(g.c_stride, static_cast<std::size_t>(g.m) * g.n) <= c.size(),
-                "layer GEMM out of bounds");
+                fmt::format("layer GEMM {} x {} -> {} out of bounds", layer_buf_name(g.a.buf),
+                            layer_buf_name(g.b.buf), layer_buf_name(g.c.buf)));
+  // Accumulating batch entries into one C would race on the GPU: every entry has its own.
+  MOESIM_ASSERT(!g.accumulate || g.batch == 1 || g.c_stride != 0, "accumulating GEMMs share C");
   kc::Context ctx;
-  kc::gemm_strided_batched(ctx, kF32, g.m, g.n, g.k, a.data() + g.a_off, g.a_stride, w.data(), 0,
-                           c.data() + g.c_off, g.c_stride, g.batch);
+  if (!g.trans_a && !g.trans_b && !g.accumulate) {
+    kc::gemm_strided_batched(ctx, kF32, g.m, g.n, g.k, a.data() + g.a_off, g.a_stride,
+                             w.data() + g.b_off, 0, c.data() + g.c_off, g.c_stride, g.batch);
+    return;
+  }
+  kc::gemm_strided_batched_t(ctx, kF32, kernels::GemmTrans{g.trans_a, g.trans_b}, g.m, g.n, g.k,
+                             a.data() + g.a_off, g.a_stride, w.data() + g.b_off, 0,
+                             c.data() + g.c_off, g.c_stride, g.batch, g.accumulate ? 1.0f : 0.0f);
 }
 
 void HostLayerOps::relu(BufId buf, std::size_t elements) {
@@ -344,17 +400,18 @@ std::int64_t HostLayerOps::all_gather(const Op& op, BufId in, std::size_t elemen
   return static_cast<std::int64_t>(algo);
 }
 
-std::int64_t HostLayerOps::all_reduce(const Op& op, BufId buf, std::size_t elements) {
+std::int64_t HostLayerOps::all_reduce(const Op& op, BufId buf, std::size_t offset,
+                                      std::size_t elements) {
   const Grouping& g = plan_.grouping(op.collective().grouping);
   const auto [gi, pos] = my_group(g, comm_.rank());
   MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
   const std::vector<int>& group = g.groups[static_cast<std::size_t>(gi)];
   std::vector<float>& v = b_.f(buf);
-  MOESIM_ASSERT(elements <= v.size(), "all_reduce out of its buffer");
+  MOESIM_ASSERT(offset + elements <= v.size(), "all_reduce out of its buffer");
   expect_plan_elements(op, elements);
   collectives::CollectiveCall call{&op.collective(), &group, gi, true};
   const auto algo = collectives::select_algorithm(call, cost_).algo();
-  comm_.all_reduce_sum(v.data(), elements, group);
+  comm_.all_reduce_sum(v.data() + offset, elements, group);
   return static_cast<std::int64_t>(algo);
 }
 

@@ -20,8 +20,8 @@ struct CostContext;
 
 namespace moesim::exec {
 
-/// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32 and
-/// kTokIn32 kTokIn (the host path's data type is fp32).
+/// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32, kTokIn32
+/// kTokIn and kDX32 kDX (the host path's data type is fp32).
 class HostLayerBuffers {
  public:
   void allocate(const LayerLayout& L, const MoeShape& s);
@@ -39,6 +39,7 @@ class HostLayerBuffers {
   static LayerBuf resolve(LayerBuf b) {
     if (b == LayerBuf::kX) return LayerBuf::kX32;
     if (b == LayerBuf::kTokIn32) return LayerBuf::kTokIn;
+    if (b == LayerBuf::kDX32) return LayerBuf::kDX;
     return b;
   }
   std::array<std::vector<std::vector<float>>, kKinds> f_;
@@ -80,6 +81,10 @@ class HostLayerOps final : public LayerOps {
   void widen(BufId src, BufId dst, std::size_t elements) override;
   void encode(BufId dst, int tokens, int num_experts, int capacity) override;
   void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) override;
+  void decode_backward(BufId out, BufId d_out, int tokens, int num_experts, int capacity) override;
+  void encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) override;
+  void relu_backward(BufId activated, BufId grad, std::size_t elements) override;
+  void softmax_backward(BufId expert, int tokens, int experts, int top_k) override;
   void zero(BufId buf, std::size_t elements) override;
   void widen_tokens(std::size_t) override {}  // kX is kX32 on the host path
   void copy(const BlockCopy& c) override;
@@ -88,7 +93,8 @@ class HostLayerOps final : public LayerOps {
   void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) override;
   std::int64_t exchange(const Op& op, const Exchange& x) override;
   std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) override;
-  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) override;
+  std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
+                          std::size_t elements) override;
 
  private:
   kernels::Routing routing(int tokens, int num_experts, int capacity) const;

@@ -31,6 +31,10 @@ ElemType elem_type(LayerBuf b) {
     case LayerBuf::kTokIn32:
     case LayerBuf::kTokLogits:
     case LayerBuf::kTokWeight:
+    case LayerBuf::kDWeight:
+    case LayerBuf::kDX32:
+    case LayerBuf::kDLogits:
+    case LayerBuf::kDGateW:
       return ElemType::kF32;
     default:
       return ElemType::kData;
@@ -125,6 +129,34 @@ const char* layer_buf_name(LayerBuf b) {
       return "node_sum";
     case LayerBuf::kBackSum:
       return "back_sum";
+    case LayerBuf::kDY:
+      return "d_y";
+    case LayerBuf::kDWeight:
+      return "d_weight";
+    case LayerBuf::kDExpertOut:
+      return "d_expert_out";
+    case LayerBuf::kDDispatched:
+      return "d_dispatched";
+    case LayerBuf::kDX:
+      return "d_x";
+    case LayerBuf::kDX32:
+      return "d_x32";
+    case LayerBuf::kDLogits:
+      return "d_logits";
+    case LayerBuf::kDGateW:
+      return "d_gate_w";
+    case LayerBuf::kDW:
+      return "d_w";
+    case LayerBuf::kDSend:
+      return "d_send";
+    case LayerBuf::kDIn:
+      return "d_in";
+    case LayerBuf::kDHidden:
+      return "d_hidden";
+    case LayerBuf::kDOut:
+      return "d_out";
+    case LayerBuf::kDBack:
+      return "d_back";
   }
   return "?";
 }
@@ -202,7 +234,61 @@ BufId buf(LayerBuf b, int index = 0) { return BufId{b, index}; }
 
 }  // namespace
 
+namespace {
+
+// The gradient buffers of a layer whose backward the program runs (backward_unsupported is
+// empty): each as big as the forward buffer it is the gradient of.
+void add_gradient_buffers(const LayerLayout& L, const MoeShape& s, std::vector<BufferSize>& out) {
+  const std::size_t S = sz(L.unit_tokens(s)), M = sz(s.model_dim), E = sz(s.experts),
+                    k = sz(s.top_k), hid = sz(L.hidden);
+  auto add = [&](LayerBuf b, std::size_t n, int index = 0) { out.push_back({buf(b, index), n}); };
+  add(LayerBuf::kDY, S * M);
+  add(LayerBuf::kDWeight, S * k);
+  add(LayerBuf::kDX, S * M);
+  add(LayerBuf::kDX32, S * M);
+  add(LayerBuf::kDLogits, S * E);
+  add(LayerBuf::kDGateW, M * E);
+  add(LayerBuf::kDW, 2 * sz(L.slices) * M * hid);
+  if (L.routing == LayerRouting::kPlan) {
+    const std::size_t R = sz(L.total_send_rows());
+    add(LayerBuf::kDBack, R * M);
+    add(LayerBuf::kDSend, R * M);
+  } else {
+    add(LayerBuf::kDExpertOut, E * sz(L.rho) * sz(L.capacity) * M);
+    add(LayerBuf::kDDispatched, E * sz(L.rho) * sz(L.capacity) * M);
+  }
+  for (int j = 0; j < L.chunks(); ++j) {
+    const std::size_t rows = sz(L.received_rows(j));
+    add(LayerBuf::kDIn, rows * M, j);
+    add(LayerBuf::kDHidden, rows * hid, j);
+    add(LayerBuf::kDOut, rows * M, j);
+    if (L.routing == LayerRouting::kCapacity && L.has_a2a) {
+      add(LayerBuf::kDSend, sz(L.send_block_rows(j)) * M, j);
+      add(LayerBuf::kDBack, sz(L.back_block_rows(j)) * M, j);
+    }
+  }
+}
+
+std::vector<BufferSize> forward_buffers(const LayerLayout& L, const MoeShape& s);
+
+}  // namespace
+
 std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
+  std::vector<BufferSize> out = forward_buffers(L, s);
+  if (L.backward) {
+    MOESIM_ASSERT(backward_unsupported(L).empty(), "gradient buffers of an unsupported layout");
+    add_gradient_buffers(L, s, out);
+  }
+  return out;
+}
+
+std::size_t dw_offset(const LayerLayout& L, const MoeShape& s, bool fc2, int slice) {
+  return (sz(fc2 ? L.slices : 0) + sz(slice)) * sz(s.model_dim) * sz(L.hidden);
+}
+
+namespace {
+
+std::vector<BufferSize> forward_buffers(const LayerLayout& L, const MoeShape& s) {
   const std::size_t S = sz(L.unit_tokens(s)), M = sz(s.model_dim), E = sz(s.experts),
                     k = sz(s.top_k), C = sz(L.capacity), hid = sz(L.hidden);
   std::vector<BufferSize> out;
@@ -285,8 +371,6 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
   return out;
 }
 
-namespace {
-
 // The copies between chunk j's slot blocks (in order, consecutive rows of `chunk`) and the (E,
 // rho, C, M) buffer `slots`: to_chunk packs, otherwise unpacks. Runs that continue each other at
 // constant pitches are merged into one 2-D copy.
@@ -338,6 +422,14 @@ std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, B
   MOESIM_ASSERT(static_cast<std::size_t>(j) < L.send_blocks.size(), "pack_blocks: no slot blocks");
   return block_copies(L, L.send_blocks[sz(j)], sz(model_dim), buf(LayerBuf::kDispatched), dst, true,
                       false);
+}
+
+std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_dim, bool back,
+                                         BufId slots, BufId chunk, bool to_chunk) {
+  MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "slot blocks: capacity routing only");
+  const auto& blocks = back && !L.back_blocks.empty() ? L.back_blocks : L.send_blocks;
+  MOESIM_ASSERT(static_cast<std::size_t>(j) < blocks.size(), "slot blocks: no such chunk");
+  return block_copies(L, blocks[sz(j)], sz(model_dim), slots, chunk, to_chunk, false);
 }
 
 std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src) {
@@ -724,7 +816,7 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
       for (const GemmJob& g : expert_gemms(L, j, true, M)) ops.gemm(g, false);
       return -1;
     case OpRoleKind::kEspAllReduce:  // the esp shards' partial outputs summed (baseline)
-      return ops.all_reduce(op, buf(LayerBuf::kOut, j), sz(L.received_rows(j)) * Mz);
+      return ops.all_reduce(op, buf(LayerBuf::kOut, j), 0, sz(L.received_rows(j)) * Mz);
     case OpRoleKind::kCombine:
     case OpRoleKind::kCombineSaa:
       return run_combine(L, s, j, op, ops);

@@ -87,8 +87,25 @@ enum class LayerBuf : std::uint8_t {
   kOwnSum,     // i32 table: kY row (own token) <- the kFwdBack rows of it
   kNodeSum,    // i32 table: kNodeOut row <- the kFwdBack rows of it
   kBackSum,    // i32 table: kY row <- the kBack rows of it (one per other node)
+  // Gradients (LayerLayout::backward; run_backward_step), each beside the forward buffer whose
+  // gradient it holds. Capacity routing: kDExpertOut / kDDispatched token side, kDBack / kDSend
+  // the packed chunks; plan routing: kDBack[0] / kDSend[0] every chunk's rows (kSend's layout).
+  kDY,           // S x M, data: the layer's output gradient (seeded, make_grad_output)
+  kDWeight,      // S*k, fp32: dLoss / dWeight of every entry (0 where dropped)
+  kDExpertOut,   // (E, rho, C, M), data
+  kDDispatched,  // (E, rho, C, M), data
+  kDX,           // S x M, data: the encode's share of dX
+  kDX32,         // S x M, fp32: dX with the gate's share (the host path aliases kDX)
+  kDLogits,      // S x E, fp32
+  kDGateW,       // M x E, fp32, accumulated over the step's passes
+  kDW,           // [dW1 of every slice | dW2 of every slice], data, accumulated (dw_offset)
+  kDSend,        // [chunk] the input gradients back at the token side (kSend's layout)
+  kDIn,          // [chunk] as kIn
+  kDHidden,      // [chunk] as kHidden
+  kDOut,         // [chunk] as kOut
+  kDBack,        // [chunk] the output gradients packed at the token side (kBack's layout)
 };
-inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kBackSum) + 1;
+inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kDBack) + 1;
 enum class ElemType : std::uint8_t { kF32, kData, kI32 };
 ElemType elem_type(LayerBuf b);
 const char* layer_buf_name(LayerBuf b);
@@ -135,6 +152,10 @@ struct LayerLayout {
   int moe = 0;     // MoE layer number
   int block = -1;  // the plan's block (roles' block)
   LayerRouting routing = LayerRouting::kCapacity;
+  // The plan runs this layer's backward through the program (run_backward_step): its gradient
+  // buffers exist, and the experts' gradient all-reduce comes in grad_sync_parts micro-ops.
+  bool backward = false;
+  int grad_sync_parts = 0;
   int ep = 1;           // W: ranks of the EP group (1: experts local, no all-to-all)
   int ep_pos = 0;       // this rank's position in it
   int slices = 0;       // expert slices this rank computes: dE (plain), 1 (sharded), routed: its
@@ -216,13 +237,15 @@ struct BlockCopy {
   bool operator==(const BlockCopy&) const = default;
 };
 
-/// `batch` GEMMs C_i (m x n) = A_i (m x k) * B (k x n), A_i = a + a_off + i * a_stride (C the
-/// same); B is one slice's weight for every batch entry.
+/// `batch` GEMMs C_i (m x n) = op(A_i) (m x k) * op(B) (k x n) [+ C_i], A_i = a + a_off + i *
+/// a_stride (C the same); B (at b_off) is one matrix for every batch entry. op(X) = X, or X^T
+/// stored transposed (trans_a: A_i stored k x m; trans_b: B stored n x k). accumulate: C_i +=.
 struct GemmJob {
   BufId a, b, c;
-  std::size_t a_off = 0, c_off = 0;
+  std::size_t a_off = 0, b_off = 0, c_off = 0;
   long long a_stride = 0, c_stride = 0;
   int m = 0, n = 0, k = 0, batch = 1;
+  bool trans_a = false, trans_b = false, accumulate = false;
   bool operator==(const GemmJob&) const = default;
 };
 
@@ -265,6 +288,17 @@ class LayerOps {
   /// `tokens` rows of kX / kY: the routing unit.
   virtual void encode(BufId dst, int tokens, int num_experts, int capacity) = 0;
   virtual void decode(BufId src, BufId dst, int tokens, int num_experts, int capacity) = 0;
+  /// kernels decode_backward: from the forward's returned outputs `out` and the output gradient
+  /// kDY, the returned rows' gradients `d_out` and kDWeight (the layer's routing tables).
+  virtual void decode_backward(BufId out, BufId d_out, int tokens, int num_experts,
+                               int capacity) = 0;
+  /// kernels encode_backward: kDX = each token's kept slots' rows of `d_slots` summed.
+  virtual void encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) = 0;
+  /// grad = activated > 0 ? grad : 0 for `elements` (the ReLU's backward).
+  virtual void relu_backward(BufId activated, BufId grad, std::size_t elements) = 0;
+  /// kDLogits from kLogits and kDWeight (kernels softmax_backward); `expert`: the entries'
+  /// experts (kExpert, or kRoutedExpert on plan-routed layers).
+  virtual void softmax_backward(BufId expert, int tokens, int experts, int top_k) = 0;
   virtual void zero(BufId buf, std::size_t elements) = 0;
   /// kX32 (fp32) = kX (data) for `elements`: the gate's fp32 copy of tokens that arrived in the
   /// data type (Parm's ESP all-gather, MP split). A no-op where the two are one buffer (host).
@@ -280,8 +314,9 @@ class LayerOps {
   virtual std::int64_t exchange(const Op& op, const Exchange& x) = 0;
   /// all_gather over `op`'s group of `elements` of `in` into `out` (g blocks).
   virtual std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) = 0;
-  /// In-place sum of `elements` of `buf` over `op`'s group.
-  virtual std::int64_t all_reduce(const Op& op, BufId buf, std::size_t elements) = 0;
+  /// In-place sum of elements [offset, offset + elements) of `buf` over `op`'s group.
+  virtual std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
+                                  std::size_t elements) = 0;
 };
 
 /// The buffers of a layer and their element counts (every buffer the program touches).
@@ -296,6 +331,14 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s);
 /// kExpertOut.
 std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, BufId dst);
 std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src);
+/// The same copies between any (E, rho, C, M) buffer `slots` and chunk rows `chunk`, by the send
+/// blocks or (back) the returned blocks: to_chunk packs, otherwise unpacks (the backward moves
+/// the gradients of kExpertOut / kDispatched along the forward's blocks).
+std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_dim, bool back,
+                                         BufId slots, BufId chunk, bool to_chunk);
+
+/// Where slice `slice`'s dW1 (fc2 false, M x hidden) or dW2 (hidden x M) starts in kDW.
+std::size_t dw_offset(const LayerLayout& L, const MoeShape& s, bool fc2, int slice);
 
 /// The expert GEMMs of chunk j: fc1 (kIn -> kHidden) or fc2 (kHidden -> kOut). Capacity routing:
 /// one strided-batched GEMM per slice over the W source blocks; plan routing: one per received
@@ -310,5 +353,20 @@ bool is_forward_step(const Op& op);
 /// `ops`. Returns the algorithm of the collective it ran, or -1.
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                               const Op& op, LayerOps& ops);
+
+/// Whether the program runs the backward of layout L (LayerLayout::backward may be set): the
+/// plain capacity layout (one copy of each expert's slots, own rows in and out) and plan routing.
+/// Empty when it can, else why not (sharded slices, Parm's units, deepep stay on scratch buffers).
+std::string backward_unsupported(const LayerLayout& L);
+
+/// Whether `op` is a backward step of the program: the backward decode, combine, fc2, fc1,
+/// dispatch, encode and gate, and the experts' gradient all-reduce (its micro-ops).
+bool is_backward_step(const Op& op);
+
+/// The backward program: the backward op `op` of layer L (L.backward) through `ops`, the
+/// transpose of the forward step of the same role. Gradients: kDY in; kDX32, kDGateW and kDW out
+/// (kDGateW and kDW accumulate over the step's passes). Returns the collective's algorithm or -1.
+std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
+                               const Op& op, LayerOps& ops);
 
 }  // namespace moesim::exec

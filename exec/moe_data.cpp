@@ -359,13 +359,15 @@ std::vector<float> reference_layer_seeded_rows(const MoeShape& s, const std::vec
   });
 }
 
-std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
-                                                 const std::vector<float>& tokens,
-                                                 std::uint64_t seed, int layer,
-                                                 const std::vector<int>& expert) {
+namespace {
+
+// A routing decided elsewhere (plan-routed layers): entry t * k + c goes to expert[entry] (-1:
+// dropped) with the gate's softmax probability of that expert, in double.
+ReferenceRouting routed_reference_routing(const MoeShape& s, const std::vector<float>& tokens,
+                                          const std::vector<float>& gate_w,
+                                          const std::vector<int>& expert) {
   const int S = s.tokens, E = s.experts, k = s.top_k;
   MOESIM_ASSERT(expert.size() == static_cast<size_t>(S) * k, "routed reference: entries");
-  const std::vector<float> gate_w = make_gate_weights(s, seed, layer);
   ReferenceRouting rr;
   rr.expert.assign(expert.size(), 0);
   rr.prob.assign(expert.size(), 0.0f);
@@ -382,6 +384,17 @@ std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
       rr.prob[entry] = static_cast<float>(std::exp(logit[expert[entry]] - mx) / sum);
     }
   }
+  return rr;
+}
+
+}  // namespace
+
+std::vector<float> reference_layer_seeded_routed(const MoeShape& s,
+                                                 const std::vector<float>& tokens,
+                                                 std::uint64_t seed, int layer,
+                                                 const std::vector<int>& expert) {
+  const ReferenceRouting rr =
+      routed_reference_routing(s, tokens, make_gate_weights(s, seed, layer), expert);
   std::vector<float> w1, w2;
   return reference_ffn(s, tokens, rr, [&](int e) {
     w1 = make_w1(s, seed, layer, e);
@@ -557,9 +570,12 @@ ReferenceGrads reference_backward_seeded(
     const MoeShape& s, const std::vector<float>& tokens, std::uint64_t seed, int layer,
     int capacity, const std::vector<float>& dy,
     const std::function<void(int, const std::vector<double>&, const std::vector<double>&)>&
-        on_expert) {
+        on_expert,
+    const std::vector<int>* routed_expert) {
   const std::vector<float> gate_w = make_gate_weights(s, seed, layer);
-  const ReferenceRouting rr = reference_routing(s, tokens, gate_w, capacity);
+  const ReferenceRouting rr = routed_expert
+                                  ? routed_reference_routing(s, tokens, gate_w, *routed_expert)
+                                  : reference_routing(s, tokens, gate_w, capacity);
   std::vector<float> w1, w2;
   return reference_backward_impl(
       s, tokens, gate_w, dy, rr,

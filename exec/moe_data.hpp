@@ -159,11 +159,14 @@ ReferenceGrads reference_backward(const MoeShape& s, const std::vector<float>& t
 /// reference_backward with the layer's seeded weights, one expert at a time (E x M x H doubles
 /// would not fit at real sizes): on_expert(e, dw1, dw2) is called for EVERY expert e = 0..E-1 in
 /// order (so a caller may run a collective per expert); returns dx and dgate_w (dw1 / dw2 empty).
+/// `routed_expert` (plan-routed layers): each entry's expert, -1 dropped, as
+/// reference_layer_seeded_routed, instead of the capacity rule.
 ReferenceGrads reference_backward_seeded(
     const MoeShape& s, const std::vector<float>& tokens, std::uint64_t seed, int layer,
     int capacity, const std::vector<float>& dy,
     const std::function<void(int, const std::vector<double>&, const std::vector<double>&)>&
-        on_expert);
+        on_expert,
+    const std::vector<int>* routed_expert = nullptr);
 
 /// Relative tolerance of --check for a layer run in `dtype` against the (fp32-input, double-
 /// accumulating) reference: |y - ref| <= tol * (1 + |ref|). fp32: 1e-4; fp16: 5e-3 (about 10

@@ -146,6 +146,15 @@ std::unique_ptr<RoutedLayer> prepare_routed_layer(const Plan& plan, int block, i
     for (const auto& run : runs) L->experts.push_back(run.expert);
   std::sort(L->experts.begin(), L->experts.end());
   L->experts.erase(std::unique(L->experts.begin(), L->experts.end()), L->experts.end());
+  if (r.replicas.empty() && !r.spread) {
+    // One GPU per expert (training): the position's own experts, whether or not a token came, so
+    // that every DP replica of the position holds the same ones (their gradients are summed).
+    const int dE = std::max(1, r.experts_per_gpu);
+    for (int e : L->experts)
+      MOESIM_ASSERT(e / dE == pos, "routed layer: rows for another position's expert");
+    L->experts.clear();
+    for (int e = pos * dE; e < std::min(r.experts, (pos + 1) * dE); ++e) L->experts.push_back(e);
+  }
   return L;
 }
 

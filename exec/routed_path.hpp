@@ -62,7 +62,8 @@ struct RoutedLayer {
   int pos = 0, group_size = 0, chunks = 0;
   RoutedAssignment sent;
   std::vector<std::vector<RoutedRun>> received;  // per chunk
-  std::vector<int> experts;                      // experts this rank computes (ascending)
+  std::vector<int> experts;  // experts this rank computes (ascending): its own, or with replicas
+                             // the ones it receives
   long long dropped() const { return sent.dropped; }
 };
 

@@ -401,8 +401,9 @@ void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, i
 
 void relu_backward(Context&, DType dtype, const void* activated, void* grad, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
-    store_element(dtype, grad, i,
-                  rules::relu_grad(load_element(dtype, activated, i), load_element(dtype, grad, i)));
+    store_element(
+        dtype, grad, i,
+        rules::relu_grad(load_element(dtype, activated, i), load_element(dtype, grad, i)));
 }
 
 void softmax_backward(Context&, int tokens, int experts, int top_k, const float* logits,
@@ -414,9 +415,8 @@ void softmax_backward(Context&, int tokens, int experts, int top_k, const float*
     for (int c = 0; c < top_k; ++c)
       if (expert[first + c] >= experts)
         throw ArgumentError("kernels::softmax_backward: expert out of range");
-    rules::softmax_backward_row(logits + std::size_t(t) * experts, experts, top_k,
-                                expert + first, grad_weight + first,
-                                grad_logits + std::size_t(t) * experts);
+    rules::softmax_backward_row(logits + std::size_t(t) * experts, experts, top_k, expert + first,
+                                grad_weight + first, grad_logits + std::size_t(t) * experts);
   }
 }
 

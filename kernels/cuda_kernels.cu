@@ -1022,8 +1022,8 @@ void softmax_backward(Context& ctx, int tokens, int experts, int top_k, const fl
     throw ArgumentError(
         "kernels::cuda::softmax_backward: needs tokens >= 0, experts >= 1, top_k >= 1");
   if (tokens == 0) return;
-  const int grid = grid_for(std::min<std::size_t>((static_cast<std::size_t>(tokens) + 127) / 128,
-                                                  65536));
+  const int grid =
+      grid_for(std::min<std::size_t>((static_cast<std::size_t>(tokens) + 127) / 128, 65536));
   softmax_backward_kernel<<<grid, 128, 0, ctx.stream()>>>(tokens, experts, top_k, logits, expert,
                                                           grad_weight, grad_logits);
   MOESIM_KCUDA_LAUNCHED();

@@ -142,8 +142,7 @@ MOESIM_HOST_DEVICE void softmax_backward_row(const float* row, int e, int k,
   for (int j = 0; j < e; ++j) sum += exp(static_cast<double>(row[j] - mx));
   double pg = 0.0;
   for (int c = 0; c < k; ++c)
-    if (expert[c] >= 0)
-      pg += exp(static_cast<double>(row[expert[c]] - mx)) / sum * grad_weight[c];
+    if (expert[c] >= 0) pg += exp(static_cast<double>(row[expert[c]] - mx)) / sum * grad_weight[c];
   for (int j = 0; j < e; ++j) {
     double g = 0.0;
     for (int c = 0; c < k; ++c) g += expert[c] == j ? static_cast<double>(grad_weight[c]) : 0.0;

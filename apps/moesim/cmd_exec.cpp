@@ -33,6 +33,7 @@
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
 #include "exec/executor.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/mpi_communicator.hpp"
 #include "exec/parm_path.hpp"
 #ifdef MOESIM_HAVE_NCCL
@@ -100,8 +101,8 @@ int op_class(const Op& op) {
 // Per class: the sum over ops of the op's mean duration over its ranks (busy time of that class
 // on an average rank, concurrent ops counted twice).
 // `host`: on the host path only the MoE forward's compute ops run for real (with the data path),
-// and the plain layers' backward ones (`backward`: exec/backward_path.hpp); every other compute op
-// is an empty op there and goes to kNotRun.
+// and the layers' backward ones (`backward`: the layer program's backward steps); every other
+// compute op is an empty op there and goes to kNotRun.
 std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r, bool host,
                                             bool data_path, bool backward) {
   std::array<double, kNumClasses> t{};
@@ -114,7 +115,7 @@ std::array<double, kNumClasses> class_times(const Plan& plan, const RunResult& r
     if (host && op.kind == OpKind::kCompute &&
         !(data_path &&
           (exec::moe_op_ref(op).kind != OpRoleKind::kNone || exec::is_parm_data_op(op))) &&
-        !(backward && exec::moe_bwd_ref(op).kind != OpRoleKind::kNone))
+        !(backward && exec::is_backward_step(op)))
       c = kNotRun;
     t[c] += sum / n;
   }
@@ -261,7 +262,7 @@ CheckTotals tally_checks(const exec::Executor& executor) {
     t.max_err = std::max(t.max_err, c.max_abs_error);
     if (c.dropped != c.expected_dropped) ++t.drop_mismatch;
   }
-  // Gradients of the plain layers whose backward ran on real data (exec/backward_path.hpp).
+  // Gradients of the layers whose backward the layer program ran (exec/grad_check.hpp).
   t.grad_layers = executor.grad_checks().size();
   for (const auto& c : executor.grad_checks()) {
     t.grad_compared += c.compared;

@@ -1,12 +1,12 @@
-// CPU-only tests of the backward MoE layer's pieces (exec/backward_path.hpp, exec/moe_data.hpp):
+// CPU-only tests of the backward MoE layer's pieces (exec/layer_program.hpp, exec/moe_data.hpp):
 // reference_backward against central finite differences of reference_layer, the seeded variant
-// against the explicit one, and the backward label parser.
+// against the explicit one, and which ops are the program's backward steps.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "exec/backward_path.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/moe_data.hpp"
 
 namespace moesim::exec {
@@ -128,38 +128,27 @@ TEST(ReferenceBackward, SeededEqualsExplicitAndVisitsEveryExpert) {
   EXPECT_EQ(b.dropped, a.dropped);
 }
 
+// The backward steps of the layer program are read from the role, never the label.
 TEST(BackwardRoles, ReadFromTheRole) {
-  auto ref = [](OpRoleKind kind, bool backward, int block, int chunk) {
+  auto step = [](OpRoleKind kind, bool backward, int chunk) {
     Op op;
-    op.role = OpRole{kind, backward, block, chunk};
-    return moe_bwd_ref(op);
+    op.role = OpRole{kind, backward, 3, chunk};
+    return is_backward_step(op);
   };
-  auto r = ref(OpRoleKind::kFc2, true, 3, 1);
-  EXPECT_EQ(r.kind, OpRoleKind::kFc2);
-  EXPECT_EQ(r.block, 3);
-  EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(ref(OpRoleKind::kCombine, true, 0, 0).kind, OpRoleKind::kCombine);
-  EXPECT_EQ(ref(OpRoleKind::kDispatch, true, 0, 3).chunk, 3);
-  EXPECT_EQ(ref(OpRoleKind::kDecode, true, 0, -1).kind, OpRoleKind::kDecode);
-  EXPECT_EQ(ref(OpRoleKind::kEncode, true, 0, -1).kind, OpRoleKind::kEncode);
-  EXPECT_EQ(ref(OpRoleKind::kGate, true, 0, -1).kind, OpRoleKind::kGate);
-  r = ref(OpRoleKind::kExpertGradSync, true, 5, -1);
-  EXPECT_EQ(r.kind, OpRoleKind::kExpertGradSync);
-  EXPECT_EQ(r.block, 5);
-  EXPECT_EQ(r.micro, -1);
-  r = ref(OpRoleKind::kExpertGradSync, true, 5, 7);
-  EXPECT_EQ(r.kind, OpRoleKind::kExpertGradSync);
-  EXPECT_EQ(r.micro, 7);
+  for (OpRoleKind k :
+       {OpRoleKind::kDecode, OpRoleKind::kCombine, OpRoleKind::kFc2, OpRoleKind::kFc1,
+        OpRoleKind::kDispatch, OpRoleKind::kEncode, OpRoleKind::kGate, OpRoleKind::kExpertGradSync})
+    EXPECT_TRUE(step(k, true, 1)) << static_cast<int>(k);
   // Forward ops, other backward ops, other gradient collectives and ops with no role are not
-  // this path's.
-  EXPECT_EQ(ref(OpRoleKind::kGate, false, 0, -1).kind, OpRoleKind::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kNone, true, 0, -1).kind, OpRoleKind::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kPartialSum, true, 0, -1).kind, OpRoleKind::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kEspAllReduce, true, 0, 0).kind, OpRoleKind::kNone);
-  EXPECT_EQ(ref(OpRoleKind::kDenseGradSync, true, 0, -1).kind, OpRoleKind::kNone);
+  // the program's backward steps.
+  EXPECT_FALSE(step(OpRoleKind::kGate, false, -1));
+  EXPECT_FALSE(step(OpRoleKind::kNone, true, -1));
+  EXPECT_FALSE(step(OpRoleKind::kPartialSum, true, -1));
+  EXPECT_FALSE(step(OpRoleKind::kEspAllReduce, true, 0));
+  EXPECT_FALSE(step(OpRoleKind::kDenseGradSync, true, -1));
   Op labelled;
   labelled.label = "L5.grad.expert_allreduce";
-  EXPECT_EQ(moe_bwd_ref(labelled).kind, OpRoleKind::kNone);
+  EXPECT_FALSE(is_backward_step(labelled));
 }
 
 }  // namespace

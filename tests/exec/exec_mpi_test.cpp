@@ -235,7 +235,7 @@ TEST(ExecMpi, OutputsMatchTheReferenceAndAgreeAcrossAlgorithmsAndPipelineDegrees
     }
 }
 
-// The backward MoE layer on real data (exec/backward_path.hpp): exec-host-4 (ep = 4, dp = 1) and
+// The backward MoE layer on real data (exec/layer_backward.cpp): exec-host-4 (ep = 4, dp = 1) and
 // its ep = 2 x dp = 2 variant (the expert gradients' DP all-reduce sums real dW1 / dW2). --check
 // compares every gradient (per layer: dX 4 x 32 x 16, dWgate 4 x 16 x E, dW1 + dW2 of E experts
 // 2 x 16 x 32 each, on their owners: both replicas with dp = 2) with #wrong 0; the gradients are

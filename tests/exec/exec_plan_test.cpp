@@ -12,6 +12,7 @@
 #include "core/scenario_loader.hpp"
 #include "exec/calibrate.hpp"
 #include "exec/executor.hpp"
+#include "exec/layer_program.hpp"
 #include "exec/moe_data.hpp"
 #include "kernels/moe_kernels.hpp"
 
@@ -64,10 +65,10 @@ TEST(MoeRoles, ReadFromTheRoleAndLayerOfBlock) {
   EXPECT_EQ(r.kind, OpRoleKind::kFc2);
   EXPECT_EQ(r.block, 3);
   EXPECT_EQ(r.chunk, 1);
-  EXPECT_EQ(moe_bwd_op_ref(op).kind, OpRoleKind::kNone);
+  EXPECT_FALSE(is_backward_step(op));
   op.role = OpRole{OpRoleKind::kGate, true, 0, -1};
   EXPECT_EQ(moe_op_ref(op).kind, OpRoleKind::kNone);
-  EXPECT_EQ(moe_bwd_op_ref(op).kind, OpRoleKind::kGate);
+  EXPECT_TRUE(is_backward_step(op));
   op.role = OpRole{OpRoleKind::kCombineSaa, false, 0, 0};  // Parm's step: not the plain path's
   EXPECT_EQ(moe_op_ref(op).kind, OpRoleKind::kNone);
   Op labelled;

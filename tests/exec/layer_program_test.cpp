@@ -262,9 +262,27 @@ class RecordingOps final : public LayerOps {
                   layer_buf_name(out.buf) + " " + std::to_string(n));
     return 3;
   }
-  std::int64_t all_reduce(const Op&, BufId b, std::size_t n) override {
-    log.push_back(std::string("all_reduce ") + layer_buf_name(b.buf) + " " + std::to_string(n));
+  std::int64_t all_reduce(const Op&, BufId b, std::size_t offset, std::size_t n) override {
+    log.push_back(std::string("all_reduce ") + layer_buf_name(b.buf) +
+                  (offset ? "+" + std::to_string(offset) : "") + " " + std::to_string(n));
     return 5;
+  }
+  void decode_backward(BufId out, BufId d_out, int t, int e, int c) override {
+    log.push_back(std::string("decode_backward ") + layer_buf_name(out.buf) + "->" +
+                  layer_buf_name(d_out.buf) + " " + std::to_string(t) + ":" + std::to_string(e) +
+                  "x" + std::to_string(c));
+  }
+  void encode_backward(BufId d_slots, int t, int e, int c) override {
+    log.push_back(std::string("encode_backward ") + layer_buf_name(d_slots.buf) + " " +
+                  std::to_string(t) + ":" + std::to_string(e) + "x" + std::to_string(c));
+  }
+  void relu_backward(BufId act, BufId grad, std::size_t n) override {
+    log.push_back(std::string("relu_backward ") + layer_buf_name(act.buf) + "->" +
+                  layer_buf_name(grad.buf) + " " + std::to_string(n));
+  }
+  void softmax_backward(BufId expert, int t, int e, int k) override {
+    log.push_back(std::string("softmax_backward ") + layer_buf_name(expert.buf) + " " +
+                  std::to_string(t) + ":" + std::to_string(e) + "x" + std::to_string(k));
   }
 };
 

@@ -414,10 +414,9 @@ TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
       cpu::gemm_strided_batched_t(cctx, d, trans, m, n, k, a.data(), static_cast<long long>(m) * k,
                                   b.data(), static_cast<long long>(k) * n, c.data(),
                                   static_cast<long long>(m) * n, batch, 1.0f);
-      cuda::gemm_strided_batched_t(ctx(), d, trans, m, n, k, da.get(),
-                                   static_cast<long long>(m) * k, db.get(),
-                                   static_cast<long long>(k) * n, dc.get(),
-                                   static_cast<long long>(m) * n, batch, 1.0f);
+      cuda::gemm_strided_batched_t(
+          ctx(), d, trans, m, n, k, da.get(), static_cast<long long>(m) * k, db.get(),
+          static_cast<long long>(k) * n, dc.get(), static_cast<long long>(m) * n, batch, 1.0f);
       ctx().synchronize();
       const float tol = 4 * testing::dtype_eps(d) + 1e-5f;
       expect_close(dc.to_buffer(d).to_float(), c.to_float(), tol, tol, "gemm_strided_batched_t");

@@ -1,0 +1,117 @@
+#include "exec/grad_check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/error.hpp"
+#include "exec/mpi_communicator.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+const std::vector<int>* my_group(const Plan& plan, const Op& op, int rank) {
+  const Grouping& g = plan.grouping(op.collective().grouping);
+  for (const auto& members : g.groups)
+    if (std::find(members.begin(), members.end(), rank) != members.end()) return &members;
+  return nullptr;
+}
+
+}  // namespace
+
+LayerBackwardPlan layer_backward_plan(const Plan& plan, int block, int rank) {
+  LayerBackwardPlan bp;
+  bp.ep_group = {rank};
+  std::set<int> parts;
+  for (const Op& op : plan.ops()) {
+    if (op.role.block != block) continue;
+    if (op.role.backward && op.role.kind == OpRoleKind::kDecode && op.ranks.contains(rank))
+      ++bp.passes;
+    if (op.kind != OpKind::kCollective) continue;
+    if (op.role.kind == OpRoleKind::kDispatch && !op.role.backward && op.role.chunk == 0) {
+      if (const auto* g = my_group(plan, op, rank)) bp.ep_group = *g;
+    } else if (op.role.kind == OpRoleKind::kExpertGradSync) {
+      if (const auto* g = my_group(plan, op, rank)) {
+        parts.insert(op.role.chunk);
+        bp.dp_group = *g;
+      }
+    }
+  }
+  bp.sync_parts = static_cast<int>(parts.size());  // Lina's micro-ops, once per step
+  return bp;
+}
+
+GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
+                               const LayerGradients& lg, const MoeShape& s, std::uint64_t seed,
+                               int iteration, int key_rank, double tol) {
+  const int M = s.model_dim, H = s.hidden_dim, dE = lg.local_experts;
+  const LayerBackwardPlan& bp = *lg.plan;
+  const double passes = std::max(1, bp.passes);
+  GradCheck chk;
+  chk.iteration = iteration;
+  chk.layer = lg.moe;
+  long long compared = 0, wrong = 0;
+  double max_err = 0;
+  auto compare = [&](const float* got, std::size_t got_n, const double* ref, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const double err = std::fabs((got_n == n ? got[i] : NAN) - ref[i]);
+      if (!(err <= tol * (1.0 + std::fabs(ref[i])))) ++wrong;
+      if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
+    }
+    compared += static_cast<long long>(n);
+  };
+  const std::vector<float> tokens = make_tokens(s, seed, iteration, lg.moe, key_rank);
+  const std::vector<float> dy = make_grad_output(s, seed, iteration, lg.moe, key_rank);
+  const bool dp_summed = !bp.dp_group.empty();
+  std::vector<float> sum(2 * static_cast<size_t>(M) * H);
+  const int owner_pos_first = lg.ep_pos * dE;
+  const std::size_t per = static_cast<size_t>(M) * H;
+  const std::vector<float>& dw = *lg.dw;
+  MOESIM_ASSERT(dw.size() == 2 * per * static_cast<std::size_t>(dE),
+                "gradient check: dW is not [dW1 | dW2] of the owned experts");
+  const ReferenceGrads ref = reference_backward_seeded(
+      s, tokens, seed, lg.moe, lg.capacity, dy,
+      [&](int e, const std::vector<double>& dw1, const std::vector<double>& dw2) {
+        // Every rank's contribution to expert e, summed over its EP group (x the DP replicas):
+        // the expected gradient on e's owner(s). One all-reduce per expert, so only one
+        // expert's M x H x 2 values live at a time.
+        for (size_t i = 0; i < per; ++i) {
+          sum[i] = static_cast<float>(dw1[i]);
+          sum[per + i] = static_cast<float>(dw2[i]);
+        }
+        comm.all_reduce_sum(sum.data(), sum.size(), bp.ep_group);
+        if (dp_summed) comm.all_reduce_sum(sum.data(), sum.size(), bp.dp_group);
+        const int le = e - owner_pos_first;
+        if (le < 0 || le >= dE) return;
+        // Every micro-batch of the step runs the same tokens: the accumulated gradient is
+        // passes x one pass's.
+        std::vector<double> r1(sum.begin(), sum.begin() + static_cast<std::ptrdiff_t>(per)),
+            r2(sum.begin() + static_cast<std::ptrdiff_t>(per), sum.end());
+        for (double& v : r1) v *= passes;
+        for (double& v : r2) v *= passes;
+        compare(dw.data() + static_cast<std::size_t>(le) * per, per, r1.data(), per);
+        compare(dw.data() + (static_cast<std::size_t>(dE) + le) * per, per, r2.data(), per);
+      },
+      lg.routed_expert);
+  compare(lg.dx->data(), lg.dx->size(), ref.dx.data(), ref.dx.size());
+  std::vector<double> dgate(ref.dgate_w.begin(), ref.dgate_w.end());
+  for (double& v : dgate) v *= passes;
+  compare(lg.dgate_w->data(), lg.dgate_w->size(), dgate.data(), dgate.size());
+  chk.compared = session.all_reduce_sum(compared);
+  chk.wrong = session.all_reduce_sum(wrong);
+  chk.max_abs_error = session.all_reduce_max(max_err);
+  return chk;
+}
+
+GradCheck idle_backward_check(const MpiSession& session, int iteration, int layer) {
+  GradCheck chk;
+  chk.iteration = iteration;
+  chk.layer = layer;
+  chk.compared = session.all_reduce_sum(0LL);  // check_backward_layer's three, in its order
+  chk.wrong = session.all_reduce_sum(0LL);
+  chk.max_abs_error = session.all_reduce_max(0.0);
+  return chk;
+}
+
+}  // namespace moesim::exec

@@ -1,0 +1,253 @@
+// The backward half of the MoE layer program (exec/layer_program.hpp): each backward step is the
+// transpose of the forward step of the same role, on the gradient buffers beside the forward's.
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "exec/layer_program.hpp"
+
+namespace moesim::exec {
+
+namespace {
+
+std::size_t sz(long long v) { return static_cast<std::size_t>(v); }
+BufId buf(LayerBuf b, int index = 0) { return BufId{b, index}; }
+
+// One weight's rows of a chunk: `rows` rows from `first`, `batch` times `stride` rows apart
+// (capacity routing: slice le's block of every source position; plan routing: one run).
+struct ExpertBlock {
+  int slice = 0, first = 0, rows = 0, batch = 1, stride = 0;
+};
+
+std::vector<ExpertBlock> expert_blocks(const LayerLayout& L, int j) {
+  std::vector<ExpertBlock> out;
+  if (L.routing != LayerRouting::kCapacity) {
+    int row = 0;
+    for (const auto& [rows, slice] : L.runs[sz(j)]) {
+      if (rows > 0) out.push_back({slice, row, rows, 1, 0});
+      row += rows;
+    }
+    return out;
+  }
+  const int rows = L.block_rows(j);
+  if (rows == 0) return out;
+  for (int le = 0; le < L.slices; ++le) out.push_back({le, le * rows, rows, L.ep, L.slices * rows});
+  return out;
+}
+
+// Chunk j's backward GEMMs of fc2 (fc2) or fc1. With the forward C = A W (A rows x a_w, W
+// a_w x c_w): the weight's gradient dW += A^T dC, one GEMM per batch entry since they all
+// accumulate into the one dW; the input's gradient dA = dC W^T, batched like the forward.
+void expert_backward(const LayerLayout& L, const MoeShape& s, int j, bool fc2, LayerOps& ops) {
+  const int M = s.model_dim, H = L.hidden;
+  const int a_w = fc2 ? H : M, c_w = fc2 ? M : H;
+  const BufId a = buf(fc2 ? LayerBuf::kHidden : LayerBuf::kIn, j);
+  const BufId dc = buf(fc2 ? LayerBuf::kDOut : LayerBuf::kDHidden, j);
+  const BufId da = buf(fc2 ? LayerBuf::kDHidden : LayerBuf::kDIn, j);
+  for (const ExpertBlock& b : expert_blocks(L, j)) {
+    for (int w = 0; w < b.batch; ++w) {
+      const std::size_t row = sz(b.first) + sz(w) * sz(b.stride);
+      GemmJob g;
+      g.a = a;
+      g.a_off = row * sz(a_w);
+      g.trans_a = true;
+      g.b = dc;
+      g.b_off = row * sz(c_w);
+      g.c = buf(LayerBuf::kDW);
+      g.c_off = dw_offset(L, s, fc2, b.slice);
+      g.m = a_w;
+      g.n = c_w;
+      g.k = b.rows;
+      g.accumulate = true;
+      ops.gemm(g, false);
+    }
+    GemmJob g;
+    g.a = dc;
+    g.a_off = sz(b.first) * sz(c_w);
+    g.a_stride = static_cast<long long>(b.stride) * c_w;
+    g.b = buf(fc2 ? LayerBuf::kW2 : LayerBuf::kW1, b.slice);
+    g.trans_b = true;
+    g.c = da;
+    g.c_off = sz(b.first) * sz(a_w);
+    g.c_stride = static_cast<long long>(b.stride) * a_w;
+    g.m = b.rows;
+    g.n = a_w;
+    g.k = c_w;
+    g.batch = b.batch;
+    ops.gemm(g, false);
+  }
+}
+
+// The gate's backward: the softmax's (kDLogits from kDWeight), then dWgate += x^T dLogits and
+// dX += dLogits Wg^T in fp32 (the gate's own precision).
+void gate_backward(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
+  const int T = L.unit_tokens(s), M = s.model_dim, E = s.experts;
+  const std::size_t Mz = sz(M);
+  ops.widen(buf(LayerBuf::kDX), buf(LayerBuf::kDX32), sz(T) * Mz);
+  ops.softmax_backward(
+      buf(L.routing == LayerRouting::kCapacity ? LayerBuf::kExpert : LayerBuf::kRoutedExpert), T, E,
+      s.top_k);
+  if (T == 0) return;
+  GemmJob w;
+  w.a = buf(LayerBuf::kX32);
+  w.trans_a = true;
+  w.b = buf(LayerBuf::kDLogits);
+  w.c = buf(LayerBuf::kDGateW);
+  w.m = M;
+  w.n = E;
+  w.k = T;
+  w.accumulate = true;
+  ops.gemm(w, /*f32=*/true);
+  GemmJob x;
+  x.a = buf(LayerBuf::kDLogits);
+  x.b = buf(LayerBuf::kGateW);
+  x.trans_b = true;
+  x.c = buf(LayerBuf::kDX32);
+  x.m = T;
+  x.n = M;
+  x.k = E;
+  x.accumulate = true;
+  ops.gemm(x, /*f32=*/true);
+}
+
+// Chunk j's combine backward: the output gradients to the experts (the forward dispatch's
+// direction). Capacity routing packs them by the returned blocks first.
+std::int64_t combine_backward(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
+                              LayerOps& ops) {
+  const std::size_t Mz = sz(s.model_dim);
+  Exchange x;
+  x.recv = buf(LayerBuf::kDOut, j);
+  x.recv_elems = sz(L.received_rows(j)) * Mz;
+  if (L.routing != LayerRouting::kCapacity) {
+    x.send = buf(LayerBuf::kDBack);
+    x.send_off = sz(L.send_first[sz(j)]) * Mz;
+    x.send_elems = sz(L.send_rows[sz(j)]) * Mz;
+    x.row_elems = Mz;
+    return ops.exchange(op, x);
+  }
+  for (const BlockCopy& c : slot_block_copies(L, j, s.model_dim, true, buf(LayerBuf::kDExpertOut),
+                                              buf(LayerBuf::kDBack, j), true))
+    ops.copy(c);
+  x.send = buf(LayerBuf::kDBack, j);
+  x.send_elems = sz(L.back_block_rows(j)) * Mz;
+  return ops.exchange(op, x);
+}
+
+// Chunk j's dispatch backward: the input gradients back to the tokens' ranks (the forward
+// combine's direction), unpacked by the send blocks into kDDispatched under capacity routing.
+std::int64_t dispatch_backward(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
+                               LayerOps& ops) {
+  const std::size_t Mz = sz(s.model_dim);
+  Exchange x;
+  x.send = buf(LayerBuf::kDIn, j);
+  x.send_elems = sz(L.received_rows(j)) * Mz;
+  if (L.routing != LayerRouting::kCapacity) {
+    x.recv = buf(LayerBuf::kDSend);
+    x.recv_off = sz(L.send_first[sz(j)]) * Mz;
+    x.recv_elems = sz(L.send_rows[sz(j)]) * Mz;
+    x.row_elems = Mz;
+    return ops.exchange(op, x);
+  }
+  x.recv = buf(LayerBuf::kDSend, j);
+  x.recv_elems = sz(L.send_block_rows(j)) * Mz;
+  const std::int64_t algo = ops.exchange(op, x);
+  for (const BlockCopy& c : slot_block_copies(L, j, s.model_dim, false, buf(LayerBuf::kDDispatched),
+                                              buf(LayerBuf::kDSend, j), false))
+    ops.copy(c);
+  return algo;
+}
+
+// Micro-op `part` of grad_sync_parts of the experts' gradient all-reduce: its share of kDW.
+std::int64_t expert_grad_sync(const LayerLayout& L, const MoeShape& s, int part, const Op& op,
+                              LayerOps& ops) {
+  const std::size_t total = 2 * sz(L.slices) * sz(s.model_dim) * sz(L.hidden);
+  const int parts = std::max(1, L.grad_sync_parts), i = std::max(0, part);
+  MOESIM_ASSERT(i < parts,
+                fmt::format("'{}': gradient all-reduce part {} of {}", op.label, i + 1, parts));
+  const std::size_t lo = total * sz(i) / sz(parts), hi = total * sz(i + 1) / sz(parts);
+  return ops.all_reduce(op, buf(LayerBuf::kDW), lo, hi - lo);
+}
+
+}  // namespace
+
+std::string backward_unsupported(const LayerLayout& L) {
+  if (L.routing == LayerRouting::kDeepep)
+    return "the deepep dispatch's backward (per-node forwarding of gradients)";
+  if (L.routing == LayerRouting::kPlan) return "";
+  if (L.rho != 1 || L.shards != 1) return "sharded experts (hidden slices, parameter gathers)";
+  if (L.input != GateInput::kOwn || L.output != LayerOutput::kGateRows || L.accumulate_back ||
+      L.dump_op)
+    return "Parm's MP / ESP routing units";
+  return "";
+}
+
+bool is_backward_step(const Op& op) {
+  if (!op.role.backward) return false;
+  switch (op.role.kind) {
+    case OpRoleKind::kGate:
+    case OpRoleKind::kEncode:
+    case OpRoleKind::kDispatch:
+    case OpRoleKind::kFc1:
+    case OpRoleKind::kFc2:
+    case OpRoleKind::kCombine:
+    case OpRoleKind::kDecode:
+    case OpRoleKind::kExpertGradSync:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
+                               const Op& op, LayerOps& ops) {
+  MOESIM_ASSERT(L.backward, fmt::format("'{}': layer {} has no gradient buffers", op.label, L.moe));
+  const int M = s.model_dim, E = s.experts, T = L.unit_tokens(s);
+  const bool plan_routed = L.routing == LayerRouting::kPlan;
+  const int j = chunk;
+  switch (kind) {
+    case OpRoleKind::kDecode:  // dWeight and the returned rows' gradients
+      if (plan_routed)
+        ops.decode_backward(buf(LayerBuf::kBack), buf(LayerBuf::kDBack), T, 1, L.total_send_rows());
+      else
+        ops.decode_backward(buf(LayerBuf::kExpertOut), buf(LayerBuf::kDExpertOut), T, E,
+                            L.capacity);
+      return -1;
+    case OpRoleKind::kCombine:
+      return combine_backward(L, s, j, op, ops);
+    case OpRoleKind::kFc2:
+      // W = 1: no combine, the output gradients are packed straight into the experts' rows.
+      if (!plan_routed && !L.has_a2a)
+        for (const BlockCopy& c : slot_block_copies(L, j, M, true, buf(LayerBuf::kDExpertOut),
+                                                    buf(LayerBuf::kDOut, j), true))
+          ops.copy(c);
+      expert_backward(L, s, j, true, ops);
+      ops.relu_backward(buf(LayerBuf::kHidden, j), buf(LayerBuf::kDHidden, j),
+                        sz(L.received_rows(j)) * sz(L.hidden));
+      return -1;
+    case OpRoleKind::kFc1:
+      expert_backward(L, s, j, false, ops);
+      if (!plan_routed && !L.has_a2a)
+        for (const BlockCopy& c : slot_block_copies(L, j, M, false, buf(LayerBuf::kDDispatched),
+                                                    buf(LayerBuf::kDIn, j), false))
+          ops.copy(c);
+      return -1;
+    case OpRoleKind::kDispatch:
+      return dispatch_backward(L, s, j, op, ops);
+    case OpRoleKind::kExpertGradSync:
+      return expert_grad_sync(L, s, j, op, ops);
+    case OpRoleKind::kEncode:
+      if (plan_routed)
+        ops.encode_backward(buf(LayerBuf::kDSend), T, 1, L.total_send_rows());
+      else
+        ops.encode_backward(buf(LayerBuf::kDDispatched), T, E, L.capacity);
+      return -1;
+    case OpRoleKind::kGate:
+      gate_backward(L, s, ops);
+      return -1;
+    default:
+      break;
+  }
+  throw InternalError(fmt::format("layer program: op '{}' is not a backward step of MoE layer {}",
+                                  op.label, L.moe));
+}
+
+}  // namespace moesim::exec

@@ -227,7 +227,8 @@ enum class OpRoleKind : std::uint8_t {
   kFc2,       // per chunk
   kCombine,   // per chunk
   kDecode,
-  kParamGather,       // sharded experts: the expert weights' all-gather
+  kParamGather,       // sharded experts: the expert weights' all-gather (backward: the
+                      // reduce-scatter of their gradients)
   kPartialSum,        // sharded experts: the partial outputs' sum
   kEspAllGather,      // Parm baseline: the ESP all-gather before the dispatch
   kEspAllReduce,      // per chunk

@@ -297,6 +297,11 @@ class DeviceLayerOps final : public LayerOps {
                         elements * elem_bytes(in.buf), at(out));
     return kLibraryAlgo;  // NCCL's own algorithm runs
   }
+  std::int64_t reduce_scatter(const Op& op, BufId in, std::size_t elements, BufId out) override {
+    comm_.reduce_scatter_on(plan_.grouping(op.collective().grouping), channel_, st_, at(in),
+                            at(out), elements, dtype_);
+    return kLibraryAlgo;
+  }
   std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
                           std::size_t elements) override {
     comm_.all_reduce_on(plan_.grouping(op.collective().grouping), channel_, st_,
@@ -560,10 +565,11 @@ void DevicePath::Impl::download_outputs() {
       CUDA_OK(cudaMemcpy(v.data(), a.at(L.off.at({g})), v.size() * sizeof(float),
                          cudaMemcpyDeviceToHost));
     }
-    std::vector<float>& dw = h.f({LayerBuf::kDW});
+    const BufId owned{owned_dw(*L.ref.lay)};
+    std::vector<float>& dw = h.f(owned);
     std::vector<std::byte> raw_dw(dw.size() * es);
-    CUDA_OK(cudaMemcpy(raw_dw.data(), a.at(L.off.at({LayerBuf::kDW})), raw_dw.size(),
-                       cudaMemcpyDeviceToHost));
+    CUDA_OK(
+        cudaMemcpy(raw_dw.data(), a.at(L.off.at(owned)), raw_dw.size(), cudaMemcpyDeviceToHost));
     kernels::convert(dtype, raw_dw.data(), DType::kF32, dw.data(), dw.size());
   }
 }

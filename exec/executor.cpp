@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <queue>
 
 #include "exec/cuda_executor.hpp"
@@ -187,7 +188,7 @@ struct Executor::Layer : MoeLayerPlan {
   LayerGradients gradients() const {
     LayerGradients g;
     g.moe = moe;
-    g.ep_pos = lay.ep_pos;
+    g.expert_first = lay.ep_pos * lay.slices;
     g.local_experts = lay.slices;
     g.capacity = capacity;
     g.routed_expert = rpath ? &rpath->sent.expert : nullptr;
@@ -428,6 +429,8 @@ void Executor::collect_layer_results() {
     for (const std::vector<float>* v : {lg.dx, lg.dgate_w, lg.dw})
       g.insert(g.end(), v->begin(), v->end());
   }
+  for (int li = 0; sharded_ && li < static_cast<int>(sharded_->layers().size()); ++li)
+    if (sharded_->gradients(li)) real_backward_ = true;
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 }
 
@@ -639,13 +642,16 @@ void Executor::check_layers() {
     checks_.push_back(chk);
     // The layer's gradients, when the program ran its backward (the same on every rank of the
     // layer's stage: they run every op of the layer; the others join idle).
-    const bool backward_here = L && L->buf.allocated() && L->lay.backward;
-    if (session_.all_reduce_sum(backward_here ? 1LL : 0LL) > 0)
+    std::optional<LayerGradients> grads;
+    if (L && L->buf.allocated() && L->lay.backward)
+      grads = L->gradients();
+    else if (!parm_ && sharded_)
+      grads = sharded_->gradients(static_cast<int>(li));
+    if (session_.all_reduce_sum(grads ? 1LL : 0LL) > 0)
       grad_checks_.push_back(
-          backward_here
-              ? check_backward_layer(comm_, session_, L->gradients(), shape_, seed, iteration_,
-                                     token_key_rank(sc_.parallelism, comm_.rank()), tolerance_)
-              : idle_backward_check(session_, iteration_, moe));
+          grads ? check_backward_layer(comm_, session_, *grads, shape_, seed, iteration_,
+                                       token_key_rank(sc_.parallelism, comm_.rank()), tolerance_)
+                : idle_backward_check(session_, iteration_, moe));
   }
 }
 

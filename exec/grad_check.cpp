@@ -65,11 +65,15 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
   const std::vector<float> dy = make_grad_output(s, seed, iteration, lg.moe, key_rank);
   const bool dp_summed = !bp.dp_group.empty();
   std::vector<float> sum(2 * static_cast<size_t>(M) * H);
-  const int owner_pos_first = lg.ep_pos * dE;
   const std::size_t per = static_cast<size_t>(M) * H;
+  // The owned hidden units [h0, h0 + cols) of each owned expert: dW1's columns, dW2's rows.
+  const int h0 = lg.hidden_first, cols = lg.hidden_cols > 0 ? lg.hidden_cols : H;
+  MOESIM_ASSERT(h0 >= 0 && h0 + cols <= H, "gradient check: hidden units out of range");
+  const std::size_t own = static_cast<size_t>(M) * static_cast<size_t>(cols);
   const std::vector<float>& dw = *lg.dw;
-  MOESIM_ASSERT(dw.size() == 2 * per * static_cast<std::size_t>(dE),
+  MOESIM_ASSERT(dw.size() == 2 * own * static_cast<std::size_t>(dE),
                 "gradient check: dW is not [dW1 | dW2] of the owned experts");
+  std::vector<double> r1(own), r2(own);
   const ReferenceGrads ref = reference_backward_seeded(
       s, tokens, seed, lg.moe, lg.capacity, dy,
       [&](int e, const std::vector<double>& dw1, const std::vector<double>& dw2) {
@@ -82,16 +86,22 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
         }
         comm.all_reduce_sum(sum.data(), sum.size(), bp.ep_group);
         if (dp_summed) comm.all_reduce_sum(sum.data(), sum.size(), bp.dp_group);
-        const int le = e - owner_pos_first;
+        const int le = e - lg.expert_first;
         if (le < 0 || le >= dE) return;
         // Every micro-batch of the step runs the same tokens: the accumulated gradient is
         // passes x one pass's.
-        std::vector<double> r1(sum.begin(), sum.begin() + static_cast<std::ptrdiff_t>(per)),
-            r2(sum.begin() + static_cast<std::ptrdiff_t>(per), sum.end());
-        for (double& v : r1) v *= passes;
-        for (double& v : r2) v *= passes;
-        compare(dw.data() + static_cast<std::size_t>(le) * per, per, r1.data(), per);
-        compare(dw.data() + (static_cast<std::size_t>(dE) + le) * per, per, r2.data(), per);
+        for (int m = 0; m < M; ++m)
+          for (int c = 0; c < cols; ++c) {
+            const auto at = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols) +
+                            static_cast<std::size_t>(c);
+            r1[at] =
+                passes * sum[static_cast<std::size_t>(m) * H + static_cast<std::size_t>(h0 + c)];
+            r2[static_cast<std::size_t>(c) * M + static_cast<std::size_t>(m)] =
+                passes *
+                sum[per + static_cast<std::size_t>(h0 + c) * M + static_cast<std::size_t>(m)];
+          }
+        compare(dw.data() + static_cast<std::size_t>(le) * own, own, r1.data(), own);
+        compare(dw.data() + (static_cast<std::size_t>(dE) + le) * own, own, r2.data(), own);
       },
       lg.routed_expert);
   compare(lg.dx->data(), lg.dx->size(), ref.dx.data(), ref.dx.size());

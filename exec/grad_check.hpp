@@ -32,14 +32,16 @@ LayerBackwardPlan layer_backward_plan(const Plan& plan, int block, int rank);
 /// One layer's gradients on this rank, as the program left them.
 struct LayerGradients {
   int moe = 0;
-  int ep_pos = 0;
-  int local_experts = 0;  // dE: this position owns experts [ep_pos * dE, + dE)
+  int expert_first = 0;   // this rank owns experts [expert_first, + local_experts)
+  int local_experts = 0;  // ... (dE; 1 on a sharded layout)
+  int hidden_first = 0;   // ... hidden units [hidden_first, + hidden_cols) of each (0, H: all;
+  int hidden_cols = 0;    // a sharded layout's 1/n shard)
   int capacity = 0;       // capacity routing's C (the reference's capacity rule)
   const std::vector<int>* routed_expert = nullptr;  // plan-routed: each entry's expert, -1 dropped
   const LayerBackwardPlan* plan = nullptr;
   const std::vector<float>* dx = nullptr;       // S x M
   const std::vector<float>* dgate_w = nullptr;  // M x E
-  const std::vector<float>* dw = nullptr;       // [dW1 of each owned expert | dW2 of each]
+  const std::vector<float>* dw = nullptr;       // [dW1 of each owned (M x cols) | dW2 (cols x M)]
 };
 
 /// The gradient check of one layer of one iteration (identical on every rank).

@@ -400,6 +400,22 @@ std::int64_t HostLayerOps::all_gather(const Op& op, BufId in, std::size_t elemen
   return static_cast<std::int64_t>(algo);
 }
 
+std::int64_t HostLayerOps::reduce_scatter(const Op& op, BufId in, std::size_t elements, BufId out) {
+  const Grouping& g = plan_.grouping(op.collective().grouping);
+  const auto [gi, pos] = my_group(g, comm_.rank());
+  MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
+  const std::vector<int>& group = g.groups[static_cast<std::size_t>(gi)];
+  const std::vector<float>& src = b_.f(in);
+  std::vector<float>& dst = b_.f(out);
+  MOESIM_ASSERT(src.size() >= elements * group.size() && dst.size() >= elements,
+                "reduce_scatter out of its buffers");
+  expect_plan_elements(op, elements * group.size());  // the plan counts the gathered input
+  collectives::CollectiveCall call{&op.collective(), &group, gi, true};
+  const auto algo = collectives::select_algorithm(call, cost_).algo();
+  comm_.reduce_scatter_sum(src.data(), dst.data(), elements, group);
+  return static_cast<std::int64_t>(algo);
+}
+
 std::int64_t HostLayerOps::all_reduce(const Op& op, BufId buf, std::size_t offset,
                                       std::size_t elements) {
   const Grouping& g = plan_.grouping(op.collective().grouping);

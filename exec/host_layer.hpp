@@ -93,6 +93,7 @@ class HostLayerOps final : public LayerOps {
   void sum_slices(BufId src, BufId dst, int groups, int terms, std::size_t run) override;
   std::int64_t exchange(const Op& op, const Exchange& x) override;
   std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) override;
+  std::int64_t reduce_scatter(const Op& op, BufId in, std::size_t elements, BufId out) override;
   std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
                           std::size_t elements) override;
 

@@ -156,15 +156,48 @@ std::int64_t dispatch_backward(const LayerLayout& L, const MoeShape& s, int j, c
   return algo;
 }
 
-// Micro-op `part` of grad_sync_parts of the experts' gradient all-reduce: its share of kDW.
+// The parameter gather's backward (sharded, n / rho > 1): kDW cut into the gather group's blocks,
+// member i's hidden units [i h, i h + h) of the slice (the transpose of run_param_gather's
+// copies), reduce-scattered: this rank keeps the gradient of its own 1/n shard.
+std::int64_t param_gather_backward(const LayerLayout& L, const MoeShape& s, const Op& op,
+                                   LayerOps& ops) {
+  const std::size_t Mz = sz(s.model_dim);
+  const int g = L.gather(), h = s.hidden_dim / L.shards, hq = L.hidden;
+  const std::size_t block = 2 * Mz * sz(h);
+  for (int i = 0; i < g; ++i) {
+    BlockCopy w1;
+    w1.src = buf(LayerBuf::kDW);
+    w1.src_off = dw_offset(L, s, false, 0) + sz(i) * sz(h);
+    w1.src_pitch = sz(hq);
+    w1.dst = buf(LayerBuf::kDParamAll);
+    w1.dst_off = block * sz(i);
+    w1.dst_pitch = sz(h);
+    w1.run = sz(h);
+    w1.count = s.model_dim;
+    ops.copy(w1);
+    BlockCopy w2;
+    w2.src = buf(LayerBuf::kDW);
+    w2.src_off = dw_offset(L, s, true, 0) + sz(i) * sz(h) * Mz;
+    w2.dst = buf(LayerBuf::kDParamAll);
+    w2.dst_off = block * sz(i) + Mz * sz(h);
+    w2.run = sz(h) * Mz;
+    w2.count = 1;
+    ops.copy(w2);
+  }
+  return ops.reduce_scatter(op, buf(LayerBuf::kDParamAll), block, buf(LayerBuf::kDParamIn));
+}
+
+// Micro-op `part` of grad_sync_parts of the experts' gradient all-reduce: its share of the
+// gradients this rank owns (owned_dw).
 std::int64_t expert_grad_sync(const LayerLayout& L, const MoeShape& s, int part, const Op& op,
                               LayerOps& ops) {
-  const std::size_t total = 2 * sz(L.slices) * sz(s.model_dim) * sz(L.hidden);
+  const std::size_t total =
+      2 * sz(L.slices) * sz(s.model_dim) * sz(L.gather() > 1 ? s.hidden_dim / L.shards : L.hidden);
   const int parts = std::max(1, L.grad_sync_parts), i = std::max(0, part);
   MOESIM_ASSERT(i < parts,
                 fmt::format("'{}': gradient all-reduce part {} of {}", op.label, i + 1, parts));
   const std::size_t lo = total * sz(i) / sz(parts), hi = total * sz(i + 1) / sz(parts);
-  return ops.all_reduce(op, buf(LayerBuf::kDW), lo, hi - lo);
+  return ops.all_reduce(op, buf(owned_dw(L)), lo, hi - lo);
 }
 
 }  // namespace
@@ -173,7 +206,6 @@ std::string backward_unsupported(const LayerLayout& L) {
   if (L.routing == LayerRouting::kDeepep)
     return "the deepep dispatch's backward (per-node forwarding of gradients)";
   if (L.routing == LayerRouting::kPlan) return "";
-  if (L.rho != 1 || L.shards != 1) return "sharded experts (hidden slices, parameter gathers)";
   if (L.input != GateInput::kOwn || L.output != LayerOutput::kGateRows || L.accumulate_back ||
       L.dump_op)
     return "Parm's MP / ESP routing units";
@@ -190,6 +222,8 @@ bool is_backward_step(const Op& op) {
     case OpRoleKind::kFc2:
     case OpRoleKind::kCombine:
     case OpRoleKind::kDecode:
+    case OpRoleKind::kPartialSum:
+    case OpRoleKind::kParamGather:
     case OpRoleKind::kExpertGradSync:
       return true;
     default:
@@ -207,10 +241,29 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
     case OpRoleKind::kDecode:  // dWeight and the returned rows' gradients
       if (plan_routed)
         ops.decode_backward(buf(LayerBuf::kBack), buf(LayerBuf::kDBack), T, 1, L.total_send_rows());
+      else if (L.rho > 1)  // the decode read the slices' sum: its gradient, copied per slice next
+        ops.decode_backward(buf(LayerBuf::kSummed), buf(LayerBuf::kDSummed), T, E, L.capacity);
       else
         ops.decode_backward(buf(LayerBuf::kExpertOut), buf(LayerBuf::kDExpertOut), T, E,
                             L.capacity);
       return -1;
+    case OpRoleKind::kPartialSum: {  // the sum's backward: every slice's output gets it
+      const std::size_t run = sz(L.capacity) * sz(M);
+      for (int q = 0; q < L.rho; ++q) {
+        BlockCopy c;
+        c.src = buf(LayerBuf::kDSummed);
+        c.src_pitch = run;
+        c.dst = buf(LayerBuf::kDExpertOut);
+        c.dst_off = sz(q) * run;
+        c.dst_pitch = sz(L.rho) * run;
+        c.run = run;
+        c.count = E;
+        ops.copy(c);
+      }
+      return -1;
+    }
+    case OpRoleKind::kParamGather:
+      return param_gather_backward(L, s, op, ops);
     case OpRoleKind::kCombine:
       return combine_backward(L, s, j, op, ops);
     case OpRoleKind::kFc2:
@@ -235,10 +288,15 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
     case OpRoleKind::kExpertGradSync:
       return expert_grad_sync(L, s, j, op, ops);
     case OpRoleKind::kEncode:
-      if (plan_routed)
+      if (plan_routed) {
         ops.encode_backward(buf(LayerBuf::kDSend), T, 1, L.total_send_rows());
-      else
+      } else if (L.rho > 1) {  // the encode wrote rho copies: their gradients summed first
+        ops.sum_slices(buf(LayerBuf::kDDispatched), buf(LayerBuf::kDSummed), E, L.rho,
+                       sz(L.capacity) * sz(M));
+        ops.encode_backward(buf(LayerBuf::kDSummed), T, E, L.capacity);
+      } else {
         ops.encode_backward(buf(LayerBuf::kDDispatched), T, E, L.capacity);
+      }
       return -1;
     case OpRoleKind::kGate:
       gate_backward(L, s, ops);

@@ -157,6 +157,12 @@ const char* layer_buf_name(LayerBuf b) {
       return "d_out";
     case LayerBuf::kDBack:
       return "d_back";
+    case LayerBuf::kDSummed:
+      return "d_summed";
+    case LayerBuf::kDParamAll:
+      return "d_param_all";
+    case LayerBuf::kDParamIn:
+      return "d_param_in";
   }
   return "?";
 }
@@ -256,6 +262,12 @@ void add_gradient_buffers(const LayerLayout& L, const MoeShape& s, std::vector<B
   } else {
     add(LayerBuf::kDExpertOut, E * sz(L.rho) * sz(L.capacity) * M);
     add(LayerBuf::kDDispatched, E * sz(L.rho) * sz(L.capacity) * M);
+    if (L.rho > 1) add(LayerBuf::kDSummed, E * sz(L.capacity) * M);
+    if (L.gather() > 1) {
+      const std::size_t h = sz(s.hidden_dim / L.shards);
+      add(LayerBuf::kDParamIn, 2 * M * h);
+      add(LayerBuf::kDParamAll, sz(L.gather()) * 2 * M * h);
+    }
   }
   for (int j = 0; j < L.chunks(); ++j) {
     const std::size_t rows = sz(L.received_rows(j));
@@ -284,6 +296,10 @@ std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
 
 std::size_t dw_offset(const LayerLayout& L, const MoeShape& s, bool fc2, int slice) {
   return (sz(fc2 ? L.slices : 0) + sz(slice)) * sz(s.model_dim) * sz(L.hidden);
+}
+
+LayerBuf owned_dw(const LayerLayout& L) {
+  return L.gather() > 1 ? LayerBuf::kDParamIn : LayerBuf::kDW;
 }
 
 namespace {

@@ -104,8 +104,11 @@ enum class LayerBuf : std::uint8_t {
   kDHidden,      // [chunk] as kHidden
   kDOut,         // [chunk] as kOut
   kDBack,        // [chunk] the output gradients packed at the token side (kBack's layout)
+  kDSummed,      // (E, C, M), data, rho > 1: the decode's input gradient, then the encode's sum
+  kDParamAll,    // n / rho > 1: kDW cut into the gather group's blocks (kParamAll's layout)
+  kDParamIn,     // ... their sum over the group for this rank's own slice (kParamIn's layout)
 };
-inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kDBack) + 1;
+inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kDParamIn) + 1;
 enum class ElemType : std::uint8_t { kF32, kData, kI32 };
 ElemType elem_type(LayerBuf b);
 const char* layer_buf_name(LayerBuf b);
@@ -314,6 +317,9 @@ class LayerOps {
   virtual std::int64_t exchange(const Op& op, const Exchange& x) = 0;
   /// all_gather over `op`'s group of `elements` of `in` into `out` (g blocks).
   virtual std::int64_t all_gather(const Op& op, BufId in, std::size_t elements, BufId out) = 0;
+  /// reduce_scatter over `op`'s group: `in` holds g blocks of `elements`; this member's block of
+  /// their sum goes to `out`.
+  virtual std::int64_t reduce_scatter(const Op& op, BufId in, std::size_t elements, BufId out) = 0;
   /// In-place sum of elements [offset, offset + elements) of `buf` over `op`'s group.
   virtual std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
                                   std::size_t elements) = 0;
@@ -339,6 +345,9 @@ std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_
 
 /// Where slice `slice`'s dW1 (fc2 false, M x hidden) or dW2 (hidden x M) starts in kDW.
 std::size_t dw_offset(const LayerLayout& L, const MoeShape& s, bool fc2, int slice);
+/// The buffer holding the gradients of the parameters this rank owns after the backward:
+/// [dW1 of each slice | dW2 of each], the slices' hidden width being H / n on sharded layouts.
+LayerBuf owned_dw(const LayerLayout& L);
 
 /// The expert GEMMs of chunk j: fc1 (kIn -> kHidden) or fc2 (kHidden -> kOut). Capacity routing:
 /// one strided-batched GEMM per slice over the W source blocks; plan routing: one per received
@@ -355,17 +364,19 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
                               const Op& op, LayerOps& ops);
 
 /// Whether the program runs the backward of layout L (LayerLayout::backward may be set): the
-/// plain capacity layout (one copy of each expert's slots, own rows in and out) and plan routing.
-/// Empty when it can, else why not (sharded slices, Parm's units, deepep stay on scratch buffers).
+/// capacity layouts with own rows in and out (plain, sharded slices) and plan routing. Empty
+/// when it can, else why not (Parm's units and deepep stay on scratch buffers).
 std::string backward_unsupported(const LayerLayout& L);
 
-/// Whether `op` is a backward step of the program: the backward decode, combine, fc2, fc1,
-/// dispatch, encode and gate, and the experts' gradient all-reduce (its micro-ops).
+/// Whether `op` is a backward step of the program: the backward decode, partial sum, combine,
+/// fc2, fc1, dispatch, encode and gate, and the experts' gradient reduce-scatter (sharded) and
+/// all-reduce (its micro-ops).
 bool is_backward_step(const Op& op);
 
 /// The backward program: the backward op `op` of layer L (L.backward) through `ops`, the
-/// transpose of the forward step of the same role. Gradients: kDY in; kDX32, kDGateW and kDW out
-/// (kDGateW and kDW accumulate over the step's passes). Returns the collective's algorithm or -1.
+/// transpose of the forward step of the same role. Gradients: kDY in; kDX32, kDGateW and the
+/// experts' out (kDW, or kDParamIn for a sharded slice gathered over n / rho > 1 ranks: owned_dw;
+/// kDGateW and kDW accumulate over the step's passes). Returns the collective's algorithm or -1.
 std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                                const Op& op, LayerOps& ops);
 

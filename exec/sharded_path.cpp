@@ -177,6 +177,7 @@ struct ShardedPath::Impl {
   struct Layer : ShardedLayerPlan {
     LayerLayout lay;
     HostLayerBuffers buf;
+    LayerBackwardPlan bwd;  // the plan's backward of it (lay.backward: the program runs it)
   };
 
   const Scenario& sc;
@@ -212,6 +213,17 @@ struct ShardedPath::Impl {
 
   bool run_op(const Plan& plan, const Op& op, std::vector<std::int64_t>& collective_algo) {
     if (!active) return false;
+    if (is_backward_step(op)) {  // the backward program, where the layer has its gradients
+      const int moe = sc.model.moe_layer_of_block(op.role.block);
+      if (moe < 0 || moe >= static_cast<int>(layers.size())) return false;
+      Layer& L = layers[static_cast<std::size_t>(moe)];
+      if (!L.on_rank || !L.lay.backward) return false;
+      HostLayerOps ops(comm, cost, topo, plan, shape, L.buf);
+      const std::int64_t algo =
+          run_backward_step(L.lay, shape, op.role.kind, op.role.chunk, op, ops);
+      if (algo >= 0) collective_algo[op.id] = algo;
+      return true;
+    }
     const MoeOpRef ref = moe_op_ref(op);
     if (ref.kind == OpRoleKind::kNone) return false;
     const int moe = sc.model.moe_layer_of_block(ref.block);
@@ -259,10 +271,15 @@ std::string ShardedPath::begin(const Plan& plan, int iteration) {
       continue;
     }
     L.lay = sharded_layout(L, d.shape);
+    L.bwd = layer_backward_plan(plan, L.block, d.comm.rank());
+    L.lay.backward = L.bwd.passes > 0 && backward_unsupported(L.lay).empty();
+    L.lay.grad_sync_parts = L.bwd.sync_parts;
     L.buf.allocate(L.lay, d.shape);
+    const int key_rank = token_key_rank(d.sc.parallelism, d.comm.rank());
     L.buf.f({LayerBuf::kGateW}) = make_gate_weights(d.shape, seed, L.moe);
-    L.buf.f({LayerBuf::kX32}) = make_tokens(d.shape, seed, iteration, L.moe,
-                                            token_key_rank(d.sc.parallelism, d.comm.rank()));
+    L.buf.f({LayerBuf::kX32}) = make_tokens(d.shape, seed, iteration, L.moe, key_rank);
+    if (L.lay.backward)
+      L.buf.f({LayerBuf::kDY}) = make_grad_output(d.shape, seed, iteration, L.moe, key_rank);
     const auto& [w1, w2] = d.own_slice(L);
     if (L.gather() == 1) {  // P2: no gather; this rank's own 1/n slice is hidden slice q of n
       L.buf.f({LayerBuf::kW1}) = w1;
@@ -311,6 +328,25 @@ const HostLayerBuffers* ShardedPath::buffers(int li) const {
   if (!impl_->active || li < 0 || li >= static_cast<int>(impl_->layers.size())) return nullptr;
   const auto& L = impl_->layers[static_cast<std::size_t>(li)];
   return L.on_rank ? &L.buf : nullptr;
+}
+
+std::optional<LayerGradients> ShardedPath::gradients(int li) const {
+  if (!impl_->active || li < 0 || li >= static_cast<int>(impl_->layers.size())) return {};
+  const Impl::Layer& L = impl_->layers[static_cast<std::size_t>(li)];
+  if (!L.on_rank || !L.lay.backward) return {};
+  const int h = impl_->shape.hidden_dim / L.shards;
+  LayerGradients g;
+  g.moe = L.moe;
+  g.expert_first = L.expert_id();
+  g.local_experts = 1;
+  g.hidden_first = L.shard_pos() * h;  // its own 1/n shard, after the reduce-scatter
+  g.hidden_cols = h;
+  g.capacity = L.capacity;
+  g.plan = &L.bwd;
+  g.dx = &L.buf.f({LayerBuf::kDX32});
+  g.dgate_w = &L.buf.f({LayerBuf::kDGateW});
+  g.dw = &L.buf.f({owned_dw(L.lay)});
+  return g;
 }
 
 std::vector<ProgramLayerRef> ShardedPath::program_layers() {

@@ -30,12 +30,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
+#include "exec/grad_check.hpp"
 #include "exec/host_layer.hpp"
 #include "exec/moe_data.hpp"
 
@@ -96,6 +98,9 @@ class ShardedPath {
   std::vector<ProgramLayerRef> program_layers();
   /// Layer li's buffers (its gate's logits, outputs), or null off this rank's stage / inactive.
   const HostLayerBuffers* buffers(int li) const;
+  /// Layer li's gradients after a run whose backward the program ran (this rank's 1/n shard of
+  /// its expert), or nothing.
+  std::optional<LayerGradients> gradients(int li) const;
 
  private:
   struct Impl;

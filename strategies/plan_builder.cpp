@@ -1503,7 +1503,8 @@ class Builder {
     if (needs_param_gather()) {
       prev = collective(s_grad_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
                         grouping(gather_grouping()), gathered_expert_bytes(), deps_of({prev}),
-                        fmt::format("L{}.grad.expert_reduce_scatter", l));
+                        OpTag(fmt::format("L{}.grad.expert_reduce_scatter", l),
+                              OpRole{OpRoleKind::kParamGather, true, l, -1}));
       index_.gradient_sync.push_back(prev);
     }
     if (dp_ > 1) {

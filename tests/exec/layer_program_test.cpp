@@ -267,6 +267,11 @@ class RecordingOps final : public LayerOps {
                   (offset ? "+" + std::to_string(offset) : "") + " " + std::to_string(n));
     return 5;
   }
+  std::int64_t reduce_scatter(const Op&, BufId in, std::size_t n, BufId out) override {
+    log.push_back(std::string("reduce_scatter ") + layer_buf_name(in.buf) + "->" +
+                  layer_buf_name(out.buf) + " " + std::to_string(n));
+    return 6;
+  }
   void decode_backward(BufId out, BufId d_out, int t, int e, int c) override {
     log.push_back(std::string("decode_backward ") + layer_buf_name(out.buf) + "->" +
                   layer_buf_name(d_out.buf) + " " + std::to_string(t) + ":" + std::to_string(e) +

@@ -193,10 +193,18 @@ class DeviceLayerOps final : public LayerOps {
   void relu_backward(BufId activated, BufId grad, std::size_t elements) override {
     kcu::relu_backward(cx_, dtype_, at(activated), at(grad), elements);
   }
-  void softmax_backward(BufId expert, int tokens, int experts, int top_k) override {
-    kcu::softmax_backward(cx_, tokens, experts, top_k, at<float>({LayerBuf::kLogits}),
-                          at<std::int32_t>(expert), at<float>({LayerBuf::kDWeight}),
-                          at<float>({LayerBuf::kDLogits}));
+  void softmax_backward(BufId logits, BufId expert, BufId d_weight, BufId d_logits, int tokens,
+                        int experts, int top_k) override {
+    kcu::softmax_backward(cx_, tokens, experts, top_k, at<float>(logits), at<std::int32_t>(expert),
+                          at<float>(d_weight), at<float>(d_logits));
+  }
+  void narrow(BufId src, BufId dst, std::size_t elements) override {
+    kcu::convert(cx_, DType::kF32, at(src), dtype_, at(dst), elements);
+  }
+  void dot_rows(BufId a, BufId a_row, BufId b, int rows, std::size_t row_elems, BufId out_index,
+                BufId out) override {
+    kcu::dot_rows(cx_, dtype_, at(a), at<std::int32_t>(a_row), at(b), rows, row_elems,
+                  at<std::int32_t>(out_index), at<float>(out));
   }
   void widen_tokens(std::size_t elements) override {
     kcu::convert(cx_, dtype_, at({LayerBuf::kX}), DType::kF32, at({LayerBuf::kX32}), elements);

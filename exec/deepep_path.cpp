@@ -149,19 +149,23 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const RoutedLayer& R, const Mo
     }
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& x, const Entry& y) { return x.expert < y.expert; });
-  std::vector<int> entry_weight;
+  // Its slices are the experts it owns, whether or not a row came (every DP replica of the
+  // position holds the same ones; their gradients are summed); a run per expert with entries.
+  for (int e = p * per_gpu; e < std::min(r.experts, (p + 1) * per_gpu); ++e)
+    D->experts.push_back(e);
+  int last = -1;
   for (const Entry& e : entries) {
-    if (D->experts.empty() || D->experts.back() != e.expert) {
-      D->experts.push_back(e.expert);
-      D->runs.emplace_back(0, static_cast<int>(D->experts.size()) - 1);
+    if (e.expert != last) {
+      D->runs.emplace_back(0, e.expert - p * per_gpu);
+      last = e.expert;
     }
     ++D->runs.back().first;
     D->entry_row.push_back(e.row);
-    entry_weight.push_back(e.row * k + e.slot);
+    D->entry_weight.push_back(e.row * k + e.slot);
   }
   // The row sums as CSR tables (LayerOps::sum_rows): a token row's entries, a token's or a node
   // row's forwarded outputs, a token's node rows, each in ascending source row.
-  D->tok_sum = sum_table(D->entry_row, tok, &entry_weight);
+  D->tok_sum = sum_table(D->entry_row, tok, &D->entry_weight);
   D->own_sum = sum_table(D->fwd_own_idx, S, nullptr);
   D->node_sum = sum_table(D->fwd_in_idx, fwd_in, nullptr);
   D->back_sum = sum_table(D->send_idx, S, nullptr);
@@ -184,7 +188,7 @@ LayerLayout deepep_layout(const RoutedLayer& R, const DeepepLayer& D, const MoeS
 }
 
 void fill_deepep_layer(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s,
-                       std::uint64_t seed, HostLayerBuffers& buffers) {
+                       std::uint64_t seed, HostLayerBuffers& buffers, bool backward) {
   const auto put = [&](LayerBuf b, const std::vector<int>& v) {
     auto& dst = buffers.i({b});
     MOESIM_ASSERT(dst.size() == v.size(), fmt::format("deepep table {} size", layer_buf_name(b)));
@@ -200,6 +204,20 @@ void fill_deepep_layer(const RoutedLayer& R, const DeepepLayer& D, const MoeShap
   put(LayerBuf::kOwnSum, D.own_sum);
   put(LayerBuf::kNodeSum, D.node_sum);
   put(LayerBuf::kBackSum, D.back_sum);
+  if (backward) {
+    // The backward's tables (allocated when the program runs the layer's backward): each entry's
+    // weight element, and the one-term row sum that scatters a token row's gradient to its
+    // entries with their weights.
+    const std::size_t n = D.entry_row.size();
+    std::vector<int> entry_sum(3 * n + 1);
+    for (std::size_t e = 0; e <= n; ++e) entry_sum[e] = static_cast<int>(e);
+    std::copy(D.entry_row.begin(), D.entry_row.end(),
+              entry_sum.begin() + static_cast<std::ptrdiff_t>(n + 1));
+    std::copy(D.entry_weight.begin(), D.entry_weight.end(),
+              entry_sum.begin() + static_cast<std::ptrdiff_t>(2 * n + 1));
+    put(LayerBuf::kEntryWeight, D.entry_weight);
+    put(LayerBuf::kEntrySum, entry_sum);
+  }
   for (std::size_t i = 0; i < D.experts.size(); ++i) {
     buffers.f({LayerBuf::kW1, static_cast<int>(i)}) = make_w1(s, seed, R.moe, D.experts[i]);
     buffers.f({LayerBuf::kW2, static_cast<int>(i)}) = make_w2(s, seed, R.moe, D.experts[i]);

@@ -48,8 +48,9 @@ struct DeepepLayer {
   std::vector<int> send_idx, fwd_own_idx, fwd_in_idx;     // per kSend / kFwdOut row
   std::vector<int> tok_expert;                            // per kTokIn row, k slots (-1: none)
   std::vector<int> entry_row;                             // per kIn row
+  std::vector<int> entry_weight;                          // per kIn row: its kTokWeight element
   std::vector<int> tok_sum, own_sum, node_sum, back_sum;  // CSR row sums (LayerBuf::k*Sum)
-  std::vector<int> experts;                               // the experts it computes (slices)
+  std::vector<int> experts;                               // the experts it owns (slices)
   std::vector<std::pair<int, int>> runs;                  // (entries, slice) per expert
 };
 
@@ -64,8 +65,9 @@ std::unique_ptr<DeepepLayer> prepare_deepep_layer(const RoutedLayer& R, const Mo
 /// The layer program's record of it (LayerRouting::kDeepep).
 LayerLayout deepep_layout(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s);
 
-/// Its tables and its experts' weights into buffers allocated for deepep_layout.
+/// Its tables and its experts' weights into buffers allocated for deepep_layout (`backward`: the
+/// layout's backward tables too, LayerLayout::backward).
 void fill_deepep_layer(const RoutedLayer& R, const DeepepLayer& D, const MoeShape& s,
-                       std::uint64_t seed, HostLayerBuffers& buffers);
+                       std::uint64_t seed, HostLayerBuffers& buffers, bool backward);
 
 }  // namespace moesim::exec

@@ -192,6 +192,7 @@ struct Executor::Layer : MoeLayerPlan {
     g.local_experts = lay.slices;
     g.capacity = capacity;
     g.routed_expert = rpath ? &rpath->sent.expert : nullptr;
+    g.gate_on_targets = lay.routing == LayerRouting::kDeepep;
     g.plan = &bwd;
     g.dx = &buf.f({LayerBuf::kDX32});
     g.dgate_w = &buf.f({LayerBuf::kDGateW});
@@ -325,8 +326,9 @@ void Executor::prepare_layers(const Plan& plan) {
       if (is_deepep_layer(*L.rpath)) {  // the same assignment, moved once per node
         L.dpath = prepare_deepep_layer(*L.rpath, shape_);
         L.lay = deepep_layout(*L.rpath, *L.dpath, shape_);
+        enable_backward(plan, L);
         L.buf.allocate(L.lay, shape_);
-        fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf);
+        fill_deepep_layer(*L.rpath, *L.dpath, shape_, seed, L.buf, L.lay.backward);
       } else {
         L.lay = routed_layout(*L.rpath, shape_);
         enable_backward(plan, L);

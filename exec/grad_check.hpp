@@ -38,6 +38,9 @@ struct LayerGradients {
   int hidden_cols = 0;    // a sharded layout's 1/n shard)
   int capacity = 0;       // capacity routing's C (the reference's capacity rule)
   const std::vector<int>* routed_expert = nullptr;  // plan-routed: each entry's expert, -1 dropped
+  // deepep: the expert GPUs recompute the gate's weights from the rows they receive, so dWgate
+  // lands where the rows went: the EP group's sum is compared (dX still per rank).
+  bool gate_on_targets = false;
   const LayerBackwardPlan* plan = nullptr;
   const std::vector<float>* dx = nullptr;       // S x M
   const std::vector<float>* dgate_w = nullptr;  // M x E
@@ -54,7 +57,8 @@ struct GradCheck {
 };
 
 /// --check of the layer's gradients (a collective over every rank): per rank dX of its own tokens
-/// and dWgate of its own tokens vs the reference; per expert the reference contributions of every
+/// and dWgate of its own tokens (gate_on_targets: the EP group's sum of both sides) vs the
+/// reference; per expert the reference contributions of every
 /// rank summed over the EP group (and the DP group when the plan all-reduces the expert
 /// gradients), compared on the expert's owner, all times the passes. `tol`: |g - ref| <= tol *
 /// (1 + |ref|).

@@ -202,17 +202,38 @@ void HostLayerOps::relu_backward(BufId activated, BufId grad, std::size_t elemen
   kc::relu_backward(ctx, kF32, a.data(), g.data(), elements);
 }
 
-void HostLayerOps::softmax_backward(BufId expert, int tokens, int experts, int top_k) {
+void HostLayerOps::softmax_backward(BufId logits, BufId expert, BufId d_weight, BufId d_logits,
+                                    int tokens, int experts, int top_k) {
   const std::size_t entries = static_cast<std::size_t>(tokens) * top_k;
-  const std::size_t logits = static_cast<std::size_t>(tokens) * experts;
-  MOESIM_ASSERT(b_.f({LayerBuf::kLogits}).size() >= logits &&
-                    b_.f({LayerBuf::kDLogits}).size() >= logits && b_.i(expert).size() >= entries &&
-                    b_.f({LayerBuf::kDWeight}).size() >= entries,
+  const std::size_t n = static_cast<std::size_t>(tokens) * experts;
+  MOESIM_ASSERT(b_.f(logits).size() >= n && b_.f(d_logits).size() >= n &&
+                    b_.i(expert).size() >= entries && b_.f(d_weight).size() >= entries,
                 "softmax backward out of bounds");
   kc::Context ctx;
-  kc::softmax_backward(ctx, tokens, experts, top_k, b_.f({LayerBuf::kLogits}).data(),
-                       b_.i(expert).data(), b_.f({LayerBuf::kDWeight}).data(),
-                       b_.f({LayerBuf::kDLogits}).data());
+  kc::softmax_backward(ctx, tokens, experts, top_k, b_.f(logits).data(), b_.i(expert).data(),
+                       b_.f(d_weight).data(), b_.f(d_logits).data());
+}
+
+void HostLayerOps::narrow(BufId src, BufId dst, std::size_t elements) {
+  widen(src, dst, elements);  // one element type on the host path: a copy, or nothing if aliased
+}
+
+void HostLayerOps::dot_rows(BufId a, BufId a_row, BufId b, int rows, std::size_t row_elems,
+                            BufId out_index, BufId out) {
+  const std::vector<float>& x = b_.f(a);
+  const std::vector<float>& y = b_.f(b);
+  const std::vector<std::int32_t>& xr = b_.i(a_row);
+  const std::vector<std::int32_t>& oi = b_.i(out_index);
+  std::vector<float>& o = b_.f(out);
+  const auto r = static_cast<std::size_t>(rows);
+  MOESIM_ASSERT(rows >= 0 && xr.size() >= r && oi.size() >= r && y.size() >= r * row_elems,
+                "row dots out of bounds");
+  for (std::size_t i = 0; i < r; ++i)
+    MOESIM_ASSERT(xr[i] >= 0 && static_cast<std::size_t>(xr[i] + 1) * row_elems <= x.size() &&
+                      oi[i] >= 0 && static_cast<std::size_t>(oi[i]) < o.size(),
+                  "row dots: row out of bounds");
+  kc::Context ctx;
+  kc::dot_rows(ctx, kF32, x.data(), xr.data(), y.data(), rows, row_elems, oi.data(), o.data());
 }
 
 void HostLayerOps::zero(BufId buf, std::size_t elements) {

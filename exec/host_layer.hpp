@@ -21,7 +21,7 @@ struct CostContext;
 namespace moesim::exec {
 
 /// One layer's host buffers, allocated (zeroed) from layer_buffers(). kX aliases kX32, kTokIn32
-/// kTokIn and kDX32 kDX (the host path's data type is fp32).
+/// kTokIn, kDX32 kDX and kDTokIn32 kDTokIn (the host path's data type is fp32).
 class HostLayerBuffers {
  public:
   void allocate(const LayerLayout& L, const MoeShape& s);
@@ -40,6 +40,7 @@ class HostLayerBuffers {
     if (b == LayerBuf::kX) return LayerBuf::kX32;
     if (b == LayerBuf::kTokIn32) return LayerBuf::kTokIn;
     if (b == LayerBuf::kDX32) return LayerBuf::kDX;
+    if (b == LayerBuf::kDTokIn32) return LayerBuf::kDTokIn;
     return b;
   }
   std::array<std::vector<std::vector<float>>, kKinds> f_;
@@ -84,7 +85,11 @@ class HostLayerOps final : public LayerOps {
   void decode_backward(BufId out, BufId d_out, int tokens, int num_experts, int capacity) override;
   void encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) override;
   void relu_backward(BufId activated, BufId grad, std::size_t elements) override;
-  void softmax_backward(BufId expert, int tokens, int experts, int top_k) override;
+  void softmax_backward(BufId logits, BufId expert, BufId d_weight, BufId d_logits, int tokens,
+                        int experts, int top_k) override;
+  void narrow(BufId src, BufId dst, std::size_t elements) override;
+  void dot_rows(BufId a, BufId a_row, BufId b, int rows, std::size_t row_elems, BufId out_index,
+                BufId out) override;
   void zero(BufId buf, std::size_t elements) override;
   void widen_tokens(std::size_t) override {}  // kX is kX32 on the host path
   void copy(const BlockCopy& c) override;

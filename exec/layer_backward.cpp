@@ -84,8 +84,9 @@ void gate_backward(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
   const std::size_t Mz = sz(M);
   ops.widen(buf(LayerBuf::kDX), buf(LayerBuf::kDX32), sz(T) * Mz);
   ops.softmax_backward(
-      buf(L.routing == LayerRouting::kCapacity ? LayerBuf::kExpert : LayerBuf::kRoutedExpert), T, E,
-      s.top_k);
+      buf(LayerBuf::kLogits),
+      buf(L.routing == LayerRouting::kCapacity ? LayerBuf::kExpert : LayerBuf::kRoutedExpert),
+      buf(LayerBuf::kDWeight), buf(LayerBuf::kDLogits), T, E, s.top_k);
   if (T == 0) return;
   GemmJob w;
   w.a = buf(LayerBuf::kX32);
@@ -200,12 +201,118 @@ std::int64_t expert_grad_sync(const LayerLayout& L, const MoeShape& s, int part,
   return ops.all_reduce(op, buf(owned_dw(L)), lo, hi - lo);
 }
 
+// A deepep layer's backward steps, each the transpose of its forward step (run_deepep_step):
+// a row gather's transpose is a row sum by the same index (its CSR table), and a row sum's is a
+// gather. The combine's backward moves like the forward dispatch (inter, then intra) and the
+// dispatch's like the forward combine; the targets, which computed the gate's weights from the
+// rows they received, take the gate's backward too, so dWgate is summed where the rows were
+// (its EP-group total is the layer's) and the tokens' share of dX returns with the rows.
+std::int64_t deepep_backward(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, const Op& op,
+                             LayerOps& ops) {
+  const auto& d = L.deepep;
+  const std::size_t M = sz(s.model_dim);
+  const int E = s.experts, k = s.top_k, S = L.unit_tokens(s);
+  auto exchange = [&](LayerBuf send, int send_rows, LayerBuf recv, int recv_rows, int phase) {
+    Exchange x;
+    x.send = buf(send);
+    x.send_elems = sz(send_rows) * M;
+    x.recv = buf(recv);
+    x.recv_elems = sz(recv_rows) * M;
+    x.row_elems = M;
+    x.first_phase = phase;
+    x.phase_count = 1;
+    return ops.exchange(op, x);
+  };
+  const BufId none = buf(LayerBuf::kX);
+  switch (kind) {
+    case OpRoleKind::kDecode:  // every node row of a token gets the token's dY
+      ops.gather_rows(buf(LayerBuf::kDY), buf(LayerBuf::kDBack), buf(LayerBuf::kSendIdx), d.send,
+                      M);
+      return -1;
+    case OpRoleKind::kCombine: {
+      const std::int64_t algo = exchange(LayerBuf::kDBack, d.send, LayerBuf::kDFwdIn, d.fwd_in, 0);
+      ops.gather_rows(buf(LayerBuf::kDY), buf(LayerBuf::kDFwdOut), buf(LayerBuf::kFwdOwnIdx),
+                      d.fwd_out, M);
+      ops.gather_rows(buf(LayerBuf::kDFwdIn), buf(LayerBuf::kDFwdOut), buf(LayerBuf::kFwdInIdx),
+                      d.fwd_out, M);
+      exchange(LayerBuf::kDFwdOut, d.fwd_out, LayerBuf::kDTokOut, d.tok, 1);
+      return algo;
+    }
+    case OpRoleKind::kFc2:
+      // The weighted sum's backward: each entry's weight gradient, and its output's gradient.
+      ops.zero(buf(LayerBuf::kDTokWeight), sz(d.tok) * sz(k));
+      ops.dot_rows(buf(LayerBuf::kDTokOut), buf(LayerBuf::kEntryRow), buf(LayerBuf::kOut, 0),
+                   d.entries, M, buf(LayerBuf::kEntryWeight), buf(LayerBuf::kDTokWeight));
+      ops.zero(buf(LayerBuf::kDOut, 0), sz(d.entries) * M);
+      ops.sum_rows(buf(LayerBuf::kDTokOut), buf(LayerBuf::kDOut, 0), buf(LayerBuf::kEntrySum),
+                   d.entries, d.entries, M, true, buf(LayerBuf::kTokWeight));
+      expert_backward(L, s, 0, true, ops);
+      ops.relu_backward(buf(LayerBuf::kHidden, 0), buf(LayerBuf::kDHidden, 0),
+                        sz(d.entries) * sz(L.hidden));
+      return -1;
+    case OpRoleKind::kFc1: {
+      expert_backward(L, s, 0, false, ops);
+      ops.zero(buf(LayerBuf::kDTokIn), sz(d.tok) * M);
+      ops.sum_rows(buf(LayerBuf::kDIn, 0), buf(LayerBuf::kDTokIn), buf(LayerBuf::kTokSum), d.tok,
+                   d.entries, M, false, none);
+      // The target's gate: its softmax backward, dWgate += rows^T dLogits, rows += dLogits Wg^T.
+      ops.softmax_backward(buf(LayerBuf::kTokLogits), buf(LayerBuf::kTokExpert),
+                           buf(LayerBuf::kDTokWeight), buf(LayerBuf::kDTokLogits), d.tok, E, k);
+      if (d.tok == 0) return -1;
+      ops.widen(buf(LayerBuf::kDTokIn), buf(LayerBuf::kDTokIn32), sz(d.tok) * M);
+      GemmJob w;
+      w.a = buf(LayerBuf::kTokIn32);
+      w.trans_a = true;
+      w.b = buf(LayerBuf::kDTokLogits);
+      w.c = buf(LayerBuf::kDGateW);
+      w.m = s.model_dim;
+      w.n = E;
+      w.k = d.tok;
+      w.accumulate = true;
+      ops.gemm(w, /*f32=*/true);
+      GemmJob x;
+      x.a = buf(LayerBuf::kDTokLogits);
+      x.b = buf(LayerBuf::kGateW);
+      x.trans_b = true;
+      x.c = buf(LayerBuf::kDTokIn32);
+      x.m = d.tok;
+      x.n = s.model_dim;
+      x.k = E;
+      x.accumulate = true;
+      ops.gemm(x, /*f32=*/true);
+      ops.narrow(buf(LayerBuf::kDTokIn32), buf(LayerBuf::kDTokIn), sz(d.tok) * M);
+      return -1;
+    }
+    case OpRoleKind::kDispatch: {
+      const std::int64_t algo =
+          exchange(LayerBuf::kDTokIn, d.tok, LayerBuf::kDFwdOut, d.fwd_out, 0);
+      ops.zero(buf(LayerBuf::kDX), sz(S) * M);
+      ops.sum_rows(buf(LayerBuf::kDFwdOut), buf(LayerBuf::kDX), buf(LayerBuf::kOwnSum), S,
+                   d.own_terms, M, false, none);
+      ops.zero(buf(LayerBuf::kDFwdIn), sz(d.fwd_in) * M);
+      ops.sum_rows(buf(LayerBuf::kDFwdOut), buf(LayerBuf::kDFwdIn), buf(LayerBuf::kNodeSum),
+                   d.fwd_in, d.node_terms, M, false, none);
+      exchange(LayerBuf::kDFwdIn, d.fwd_in, LayerBuf::kDSend, d.send, 1);
+      return algo;
+    }
+    case OpRoleKind::kEncode:
+      ops.sum_rows(buf(LayerBuf::kDSend), buf(LayerBuf::kDX), buf(LayerBuf::kBackSum), S, d.send, M,
+                   false, none);
+      return -1;
+    case OpRoleKind::kGate:  // the source's gate weighs nothing here: dX is complete
+      ops.widen(buf(LayerBuf::kDX), buf(LayerBuf::kDX32), sz(S) * M);
+      return -1;
+    default:
+      break;
+  }
+  throw InternalError(fmt::format(
+      "layer program: op '{}' is not a backward step of deepep MoE layer {}", op.label, L.moe));
+}
+
 }  // namespace
 
 std::string backward_unsupported(const LayerLayout& L) {
-  if (L.routing == LayerRouting::kDeepep)
-    return "the deepep dispatch's backward (per-node forwarding of gradients)";
-  if (L.routing == LayerRouting::kPlan) return "";
+  if (L.routing != LayerRouting::kCapacity) return "";
   if (L.input != GateInput::kOwn || L.output != LayerOutput::kGateRows || L.accumulate_back ||
       L.dump_op)
     return "Parm's MP / ESP routing units";
@@ -237,6 +344,8 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
   const int M = s.model_dim, E = s.experts, T = L.unit_tokens(s);
   const bool plan_routed = L.routing == LayerRouting::kPlan;
   const int j = chunk;
+  if (L.routing == LayerRouting::kDeepep && kind != OpRoleKind::kExpertGradSync)
+    return deepep_backward(L, s, kind, op, ops);
   switch (kind) {
     case OpRoleKind::kDecode:  // dWeight and the returned rows' gradients
       if (plan_routed)

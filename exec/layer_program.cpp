@@ -35,7 +35,13 @@ ElemType elem_type(LayerBuf b) {
     case LayerBuf::kDX32:
     case LayerBuf::kDLogits:
     case LayerBuf::kDGateW:
+    case LayerBuf::kDTokIn32:
+    case LayerBuf::kDTokWeight:
+    case LayerBuf::kDTokLogits:
       return ElemType::kF32;
+    case LayerBuf::kEntrySum:
+    case LayerBuf::kEntryWeight:
+      return ElemType::kI32;
     default:
       return ElemType::kData;
   }
@@ -163,6 +169,24 @@ const char* layer_buf_name(LayerBuf b) {
       return "d_param_all";
     case LayerBuf::kDParamIn:
       return "d_param_in";
+    case LayerBuf::kDFwdIn:
+      return "d_fwd_in";
+    case LayerBuf::kDFwdOut:
+      return "d_fwd_out";
+    case LayerBuf::kDTokIn:
+      return "d_tok_in";
+    case LayerBuf::kDTokIn32:
+      return "d_tok_in32";
+    case LayerBuf::kDTokOut:
+      return "d_tok_out";
+    case LayerBuf::kDTokWeight:
+      return "d_tok_weight";
+    case LayerBuf::kDTokLogits:
+      return "d_tok_logits";
+    case LayerBuf::kEntrySum:
+      return "entry_sum";
+    case LayerBuf::kEntryWeight:
+      return "entry_weight";
   }
   return "?";
 }
@@ -255,6 +279,24 @@ void add_gradient_buffers(const LayerLayout& L, const MoeShape& s, std::vector<B
   add(LayerBuf::kDLogits, S * E);
   add(LayerBuf::kDGateW, M * E);
   add(LayerBuf::kDW, 2 * sz(L.slices) * M * hid);
+  if (L.routing == LayerRouting::kDeepep) {
+    const auto& d = L.deepep;
+    add(LayerBuf::kDBack, sz(d.send) * M);
+    add(LayerBuf::kDSend, sz(d.send) * M);
+    add(LayerBuf::kDFwdIn, sz(d.fwd_in) * M);
+    add(LayerBuf::kDFwdOut, sz(d.fwd_out) * M);
+    add(LayerBuf::kDTokIn, sz(d.tok) * M);
+    add(LayerBuf::kDTokIn32, sz(d.tok) * M);
+    add(LayerBuf::kDTokOut, sz(d.tok) * M);
+    add(LayerBuf::kDTokWeight, sz(d.tok) * k);
+    add(LayerBuf::kDTokLogits, sz(d.tok) * E);
+    add(LayerBuf::kEntrySum, 3 * sz(d.entries) + 1);
+    add(LayerBuf::kEntryWeight, sz(d.entries));
+    add(LayerBuf::kDIn, sz(d.entries) * M);
+    add(LayerBuf::kDHidden, sz(d.entries) * hid);
+    add(LayerBuf::kDOut, sz(d.entries) * M);
+    return;
+  }
   if (L.routing == LayerRouting::kPlan) {
     const std::size_t R = sz(L.total_send_rows());
     add(LayerBuf::kDBack, R * M);

@@ -107,8 +107,18 @@ enum class LayerBuf : std::uint8_t {
   kDSummed,      // (E, C, M), data, rho > 1: the decode's input gradient, then the encode's sum
   kDParamAll,    // n / rho > 1: kDW cut into the gather group's blocks (kParamAll's layout)
   kDParamIn,     // ... their sum over the group for this rank's own slice (kParamIn's layout)
+  // deepep's gradients, each beside its forward buffer (kDBack / kDSend: kSend's rows).
+  kDFwdIn,       // forwarder: kFwdIn's rows (the combine's node rows, then the dispatch's)
+  kDFwdOut,      // forwarder: kFwdOut's rows
+  kDTokIn,       // target: kTokIn's rows
+  kDTokIn32,     // ... in fp32, with the target gate's share (the host path aliases kDTokIn)
+  kDTokOut,      // target: kTokOut's rows
+  kDTokWeight,   // target: fp32, k per row
+  kDTokLogits,   // target: fp32
+  kEntrySum,     // i32 table: kOut row (entry) <- its kTokOut row, weighted (one term each)
+  kEntryWeight,  // i32: each entry's kTokWeight element
 };
-inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kDParamIn) + 1;
+inline constexpr std::size_t kLayerBufKinds = static_cast<std::size_t>(LayerBuf::kEntryWeight) + 1;
 enum class ElemType : std::uint8_t { kF32, kData, kI32 };
 ElemType elem_type(LayerBuf b);
 const char* layer_buf_name(LayerBuf b);
@@ -299,9 +309,16 @@ class LayerOps {
   virtual void encode_backward(BufId d_slots, int tokens, int num_experts, int capacity) = 0;
   /// grad = activated > 0 ? grad : 0 for `elements` (the ReLU's backward).
   virtual void relu_backward(BufId activated, BufId grad, std::size_t elements) = 0;
-  /// kDLogits from kLogits and kDWeight (kernels softmax_backward); `expert`: the entries'
-  /// experts (kExpert, or kRoutedExpert on plan-routed layers).
-  virtual void softmax_backward(BufId expert, int tokens, int experts, int top_k) = 0;
+  /// d_logits (fp32) from `logits` and the entries' d_weight (fp32; kernels softmax_backward);
+  /// `expert`: the entries' experts (i32, -1: none).
+  virtual void softmax_backward(BufId logits, BufId expert, BufId d_weight, BufId d_logits,
+                                int tokens, int experts, int top_k) = 0;
+  /// dst (data) = src (fp32) for `elements`: a no-op where they are one buffer (host path).
+  virtual void narrow(BufId src, BufId dst, std::size_t elements) = 0;
+  /// out (fp32) element out_index[i] = <a row a_row[i], b row i> for i < rows (kernels dot_rows;
+  /// a_row and out_index i32 buffers).
+  virtual void dot_rows(BufId a, BufId a_row, BufId b, int rows, std::size_t row_elems,
+                        BufId out_index, BufId out) = 0;
   virtual void zero(BufId buf, std::size_t elements) = 0;
   /// kX32 (fp32) = kX (data) for `elements`: the gate's fp32 copy of tokens that arrived in the
   /// data type (Parm's ESP all-gather, MP split). A no-op where the two are one buffer (host).
@@ -364,8 +381,8 @@ std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKin
                               const Op& op, LayerOps& ops);
 
 /// Whether the program runs the backward of layout L (LayerLayout::backward may be set): the
-/// capacity layouts with own rows in and out (plain, sharded slices) and plan routing. Empty
-/// when it can, else why not (Parm's units and deepep stay on scratch buffers).
+/// capacity layouts with own rows in and out (plain, sharded slices), plan routing and deepep.
+/// Empty when it can, else why not (Parm's units stay on scratch buffers).
 std::string backward_unsupported(const LayerLayout& L);
 
 /// Whether `op` is a backward step of the program: the backward decode, partial sum, combine,

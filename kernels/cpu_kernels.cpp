@@ -489,4 +489,23 @@ void sum_rows(Context&, DType dtype, const void* src, const std::int32_t* begin,
   });
 }
 
+void dot_rows(Context&, DType dtype, const void* a, const std::int32_t* a_row, const void* b,
+              int rows, std::size_t row_elems, const std::int32_t* out_index, float* out) {
+  if (rows < 0) throw ArgumentError("kernels::dot_rows: negative rows");
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename T::Storage;
+    const S* x = static_cast<const S*>(a);
+    const S* y = static_cast<const S*>(b);
+    for (int i = 0; i < rows; ++i) {
+      const S* xr = x + std::size_t(a_row[i]) * row_elems;
+      const S* yr = y + std::size_t(i) * row_elems;
+      float acc = 0.0f;
+      for (std::size_t e = 0; e < row_elems; ++e)
+        acc = rules::mul_add(T::load(xr[e]), T::load(yr[e]), acc);
+      out[out_index[i]] = acc;
+    }
+  });
+}
+
 }  // namespace moesim::kernels::cpu

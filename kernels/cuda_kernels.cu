@@ -542,6 +542,22 @@ __global__ void softmax_pick_kernel(long long entries, int experts, int k,
   }
 }
 
+// One thread per row: its dot product in element order with unfused products (rules::mul_add),
+// the CPU twin's sum.
+template <typename T>
+__global__ void dot_rows_kernel(int rows, std::size_t row_elems, const T* __restrict__ a,
+                                const std::int32_t* __restrict__ a_row, const T* __restrict__ b,
+                                const std::int32_t* __restrict__ out_index,
+                                float* __restrict__ out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
+    const T* x = a + static_cast<std::size_t>(a_row[i]) * row_elems;
+    const T* y = b + static_cast<std::size_t>(i) * row_elems;
+    float acc = 0.0f;
+    for (std::size_t e = 0; e < row_elems; ++e) acc = rules::mul_add(to_f(x[e]), to_f(y[e]), acc);
+    out[out_index[i]] = acc;
+  }
+}
+
 // One thread per token row: the gate softmax's backward (rules::softmax_backward_row).
 __global__ void softmax_backward_kernel(int tokens, int experts, int k,
                                         const float* __restrict__ logits,
@@ -1003,6 +1019,20 @@ void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, i
       trans.a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, t, trans.b ? k : n, stride_b, a, t,
       trans.a ? m : k, stride_a, &beta, c, t, n, stride_c, batch, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
+}
+
+void dot_rows(Context& ctx, DType dtype, const void* a, const std::int32_t* a_row, const void* b,
+              int rows, std::size_t row_elems, const std::int32_t* out_index, float* out) {
+  if (rows < 0) throw ArgumentError("kernels::cuda::dot_rows: negative rows");
+  if (rows == 0) return;
+  const int grid =
+      grid_for(std::min<std::size_t>((static_cast<std::size_t>(rows) + 127) / 128, 65536));
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    dot_rows_kernel<T><<<grid, 128, 0, ctx.stream()>>>(
+        rows, row_elems, static_cast<const T*>(a), a_row, static_cast<const T*>(b), out_index, out);
+  });
+  MOESIM_KCUDA_LAUNCHED();
 }
 
 void relu_backward(Context& ctx, DType dtype, const void* activated, void* grad, std::size_t n) {

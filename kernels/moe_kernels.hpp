@@ -305,6 +305,11 @@ void gather_rows(Context& ctx, DType dtype, const void* src, const std::int32_t*
 void sum_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* begin,
               const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
               int rows, std::size_t row_elems, void* dst);
+/// Row dot products: for i < rows, out[out_index[i]] = <a row a_row[i], b row i> (rows of
+/// row_elems elements, summed in fp32 in element order). The backward of sum_rows' weights: a
+/// summed row's gradient dotted with each of its terms.
+void dot_rows(Context& ctx, DType dtype, const void* a, const std::int32_t* a_row, const void* b,
+              int rows, std::size_t row_elems, const std::int32_t* out_index, float* out);
 
 }  // namespace cpu
 
@@ -382,6 +387,8 @@ void gather_rows(Context& ctx, DType dtype, const void* src, const std::int32_t*
 void sum_rows(Context& ctx, DType dtype, const void* src, const std::int32_t* begin,
               const std::int32_t* src_row, const float* weight, const std::int32_t* weight_index,
               int rows, std::size_t row_elems, void* dst);
+void dot_rows(Context& ctx, DType dtype, const void* a, const std::int32_t* a_row, const void* b,
+              int rows, std::size_t row_elems, const std::int32_t* out_index, float* out);
 /// kernels::convert on the device: n elements of `from` at src to `to` at dst (through fp32).
 void convert(Context& ctx, DType from, const void* src, DType to, void* dst, std::size_t n);
 

@@ -285,9 +285,19 @@ class RecordingOps final : public LayerOps {
     log.push_back(std::string("relu_backward ") + layer_buf_name(act.buf) + "->" +
                   layer_buf_name(grad.buf) + " " + std::to_string(n));
   }
-  void softmax_backward(BufId expert, int t, int e, int k) override {
-    log.push_back(std::string("softmax_backward ") + layer_buf_name(expert.buf) + " " +
+  void softmax_backward(BufId logits, BufId expert, BufId, BufId d_logits, int t, int e,
+                        int k) override {
+    log.push_back(std::string("softmax_backward ") + layer_buf_name(logits.buf) + "->" +
+                  layer_buf_name(d_logits.buf) + " by " + layer_buf_name(expert.buf) + " " +
                   std::to_string(t) + ":" + std::to_string(e) + "x" + std::to_string(k));
+  }
+  void narrow(BufId src, BufId dst, std::size_t n) override {
+    log.push_back(std::string("narrow ") + layer_buf_name(src.buf) + "->" +
+                  layer_buf_name(dst.buf) + " " + std::to_string(n));
+  }
+  void dot_rows(BufId a, BufId, BufId b, int rows, std::size_t, BufId, BufId out) override {
+    log.push_back(std::string("dot_rows ") + layer_buf_name(a.buf) + "." + layer_buf_name(b.buf) +
+                  "->" + layer_buf_name(out.buf) + " " + std::to_string(rows));
   }
 };
 

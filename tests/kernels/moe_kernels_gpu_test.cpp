@@ -398,8 +398,8 @@ TEST_F(KernelGpuTest, GemmStridedBatchedAndActivationMatchCpu) {
   }
 }
 
-// The backward GEMMs (every transpose combination, accumulating) and the ReLU / softmax backward
-// kernels against their CPU twins.
+// The backward GEMMs (every transpose combination, accumulating), the ReLU / softmax backward and
+// the row dot products against their CPU twins.
 TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
   const int m = 24, n = 40, k = 56, batch = 3;
   for (DType d : kAllDTypes)
@@ -430,6 +430,27 @@ TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
     cuda::relu_backward(ctx(), d, dact.get(), dgrad.get(), 1000);
     ctx().synchronize();
     expect_close(dgrad.to_buffer(d).to_float(), grad.to_float(), 0.0f, 0.0f, "relu_backward");
+  }
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    const int rows = 300;
+    const std::size_t elems = 70;
+    HostBuffer a(d, random_floats(50 * elems, 103)), b(d, random_floats(rows * elems, 104));
+    std::vector<std::int32_t> a_row(rows), out_index(rows);
+    for (int i = 0; i < rows; ++i) {
+      a_row[static_cast<std::size_t>(i)] = (i * 7) % 50;
+      out_index[static_cast<std::size_t>(i)] = rows - 1 - i;
+    }
+    std::vector<float> want(rows);
+    cpu::Context cctx;
+    cpu::dot_rows(cctx, d, a.data(), a_row.data(), b.data(), rows, elems, out_index.data(),
+                  want.data());
+    DeviceBuffer da(a), db(b), dr(a_row), di(out_index), dout(want.size() * sizeof(float));
+    cuda::dot_rows(ctx(), d, da.get(), static_cast<const std::int32_t*>(dr.get()), db.get(), rows,
+                   elems, static_cast<const std::int32_t*>(di.get()),
+                   static_cast<float*>(dout.get()));
+    ctx().synchronize();
+    expect_close(dout.to_vector<float>(), want, 0.0f, 0.0f, "dot_rows");
   }
   const int tokens = 37, experts = 24, top_k = 3;
   const std::vector<float> logits = random_floats(std::size_t(tokens) * experts, 101, -4.0f, 4.0f);

@@ -641,6 +641,21 @@ TEST(KernelSoftmaxBackward, ByHandAndAgainstFiniteDifferences) {
       ArgumentError);
 }
 
+// Each row of b dotted with the row of a it names, written where out_index says: by hand.
+TEST(KernelDotRows, DotsEachRowWithItsIndexedRowInEveryDType) {
+  for (DType d : kAllDTypes) {
+    SCOPED_TRACE(dtype_name(d));
+    HostBuffer a(d, std::vector<float>{1, 2, 3, 4}), b(d, std::vector<float>{1, 1, 2, 0, 0, 3});
+    const std::vector<std::int32_t> a_row{1, 0, 1}, out_index{2, 0, 1};
+    std::vector<float> out(4, -1.0f);
+    cpu::Context ctx;
+    cpu::dot_rows(ctx, d, a.data(), a_row.data(), b.data(), 3, 2, out_index.data(), out.data());
+    // b row 0 . a row 1 = 3 + 4 -> out[2]; b row 1 . a row 0 = 2 -> out[0]; b row 2 . a row 1 =
+    // 12 -> out[1]; out[3] untouched.
+    EXPECT_EQ(out, (std::vector<float>{2, 12, 7, -1}));
+  }
+}
+
 TEST(KernelActivation, ReluAndGeluInPlace) {
   HostBuffer h(DType::kF32, std::vector<float>{-2, -0.5f, 0, 1.5f});
   cpu::Context ctx;

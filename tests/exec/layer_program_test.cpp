@@ -1,16 +1,24 @@
 // The MoE layer program (exec/layer_program.hpp): the copies, GEMMs and buffers it computes from
-// a layer's layout, worked out by hand on tiny layouts, and the steps it issues per op, recorded
-// through a LayerOps that only logs. The host and GPU paths run these lists as they are, so
-// these tests pin the indexing both paths share.
+// a layer's layout, worked out by hand on tiny layouts, the steps it issues per op, recorded
+// through a LayerOps that only logs (the host and GPU paths run these lists as they are, so these
+// tests pin the indexing both paths share), and a whole layer's forward and backward run on one
+// rank against the independent reference (the outcome; the multi-rank layouts' outcomes are the
+// `exec --check` tests under mpirun).
 #include "exec/layer_program.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "core/plan.hpp"
+#include "core/scenario_loader.hpp"
+#include "exec/host_layer.hpp"
+#include "exec/moe_data.hpp"
+#include "strategies/collectives/collective.hpp"
+#include "topology/topology.hpp"
 
 namespace moesim::exec {
 namespace {
@@ -507,6 +515,114 @@ TEST(LayerProgram, DeepepLayerRunsBothPhasesWithTheRowWorkBetween) {
   }
   EXPECT_EQ(ops.exchanges[1].recv_elems, 16u);  // the target's 4 token rows
   EXPECT_EQ(ops.exchanges[3].recv_elems, 12u);  // the source's 3 node rows
+}
+
+// One rank with no peer: what a layer whose experts are all local (W = 1) needs.
+class SelfCommunicator final : public Communicator {
+ public:
+  std::string_view name() const override { return "self"; }
+  void exchange(std::span<const SendSpec>, std::span<const RecvSpec>, int) override {
+    FAIL() << "a W = 1 layer exchanges nothing";
+  }
+  void all_to_allv(const std::byte*, std::span<const std::size_t>, std::span<const std::size_t>,
+                   std::byte*, std::span<const std::size_t>, std::span<const std::size_t>,
+                   std::span<const int>) override {
+    FAIL() << "a W = 1 layer exchanges nothing";
+  }
+  void all_reduce_sum(float*, std::size_t, std::span<const int>) override {}
+  void all_gather(const std::byte* in, std::size_t bytes, std::byte* out,
+                  std::span<const int>) override {
+    std::copy_n(in, bytes, out);
+  }
+  void reduce_scatter_sum(const float* in, float* out, std::size_t count,
+                          std::span<const int>) override {
+    std::copy_n(in, count, out);
+  }
+  void barrier() override {}
+};
+
+// The program run for real on one rank (HostLayerOps, the CPU kernels): a layer of 4 local
+// experts in 2 chunks, forward then backward, against the independent reference (plain loops in
+// double, moe_data.hpp). The outcome, not the list of steps: the output, the drops, and every
+// gradient (dX, dWgate, dW1, dW2), after 2 passes (the parameter gradients accumulate).
+TEST(LayerProgram, ForwardAndBackwardOnOneRankMatchTheReference) {
+  const Scenario sc = parse_scenario_string(R"(
+name: one-gpu
+cluster: {gpu: a100-sxm-80gb, nodes: 1, gpus_per_node: 1,
+          intra_node: {kind: nvswitch, bandwidth: 300GB/s, latency: 1us}}
+model: {layers: 1, batch_per_gpu: 1, seq_len: 24, model_dim: 8, hidden_dim: 12,
+        experts_per_gpu: 4, top_k: 2, capacity_factor: 1.0, dtype: fp32}
+parallelism: {ep: 1}
+strategies: [{name: baseline}]
+)",
+                                            "one-gpu.yaml");
+  const auto topo = topology::build_topology(sc.cluster);
+  collectives::CostContext cost;
+  cost.topo = topo.get();
+  const MoeShape s{24, 8, 12, 4, 2};
+  const int C = 10;  // 48 choices for 40 slots: some drop
+  const std::uint64_t seed = 17;
+  LayerLayout L = plain(1, 4, {6, 4}, s.hidden_dim);
+  L.backward = true;
+  HostLayerBuffers b;
+  b.allocate(L, s);
+  b.f({B::kX32}) = make_tokens(s, seed, 0, 0, 0);
+  b.f({B::kGateW}) = make_gate_weights(s, seed, 0);
+  b.f({B::kDY}) = make_grad_output(s, seed, 0, 0, 0);
+  std::vector<std::vector<float>> w1, w2;
+  for (int e = 0; e < s.experts; ++e) {
+    w1.push_back(b.f({B::kW1, e}) = make_w1(s, seed, 0, e));
+    w2.push_back(b.f({B::kW2, e}) = make_w2(s, seed, 0, e));
+  }
+  SelfCommunicator comm;
+  Plan plan;
+  HostLayerOps ops(comm, cost, *topo, plan, s, b);
+  const Op op;
+  const int passes = 2;
+  for (int pass = 0; pass < passes; ++pass) {
+    run_forward_step(L, s, OpRoleKind::kGate, -1, op, ops);
+    run_forward_step(L, s, OpRoleKind::kEncode, -1, op, ops);
+    for (int j = 0; j < 2; ++j) {
+      run_forward_step(L, s, OpRoleKind::kFc1, j, op, ops);
+      run_forward_step(L, s, OpRoleKind::kFc2, j, op, ops);
+    }
+    run_forward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
+    run_backward_step(L, s, OpRoleKind::kDecode, -1, op, ops);
+    for (int j = 0; j < 2; ++j) {
+      run_backward_step(L, s, OpRoleKind::kFc2, j, op, ops);
+      run_backward_step(L, s, OpRoleKind::kFc1, j, op, ops);
+    }
+    run_backward_step(L, s, OpRoleKind::kEncode, -1, op, ops);
+    run_backward_step(L, s, OpRoleKind::kGate, -1, op, ops);
+  }
+  const std::vector<float>& x = b.f({B::kX32});
+  long long dropped = 0;
+  const std::vector<float> y = reference_layer(s, x, b.f({B::kGateW}), w1, w2, C, &dropped);
+  ASSERT_GT(dropped, 0);
+  long long kernel_dropped = 0;
+  for (int sl : b.i({B::kSlot})) kernel_dropped += sl < 0 ? 1 : 0;
+  EXPECT_EQ(kernel_dropped, dropped);
+  auto expect_near = [](const std::vector<float>& got, const std::vector<double>& want,
+                        double scale, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], scale * want[i], 1e-4 * (1 + std::fabs(scale * want[i])))
+          << what << "[" << i << "]";
+  };
+  expect_near(b.f({B::kY}), std::vector<double>(y.begin(), y.end()), 1, "y");
+  const ReferenceGrads g = reference_backward(s, x, b.f({B::kGateW}), w1, w2, b.f({B::kDY}), C);
+  expect_near(b.f({B::kDX32}), g.dx, 1, "dX");  // the last pass's
+  expect_near(b.f({B::kDGateW}), g.dgate_w, passes, "dWgate");
+  const std::vector<float>& dw = b.f({B::kDW});
+  const std::size_t per = static_cast<std::size_t>(s.model_dim) * s.hidden_dim;
+  for (int e = 0; e < s.experts; ++e) {
+    SCOPED_TRACE("expert " + std::to_string(e));
+    expect_near(std::vector<float>(dw.begin() + e * per, dw.begin() + (e + 1) * per), g.dw1[e],
+                passes, "dW1");
+    expect_near(std::vector<float>(dw.begin() + (s.experts + e) * per,
+                                   dw.begin() + (s.experts + e + 1) * per),
+                g.dw2[e], passes, "dW2");
+  }
 }
 
 }  // namespace

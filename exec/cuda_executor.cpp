@@ -236,10 +236,12 @@ class DeviceLayerOps final : public LayerOps {
       return;
     }
     MOESIM_ASSERT(!g.accumulate || g.batch == 1 || g.c_stride != 0, "accumulating GEMMs share C");
+    // A gradient in fp32 (kDW) from operands in the dtype: cuBLAS's mixed-precision GEMM.
+    const bool c_f32 = !f32 && elem_type(g.c.buf) == ElemType::kF32;
     kcu::gemm_strided_batched_t(
-        cx_, f32 ? DType::kF32 : dtype_, kernels::GemmTrans{g.trans_a, g.trans_b}, g.m, g.n, g.k,
-        at(g.a) + g.a_off * es, g.a_stride, at(g.b) + g.b_off * es, 0, at(g.c) + g.c_off * es,
-        g.c_stride, g.batch, g.accumulate ? 1.0f : 0.0f);
+        cx_, f32 ? DType::kF32 : dtype_, kernels::GemmLayout{g.trans_a, g.trans_b, c_f32}, g.m, g.n,
+        g.k, at(g.a) + g.a_off * es, g.a_stride, at(g.b) + g.b_off * es, 0,
+        at(g.c) + g.c_off * elem_bytes(g.c.buf), g.c_stride, g.batch, g.accumulate ? 1.0f : 0.0f);
   }
   void relu(BufId buf, std::size_t elements) override {
     kcu::activation(cx_, dtype_, kernels::Activation::kRelu, at(buf), elements);
@@ -307,19 +309,22 @@ class DeviceLayerOps final : public LayerOps {
   }
   std::int64_t reduce_scatter(const Op& op, BufId in, std::size_t elements, BufId out) override {
     comm_.reduce_scatter_on(plan_.grouping(op.collective().grouping), channel_, st_, at(in),
-                            at(out), elements, dtype_);
+                            at(out), elements, buf_dtype(in.buf));
     return kLibraryAlgo;
   }
   std::int64_t all_reduce(const Op& op, BufId buf, std::size_t offset,
                           std::size_t elements) override {
     comm_.all_reduce_on(plan_.grouping(op.collective().grouping), channel_, st_,
-                        at(buf) + offset * elem_bytes(buf.buf), elements, dtype_);
+                        at(buf) + offset * elem_bytes(buf.buf), elements, buf_dtype(buf.buf));
     return kLibraryAlgo;
   }
 
  private:
   std::size_t elem_bytes(LayerBuf b) const {
     return elem_type(b) == ElemType::kData ? es_ : std::size_t{4};
+  }
+  DType buf_dtype(LayerBuf b) const {
+    return elem_type(b) == ElemType::kData ? dtype_ : DType::kF32;
   }
   template <typename T = std::byte>
   T* at(BufId id) const {
@@ -567,18 +572,12 @@ void DevicePath::Impl::download_outputs() {
     CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
                        logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
     if (!L.ref.lay->backward) continue;
-    // The gradients the check compares: dX and dWgate in fp32, the experts' dW in the dtype.
-    for (LayerBuf g : {LayerBuf::kDX32, LayerBuf::kDGateW}) {
+    // The gradients the check compares, all fp32: dX, dWgate and the experts' owned dW.
+    for (LayerBuf g : {LayerBuf::kDX32, LayerBuf::kDGateW, owned_dw(*L.ref.lay)}) {
       std::vector<float>& v = h.f({g});
       CUDA_OK(cudaMemcpy(v.data(), a.at(L.off.at({g})), v.size() * sizeof(float),
                          cudaMemcpyDeviceToHost));
     }
-    const BufId owned{owned_dw(*L.ref.lay)};
-    std::vector<float>& dw = h.f(owned);
-    std::vector<std::byte> raw_dw(dw.size() * es);
-    CUDA_OK(
-        cudaMemcpy(raw_dw.data(), a.at(L.off.at(owned)), raw_dw.size(), cudaMemcpyDeviceToHost));
-    kernels::convert(dtype, raw_dw.data(), DType::kF32, dw.data(), dw.size());
   }
 }
 

@@ -288,7 +288,7 @@ void HostLayerOps::gemm(const GemmJob& g, bool /*f32: the host path's data is fp
                              w.data() + g.b_off, 0, c.data() + g.c_off, g.c_stride, g.batch);
     return;
   }
-  kc::gemm_strided_batched_t(ctx, kF32, kernels::GemmTrans{g.trans_a, g.trans_b}, g.m, g.n, g.k,
+  kc::gemm_strided_batched_t(ctx, kF32, kernels::GemmLayout{g.trans_a, g.trans_b}, g.m, g.n, g.k,
                              a.data() + g.a_off, g.a_stride, w.data() + g.b_off, 0,
                              c.data() + g.c_off, g.c_stride, g.batch, g.accumulate ? 1.0f : 0.0f);
 }

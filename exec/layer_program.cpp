@@ -38,6 +38,9 @@ ElemType elem_type(LayerBuf b) {
     case LayerBuf::kDTokIn32:
     case LayerBuf::kDTokWeight:
     case LayerBuf::kDTokLogits:
+    case LayerBuf::kDW:  // parameter gradients accumulate in fp32 (frameworks' main gradients)
+    case LayerBuf::kDParamAll:
+    case LayerBuf::kDParamIn:
       return ElemType::kF32;
     case LayerBuf::kEntrySum:
     case LayerBuf::kEntryWeight:

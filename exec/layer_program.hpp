@@ -98,15 +98,15 @@ enum class LayerBuf : std::uint8_t {
   kDX32,         // S x M, fp32: dX with the gate's share (the host path aliases kDX)
   kDLogits,      // S x E, fp32
   kDGateW,       // M x E, fp32, accumulated over the step's passes
-  kDW,           // [dW1 of every slice | dW2 of every slice], data, accumulated (dw_offset)
+  kDW,           // [dW1 of every slice | dW2 of every slice], fp32, accumulated (dw_offset)
   kDSend,        // [chunk] the input gradients back at the token side (kSend's layout)
   kDIn,          // [chunk] as kIn
   kDHidden,      // [chunk] as kHidden
   kDOut,         // [chunk] as kOut
   kDBack,        // [chunk] the output gradients packed at the token side (kBack's layout)
   kDSummed,      // (E, C, M), data, rho > 1: the decode's input gradient, then the encode's sum
-  kDParamAll,    // n / rho > 1: kDW cut into the gather group's blocks (kParamAll's layout)
-  kDParamIn,     // ... their sum over the group for this rank's own slice (kParamIn's layout)
+  kDParamAll,    // fp32, n / rho > 1: kDW cut into the gather group's blocks (kParamAll's)
+  kDParamIn,     // fp32: their sum over the group for this rank's own slice (kParamIn's layout)
   // deepep's gradients, each beside its forward buffer (kDBack / kDSend: kSend's rows).
   kDFwdIn,       // forwarder: kFwdIn's rows (the combine's node rows, then the dispatch's)
   kDFwdOut,      // forwarder: kFwdOut's rows

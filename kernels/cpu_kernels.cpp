@@ -371,18 +371,19 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
          static_cast<std::byte*>(c) + i * stride_c * es);
 }
 
-void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmLayout trans, int m, int n, int k,
                             const void* a, long long stride_a, const void* b, long long stride_b,
                             void* c, long long stride_c, int batch, float beta) {
   if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
     throw ArgumentError("kernels::gemm_strided_batched_t: negative dimension, batch or stride");
   const std::size_t es = dtype_size(dtype);
+  const DType ct = trans.c_f32 ? DType::kF32 : dtype;
   const std::size_t mk = std::size_t(m) * k, kn = std::size_t(k) * n, mn = std::size_t(m) * n;
   std::vector<float> af(mk), bf(kn), prod(mn);
   for (int i = 0; i < batch; ++i) {
     const auto* ai = static_cast<const std::byte*>(a) + i * stride_a * es;
     const auto* bi = static_cast<const std::byte*>(b) + i * stride_b * es;
-    auto* ci = static_cast<std::byte*>(c) + i * stride_c * es;
+    auto* ci = static_cast<std::byte*>(c) + i * stride_c * dtype_size(ct);
     // op(A) as m x k and op(B) as k x n in fp32, then the plain blocked GEMM.
     for (int r = 0; r < m; ++r)
       for (int q = 0; q < k; ++q)
@@ -394,8 +395,7 @@ void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, i
             load_element(dtype, bi, trans.b ? std::size_t(q) * k + r : std::size_t(r) * n + q);
     gemm_f32(ctx.num_threads(), m, n, k, af.data(), bf.data(), prod.data());
     for (std::size_t e = 0; e < mn; ++e)
-      store_element(dtype, ci, e,
-                    beta != 0.0f ? prod[e] + beta * load_element(dtype, ci, e) : prod[e]);
+      store_element(ct, ci, e, beta != 0.0f ? prod[e] + beta * load_element(ct, ci, e) : prod[e]);
   }
 }
 

@@ -1003,7 +1003,7 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
       CUBLAS_GEMM_DEFAULT));
 }
 
-void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmLayout trans, int m, int n, int k,
                             const void* a, long long stride_a, const void* b, long long stride_b,
                             void* c, long long stride_c, int batch, float beta) {
   if (m < 0 || n < 0 || k < 0 || batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
@@ -1017,8 +1017,8 @@ void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, i
   MOESIM_KCUBLAS_CHECK(cublasGemmStridedBatchedEx(
       static_cast<cublasHandle_t>(ctx.cublas_handle()), trans.b ? CUBLAS_OP_T : CUBLAS_OP_N,
       trans.a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, t, trans.b ? k : n, stride_b, a, t,
-      trans.a ? m : k, stride_a, &beta, c, t, n, stride_c, batch, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+      trans.a ? m : k, stride_a, &beta, c, trans.c_f32 ? CUDA_R_32F : t, n, stride_c, batch,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void dot_rows(Context& ctx, DType dtype, const void* a, const std::int32_t* a_row, const void* b,

@@ -201,9 +201,12 @@ struct FfnShape {
   int hidden_dim = 0;  // H
 };
 
-/// Which operands of a GEMM are read transposed (gemm_strided_batched_t).
-struct GemmTrans {
+/// The operands of gemm_strided_batched_t: which are read transposed, and whether C is fp32
+/// whatever the inputs' dtype (a gradient accumulated in fp32, as frameworks keep their main
+/// gradients).
+struct GemmLayout {
   bool a = false, b = false;
+  bool c_f32 = false;
 };
 
 // --- CPU reference kernels -----------------------------------------------------------------------
@@ -270,9 +273,10 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_c, int batch);
 /// gemm_strided_batched with transposed operands and an accumulating C, for the backward GEMMs
 /// (dX = dY W^T, dW += X^T dY): C_i (m x n) = op(A_i) op(B_i) + beta C_i, where op(A_i) is m x k
-/// (stored k x m when trans.a) and op(B_i) k x n (stored n x k when trans.b). fp32 accumulation,
-/// one rounding to the dtype on the store.
-void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+/// (stored k x m when layout.a) and op(B_i) k x n (stored n x k when layout.b). fp32
+/// accumulation, one rounding to C's type on the store (the dtype, or fp32: layout.c_f32, whose
+/// stride_c then counts fp32 elements).
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmLayout trans, int m, int n, int k,
                             const void* a, long long stride_a, const void* b, long long stride_b,
                             void* c, long long stride_c, int batch, float beta);
 /// grad[i] = activated[i] > 0 ? grad[i] : 0 for n elements (the ReLU's backward, on its output).
@@ -371,7 +375,7 @@ void gemm_strided_batched(Context& ctx, DType dtype, int m, int n, int k, const 
                           long long stride_a, const void* b, long long stride_b, void* c,
                           long long stride_c, int batch);
 /// cublasGemmStridedBatchedEx with the operations and leading dimensions of the transposes.
-void gemm_strided_batched_t(Context& ctx, DType dtype, GemmTrans trans, int m, int n, int k,
+void gemm_strided_batched_t(Context& ctx, DType dtype, GemmLayout trans, int m, int n, int k,
                             const void* a, long long stride_a, const void* b, long long stride_b,
                             void* c, long long stride_c, int batch, float beta);
 void relu_backward(Context& ctx, DType dtype, const void* activated, void* grad, std::size_t n);

@@ -404,7 +404,7 @@ TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
   const int m = 24, n = 40, k = 56, batch = 3;
   for (DType d : kAllDTypes)
     for (int t = 0; t < 4; ++t) {
-      const GemmTrans trans{(t & 1) != 0, (t & 2) != 0};
+      const GemmLayout trans{(t & 1) != 0, (t & 2) != 0};
       SCOPED_TRACE(std::string(dtype_name(d)) + " trans " + std::to_string(t));
       HostBuffer a(d, random_floats(std::size_t(batch) * m * k, 96)),
           b(d, random_floats(std::size_t(batch) * k * n, 97, -0.3f, 0.3f)),
@@ -421,6 +421,20 @@ TEST_F(KernelGpuTest, BackwardGemmsReluAndSoftmaxBackwardMatchCpu) {
       const float tol = 4 * testing::dtype_eps(d) + 1e-5f;
       expect_close(dc.to_buffer(d).to_float(), c.to_float(), tol, tol, "gemm_strided_batched_t");
     }
+  for (DType d : kAllDTypes) {  // C in fp32 (the parameter gradients' accumulation)
+    SCOPED_TRACE(std::string(dtype_name(d)) + " fp32 C");
+    HostBuffer a(d, random_floats(std::size_t(k) * m, 105)),
+        b(d, random_floats(std::size_t(k) * n, 106));
+    std::vector<float> c = random_floats(std::size_t(m) * n, 107);
+    DeviceBuffer da(a), db(b), dc(c);
+    cpu::Context cctx;
+    cpu::gemm_strided_batched_t(cctx, d, GemmLayout{true, false, true}, m, n, k, a.data(), 0,
+                                b.data(), 0, c.data(), 0, 1, 1.0f);
+    cuda::gemm_strided_batched_t(ctx(), d, GemmLayout{true, false, true}, m, n, k, da.get(), 0,
+                                 db.get(), 0, dc.get(), 0, 1, 1.0f);
+    ctx().synchronize();
+    expect_close(dc.to_vector<float>(), c, 1e-5f, 1e-5f, "gemm_strided_batched_t fp32 C");
+  }
   for (DType d : kAllDTypes) {
     SCOPED_TRACE(dtype_name(d));
     HostBuffer act(d, random_floats(1000, 99)), grad(d, random_floats(1000, 100));

@@ -571,9 +571,16 @@ TEST(KernelGemmStridedBatchedT, TransposedOperandsAndAccumulationByHand) {
     SCOPED_TRACE(dtype_name(d));
     HostBuffer ha(d, at), hb(d, bt), hc(d, std::vector<float>(6, 1.0f));
     cpu::Context ctx;
-    cpu::gemm_strided_batched_t(ctx, d, GemmTrans{true, true}, 3, 2, 2, ha.data(), 0, hb.data(), 0,
+    cpu::gemm_strided_batched_t(ctx, d, GemmLayout{true, true}, 3, 2, 2, ha.data(), 0, hb.data(), 0,
                                 hc.data(), 0, 1, 1.0f);
     EXPECT_EQ(hc.to_float(), (std::vector<float>{4, 5, 8, 9, 12, 13}));
+    // The same with C in fp32 whatever the inputs' dtype (a gradient accumulated in fp32): 1/3
+    // is kept to fp32's precision, not the dtype's.
+    std::vector<float> c32(6, 1.0f / 3);
+    cpu::gemm_strided_batched_t(ctx, d, GemmLayout{true, true, true}, 3, 2, 2, ha.data(), 0,
+                                hb.data(), 0, c32.data(), 0, 1, 1.0f);
+    EXPECT_EQ(c32, (std::vector<float>{3 + 1.0f / 3, 4 + 1.0f / 3, 7 + 1.0f / 3, 8 + 1.0f / 3,
+                                       11 + 1.0f / 3, 12 + 1.0f / 3}));
   }
   // Untransposed with beta 0 is gemm_strided_batched, batch entries included.
   const std::vector<float> a = random_floats(2 * 3 * 4, 7), b = random_floats(4 * 5, 8);
@@ -582,11 +589,11 @@ TEST(KernelGemmStridedBatchedT, TransposedOperandsAndAccumulationByHand) {
   cpu::Context ctx;
   cpu::gemm_strided_batched(ctx, DType::kF32, 3, 5, 4, ha.data(), 12, hb.data(), 0, want.data(), 15,
                             2);
-  cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmTrans{}, 3, 5, 4, ha.data(), 12, hb.data(), 0,
+  cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmLayout{}, 3, 5, 4, ha.data(), 12, hb.data(), 0,
                               got.data(), 15, 2, 0.0f);
   EXPECT_EQ(got.to_float(), want.to_float());
   float x = 0;
-  EXPECT_THROW(cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmTrans{}, -1, 1, 1, &x, 0, &x, 0,
+  EXPECT_THROW(cpu::gemm_strided_batched_t(ctx, DType::kF32, GemmLayout{}, -1, 1, 1, &x, 0, &x, 0,
                                            &x, 0, 1, 0.0f),
                ArgumentError);
 }

@@ -1049,7 +1049,9 @@ OpRole role_from_label(const std::string& label) {
     const std::string what = label.substr(static_cast<std::size_t>(consumed));
     for (const auto& [name, kind] :
          {std::pair{std::string("dense_allreduce"), OpRoleKind::kDenseGradSync},
-          std::pair{std::string("expert_allreduce"), OpRoleKind::kExpertGradSync}}) {
+          std::pair{std::string("expert_allreduce"), OpRoleKind::kExpertGradSync},
+          // sharded experts: the parameter gather's backward
+          std::pair{std::string("expert_reduce_scatter"), OpRoleKind::kParamGather}}) {
       if (what == name || (what.rfind(name + ".m", 0) == 0 &&
                            std::sscanf(what.c_str() + name.size(), ".m%d", &micro) == 1))
         return OpRole{kind, true, block, what == name ? -1 : micro};

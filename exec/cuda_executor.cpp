@@ -253,37 +253,15 @@ class DeviceLayerOps final : public LayerOps {
                     static_cast<std::size_t>(terms) * run, at(dst), run, run, groups);
   }
   std::int64_t exchange(const Op& op, const Exchange& x) override {
-    CollectiveSpec spec = op.collective();
-    if (x.row_elems == 0) {
-      spec.bytes = Bytes(static_cast<double>(x.send_elems * es_));
+    const CollectiveSpec spec = exchange_spec(plan_, op, x, comm_.rank(), es_);
+    if (x.row_elems == 0 || spec.algo == CollectiveAlgo::kDeepep)
       return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
                       at(x.recv) + x.recv_off * es_, x.recv_elems * es_, x.first_phase,
                       x.phase_count);
-    }
-    if (spec.algo == CollectiveAlgo::kDeepep) {
-      // Its NodeDedup counts token rows: the unit rescaled to this path's rows of the dtype.
-      for (auto& d : spec.node_dedup) {
-        auto rows = std::make_shared<NodeDedup>(*d);
-        rows->unit = Bytes(static_cast<double>(x.row_elems * es_));
-        d = std::move(rows);
-      }
-      return lowered_(op, spec, at(x.send) + x.send_off * es_, x.send_elems * es_,
-                      at(x.recv) + x.recv_off * es_, x.recv_elems * es_, x.first_phase,
-                      x.phase_count);
-    }
-    // The plan's all_to_allv counts rows: its unit rescaled to this path's rows of the dtype.
     const Grouping& g = plan_.grouping(spec.grouping);
     int gi = -1;
     const std::vector<int>* group = my_group(g, comm_.rank(), &gi);
     MOESIM_ASSERT(group != nullptr, "row exchange: rank outside the op's groups");
-    const collectives::CollectiveCall orig{&spec, group, gi, true};
-    const ByteMatrix* m = orig.matrix();
-    MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv && m != nullptr,
-                  "row exchange without an all_to_allv matrix");
-    auto rows = std::make_shared<ByteMatrix>(*m);
-    rows->unit = Bytes(static_cast<double>(x.row_elems * es_));
-    spec.matrix = rows;
-    spec.per_group.clear();
     // 2DH stages forwarded blocks in the receive buffer: give it room in a stream-ordered
     // temporary when the layer's buffer has none (phase_buffer_extent), then keep its head.
     const collectives::CollectiveCall call{&spec, group, gi, true};

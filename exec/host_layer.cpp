@@ -318,36 +318,9 @@ std::int64_t HostLayerOps::exchange(const Op& op, const Exchange& x) {
   const Grouping& g = plan_.grouping(spec.grouping);
   const auto [gi, pos] = my_group(g, comm_.rank());
   MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
-  CollectiveSpec s = spec;
   const bool deepep = spec.algo == CollectiveAlgo::kDeepep;
-  if (deepep) {
-    // Its NodeDedup counts token rows: rescale the unit to the host path's fp32 rows (the
-    // buffers are checked against the phases' extents below).
-    MOESIM_ASSERT(x.row_elems > 0 && !spec.node_dedup.empty(), "deepep exchange without rows");
-    s.node_dedup.clear();
-    for (const auto& d : spec.node_dedup) {
-      auto rows = std::make_shared<NodeDedup>(*d);
-      rows->unit = Bytes(static_cast<double>(x.row_elems) * sizeof(float));
-      s.node_dedup.push_back(std::move(rows));
-    }
-  } else if (x.row_elems > 0) {
-    // The plan's all_to_allv counts rows: rescale its unit to the host path's fp32 rows.
-    collectives::CollectiveCall orig{&spec, &g.groups[gi], gi, true};
-    const ByteMatrix* m = orig.matrix();
-    MOESIM_ASSERT(spec.type == CollectiveType::kAllToAllv && m != nullptr,
-                  "row exchange without an all_to_allv matrix");
-    auto rows = std::make_shared<ByteMatrix>(*m);
-    rows->unit = Bytes(static_cast<double>(x.row_elems) * sizeof(float));
-    s.matrix = rows;
-    s.per_group.clear();
-    MOESIM_ASSERT(
-        static_cast<double>(x.send_elems * sizeof(float)) == rows->row_sum(pos).value() &&
-            static_cast<double>(x.recv_elems * sizeof(float)) == rows->col_sum(pos).value(),
-        fmt::format("'{}': buffers disagree with the plan's matrix", op.label));
-  } else {
-    expect_plan_elements(op, x.send_elems);
-    s.bytes = Bytes(static_cast<double>(x.send_elems * sizeof(float)));
-  }
+  if (!deepep && x.row_elems == 0) expect_plan_elements(op, x.send_elems);
+  const CollectiveSpec s = exchange_spec(plan_, op, x, comm_.rank(), sizeof(float));
   collectives::CollectiveCall call{&s, &g.groups[gi], gi, true};
   const auto& algo = collectives::select_algorithm(call, cost_);
   std::vector<collectives::Phase> phases = algo.lower(call, topo_);

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <memory>
+
 #include "core/error.hpp"
+#include "strategies/collectives/collective.hpp"
 
 namespace moesim::exec {
 
@@ -537,6 +541,51 @@ std::vector<GemmJob> expert_gemms(const LayerLayout& L, int j, bool fc2, int mod
   for (int le = 0; le < L.slices; ++le)
     job(le, sz(le) * sz(rows), rows, static_cast<long long>(L.slices) * rows, L.ep);
   return out;
+}
+
+CollectiveSpec exchange_spec(const Plan& plan, const Op& op, const Exchange& x, int rank,
+                             std::size_t elem_bytes) {
+  CollectiveSpec s = op.collective();
+  const Grouping& g = plan.grouping(s.grouping);
+  int gi = -1, pos = -1;
+  for (std::size_t i = 0; i < g.groups.size() && gi < 0; ++i) {
+    const auto it = std::find(g.groups[i].begin(), g.groups[i].end(), rank);
+    if (it != g.groups[i].end()) {
+      gi = static_cast<int>(i);
+      pos = static_cast<int>(it - g.groups[i].begin());
+    }
+  }
+  MOESIM_ASSERT(gi >= 0, fmt::format("'{}': this rank is in none of its groups", op.label));
+  const Bytes row(static_cast<double>(x.row_elems * elem_bytes));
+  if (s.algo == CollectiveAlgo::kDeepep) {
+    // Its NodeDedup counts token rows (the phases' extents check the buffers).
+    MOESIM_ASSERT(x.row_elems > 0 && !s.node_dedup.empty(),
+                  fmt::format("'{}': deepep exchange without rows", op.label));
+    for (auto& d : s.node_dedup) {
+      auto rows = std::make_shared<NodeDedup>(*d);
+      rows->unit = row;
+      d = std::move(rows);
+    }
+    return s;
+  }
+  if (x.row_elems == 0) {
+    s.bytes = Bytes(static_cast<double>(x.send_elems * elem_bytes));
+    return s;
+  }
+  const collectives::CollectiveCall orig{&op.collective(), &g.groups[static_cast<std::size_t>(gi)],
+                                         gi, true};
+  const ByteMatrix* m = orig.matrix();
+  MOESIM_ASSERT(s.type == CollectiveType::kAllToAllv && m != nullptr,
+                fmt::format("'{}': row exchange without an all_to_allv matrix", op.label));
+  auto rows = std::make_shared<ByteMatrix>(*m);
+  rows->unit = row;
+  MOESIM_ASSERT(static_cast<double>(x.send_elems * elem_bytes) == rows->row_sum(pos).value() &&
+                    static_cast<double>(x.recv_elems * elem_bytes) == rows->col_sum(pos).value(),
+                fmt::format("'{}': buffers ({} sent, {} received) disagree with the plan's matrix",
+                            op.label, x.send_elems / x.row_elems, x.recv_elems / x.row_elems));
+  s.matrix = std::move(rows);
+  s.per_group.clear();
+  return s;
 }
 
 bool is_forward_step(const Op& op) {

@@ -274,6 +274,15 @@ struct Exchange {
   int first_phase = 0, phase_count = -1;
 };
 
+/// The plan's spec of exchange `x` of `op` as a backend runs it on `rank`'s group, its buffers'
+/// elements of `elem_bytes`: padded (bytes = the send buffer), an all_to_allv whose matrix counts
+/// rows of x.row_elems elements (its unit rescaled; the send and receive sizes must be this
+/// rank's row and column of it), or deepep's NodeDedup rescaled the same way. Every backend
+/// prepares its exchanges here, so none moves other bytes than the plan's. InternalError when
+/// the buffers disagree with the plan.
+CollectiveSpec exchange_spec(const Plan& plan, const Op& op, const Exchange& x, int rank,
+                             std::size_t elem_bytes);
+
 /// The backend interface of the program: what the host path (exec/host_layer.hpp) and the GPU
 /// path (exec/cuda_executor.cpp) implement. A step the backend cannot run throws ExecError.
 class LayerOps {

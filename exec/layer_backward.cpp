@@ -213,15 +213,7 @@ std::int64_t deepep_backward(const LayerLayout& L, const MoeShape& s, OpRoleKind
   const std::size_t M = sz(s.model_dim);
   const int E = s.experts, k = s.top_k, S = L.unit_tokens(s);
   auto exchange = [&](LayerBuf send, int send_rows, LayerBuf recv, int recv_rows, int phase) {
-    Exchange x;
-    x.send = buf(send);
-    x.send_elems = sz(send_rows) * M;
-    x.recv = buf(recv);
-    x.recv_elems = sz(recv_rows) * M;
-    x.row_elems = M;
-    x.first_phase = phase;
-    x.phase_count = 1;
-    return ops.exchange(op, x);
+    return ops.exchange(op, deepep_phase(send, send_rows, recv, recv_rows, M, phase));
   };
   const BufId none = buf(LayerBuf::kX);
   switch (kind) {

@@ -497,6 +497,19 @@ std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_
   return block_copies(L, blocks[sz(j)], sz(model_dim), slots, chunk, to_chunk, false);
 }
 
+Exchange deepep_phase(LayerBuf send, int send_rows, LayerBuf recv, int recv_rows,
+                      std::size_t row_elems, int phase) {
+  Exchange x;
+  x.send = buf(send);
+  x.send_elems = sz(send_rows) * row_elems;
+  x.recv = buf(recv);
+  x.recv_elems = sz(recv_rows) * row_elems;
+  x.row_elems = row_elems;
+  x.first_phase = phase;
+  x.phase_count = 1;
+  return x;
+}
+
 std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim, BufId src) {
   MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "unpack_blocks: capacity routing only");
   const auto& blocks = L.back_blocks.empty() ? L.send_blocks : L.back_blocks;
@@ -652,15 +665,7 @@ std::int64_t run_deepep_step(const LayerLayout& L, const MoeShape& s, OpRoleKind
   const std::size_t M = sz(s.model_dim);
   const int E = s.experts, k = s.top_k, T = L.unit_tokens(s);
   auto exchange = [&](LayerBuf send, int send_rows, LayerBuf recv, int recv_rows, int phase) {
-    Exchange x;
-    x.send = buf(send);
-    x.send_elems = sz(send_rows) * M;
-    x.recv = buf(recv);
-    x.recv_elems = sz(recv_rows) * M;
-    x.row_elems = M;
-    x.first_phase = phase;
-    x.phase_count = 1;
-    return ops.exchange(op, x);
+    return ops.exchange(op, deepep_phase(send, send_rows, recv, recv_rows, M, phase));
   };
   const BufId none = buf(LayerBuf::kX);
   switch (kind) {

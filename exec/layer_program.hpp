@@ -274,6 +274,11 @@ struct Exchange {
   int first_phase = 0, phase_count = -1;
 };
 
+/// Phase `phase` of a deepep exchange (its two sets run separately, with row work between): rows
+/// of `row_elems` elements from `send` to `recv`, forward or backward.
+Exchange deepep_phase(LayerBuf send, int send_rows, LayerBuf recv, int recv_rows,
+                      std::size_t row_elems, int phase);
+
 /// The plan's spec of exchange `x` of `op` as a backend runs it on `rank`'s group, its buffers'
 /// elements of `elem_bytes`: padded (bytes = the send buffer), an all_to_allv whose matrix counts
 /// rows of x.row_elems elements (its unit rescaled; the send and receive sizes must be this

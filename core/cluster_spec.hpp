@@ -35,6 +35,9 @@ struct GpuSpec {
   /// Streaming multiprocessors; 0 when unknown (an inline GPU without `sms`). Communication
   /// kernels hold some of them, which is what slows compute beside them (engine.interference).
   int sms = 0;
+  /// L2 cache; 0 when unknown. Batch items of a GEMM that share a weight matrix (the plain
+  /// layout's W sources of one expert) read it from HBM once while the shared weights fit here.
+  Bytes l2_cache{0};
   SourceLocation where;  // location of the `gpu:` key, for later errors
 };
 

@@ -66,10 +66,16 @@ Seconds gemm_time(const GemmModelParams& params, const GemmCalibration& cal, Flo
   return Seconds(launch + std::max(flop_time, mem_time));
 }
 
-double gemm_min_bytes(const GemmShape& g, double bytes_per_element) {
+double gemm_min_bytes(const GemmShape& g, double bytes_per_element, Bytes l2) {
   const double m = static_cast<double>(g.m), n = static_cast<double>(g.n),
-               k = static_cast<double>(g.k);
-  return (m * k + k * n + m * n) * static_cast<double>(g.batch) * bytes_per_element;
+               k = static_cast<double>(g.k), batch = static_cast<double>(g.batch);
+  const double distinct = g.weights > 0 ? std::min(static_cast<double>(g.weights), batch) : batch;
+  const double weight = k * n * bytes_per_element;
+  // The cache keeps l2 / (distinct weights) of them between the items that re-read them: all
+  // when they fit, a proportional share when they do not (no LRU cliff: the items run in waves).
+  const double kept = l2.value() > 0 ? std::min(1.0, l2.value() / (distinct * weight)) : 0.0;
+  return (m * k + m * n) * batch * bytes_per_element + distinct * weight +
+         (batch - distinct) * weight * (1.0 - kept);
 }
 
 double attention_efficiency(const AttentionModelParams& p, double keys, double head_dim,

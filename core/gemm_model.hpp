@@ -70,7 +70,10 @@ Seconds gemm_time(const GemmModelParams& params, const GemmCalibration& cal, Flo
                   BytesPerSecond hbm, const GemmWork& work);
 
 /// Minimum HBM traffic of a GEMM (read A and B, write C once each) at `bytes_per_element`.
-double gemm_min_bytes(const GemmShape& s, double bytes_per_element);
+/// Batch items that share a weight matrix (`s.weights` distinct ones) re-read it from the L2
+/// cache, of which `l2` holds a proportional share of the distinct weights (the rest come from
+/// HBM again); l2 = 0 (unknown) or `weights` 0 read every item's weights from HBM.
+double gemm_min_bytes(const GemmShape& s, double bytes_per_element, Bytes l2 = Bytes(0));
 
 /// FlashAttention's fraction of the dense peak (docs/model.md, "Attention core"):
 ///   eff = max_efficiency * L / (L + seq_half) * d / (d + head_dim_half) [* backward_factor]

@@ -104,6 +104,9 @@ std::optional<CollectiveAlgo> parse_collective_algo(std::string_view s);
 /// The plain MoE layout runs W small matrices (batch = W, small m); the flexible layout one large.
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  /// Distinct weight (B) matrices among the batch items; 0 = one per item. The plain layout's
+  /// W x dE items share dE experts' weights, which is what lets the L2 cache serve re-reads.
+  std::int64_t weights = 0;
   double flops() const { return 2.0 * static_cast<double>(m) * n * k * batch; }
 };
 

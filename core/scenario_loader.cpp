@@ -203,7 +203,7 @@ GpuSpec parse_gpu(const MapReader& cluster) {
                                     "or a map with peak_tflops, hbm_bandwidth, memory",
                                     describe(n)));
   MapReader g = cluster.get_map("gpu", {"name", "peak_tflops", "hbm_bandwidth", "memory",
-                                        "nvlink_bandwidth", "pcie_bandwidth", "sms"});
+                                        "nvlink_bandwidth", "pcie_bandwidth", "sms", "l2_cache"});
   gpu.from_catalog = false;
   gpu.name = g.get_string("name").value_or("custom-gpu");
   g.require("peak_tflops", "a compute rate such as 312TFLOPS, or a map dtype -> rate");
@@ -234,6 +234,10 @@ GpuSpec parse_gpu(const MapReader& cluster) {
         BytesPerSecond(*g.get_quantity("nvlink_bandwidth", UnitKind::kBytesPerSecond));
   if (g.has("pcie_bandwidth")) gpu.pcie_bandwidth = positive_rate(g, "pcie_bandwidth");
   if (auto v = g.get_int("sms", 1, 100000)) gpu.sms = to_int32(*v);
+  if (g.has("l2_cache")) {
+    gpu.l2_cache = Bytes(*g.get_quantity("l2_cache", UnitKind::kBytes));
+    if (gpu.l2_cache.value() < 0) g.fail("l2_cache", "found a negative size, expected a size");
+  }
   return gpu;
 }
 

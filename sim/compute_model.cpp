@@ -20,6 +20,7 @@ ComputeModel::ComputeModel(const GpuSpec& gpu, Dtype dtype, ComputeParams params
   peak_ = peak;
   fp8_peak_ = gemm_peak_for(gpu, Dtype::kFp8);
   hbm_ = gpu.hbm_bandwidth;
+  l2_ = gpu.l2_cache;
   if (hbm_.value() <= 0)
     throw InputError(gpu.where, "cluster.gpu",
                      fmt::format("GPU '{}' has no HBM bandwidth", gpu.name));
@@ -52,7 +53,7 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
   if (flops <= 0 && gemm) flops = spec.gemm->flops();
   flops *= scale;
   double bytes = spec.bytes.value();
-  if (bytes <= 0 && gemm) bytes = gemm_min_bytes(*spec.gemm, dtype_bytes(dtype_));
+  if (bytes <= 0 && gemm) bytes = gemm_min_bytes(*spec.gemm, dtype_bytes(dtype_), l2_);
   bytes *= scale;
 
   if (spec.cls == ComputeClass::kAttention && gemm) {
@@ -77,7 +78,7 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
       // it does not apply to them.
       GemmModelParams p8 = params_.gemm_params();
       p8.max_gemm_efficiency = params_.max_gemm_efficiency_fp8;
-      if (spec.bytes.value() <= 0) w.bytes = gemm_min_bytes(g, 1) * scale;  // fp8 operands
+      if (spec.bytes.value() <= 0) w.bytes = gemm_min_bytes(g, 1, l2_) * scale;  // fp8 operands
       return gemm_time(p8, GemmCalibration{}, fp8_peak_, hbm_, w) +
              Seconds(spec.cast_bytes.value() * scale / hbm_.value());
     }

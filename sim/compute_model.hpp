@@ -19,7 +19,9 @@
 // 45%, and the plain layout at 2,048 GPUs (batch = 2,048 matrices of m = 8 tokens, M = H = 2,048)
 // about 6.6%, i.e. ~12x slower than the flexible layout's single large GEMM: Tutel's ~11x.
 // `batch` does not change efficiency by itself: a batched GEMM of W matrices runs W x the tiles,
-// and what it loses is the per-matrix tile padding that the small m already captures.
+// and what it loses is the per-matrix tile padding that the small m already captures. Its HBM
+// traffic counts each distinct weight matrix once while the shared weights fit in the GPU's L2
+// (gemm_min_bytes): the W sources of one expert re-read its weights from the cache, not HBM.
 //
 // Calibration (`moesim calibrate`, exec/) can replace the model piecewise: a measured efficiency
 // table for GEMM shapes, a measured fixed cost per GEMM (alpha_gemm) and a measured time per FLOP
@@ -113,6 +115,7 @@ class ComputeModel {
   FlopsPerSecond peak_{0};
   FlopsPerSecond fp8_peak_{0};
   BytesPerSecond hbm_{0};
+  Bytes l2_{0};
 };
 
 }  // namespace moesim::sim

@@ -86,6 +86,7 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
   for (int e = 0; e < par.ep; ++e) ep_group_.push_back(par.rank_of(0, e, 0, 0));
   peak_ = peak_for(topo.gpu(), sc.model.dtype);
   hbm_ = topo.gpu().hbm_bandwidth;
+  l2_ = topo.gpu().l2_cache;
   if (peak_.value() <= 0 && !gemm_cal_.beta_gemm_s_per_flop)
     throw InputError(topo.gpu().where, "cluster.gpu",
                      fmt::format("GPU '{}' has no peak compute rate for {}", topo.gpu().name,
@@ -148,7 +149,7 @@ Seconds CostModel::gemm_time(const GemmShape& s, double flops_factor) const {
   w.k = static_cast<double>(s.k);
   w.batch = static_cast<double>(s.batch);
   w.flops = s.flops() * flops_factor;
-  w.bytes = gemm_min_bytes(s, sc_.model.bytes_per_element());
+  w.bytes = gemm_min_bytes(s, sc_.model.bytes_per_element(), l2_);
   return moesim::gemm_time(gemm_, gemm_cal_, peak_, hbm_, w);
 }
 
@@ -170,6 +171,7 @@ GemmShape CostModel::expert_gemm_shape(double chunk_capacity, LayoutRole layout,
   } else {
     g.m = static_cast<std::int64_t>(std::ceil(per_source / shards));
     g.batch = static_cast<std::int64_t>(w) * md.local_experts();
+    g.weights = md.local_experts();
   }
   g.k = second ? hidden : md.model_dim;
   g.n = second ? md.model_dim : md.fc1_width(hidden);  // SwiGLU's fc1 is 2x wide

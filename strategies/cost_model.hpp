@@ -124,6 +124,7 @@ class CostModel {
   std::vector<int> ep_group_;
   FlopsPerSecond peak_{0};
   BytesPerSecond hbm_{0};
+  Bytes l2_{0};
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, double>, double> a2a_memo_;  // (algo, bytes) -> seconds
 };

@@ -1175,8 +1175,9 @@ class Builder {
       s.fc2 = GemmShape{tokens, M_, hs, dE_};
     } else {
       const std::int64_t rows = div_up(per_source, n_);
-      s.fc1 = GemmShape{rows, w1, M_, W_ * dE_};
-      s.fc2 = GemmShape{rows, M_, hs, W_ * dE_};
+      // W sources x dE experts: the sources of one expert share its weights.
+      s.fc1 = GemmShape{rows, w1, M_, W_ * dE_, dE_};
+      s.fc2 = GemmShape{rows, M_, hs, W_ * dE_, dE_};
     }
     s.rows = static_cast<double>(tokens) * static_cast<double>(dE_);
     s.hs = hs;

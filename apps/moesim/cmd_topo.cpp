@@ -121,6 +121,7 @@ nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& top
   j["peer_miss_overhead_s"] = peers.miss.value();
   j["peer_source"] = peers.source;
   j["sms"] = topo.gpu().sms;
+  j["l2_cache_bytes"] = topo.gpu().l2_cache.value();
   j["interference"] = interference_of(sc, topo);
   j["interference_source"] = source_of(sc.engine.interference.has_value());
   if (!sc.cluster.calibration_path.empty()) j["calibration"] = sc.cluster.calibration_path;
@@ -198,6 +199,9 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
              : topo.gpu().sms > 0   ? fmt::format(": {} of {} SMs run communication",
                                                   topology::kCommunicationSms, topo.gpu().sms)
                                     : ": SM count unknown");
+  if (topo.gpu().l2_cache.value() > 0)
+    fmt::print("            L2 {}: a batched GEMM's items re-read shared weights from it\n",
+               to_string(topo.gpu().l2_cache));
   if (!sc.cluster.calibration_path.empty())
     fmt::print("calibration {} replaces these figures where it measured them\n",
                sc.cluster.calibration_path);

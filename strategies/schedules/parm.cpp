@@ -234,8 +234,8 @@ ChunkDims chunk_dims(const MoeLayerBuild& b, std::int64_t cap) {
     d.fc1 = GemmShape{t, hs, b.M, b.dE};
     d.fc2 = GemmShape{t, b.M, hs, b.dE};
   } else {
-    d.fc1 = GemmShape{rows, hs, b.M, b.W * b.esp * b.dE};
-    d.fc2 = GemmShape{rows, b.M, hs, b.W * b.esp * b.dE};
+    d.fc1 = GemmShape{rows, hs, b.M, b.W * b.esp * b.dE, b.dE};
+    d.fc2 = GemmShape{rows, b.M, hs, b.W * b.esp * b.dE, b.dE};
   }
   d.flops_each =
       2.0 * tokens * static_cast<double>(b.dE) * static_cast<double>(b.M) * static_cast<double>(hs);

@@ -275,5 +275,34 @@ TEST(GemmModel, CalibratedTimeIsAlphaPlusBetaOverRelativeEfficiency) {
                    5e-6 + 131072 / (1e12 * eff));
 }
 
+TEST(GemmModel, SharedWeightsAreReadFromHbmOnceWhileTheyFitInL2) {
+  // 4 items of 8 x 32 (A) times 32 x 16 (B) at 2 bytes, sharing 2 weight matrices:
+  // A + C per item (8*32 + 8*16) * 2 B * 4 = 3,072 B; one weight 32*16*2 = 1,024 B.
+  GemmShape g{8, 16, 32, 4, 2};
+  const double per_item = 3072, weight = 1024;
+  // No L2 known: every item reads its weights (the unbatched formula).
+  EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2), per_item + 4 * weight);
+  EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2), (8 * 32 + 32 * 16 + 8 * 16) * 4 * 2.0);
+  // Both weights fit: each is read once.
+  EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2, Bytes(4096)), per_item + 2 * weight);
+  EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2, Bytes(2048)), per_item + 2 * weight);
+  // Half of them fit: half of the 2 re-reads come from HBM again.
+  EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2, Bytes(1024)), per_item + 2 * weight + 1 * weight);
+  // One weight per item (weights 0, or as many as items): nothing to share.
+  for (std::int64_t w : {0, 4, 9}) {
+    g.weights = w;
+    EXPECT_DOUBLE_EQ(gemm_min_bytes(g, 2, Bytes(1 << 20)), per_item + 4 * weight) << w;
+  }
+  // Never more than without a cache, never less than each weight once.
+  g.weights = 1;
+  double prev = gemm_min_bytes(g, 2);
+  for (double l2 : {256.0, 512.0, 1024.0, 4096.0}) {
+    const double b = gemm_min_bytes(g, 2, Bytes(l2));
+    EXPECT_LE(b, prev) << l2;
+    EXPECT_GE(b, per_item + weight) << l2;
+    prev = b;
+  }
+}
+
 }  // namespace
 }  // namespace moesim

@@ -364,9 +364,11 @@ TEST(ScenarioLoader, InlineGpuMap) {
   Scenario s = parse(tiny_with(
       "gpu: a100-sxm-80gb",
       "gpu: {name: mygpu, peak_tflops: {fp16: 100TFLOPS, fp32: 20TFLOPS}, hbm_bandwidth: 1TB/s, "
-      "memory: 16GiB, nvlink_bandwidth: 50GB/s, pcie_bandwidth: 16GB/s, sms: 84}"));
+      "memory: 16GiB, nvlink_bandwidth: 50GB/s, pcie_bandwidth: 16GB/s, sms: 84, "
+      "l2_cache: 6MiB}"));
   const GpuSpec& g = s.cluster.gpu;
   EXPECT_EQ(g.sms, 84);
+  EXPECT_DOUBLE_EQ(g.l2_cache.value(), 6.0 * 1024 * 1024);
   EXPECT_FALSE(g.from_catalog);
   EXPECT_EQ(g.name, "mygpu");
   ASSERT_EQ(g.peak.size(), 2u);
@@ -382,7 +384,12 @@ TEST(ScenarioLoader, InlineGpuMap) {
       "gpu: a100-sxm-80gb", "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, memory: 32GB}"));
   ASSERT_EQ(t.cluster.gpu.peak.size(), 1u);
   EXPECT_DOUBLE_EQ(t.cluster.gpu.peak.at(Dtype::kFp16).value(), 50e12);
-  EXPECT_EQ(t.cluster.gpu.sms, 0);  // unknown: no default interference
+  EXPECT_EQ(t.cluster.gpu.sms, 0);               // unknown: no default interference
+  EXPECT_EQ(t.cluster.gpu.l2_cache.value(), 0);  // unknown: no weight reuse
+  EXPECT_THAT(error_of(tiny_with("gpu: a100-sxm-80gb",
+                                 "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, "
+                                 "memory: 32GB, l2_cache: -1MiB}")),
+              HasSubstr("cluster.gpu.l2_cache"));
   EXPECT_THAT(error_of(tiny_with("gpu: a100-sxm-80gb",
                                  "gpu: {peak_tflops: 50TFLOPS, hbm_bandwidth: 900GB/s, "
                                  "memory: 32GB, sms: 0}")),

@@ -63,6 +63,14 @@ TEST(GpuCatalog, SpecSheetFigures) {
   EXPECT_DOUBLE_EQ(find_gpu("gb200")->peak.at(Dtype::kFp8).value(), 720e15 / 72 / 2);
   EXPECT_GT(find_gpu("gb200")->peak.at(Dtype::kBf16), b200->peak.at(Dtype::kBf16));
 
+  // L2 caches, binary sizes as the device query reports them.
+  constexpr double kMiB = 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(find_gpu("a100-sxm-40gb")->l2_cache.value(), 40 * kMiB);
+  EXPECT_DOUBLE_EQ(h800->l2_cache.value(), 50 * kMiB);
+  EXPECT_DOUBLE_EQ(b200->l2_cache.value(), 126 * kMiB);
+  EXPECT_DOUBLE_EQ(find_gpu("rtx-2080-ti")->l2_cache.value(), 5.5 * kMiB);
+  EXPECT_DOUBLE_EQ(find_gpu("rtx-4090")->l2_cache.value(), 72 * kMiB);
+
   EXPECT_DOUBLE_EQ(find_gpu("rtx-4090")->nvlink_bandwidth.value(), 0);
   EXPECT_FALSE(find_gpu("rtx-2080-ti")->peak.count(Dtype::kBf16));
   EXPECT_EQ(find_gpu("A100"), nullptr);

@@ -1,9 +1,11 @@
-// topology_bench: build + tier table + bisection of two 4,096-GPU clusters, and the cost of
-// route() on the hot path. Each cluster runs in a forked child so that its peak RSS is its own.
+// topology_bench: build + tier table + bisection of three 4,096-GPU clusters and three of about
+// 32,768 GPUs (a 3-level fat tree, a rail-optimised fabric, 456 GB200 NVL72 racks), and the cost
+// of route() on the hot path. Each cluster runs in a forked child so that its peak RSS is its own.
 //
 //   build-*/bench/topology_bench [--repeats N]
 //
-// Targets: <= 2 s and <= 1 GiB per cluster (build + tier table + bisection).
+// Targets: <= 2 s and <= 1 GiB per 4,096-GPU cluster, <= 10 s and <= 2 GiB per 32k-GPU one
+// (build + tier table + bisection).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,6 +156,31 @@ int main(int argc, char** argv) {
     ClusterSpec s = base_spec();
     s.inter.kind = moesim::InterKind::kRailOptimized;
     run_cluster("rail", s, repeats, false);
+  });
+  // About 32k GPUs: 4,096 nodes of 8 on a 3-level fat tree and on rails; 456 NVL72 racks (one
+  // 72-GPU NVLink domain each, one 800 Gb/s NIC per GPU) on a radix-64 fat tree.
+  isolated([&] {
+    ClusterSpec s = base_spec();
+    s.nodes = 4096;
+    s.inter.kind = moesim::InterKind::kFatTree;
+    run_cluster("fat_tree32k", s, repeats, true);
+  });
+  isolated([&] {
+    ClusterSpec s = base_spec();
+    s.nodes = 4096;
+    s.inter.kind = moesim::InterKind::kRailOptimized;
+    run_cluster("rail32k", s, repeats, false);
+  });
+  isolated([&] {
+    ClusterSpec s = base_spec();
+    s.gpu.name = "gb200";
+    s.nodes = 456;
+    s.gpus_per_node = 72;
+    s.intra.bandwidth = moesim::BytesPerSecond(900e9);
+    s.inter.nic_bandwidth = moesim::BytesPerSecond(800e9 / 8);
+    s.inter.nics_per_node = 72;
+    s.inter.kind = moesim::InterKind::kFatTree;
+    run_cluster("nvl72x456", s, repeats, false);
   });
   return 0;
 }

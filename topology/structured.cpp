@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "topology/detail.hpp"
@@ -868,7 +869,10 @@ std::vector<TierRow> StructuredTopology::compute_tier_table() const {
   // Inter-node pairs: with uniform fabric cells, a pair's summary depends only on the local GPUs
   // and on which switches the two nodes' NICs hang off. Nodes with the same NIC switches form a
   // class (e.g. all nodes under one leaf), and each class pair is summarised once, weighted by
-  // its number of node pairs: 4,096 GPUs cost ~leaves^2 * m^2 summaries instead of P^2.
+  // its number of node pairs. Inside a node, GPUs whose half of the path has the same figures
+  // (their up-path and NIC link, the NIC's switch or destination cell, their NIC share) give the
+  // same summary with any partner, so each class pair costs (source groups x destination groups)
+  // summaries, not m^2: a 72-GPU NVL72 rack's NICs on 3 leaves make 3 groups.
   std::map<std::vector<std::uint32_t>, int> class_index;
   std::vector<std::vector<int>> members;
   for (int n = 0; n < spec_.nodes; ++n) {
@@ -879,28 +883,71 @@ std::vector<TierRow> StructuredTopology::compute_tier_table() const {
     if (fresh) members.emplace_back();
     members[it->second].push_back(n);
   }
+  // One half of a path: what inter_summary reads for a GPU on that side (exact values, so a
+  // group's members are interchangeable bit for bit).
+  using Half = std::tuple<double, double, int, int, double, double, int, std::uint32_t, double>;
+  auto half = [&](const Alt& a, LinkId nic_link, std::uint32_t cell, int gpu) {
+    const PathSummary& u = a.sum;
+    const Link& l = links_[nic_link];
+    return Half{u.alpha_s,
+                u.bandwidth,
+                u.hops,
+                u.tier,
+                l.latency.value(),
+                l.bandwidth.value(),
+                l.tier,
+                cell,
+                nic_share_bandwidth_[gpu].value()};
+  };
+  struct Group {
+    int gpu = 0;  // a local GPU of the group
+    std::int64_t count = 0;
+  };
+  auto groups_of = [&](int n, bool source) {
+    std::map<Half, Group> g;
+    for (int i = 0; i < m_; ++i) {
+      const std::size_t k = static_cast<std::size_t>(n) * nics_ + gpu_nic_[i];
+      const Half h = source ? half(up_[i], nic_up_[k], nic_switch_[k], n * m_ + i)
+                            : half(down_[i], nic_down_[k], nic_dest_[k], n * m_ + i);
+      Group& e = g.try_emplace(h, Group{i, 0}).first->second;
+      ++e.count;
+    }
+    std::vector<Group> out;
+    for (const auto& [h, e] : g) out.push_back(e);
+    return out;
+  };
+  auto distinct = [&](int n, const std::vector<std::uint32_t>& of) {
+    std::vector<std::uint32_t> v(of.begin() + static_cast<std::ptrdiff_t>(n) * nics_,
+                                 of.begin() + static_cast<std::ptrdiff_t>(n + 1) * nics_);
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  };
+  std::vector<std::vector<Group>> src_groups, dst_groups;
+  std::vector<std::vector<std::uint32_t>> switches, dests;
   for (const auto& a : members) {
-    for (const auto& b : members) {
+    src_groups.push_back(groups_of(a.front(), true));
+    dst_groups.push_back(groups_of(a.front(), false));
+    switches.push_back(distinct(a.front(), nic_switch_));
+    dests.push_back(distinct(a.front(), nic_dest_));
+  }
+  for (std::size_t ca = 0; ca < members.size(); ++ca) {
+    const auto& a = members[ca];
+    for (std::size_t cb = 0; cb < members.size(); ++cb) {
+      const auto& b = members[cb];
       const int n1 = a.front(), n2 = b.front();
       bool uniform = true;
-      for (int k1 = 0; k1 < nics_ && uniform; ++k1) {
-        for (int k2 = 0; k2 < nics_ && uniform; ++k2) {
-          const std::size_t cell =
-              static_cast<std::size_t>(nic_switch_[static_cast<std::size_t>(n1) * nics_ + k1]) *
-                  num_dest_ +
-              nic_dest_[static_cast<std::size_t>(n2) * nics_ + k2];
-          uniform = fabric_sum_[cell].uniform;
-        }
-      }
+      for (std::uint32_t sw : switches[ca])
+        for (std::uint32_t d : dests[cb])
+          uniform = uniform && fabric_sum_[static_cast<std::size_t>(sw) * num_dest_ + d].uniform;
       if (uniform) {
         const std::int64_t node_pairs = static_cast<std::int64_t>(a.size()) * b.size() -
                                         (&a == &b ? static_cast<std::int64_t>(a.size()) : 0);
         if (node_pairs == 0) continue;
-        for (int i = 0; i < m_; ++i) {
-          for (int j = 0; j < m_; ++j) {
-            acc.add(cost(inter_summary(n1 * m_ + i, n2 * m_ + j, n1, n2)), node_pairs);
-          }
-        }
+        for (const Group& gs : src_groups[ca])
+          for (const Group& gd : dst_groups[cb])
+            acc.add(cost(inter_summary(n1 * m_ + gs.gpu, n2 * m_ + gd.gpu, n1, n2)),
+                    node_pairs * gs.count * gd.count);
         continue;
       }
       for (int x : a) {  // ECMP may pick paths with different summaries: every pair on its own

@@ -200,8 +200,8 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
                                                   topology::kCommunicationSms, topo.gpu().sms)
                                     : ": SM count unknown");
   if (topo.gpu().l2_cache.value() > 0)
-    fmt::print("            L2 {}: a batched GEMM's items re-read shared weights from it\n",
-               to_string(topo.gpu().l2_cache));
+    fmt::print("            L2 {} ({}): a batched GEMM's items re-read shared weights from it\n",
+               to_string(topo.gpu().l2_cache), source_of(!topo.gpu().from_catalog));
   if (!sc.cluster.calibration_path.empty())
     fmt::print("calibration {} replaces these figures where it measured them\n",
                sc.cluster.calibration_path);

@@ -1285,7 +1285,9 @@ class Search {
               gib(r.baseline_screen.memory_bytes), gib(r.baseline_screen.gpu_memory_bytes)));
       }
       if (gpu_bytes > 0 && l.memory_bytes > gpu_bytes) continue;
-      if (!l.is_scenario && !probed(r, li) && !screen_room(li)) {
+      // Until one fitting layout has run, the budget does not stop the screen: a search that
+      // names nothing that fits (the scenario's own layout over memory) has no answer to give.
+      if (!l.is_scenario && !probed(r, li) && !order.empty() && !screen_room(li)) {
         ++unscreened;
         r.complete = false;
         continue;

@@ -573,6 +573,26 @@ TEST(TuneCli, MixtralPresetFindsFittingLayoutsAndEmitsOne) {
   fs::remove_all(d);
 }
 
+// A budget spent before anything ran (here at once; on a slow machine, by the layout space and
+// the baseline) still screens the first layout that fits, so tune always names one.
+TEST(TuneCli, BudgetSpentAtOnceStillNamesALayoutThatFits) {
+  const fs::path d = temp_dir();
+  const std::string preset = std::string(MOESIM_SOURCE_DIR) + "/scenarios/models/mixtral-8x7b.yaml";
+  const std::string js_path = (d / "t.json").string();
+  const RunOutput t =
+      run(fmt::format("tune '{}' --budget 1ms --engine analytical -q --json '{}' --emit '{}'",
+                      preset, js_path, (d / "best.yaml").string()));
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("fitting layouts were not screened"));
+  std::ifstream js(js_path);
+  const auto j = nlohmann::json::parse(js);
+  ASSERT_EQ(j["ranked"].size(), 1u) << j["ranked"].dump(1);
+  EXPECT_LE(j["ranked"][0]["screen"]["memory_bytes"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_FALSE(j["search"]["complete"].get<bool>());
+  EXPECT_TRUE(fs::exists(d / "best.yaml"));
+  fs::remove_all(d);
+}
+
 // `mpirun -np 2 moesim tune` spreads the runs over both ranks and ranks what one process ranks;
 // rank 0 alone prints and writes; an input error is reported once and exits 2.
 TEST(TuneCli, MpirunSpreadsRunsAndRanksTheSame) {

@@ -14,9 +14,14 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "strategies/workload/csv.hpp"
 #include "strategies/workload/workload.hpp"
 
 namespace moesim::workload {
+
+using detail::Field;
+using detail::split_fields;
+using detail::trim;
 
 namespace {
 
@@ -34,33 +39,6 @@ std::optional<Column> column_of(std::string_view name) {
   for (int c = 0; c < kNumColumns; ++c)
     if (name == kColumnNames[static_cast<std::size_t>(c)]) return static_cast<Column>(c);
   return std::nullopt;
-}
-
-std::string_view trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t\r");
-  if (b == std::string_view::npos) return {};
-  const auto e = s.find_last_not_of(" \t\r");
-  return s.substr(b, e - b + 1);
-}
-
-struct Field {
-  std::string_view text;
-  int column = 0;  // 1-based character column of the field's first character
-};
-
-std::vector<Field> split_fields(std::string_view line) {
-  std::vector<Field> fields;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = line.find(',', start);
-    const std::string_view raw = line.substr(
-        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
-    const std::size_t lead = std::min(raw.find_first_not_of(" \t"), raw.size());
-    fields.push_back({trim(raw), static_cast<int>(start + lead) + 1});
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return fields;
 }
 
 [[noreturn]] void trace_error(const std::string& path, int line, int column,

@@ -1,0 +1,314 @@
+// Continuous batching: one instance's iteration loop, run per instance over the requests dealt to
+// it; the latency summaries.
+#include "strategies/serving/continuous_batching.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+
+#include "core/error.hpp"
+
+namespace moesim::serving {
+
+namespace {
+
+constexpr const char* kKey = "serving.kv_cache";
+
+// A request on an instance. KV holds `kv` tokens; prefill computes `target` tokens (the prompt
+// less its cached prefix, plus what it had generated when preempted), `done` of them so far.
+struct Live {
+  int index = 0;
+  long long kv = 0, blocks = 0;
+  int target = 0, done = 0;
+  int generated = 0;
+  bool decoding() const { return done == target; }
+};
+
+long long blocks_for(long long tokens, int block) { return (tokens + block - 1) / block; }
+
+struct InstanceRun {
+  long long iterations = 0, preemptions = 0;
+  double first_arrival = 0, last_finish = 0;
+  double busy_s = 0, block_seconds = 0;
+};
+
+class Instance {
+ public:
+  Instance(const std::vector<workload::Request>& requests, const InstanceConfig& config,
+           const IterationTime& time, std::vector<RequestOutcome>& out)
+      : req_(requests), cfg_(config), time_(time), out_(out) {
+    capacity_blocks_ = config.kv_capacity_tokens / config.block_tokens;
+  }
+
+  InstanceRun run(const std::vector<int>& mine) {
+    InstanceRun r;
+    if (mine.empty()) return r;
+    r.first_arrival = req_[static_cast<std::size_t>(mine.front())].arrival_s;
+    double now = r.first_arrival;
+    std::size_t next = 0, finished = 0;
+    while (finished < mine.size()) {
+      while (next < mine.size() && req_[at(mine[next])].arrival_s <= now)
+        waiting_.push_back(fresh(mine[next++]));
+      if (running_.empty() && waiting_.empty()) {
+        now = req_[at(mine[next])].arrival_s;
+        continue;
+      }
+      const BatchShape shape = plan_iteration(r);
+      const double dt = time_(shape);
+      if (!(dt > 0) || !std::isfinite(dt))
+        throw InternalError(fmt::format("serving: an iteration of {} tokens priced at {} s",
+                                        shape.decode_tokens + shape.prefill_tokens, dt));
+      r.block_seconds += static_cast<double>(used_blocks_) * dt;
+      r.busy_s += dt;
+      now += dt;
+      ++r.iterations;
+      finished += advance(now);
+    }
+    r.last_finish = now;
+    return r;
+  }
+
+ private:
+  static std::size_t at(int i) { return static_cast<std::size_t>(i); }
+
+  Live fresh(int i) const {
+    const workload::Request& q = req_[at(i)];
+    Live l;
+    l.index = i;
+    l.target = q.prompt_tokens - q.cached_tokens;
+    return l;
+  }
+
+  // Frees a running request's KV and puts it first in line: it recomputes its prompt and what it
+  // had generated (its cached prefix still hits).
+  void preempt(std::size_t k, InstanceRun& r) {
+    Live l = running_[k];
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(k));
+    used_blocks_ -= l.blocks;
+    const workload::Request& q = req_[at(l.index)];
+    l.kv = l.blocks = 0;
+    l.target = q.prompt_tokens - q.cached_tokens + l.generated;
+    l.done = 0;
+    ++out_[at(l.index)].preemptions;
+    ++r.preemptions;
+    waiting_.push_front(l);
+  }
+
+  // Chooses this iteration's batch: decodes first (each may need one more KV block, taken from the
+  // latest-admitted request when none is free), then running prefills, then admissions in
+  // arrival order while tokens, batch slots and KV blocks last. `chunk_` holds each running
+  // request's prefill tokens this iteration.
+  BatchShape plan_iteration(InstanceRun& r) {
+    BatchShape s;
+    for (std::size_t k = 0; k < running_.size(); ++k) {
+      Live& l = running_[k];
+      if (!l.decoding()) continue;
+      const long long need = blocks_for(l.kv + 1, cfg_.block_tokens) - l.blocks;
+      while (need > 0 && used_blocks_ + need > capacity_blocks_) {
+        const bool itself = running_.size() - 1 == k;
+        preempt(running_.size() - 1, r);
+        if (itself) break;
+      }
+      if (k >= running_.size()) break;  // it was the latest and gave its own blocks up
+      l.blocks += need;
+      used_blocks_ += need;
+    }
+    int budget = cfg_.max_batch_tokens;
+    chunk_.assign(running_.size(), 0);
+    for (std::size_t k = 0; k < running_.size(); ++k) {
+      const Live& l = running_[k];
+      if (l.decoding()) {
+        ++s.decode_tokens;
+        s.context_tokens += l.kv + 1;
+        --budget;
+      }
+    }
+    for (std::size_t k = 0; k < running_.size() && budget > 0; ++k) {
+      const Live& l = running_[k];
+      if (l.decoding()) continue;
+      chunk_[k] = std::min(budget, l.target - l.done);
+      budget -= chunk_[k];
+    }
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int>(running_.size()) < cfg_.max_running) {
+      Live l = waiting_.front();
+      const workload::Request& q = req_[at(l.index)];
+      // The whole prompt's blocks (and what it had generated) at admission: a chunked prefill
+      // then never stalls for KV half-way.
+      const long long kv = q.prompt_tokens + l.generated;
+      const long long need = blocks_for(kv, cfg_.block_tokens);
+      if (used_blocks_ + need > capacity_blocks_) break;
+      waiting_.pop_front();
+      l.kv = kv;
+      l.blocks = need;
+      used_blocks_ += need;
+      running_.push_back(l);
+      chunk_.push_back(std::min(budget, l.target));
+      budget -= chunk_.back();
+    }
+    for (std::size_t k = 0; k < running_.size(); ++k) {
+      if (chunk_[k] == 0) continue;
+      const Live& l = running_[k];
+      const workload::Request& q = req_[at(l.index)];
+      s.prefill_tokens += chunk_[k];
+      // A chunk attends to the cached prefix, the earlier chunks and itself.
+      s.context_tokens += q.cached_tokens + l.done + chunk_[k];
+    }
+    s.requests = static_cast<int>(running_.size());
+    return s;
+  }
+
+  // Applies the iteration that ended at `now`; returns the requests it finished.
+  std::size_t advance(double now) {
+    std::size_t finished = 0;
+    std::vector<Live> still;
+    still.reserve(running_.size());
+    for (std::size_t k = 0; k < running_.size(); ++k) {
+      Live l = running_[k];
+      RequestOutcome& o = out_[at(l.index)];
+      const workload::Request& q = req_[at(l.index)];
+      bool emitted = false;
+      if (l.decoding()) {
+        ++l.kv;
+        emitted = true;
+      } else if (chunk_[k] > 0) {
+        l.done += chunk_[k];
+        emitted = l.decoding();  // the prefill's last chunk gives a token
+        if (emitted && l.generated == 0) o.first_token_s = now;
+      }
+      if (emitted && ++l.generated == q.output_tokens) {
+        o.finish_s = now;
+        used_blocks_ -= l.blocks;
+        ++finished;
+        continue;
+      }
+      still.push_back(l);
+    }
+    running_ = std::move(still);
+    return finished;
+  }
+
+  const std::vector<workload::Request>& req_;
+  const InstanceConfig& cfg_;
+  const IterationTime& time_;
+  std::vector<RequestOutcome>& out_;
+  long long capacity_blocks_ = 0, used_blocks_ = 0;
+  std::vector<Live> running_;
+  std::deque<Live> waiting_;
+  std::vector<int> chunk_;
+};
+
+void check_config(const std::vector<workload::Request>& requests, const InstanceConfig& c) {
+  if (c.block_tokens <= 0 || c.max_batch_tokens <= 0 || c.max_running <= 0 || c.instances <= 0)
+    throw InputError(SourceLocation{}, kKey,
+                     "block_tokens, max_batch_tokens, max_running and instances must be >= 1");
+  if (c.max_running > c.max_batch_tokens)
+    throw InputError(SourceLocation{}, kKey,
+                     fmt::format("max_running {} is above max_batch_tokens {}: a batch of decodes "
+                                 "would not fit one iteration's tokens",
+                                 c.max_running, c.max_batch_tokens));
+  const long long blocks = c.kv_capacity_tokens / c.block_tokens;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const workload::Request& q = requests[i];
+    if (i > 0 && q.arrival_s < requests[i - 1].arrival_s)
+      throw InternalError("serving: requests must come in arrival order");
+    const long long need = blocks_for(q.prompt_tokens + q.output_tokens, c.block_tokens);
+    if (need > blocks)
+      throw InputError(
+          SourceLocation{}, kKey,
+          fmt::format("request {} needs {} KV tokens ({} prompt + {} output), one instance holds "
+                      "{} ({} blocks of {}): more KV memory per instance (fewer GPUs' worth of "
+                      "weights, a larger instance) or shorter requests",
+                      i, q.prompt_tokens + q.output_tokens, q.prompt_tokens, q.output_tokens,
+                      blocks * c.block_tokens, blocks, c.block_tokens));
+  }
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+  const double x = p * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(x));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (x - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+}  // namespace
+
+ServingResult simulate_continuous_batching(const std::vector<workload::Request>& requests,
+                                           const InstanceConfig& config,
+                                           const IterationTime& iteration_time) {
+  check_config(requests, config);
+  ServingResult res;
+  res.requests.resize(requests.size());
+  std::vector<std::vector<int>> dealt(static_cast<std::size_t>(config.instances));
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const std::size_t k = i % dealt.size();
+    dealt[k].push_back(static_cast<int>(i));
+    res.requests[i].instance = static_cast<int>(k);
+  }
+  double first = INFINITY, last = 0, busy = 0, block_s = 0;
+  for (const std::vector<int>& mine : dealt) {
+    Instance inst(requests, config, iteration_time, res.requests);
+    const InstanceRun r = inst.run(mine);
+    if (mine.empty()) continue;
+    res.iterations += r.iterations;
+    res.preemptions += r.preemptions;
+    first = std::min(first, r.first_arrival);
+    last = std::max(last, r.last_finish);
+    busy += r.busy_s;
+    block_s += r.block_seconds;
+  }
+  if (!requests.empty()) res.makespan_s = last - first;
+  const double blocks = static_cast<double>(config.kv_capacity_tokens / config.block_tokens);
+  if (busy > 0 && blocks > 0) res.kv_utilization = block_s / (busy * blocks);
+  return res;
+}
+
+Latency latency_of(std::vector<double> samples) {
+  Latency l;
+  if (samples.empty()) return l;
+  std::sort(samples.begin(), samples.end());
+  double sum = 0;
+  for (double v : samples) sum += v;
+  l.mean = sum / static_cast<double>(samples.size());
+  l.p50 = percentile(samples, 0.50);
+  l.p90 = percentile(samples, 0.90);
+  l.p99 = percentile(samples, 0.99);
+  return l;
+}
+
+ServingMetrics serving_metrics(const std::vector<workload::Request>& requests,
+                               const ServingResult& result, const Slo& slo) {
+  ServingMetrics m;
+  std::vector<double> ttft, tpot, e2e;
+  double input = 0, output = 0;
+  long long good = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const workload::Request& q = requests[i];
+    const RequestOutcome& o = result.requests[i];
+    const double t = o.first_token_s - q.arrival_s;
+    ttft.push_back(t);
+    e2e.push_back(o.finish_s - q.arrival_s);
+    const double p = q.output_tokens > 1
+                         ? (o.finish_s - o.first_token_s) / static_cast<double>(q.output_tokens - 1)
+                         : 0.0;
+    if (q.output_tokens > 1) tpot.push_back(p);
+    input += q.prompt_tokens;
+    output += q.output_tokens;
+    good += (slo.ttft_s <= 0 || t <= slo.ttft_s) && (slo.tpot_s <= 0 || p <= slo.tpot_s);
+  }
+  m.ttft_s = latency_of(ttft);
+  m.tpot_s = latency_of(tpot);
+  m.e2e_s = latency_of(e2e);
+  if (result.makespan_s > 0) {
+    m.input_tokens_per_s = input / result.makespan_s;
+    m.output_tokens_per_s = output / result.makespan_s;
+    m.goodput_requests_per_s = static_cast<double>(good) / result.makespan_s;
+  }
+  if (!requests.empty())
+    m.slo_attainment = static_cast<double>(good) / static_cast<double>(requests.size());
+  return m;
+}
+
+}  // namespace moesim::serving

@@ -16,11 +16,13 @@ namespace {
 
 constexpr const char* kKey = "serving.kv_cache";
 
-// A request on an instance. KV holds `kv` tokens; prefill computes `target` tokens (the prompt
-// less its cached prefix, plus what it had generated when preempted), `done` of them so far.
+// A request on an instance. KV holds `kv` tokens (`admit_kv` when admitted); prefill computes
+// `target` tokens (the prompt less its cached prefix, plus what it had generated when
+// preempted), `done` of them so far. A request whose KV arrives ready (a disaggregated decode
+// pool's) has nothing to prefill and its first token generated.
 struct Live {
   int index = 0;
-  long long kv = 0, blocks = 0;
+  long long kv = 0, blocks = 0, admit_kv = 0;
   int target = 0, done = 0;
   int generated = 0;
   bool decoding() const { return done == target; }
@@ -37,8 +39,9 @@ struct InstanceRun {
 class Instance {
  public:
   Instance(const std::vector<workload::Request>& requests, const InstanceConfig& config,
-           const IterationTime& time, std::vector<RequestOutcome>& out)
-      : req_(requests), cfg_(config), time_(time), out_(out) {
+           const IterationTime& time, std::vector<RequestOutcome>& out,
+           const std::vector<char>* kv_ready)
+      : req_(requests), cfg_(config), time_(time), out_(out), kv_ready_(kv_ready) {
     capacity_blocks_ = config.kv_capacity_tokens / config.block_tokens;
   }
 
@@ -77,6 +80,11 @@ class Instance {
     const workload::Request& q = req_[at(i)];
     Live l;
     l.index = i;
+    l.admit_kv = q.prompt_tokens;
+    if (kv_ready_ != nullptr && (*kv_ready_)[at(i)] != 0) {
+      l.generated = 1;
+      return l;
+    }
     l.target = q.prompt_tokens - q.cached_tokens;
     return l;
   }
@@ -89,6 +97,7 @@ class Instance {
     used_blocks_ -= l.blocks;
     const workload::Request& q = req_[at(l.index)];
     l.kv = l.blocks = 0;
+    l.admit_kv = q.prompt_tokens + l.generated;
     l.target = q.prompt_tokens - q.cached_tokens + l.generated;
     l.done = 0;
     ++out_[at(l.index)].preemptions;
@@ -102,6 +111,10 @@ class Instance {
   // request's prefill tokens this iteration.
   BatchShape plan_iteration(InstanceRun& r) {
     BatchShape s;
+    // Requests whose KV arrived ready join first, to decode in this iteration.
+    while (!waiting_.empty() && waiting_.front().decoding() &&
+           static_cast<int>(running_.size()) < cfg_.max_running && admit())
+      ;
     for (std::size_t k = 0; k < running_.size(); ++k) {
       Live& l = running_[k];
       if (!l.decoding()) continue;
@@ -131,21 +144,9 @@ class Instance {
       chunk_[k] = std::min(budget, l.target - l.done);
       budget -= chunk_[k];
     }
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < cfg_.max_running) {
-      Live l = waiting_.front();
-      const workload::Request& q = req_[at(l.index)];
-      // The whole prompt's blocks (and what it had generated) at admission: a chunked prefill
-      // then never stalls for KV half-way.
-      const long long kv = q.prompt_tokens + l.generated;
-      const long long need = blocks_for(kv, cfg_.block_tokens);
-      if (used_blocks_ + need > capacity_blocks_) break;
-      waiting_.pop_front();
-      l.kv = kv;
-      l.blocks = need;
-      used_blocks_ += need;
-      running_.push_back(l);
-      chunk_.push_back(std::min(budget, l.target));
+    while (!waiting_.empty() && budget > 0 && !waiting_.front().decoding() &&
+           static_cast<int>(running_.size()) < cfg_.max_running && admit()) {
+      chunk_.push_back(std::min(budget, running_.back().target));
       budget -= chunk_.back();
     }
     for (std::size_t k = 0; k < running_.size(); ++k) {
@@ -158,6 +159,21 @@ class Instance {
     }
     s.requests = static_cast<int>(running_.size());
     return s;
+  }
+
+  // Moves the head of the queue to the running batch with the blocks of its whole KV (a prompt's
+  // and what it had generated): a chunked prefill then never stalls for KV half-way. False when
+  // the blocks are not free.
+  bool admit() {
+    Live l = waiting_.front();
+    const long long need = blocks_for(l.admit_kv, cfg_.block_tokens);
+    if (used_blocks_ + need > capacity_blocks_) return false;
+    waiting_.pop_front();
+    l.kv = l.admit_kv;
+    l.blocks = need;
+    used_blocks_ += need;
+    running_.push_back(l);
+    return true;
   }
 
   // Applies the iteration that ended at `now`; returns the requests it finished.
@@ -194,6 +210,7 @@ class Instance {
   const InstanceConfig& cfg_;
   const IterationTime& time_;
   std::vector<RequestOutcome>& out_;
+  const std::vector<char>* kv_ready_;
   long long capacity_blocks_ = 0, used_blocks_ = 0;
   std::vector<Live> running_;
   std::deque<Live> waiting_;
@@ -233,11 +250,10 @@ double percentile(const std::vector<double>& sorted, double p) {
   return sorted[lo] + (x - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-}  // namespace
-
-ServingResult simulate_continuous_batching(const std::vector<workload::Request>& requests,
-                                           const InstanceConfig& config,
-                                           const IterationTime& iteration_time) {
+// kv_ready (optional): per request, whether its KV arrives with it (nothing to prefill).
+ServingResult run_instances(const std::vector<workload::Request>& requests,
+                            const InstanceConfig& config, const IterationTime& iteration_time,
+                            const std::vector<char>* kv_ready) {
   check_config(requests, config);
   ServingResult res;
   res.requests.resize(requests.size());
@@ -249,7 +265,7 @@ ServingResult simulate_continuous_batching(const std::vector<workload::Request>&
   }
   double first = INFINITY, last = 0, busy = 0, block_s = 0;
   for (const std::vector<int>& mine : dealt) {
-    Instance inst(requests, config, iteration_time, res.requests);
+    Instance inst(requests, config, iteration_time, res.requests, kv_ready);
     const InstanceRun r = inst.run(mine);
     if (mine.empty()) continue;
     res.iterations += r.iterations;
@@ -263,6 +279,72 @@ ServingResult simulate_continuous_batching(const std::vector<workload::Request>&
   const double blocks = static_cast<double>(config.kv_capacity_tokens / config.block_tokens);
   if (busy > 0 && blocks > 0) res.kv_utilization = block_s / (busy * blocks);
   return res;
+}
+
+}  // namespace
+
+ServingResult simulate_continuous_batching(const std::vector<workload::Request>& requests,
+                                           const InstanceConfig& config,
+                                           const IterationTime& iteration_time) {
+  return run_instances(requests, config, iteration_time, nullptr);
+}
+
+DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>& requests,
+                                           const InstanceConfig& prefill,
+                                           const IterationTime& prefill_time,
+                                           const InstanceConfig& decode,
+                                           const IterationTime& decode_time,
+                                           const KvTransferTime& kv_transfer) {
+  DisaggregatedResult d;
+  // The prefill pool generates each request's first token and nothing more.
+  std::vector<workload::Request> first = requests;
+  for (workload::Request& q : first) q.output_tokens = 1;
+  d.prefill = run_instances(first, prefill, prefill_time, nullptr);
+  // The decode pool: requests with more to generate, arriving when their KV has moved.
+  std::vector<std::pair<double, int>> order;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].output_tokens <= 1) continue;
+    const double t = kv_transfer(requests[i]);
+    if (!(t >= 0) || !std::isfinite(t))
+      throw InternalError(fmt::format("serving: a KV transfer priced at {} s", t));
+    order.emplace_back(d.prefill.requests[i].first_token_s + t, static_cast<int>(i));
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<workload::Request> second;
+  for (const auto& [arrival, i] : order) {
+    workload::Request q = requests[static_cast<std::size_t>(i)];
+    q.arrival_s = arrival;
+    second.push_back(q);
+  }
+  const std::vector<char> ready(second.size(), 1);
+  const ServingResult dec = run_instances(second, decode, decode_time, &ready);
+  d.decode.iterations = dec.iterations;
+  d.decode.preemptions = dec.preemptions;
+  d.decode.makespan_s = dec.makespan_s;
+  d.decode.kv_utilization = dec.kv_utilization;
+  d.decode.requests.assign(requests.size(), RequestOutcome{});
+  for (std::size_t k = 0; k < order.size(); ++k)
+    d.decode.requests[static_cast<std::size_t>(order[k].second)] = dec.requests[k];
+  // Overall: the first token from the prefill pool, the last from the decode pool.
+  ServingResult& all = d.overall;
+  all.requests = d.prefill.requests;
+  double start = INFINITY, end = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    RequestOutcome& o = all.requests[i];
+    if (requests[i].output_tokens > 1) {
+      o.finish_s = d.decode.requests[i].finish_s;
+      o.preemptions += d.decode.requests[i].preemptions;
+      o.instance = d.decode.requests[i].instance;
+    }
+    start = std::min(start, requests[i].arrival_s);
+    end = std::max(end, o.finish_s);
+  }
+  all.iterations = d.prefill.iterations + dec.iterations;
+  all.preemptions = d.prefill.preemptions + dec.preemptions;
+  all.makespan_s = requests.empty() ? 0 : end - start;
+  all.kv_utilization = dec.kv_utilization;
+  return d;
 }
 
 Latency latency_of(std::vector<double> samples) {

@@ -54,6 +54,26 @@ ServingResult simulate_continuous_batching(const std::vector<workload::Request>&
                                            const InstanceConfig& config,
                                            const IterationTime& iteration_time);
 
+/// Seconds to move one request's KV cache from its prefill instance to its decode instance.
+using KvTransferTime = std::function<double(const workload::Request& request)>;
+
+struct DisaggregatedResult {
+  ServingResult overall;  // first tokens from the prefill pool, finishes from the decode pool;
+                          // kv_utilization the decode pool's
+  ServingResult prefill;  // each request through its first token (requests in the input's order)
+  ServingResult decode;   // requests with more than one output token (others: zeros)
+};
+
+/// Prefill / decode disaggregation: the prefill pool runs every request to its first token; the
+/// request then arrives at the decode pool when its KV has moved (`kv_transfer` after the first
+/// token), with nothing to prefill, and decodes the rest there.
+DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>& requests,
+                                           const InstanceConfig& prefill,
+                                           const IterationTime& prefill_time,
+                                           const InstanceConfig& decode,
+                                           const IterationTime& decode_time,
+                                           const KvTransferTime& kv_transfer);
+
 /// Distribution of one latency figure (percentiles by linear interpolation between order
 /// statistics).
 struct Latency {

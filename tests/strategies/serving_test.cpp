@@ -132,6 +132,33 @@ TEST(ContinuousBatching, InstancesAreDealtRoundRobin) {
   EXPECT_EQ(r.makespan_s, 2.0);
 }
 
+// Disaggregated: prefill 1 s per iteration, decode 0.5 s, KV moves in 0.25 s. A (prompt 10,
+// output 3) gets its first token at 1 s in the prefill pool, reaches the decode pool at 1.25 s and
+// decodes tokens 2 and 3 by 1.75 and 2.25 s; B (output 1) is done by its prefill.
+TEST(ContinuousBatching, DisaggregatedPrefillAndDecodeByHand) {
+  std::vector<BatchShape> pre, dec;
+  const std::vector<Request> q = {{0, 10, 3, 0}, {0, 10, 1, 0}};
+  const IterationTime half = [&dec](const BatchShape& b) {
+    dec.push_back(b);
+    return 0.5;
+  };
+  const DisaggregatedResult d = simulate_disaggregated(q, roomy(), one_second(&pre), roomy(), half,
+                                                       [](const Request&) { return 0.25; });
+  ASSERT_EQ(pre.size(), 1u);
+  EXPECT_EQ(pre[0].prefill_tokens, 20);
+  ASSERT_EQ(dec.size(), 2u);
+  EXPECT_EQ(dec[0].prefill_tokens, 0);
+  EXPECT_EQ(dec[0].decode_tokens, 1);
+  EXPECT_EQ(dec[0].context_tokens, 11);  // the moved prompt and the first token
+  EXPECT_EQ(d.overall.requests[0].first_token_s, 1.0);
+  EXPECT_EQ(d.overall.requests[0].finish_s, 2.25);
+  EXPECT_EQ(d.overall.requests[1].finish_s, 1.0);
+  EXPECT_EQ(d.overall.makespan_s, 2.25);
+  EXPECT_EQ(d.overall.iterations, 3);
+  const ServingMetrics m = serving_metrics(q, d.overall, Slo{});
+  EXPECT_DOUBLE_EQ(m.tpot_s.p50, 0.625);  // (2.25 - 1) / 2: the move is part of the decode time
+}
+
 // Property: with room for everything, the iterations compute every prompt's uncached tokens once
 // and every output token after the first once; outcomes are ordered in time.
 TEST(ContinuousBatching, ComputedTokensAreConserved) {
@@ -170,6 +197,24 @@ TEST(ContinuousBatching, ComputedTokensAreConserved) {
   EXPECT_GE(m.ttft_s.p90, m.ttft_s.p50);
   EXPECT_GT(r.kv_utilization, 0.0);
   EXPECT_LT(r.kv_utilization, 1.0);
+
+  // Disaggregated, the same tokens: prefills in one pool, decodes in the other.
+  prefill = decode = 0;
+  const DisaggregatedResult d = simulate_disaggregated(
+      q, c, t, c, t, [](const Request& x) { return 1e-6 * x.prompt_tokens; });
+  EXPECT_EQ(prefill, want_prefill);
+  EXPECT_EQ(decode, want_decode);
+  EXPECT_EQ(d.overall.preemptions, 0);
+  // A decode pool short of KV preempts and recomputes, and still finishes everything in order.
+  InstanceConfig small = c;
+  small.kv_capacity_tokens = 8192;
+  const DisaggregatedResult p =
+      simulate_disaggregated(q, c, t, small, t, [](const Request&) { return 0.0; });
+  EXPECT_GT(p.decode.preemptions, 0);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    ASSERT_GE(p.overall.requests[i].finish_s, p.overall.requests[i].first_token_s);
+    ASSERT_GE(p.overall.requests[i].finish_s, d.overall.requests[i].first_token_s);
+  }
 }
 
 TEST(ContinuousBatching, PercentilesInterpolateBetweenOrderStatistics) {

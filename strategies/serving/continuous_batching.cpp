@@ -39,8 +39,7 @@ struct InstanceRun {
 class Instance {
  public:
   Instance(const std::vector<workload::Request>& requests, const InstanceConfig& config,
-           const IterationTime& time, std::vector<RequestOutcome>& out,
-           const std::vector<char>* kv_ready)
+           const IterationTime& time, std::vector<RequestOutcome>& out, bool kv_ready)
       : req_(requests), cfg_(config), time_(time), out_(out), kv_ready_(kv_ready) {
     capacity_blocks_ = config.kv_capacity_tokens / config.block_tokens;
   }
@@ -81,7 +80,7 @@ class Instance {
     Live l;
     l.index = i;
     l.admit_kv = q.prompt_tokens;
-    if (kv_ready_ != nullptr && (*kv_ready_)[at(i)] != 0) {
+    if (kv_ready_) {
       l.generated = 1;
       return l;
     }
@@ -89,11 +88,11 @@ class Instance {
     return l;
   }
 
-  // Frees a running request's KV and puts it first in line: it recomputes its prompt and what it
-  // had generated (its cached prefix still hits).
-  void preempt(std::size_t k, InstanceRun& r) {
-    Live l = running_[k];
-    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(k));
+  // Frees the latest-admitted request's KV and puts it first in line: it recomputes its prompt
+  // and what it had generated (its cached prefix still hits).
+  void preempt_latest(InstanceRun& r) {
+    Live l = running_.back();
+    running_.pop_back();
     used_blocks_ -= l.blocks;
     const workload::Request& q = req_[at(l.index)];
     l.kv = l.blocks = 0;
@@ -121,7 +120,7 @@ class Instance {
       const long long need = blocks_for(l.kv + 1, cfg_.block_tokens) - l.blocks;
       while (need > 0 && used_blocks_ + need > capacity_blocks_) {
         const bool itself = running_.size() - 1 == k;
-        preempt(running_.size() - 1, r);
+        preempt_latest(r);
         if (itself) break;
       }
       if (k >= running_.size()) break;  // it was the latest and gave its own blocks up
@@ -178,9 +177,7 @@ class Instance {
 
   // Applies the iteration that ended at `now`; returns the requests it finished.
   std::size_t advance(double now) {
-    std::size_t finished = 0;
-    std::vector<Live> still;
-    still.reserve(running_.size());
+    std::size_t finished = 0, kept = 0;
     for (std::size_t k = 0; k < running_.size(); ++k) {
       Live l = running_[k];
       RequestOutcome& o = out_[at(l.index)];
@@ -200,9 +197,9 @@ class Instance {
         ++finished;
         continue;
       }
-      still.push_back(l);
+      running_[kept++] = l;
     }
-    running_ = std::move(still);
+    running_.resize(kept);
     return finished;
   }
 
@@ -210,7 +207,7 @@ class Instance {
   const InstanceConfig& cfg_;
   const IterationTime& time_;
   std::vector<RequestOutcome>& out_;
-  const std::vector<char>* kv_ready_;
+  const bool kv_ready_;  // every request arrives with its KV (a disaggregated decode pool)
   long long capacity_blocks_ = 0, used_blocks_ = 0;
   std::vector<Live> running_;
   std::deque<Live> waiting_;
@@ -250,10 +247,10 @@ double percentile(const std::vector<double>& sorted, double p) {
   return sorted[lo] + (x - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-// kv_ready (optional): per request, whether its KV arrives with it (nothing to prefill).
+// kv_ready: every request arrives with its KV (nothing to prefill, its first token generated).
 ServingResult run_instances(const std::vector<workload::Request>& requests,
                             const InstanceConfig& config, const IterationTime& iteration_time,
-                            const std::vector<char>* kv_ready) {
+                            bool kv_ready) {
   check_config(requests, config);
   ServingResult res;
   res.requests.resize(requests.size());
@@ -286,7 +283,7 @@ ServingResult run_instances(const std::vector<workload::Request>& requests,
 ServingResult simulate_continuous_batching(const std::vector<workload::Request>& requests,
                                            const InstanceConfig& config,
                                            const IterationTime& iteration_time) {
-  return run_instances(requests, config, iteration_time, nullptr);
+  return run_instances(requests, config, iteration_time, false);
 }
 
 DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>& requests,
@@ -299,7 +296,7 @@ DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>&
   // The prefill pool generates each request's first token and nothing more.
   std::vector<workload::Request> first = requests;
   for (workload::Request& q : first) q.output_tokens = 1;
-  d.prefill = run_instances(first, prefill, prefill_time, nullptr);
+  d.prefill = run_instances(first, prefill, prefill_time, false);
   // The decode pool: requests with more to generate, arriving when their KV has moved.
   std::vector<std::pair<double, int>> order;
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -317,15 +314,11 @@ DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>&
     q.arrival_s = arrival;
     second.push_back(q);
   }
-  const std::vector<char> ready(second.size(), 1);
-  const ServingResult dec = run_instances(second, decode, decode_time, &ready);
-  d.decode.iterations = dec.iterations;
-  d.decode.preemptions = dec.preemptions;
-  d.decode.makespan_s = dec.makespan_s;
-  d.decode.kv_utilization = dec.kv_utilization;
-  d.decode.requests.assign(requests.size(), RequestOutcome{});
+  d.decode = run_instances(second, decode, decode_time, true);
+  std::vector<RequestOutcome> by_input(requests.size());  // back in the input's order
   for (std::size_t k = 0; k < order.size(); ++k)
-    d.decode.requests[static_cast<std::size_t>(order[k].second)] = dec.requests[k];
+    by_input[static_cast<std::size_t>(order[k].second)] = d.decode.requests[k];
+  d.decode.requests = std::move(by_input);
   // Overall: the first token from the prefill pool, the last from the decode pool.
   ServingResult& all = d.overall;
   all.requests = d.prefill.requests;
@@ -340,10 +333,10 @@ DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>&
     start = std::min(start, requests[i].arrival_s);
     end = std::max(end, o.finish_s);
   }
-  all.iterations = d.prefill.iterations + dec.iterations;
-  all.preemptions = d.prefill.preemptions + dec.preemptions;
+  all.iterations = d.prefill.iterations + d.decode.iterations;
+  all.preemptions = d.prefill.preemptions + d.decode.preemptions;
   all.makespan_s = requests.empty() ? 0 : end - start;
-  all.kv_utilization = dec.kv_utilization;
+  all.kv_utilization = d.decode.kv_utilization;
   return d;
 }
 

@@ -3,8 +3,13 @@
 #pragma once
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/error.hpp"
 
 namespace moesim::workload::detail {
 
@@ -33,6 +38,19 @@ inline std::vector<Field> split_fields(std::string_view line) {
     start = comma + 1;
   }
   return fields;
+}
+
+/// Opens a trace file for reading; InputError under `key` when it is not a regular file (a device
+/// or pipe may never end: /dev/zero) or cannot be opened. `what`: "routing trace", ...
+inline std::ifstream open_trace(const std::string& path, const std::string& key,
+                                const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw InputError(SourceLocation{path, 0, 0}, key,
+                     "found a directory, device or pipe, expected a " + what + " CSV file");
+  std::ifstream in(path);
+  if (!in) throw InputError(SourceLocation{path, 0, 0}, key, "cannot open the " + what + " file");
+  return in;
 }
 
 }  // namespace moesim::workload::detail

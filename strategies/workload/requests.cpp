@@ -98,8 +98,6 @@ LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
       m.require("max", "the longest length, >= min");
       l.min = static_cast<int>(*m.get_int("min", 1, kMaxTokens));
       l.max = static_cast<int>(*m.get_int("max", 1, kMaxTokens));
-      if (l.max < l.min)
-        m.fail("max", fmt::format("found max {} below min {}, expected max >= min", l.max, l.min));
       break;
     case LengthSpec::Kind::kLognormal:
       only({"mean", "cv", "min", "max"});
@@ -115,16 +113,18 @@ LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
                fmt::format("found {}, expected a coefficient of variation in (0, 100]", l.cv));
       l.min = static_cast<int>(m.get_int("min", 1, kMaxTokens).value_or(1));
       l.max = static_cast<int>(m.get_int("max", 1, kMaxTokens).value_or(0));
-      if (l.max > 0 && l.max < l.min)
-        m.fail("max", fmt::format("found max {} below min {}, expected max >= min", l.max, l.min));
       break;
   }
+  if (l.max > 0 && l.max < l.min)  // uniform's bounds, lognormal's clip (max 0: none)
+    m.fail("max", fmt::format("found max {} below min {}, expected max >= min", l.max, l.min));
   return l;
 }
 
+constexpr const char* kTraceKey = "serving.requests.trace";
+
 [[noreturn]] void trace_fail(const std::string& path, int line, int column,
                              const std::string& message) {
-  throw InputError(SourceLocation{path, line, column}, "serving.requests.trace", message);
+  throw InputError(SourceLocation{path, line, column}, kTraceKey, message);
 }
 
 enum Column { kArrival, kPrompt, kOutput, kCached, kNumColumns };
@@ -213,11 +213,7 @@ std::vector<Request> make_requests(const RequestSpec& spec) {
 }
 
 std::vector<Request> read_request_trace(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    trace_fail(path, 0, 0, "found a directory, device or pipe, expected a request trace CSV file");
-  std::ifstream in(path);
-  if (!in) trace_fail(path, 0, 0, "cannot open the request trace file");
+  std::ifstream in = detail::open_trace(path, kTraceKey, "request trace");
   std::array<int, kNumColumns> index{};
   index.fill(-1);
   std::size_t num_fields = 0;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <ostream>
@@ -57,13 +56,7 @@ struct Row {
 
 RoutingTrace read_routing_trace(const std::string& path, int num_gpus, int num_experts,
                                 int num_layers, int top_k) {
-  std::error_code ec;
-  // A device or pipe may never end (/dev/zero): only regular files are traces.
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw InputError(SourceLocation{path, 0, 0}, kKey,
-                     "found a directory, device or pipe, expected a routing trace CSV file");
-  std::ifstream in(path);
-  if (!in) throw InputError(SourceLocation{path, 0, 0}, kKey, "cannot open the routing trace file");
+  std::ifstream in = detail::open_trace(path, kKey, "routing trace");
   auto fail = [&path](int line, int column, const std::string& message) {
     trace_error(path, line, column, message);
   };

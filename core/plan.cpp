@@ -206,6 +206,9 @@ std::string role_label(const OpRole& role) {
     case OpRoleKind::kExpertGradSync:
       name = "expert_allreduce";
       break;
+    case OpRoleKind::kExpertMpGradSync:
+      name = "expert_mp_allreduce";
+      break;
   }
   if (role.chunk < 0)
     return fmt::format("L{}.{}.{}", role.block, role.backward ? "bwd" : "fwd", name);

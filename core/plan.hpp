@@ -242,6 +242,7 @@ enum class OpRoleKind : std::uint8_t {
   kParmMpAllGather,   // Parm S1: the MP all-gather after the decode
   kDenseGradSync,     // the dense parameters' gradient all-reduce (whole, or one Lina micro-op)
   kExpertGradSync,    // the experts' gradient all-reduce over DP (whole, or one Lina micro-op)
+  kExpertMpGradSync,  // Parm S1 / S2, disjoint layout: the MP copies' expert gradients summed
 };
 struct OpRole {
   OpRoleKind kind = OpRoleKind::kNone;

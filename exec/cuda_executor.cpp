@@ -550,11 +550,18 @@ void DevicePath::Impl::download_outputs() {
     CUDA_OK(cudaMemcpy(logits.data(), a.at(L.off.at({LayerBuf::kLogits})),
                        logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
     if (!L.ref.lay->backward) continue;
-    // The gradients the check compares, all fp32: dX, dWgate and the experts' owned dW.
-    for (LayerBuf g : {LayerBuf::kDX32, LayerBuf::kDGateW, owned_dw(*L.ref.lay)}) {
+    // The gradients the check compares: dX (fp32, or in the dtype where it moved as the forward's
+    // rows did: Parm), dWgate and the experts' owned dW (fp32).
+    for (LayerBuf g : {input_grad_buffer(*L.ref.lay), LayerBuf::kDGateW, owned_dw(*L.ref.lay)}) {
       std::vector<float>& v = h.f({g});
-      CUDA_OK(cudaMemcpy(v.data(), a.at(L.off.at({g})), v.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost));
+      if (elem_type(g) == ElemType::kF32) {
+        CUDA_OK(cudaMemcpy(v.data(), a.at(L.off.at({g})), v.size() * sizeof(float),
+                           cudaMemcpyDeviceToHost));
+        continue;
+      }
+      std::vector<std::byte> data(v.size() * es);
+      CUDA_OK(cudaMemcpy(data.data(), a.at(L.off.at({g})), data.size(), cudaMemcpyDeviceToHost));
+      kernels::convert(dtype, data.data(), DType::kF32, v.data(), v.size());
     }
   }
 }

@@ -352,12 +352,11 @@ void Executor::prepare_layers(const Plan& plan) {
   }
 }
 
-// The layer's backward runs through the layer program when the plan has it and the layout is one
-// the program differentiates (backward_unsupported); otherwise its backward ops stay on scratch
-// buffers. Called before the buffers are allocated (the gradients' are among them).
+// The layer's backward runs through the layer program when the plan has it. Called before the
+// buffers are allocated (the gradients' are among them).
 void Executor::enable_backward(const Plan& plan, Layer& L) {
   L.bwd = layer_backward_plan(plan, L.block, comm_.rank());
-  L.lay.backward = L.bwd.passes > 0 && backward_unsupported(L.lay).empty();
+  L.lay.backward = L.bwd.passes > 0;
   L.lay.grad_sync_parts = L.bwd.sync_parts;
 }
 
@@ -433,6 +432,15 @@ void Executor::collect_layer_results() {
   }
   for (int li = 0; sharded_ && li < static_cast<int>(sharded_->layers().size()); ++li)
     if (sharded_->gradients(li)) real_backward_ = true;
+  for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
+    gradients_.emplace_back();
+    const std::optional<LayerGradients> lg = parm_->gradients(li);
+    if (!lg) continue;
+    real_backward_ = true;
+    auto& g = gradients_.back();
+    for (const std::vector<float>* v : {lg->dx, lg->dgate_w, lg->dw})
+      g.insert(g.end(), v->begin(), v->end());
+  }
   real_data_ = !layers_.empty() || parm_ != nullptr || (sharded_ && sharded_->active());
 }
 
@@ -647,7 +655,9 @@ void Executor::check_layers() {
     std::optional<LayerGradients> grads;
     if (L && L->buf.allocated() && L->lay.backward)
       grads = L->gradients();
-    else if (!parm_ && sharded_)
+    else if (parm_)
+      grads = parm_->gradients(static_cast<int>(li));
+    else if (sharded_)
       grads = sharded_->gradients(static_cast<int>(li));
     if (session_.all_reduce_sum(grads ? 1LL : 0LL) > 0)
       grad_checks_.push_back(

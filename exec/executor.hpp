@@ -11,9 +11,9 @@
 //    HostLayerOps (exec/host_layer.hpp, the CPU kernels): gate (+top-k, capacity), encode, per
 //    chunk dispatch -> expert fc1 (GEMM + ReLU) -> fc2 -> combine, decode; and its backward from
 //    a seeded dY (decode / combine / fc2 / fc1 / dispatch / encode / gate backward, the DP
-//    all-reduce of the real expert gradients) on the plain, plan-routed, deepep and sharded
-//    layouts; --check compares dX, dWgate, dW1 and dW2 with the reference (exec/grad_check.hpp).
-//    Parm's layers keep running their backward on scratch buffers (no gradient is checked);
+//    all-reduce of the real expert gradients) on the plain, plan-routed, deepep, sharded and
+//    Parm layouts; --check compares dX, dWgate, dW1 and dW2 with the reference
+//    (exec/grad_check.hpp);
 //  - every other op (attention, dense FFN, shared experts, other backward, gradient buckets) with
 //    scratch buffers of the plan's sizes: collectives move real bytes, compute ops outside the
 //    MoE forward are timed as empty ops on the host path (their cost is what the simulator's

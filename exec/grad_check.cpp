@@ -36,6 +36,8 @@ LayerBackwardPlan layer_backward_plan(const Plan& plan, int block, int rank) {
         parts.insert(op.role.chunk);
         bp.dp_group = *g;
       }
+    } else if (op.role.kind == OpRoleKind::kExpertMpGradSync) {
+      if (const auto* g = my_group(plan, op, rank)) bp.mp_group = *g;
     }
   }
   bp.sync_parts = static_cast<int>(parts.size());  // Lina's micro-ops, once per step
@@ -61,8 +63,16 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
     }
     compared += static_cast<long long>(n);
   };
-  const std::vector<float> tokens = make_tokens(s, seed, iteration, lg.moe, key_rank);
-  const std::vector<float> dy = make_grad_output(s, seed, iteration, lg.moe, key_rank);
+  std::vector<GradUnit> own_tokens;
+  if (lg.units.empty()) {  // the rank's own S tokens
+    GradUnit u;
+    u.tokens = make_tokens(s, seed, iteration, lg.moe, key_rank);
+    u.dy = make_grad_output(s, seed, iteration, lg.moe, key_rank);
+    u.rows = s.tokens;
+    u.dx_rows = s.tokens;
+    own_tokens.push_back(std::move(u));
+  }
+  const std::vector<GradUnit>& units = lg.units.empty() ? own_tokens : lg.units;
   const bool dp_summed = !bp.dp_group.empty();
   std::vector<float> sum(2 * static_cast<size_t>(M) * H);
   const std::size_t per = static_cast<size_t>(M) * H;
@@ -74,38 +84,54 @@ GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
   MOESIM_ASSERT(dw.size() == 2 * own * static_cast<std::size_t>(dE),
                 "gradient check: dW is not [dW1 | dW2] of the owned experts");
   std::vector<double> r1(own), r2(own);
-  const ReferenceGrads ref = reference_backward_seeded(
-      s, tokens, seed, lg.moe, lg.capacity, dy,
-      [&](int e, const std::vector<double>& dw1, const std::vector<double>& dw2) {
-        // Every rank's contribution to expert e, summed over its EP group (x the DP replicas):
-        // the expected gradient on e's owner(s). One all-reduce per expert, so only one
-        // expert's M x H x 2 values live at a time.
-        for (size_t i = 0; i < per; ++i) {
-          sum[i] = static_cast<float>(dw1[i]);
-          sum[per + i] = static_cast<float>(dw2[i]);
-        }
-        comm.all_reduce_sum(sum.data(), sum.size(), bp.ep_group);
-        if (dp_summed) comm.all_reduce_sum(sum.data(), sum.size(), bp.dp_group);
-        const int le = e - lg.expert_first;
-        if (le < 0 || le >= dE) return;
-        // Every micro-batch of the step runs the same tokens: the accumulated gradient is
-        // passes x one pass's.
-        for (int m = 0; m < M; ++m)
-          for (int c = 0; c < cols; ++c) {
-            const auto at = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols) +
-                            static_cast<std::size_t>(c);
-            r1[at] =
-                passes * sum[static_cast<std::size_t>(m) * H + static_cast<std::size_t>(h0 + c)];
-            r2[static_cast<std::size_t>(c) * M + static_cast<std::size_t>(m)] =
-                passes *
-                sum[per + static_cast<std::size_t>(h0 + c) * M + static_cast<std::size_t>(m)];
-          }
-        compare(dw.data() + static_cast<std::size_t>(le) * own, own, r1.data(), own);
-        compare(dw.data() + (static_cast<std::size_t>(dE) + le) * own, own, r2.data(), own);
-      },
-      lg.routed_expert);
-  compare(lg.dx->data(), lg.dx->size(), ref.dx.data(), ref.dx.size());
-  std::vector<double> dgate(ref.dgate_w.begin(), ref.dgate_w.end());
+  auto on_expert = [&](int e, const std::vector<double>& dw1, const std::vector<double>& dw2) {
+    // Every rank's contribution to expert e, summed over its EP group (x the MP copies and
+    // the DP replicas): the expected gradient on e's owner(s). One all-reduce per expert, so
+    // only one expert's M x H x 2 values live at a time.
+    for (size_t i = 0; i < per; ++i) {
+      sum[i] = static_cast<float>(dw1[i] * lg.dw_share);
+      sum[per + i] = static_cast<float>(dw2[i] * lg.dw_share);
+    }
+    comm.all_reduce_sum(sum.data(), sum.size(), bp.ep_group);
+    if (!bp.mp_group.empty()) comm.all_reduce_sum(sum.data(), sum.size(), bp.mp_group);
+    if (dp_summed) comm.all_reduce_sum(sum.data(), sum.size(), bp.dp_group);
+    const int le = e - lg.expert_first;
+    if (le < 0 || le >= dE) return;
+    // Every micro-batch of the step runs the same tokens: the accumulated gradient is
+    // passes x one pass's.
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < cols; ++c) {
+        const auto at = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols) +
+                        static_cast<std::size_t>(c);
+        r1[at] = passes * sum[static_cast<std::size_t>(m) * H + static_cast<std::size_t>(h0 + c)];
+        r2[static_cast<std::size_t>(c) * M + static_cast<std::size_t>(m)] =
+            passes * sum[per + static_cast<std::size_t>(h0 + c) * M + static_cast<std::size_t>(m)];
+      }
+    compare(dw.data() + static_cast<std::size_t>(le) * own, own, r1.data(), own);
+    compare(dw.data() + (static_cast<std::size_t>(dE) + le) * own, own, r2.data(), own);
+  };
+  // Exactly one unit is this rank's (its gate's and experts' contributions; the per-expert
+  // collectives run once on every rank); the others give their dX rows only.
+  std::vector<double> dx, dgate_w;
+  int owned = 0;
+  for (const GradUnit& u : units) {
+    MoeShape us = s;
+    us.tokens = u.rows;
+    const ReferenceGrads ref =
+        u.own ? reference_backward_seeded(us, u.tokens, seed, lg.moe, lg.capacity, u.dy, on_expert,
+                                          lg.routed_expert)
+              : reference_backward_seeded(us, u.tokens, seed, lg.moe, lg.capacity, u.dy,
+                                          [](int, const auto&, const auto&) {});
+    if (u.own) {
+      ++owned;
+      dgate_w = ref.dgate_w;
+    }
+    const auto first = ref.dx.begin() + static_cast<std::ptrdiff_t>(u.dx_first) * M;
+    dx.insert(dx.end(), first, first + static_cast<std::ptrdiff_t>(u.dx_rows) * M);
+  }
+  MOESIM_ASSERT(owned == 1, "gradient check: one routing unit is the rank's own");
+  compare(lg.dx->data(), lg.dx->size(), dx.data(), dx.size());
+  std::vector<double> dgate(dgate_w.begin(), dgate_w.end());
   for (double& v : dgate) v *= passes;
   if (lg.gate_on_targets) {
     // Both sides summed over the EP group (each rank's reference rounded once to float).

@@ -25,9 +25,20 @@ struct LayerBackwardPlan {
   int passes = 0;      // backward decodes of the layer on this rank
   int sync_parts = 0;  // micro-ops of the experts' gradient all-reduce (Lina splits it)
   std::vector<int> ep_group;
+  std::vector<int> mp_group;  // Parm's MP all-reduce of the expert gradients (disjoint layout)
   std::vector<int> dp_group;
 };
 LayerBackwardPlan layer_backward_plan(const Plan& plan, int block, int rank);
+
+/// A routing unit the reference differentiates: the rows one gate call saw (Parm: the ESP group's
+/// gathered tokens, or one MP share of the rank's), their output gradient, and which of its dX
+/// rows are this rank's.
+struct GradUnit {
+  std::vector<float> tokens, dy;  // rows x M
+  int rows = 0;
+  int dx_first = 0, dx_rows = 0;  // its dX rows [dx_first, + dx_rows) are this rank's next ones
+  bool own = true;  // this rank's gate and expert contributions come from it (exactly one unit)
+};
 
 /// One layer's gradients on this rank, as the program left them.
 struct LayerGradients {
@@ -42,6 +53,12 @@ struct LayerGradients {
   // lands where the rows went: the EP group's sum is compared (dX still per rank).
   bool gate_on_targets = false;
   const LayerBackwardPlan* plan = nullptr;
+  // Empty: the rank's own S tokens. Otherwise this rank's dX is the units' dX rows in order.
+  std::vector<GradUnit> units;
+  // The share of its own unit's expert contributions this rank's experts see: Parm S2 splits the
+  // unit's slots over the mp ranks that hold the same tokens (1 / mp), summed back by the MP
+  // all-reduce or, in the overlapped layout, by the fused group.
+  double dw_share = 1;
   const std::vector<float>* dx = nullptr;       // S x M
   const std::vector<float>* dgate_w = nullptr;  // M x E
   const std::vector<float>* dw = nullptr;       // [dW1 of each owned (M x cols) | dW2 (cols x M)]
@@ -59,9 +76,9 @@ struct GradCheck {
 /// --check of the layer's gradients (a collective over every rank): per rank dX of its own tokens
 /// and dWgate of its own tokens (gate_on_targets: the EP group's sum of both sides) vs the
 /// reference; per expert the reference contributions of every
-/// rank summed over the EP group (and the DP group when the plan all-reduces the expert
-/// gradients), compared on the expert's owner, all times the passes. `tol`: |g - ref| <= tol *
-/// (1 + |ref|).
+/// rank summed over the EP group (and the MP and DP groups when the plan all-reduces the expert
+/// gradients over them), compared on the expert's owner, all times the passes. `tol`: |g - ref| <=
+/// tol * (1 + |ref|).
 GradCheck check_backward_layer(Communicator& comm, const MpiSession& session,
                                const LayerGradients& g, const MoeShape& s, std::uint64_t seed,
                                int iteration, int key_rank, double tol);

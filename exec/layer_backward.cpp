@@ -110,8 +110,29 @@ void gate_backward(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
   ops.gemm(x, /*f32=*/true);
 }
 
+// Chunk j's output gradients packed as the forward dispatch sent its slots (kDBack[j]).
+void pack_output_grads(const LayerLayout& L, const MoeShape& s, int j, LayerOps& ops) {
+  for (const BlockCopy& c : slot_block_copies(L, j, s.model_dim, false, buf(LayerBuf::kDExpertOut),
+                                              buf(LayerBuf::kDBack, j), true))
+    ops.copy(c);
+}
+
+// The local combine's backward: every chunk's returned input gradients (each esp shard's partial
+// and, SAA, every MP share's slots) summed into kDDispatched.
+void gather_input_grads(const LayerLayout& L, const MoeShape& s, LayerOps& ops) {
+  const std::size_t Mz = sz(s.model_dim);
+  ops.zero(buf(LayerBuf::kDDispatched), sz(s.experts) * sz(L.rho) * sz(L.capacity) * Mz);
+  for (int j = 0; j < L.chunks(); ++j)
+    for (const BlockCopy& c :
+         slot_block_copies(L, j, s.model_dim, true, buf(LayerBuf::kDDispatched),
+                           buf(LayerBuf::kDSend, j), false, true))
+      ops.copy(c);
+}
+
 // Chunk j's combine backward: the output gradients to the experts (the forward dispatch's
-// direction). Capacity routing packs them by the returned blocks first.
+// direction). Capacity routing packs them by the send blocks first (unless the local dump packed
+// every chunk): an expert's slots returned by several sources (Parm's esp partials, SAA's MP
+// shares) take one gradient, sent where the forward dispatch sent the slots.
 std::int64_t combine_backward(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
                               LayerOps& ops) {
   const std::size_t Mz = sz(s.model_dim);
@@ -125,16 +146,16 @@ std::int64_t combine_backward(const LayerLayout& L, const MoeShape& s, int j, co
     x.row_elems = Mz;
     return ops.exchange(op, x);
   }
-  for (const BlockCopy& c : slot_block_copies(L, j, s.model_dim, true, buf(LayerBuf::kDExpertOut),
-                                              buf(LayerBuf::kDBack, j), true))
-    ops.copy(c);
+  if (!L.dump_op) pack_output_grads(L, s, j, ops);
   x.send = buf(LayerBuf::kDBack, j);
-  x.send_elems = sz(L.back_block_rows(j)) * Mz;
+  x.send_elems = sz(L.send_block_rows(j)) * Mz;
   return ops.exchange(op, x);
 }
 
 // Chunk j's dispatch backward: the input gradients back to the tokens' ranks (the forward
-// combine's direction), unpacked by the send blocks into kDDispatched under capacity routing.
+// combine's direction, SAA's MP all-gather included), unpacked by the returned blocks into
+// kDDispatched under capacity routing; where the forward's local combine summed the returns
+// (accumulate_back), its backward sums them (gather_input_grads).
 std::int64_t dispatch_backward(const LayerLayout& L, const MoeShape& s, int j, const Op& op,
                                LayerOps& ops) {
   const std::size_t Mz = sz(s.model_dim);
@@ -149,11 +170,12 @@ std::int64_t dispatch_backward(const LayerLayout& L, const MoeShape& s, int j, c
     return ops.exchange(op, x);
   }
   x.recv = buf(LayerBuf::kDSend, j);
-  x.recv_elems = sz(L.send_block_rows(j)) * Mz;
+  x.recv_elems = sz(L.back_block_rows(j)) * Mz;
   const std::int64_t algo = ops.exchange(op, x);
-  for (const BlockCopy& c : slot_block_copies(L, j, s.model_dim, false, buf(LayerBuf::kDDispatched),
-                                              buf(LayerBuf::kDSend, j), false))
-    ops.copy(c);
+  if (!L.accumulate_back)
+    for (const BlockCopy& c : slot_block_copies(
+             L, j, s.model_dim, true, buf(LayerBuf::kDDispatched), buf(LayerBuf::kDSend, j), false))
+      ops.copy(c);
   return algo;
 }
 
@@ -303,12 +325,8 @@ std::int64_t deepep_backward(const LayerLayout& L, const MoeShape& s, OpRoleKind
 
 }  // namespace
 
-std::string backward_unsupported(const LayerLayout& L) {
-  if (L.routing != LayerRouting::kCapacity) return "";
-  if (L.input != GateInput::kOwn || L.output != LayerOutput::kGateRows || L.accumulate_back ||
-      L.dump_op)
-    return "Parm's MP / ESP routing units";
-  return "";
+LayerBuf input_grad_buffer(const LayerLayout& L) {
+  return L.input == GateInput::kOwn ? LayerBuf::kDX32 : LayerBuf::kDXOwn;
 }
 
 bool is_backward_step(const Op& op) {
@@ -323,7 +341,14 @@ bool is_backward_step(const Op& op) {
     case OpRoleKind::kDecode:
     case OpRoleKind::kPartialSum:
     case OpRoleKind::kParamGather:
+    case OpRoleKind::kEspAllGather:
+    case OpRoleKind::kEspAllReduce:
+    case OpRoleKind::kParmLocalDump:
+    case OpRoleKind::kParmLocalCombine:
+    case OpRoleKind::kParmJoin:
+    case OpRoleKind::kParmMpAllGather:
     case OpRoleKind::kExpertGradSync:
+    case OpRoleKind::kExpertMpGradSync:
       return true;
     default:
       return false;
@@ -339,7 +364,13 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
   if (L.routing == LayerRouting::kDeepep && kind != OpRoleKind::kExpertGradSync)
     return deepep_backward(L, s, kind, op, ops);
   switch (kind) {
-    case OpRoleKind::kDecode:  // dWeight and the returned rows' gradients
+    case OpRoleKind::kEspAllGather:  // the split's transpose: the ESP group's dY, the unit's rows
+      MOESIM_ASSERT(L.output == LayerOutput::kOwnRows, "ESP all-gather of dY without the split");
+      return ops.all_gather(op, buf(LayerBuf::kDYOwn), sz(s.tokens) * sz(M), buf(LayerBuf::kDY));
+    case OpRoleKind::kDecode:                    // dWeight and the returned rows' gradients
+      if (L.output == LayerOutput::kMpGathered)  // the MP all-gather's transpose: this share
+        ops.copy(rows_copy(buf(LayerBuf::kDYOwn), sz(L.gate_first), buf(LayerBuf::kDY), 0, sz(T),
+                           sz(M)));
       if (plan_routed)
         ops.decode_backward(buf(LayerBuf::kBack), buf(LayerBuf::kDBack), T, 1, L.total_send_rows());
       else if (L.rho > 1)  // the decode read the slices' sum: its gradient, copied per slice next
@@ -365,8 +396,31 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
     }
     case OpRoleKind::kParamGather:
       return param_gather_backward(L, s, op, ops);
+    case OpRoleKind::kParmLocalDump:  // every chunk packed before the first combine backward
+      for (int c = 0; c < L.chunks(); ++c) pack_output_grads(L, s, c, ops);
+      return -1;
     case OpRoleKind::kCombine:
       return combine_backward(L, s, j, op, ops);
+    case OpRoleKind::kEspAllReduce:  // the esp shards' partial input gradients summed
+    {
+      const std::int64_t algo =
+          ops.all_reduce(op, buf(LayerBuf::kDIn, j), 0, sz(L.received_rows(j)) * sz(M));
+      if (!L.has_a2a)  // fc1's backward unpacked the partial: again, summed
+        for (const BlockCopy& c : slot_block_copies(L, j, M, false, buf(LayerBuf::kDDispatched),
+                                                    buf(LayerBuf::kDIn, j), false))
+          ops.copy(c);
+      return algo;
+    }
+    case OpRoleKind::kParmLocalCombine:
+    case OpRoleKind::kParmJoin:
+      MOESIM_ASSERT(L.accumulate_back, "local combine of a layer that copies its returns");
+      gather_input_grads(L, s, ops);
+      return -1;
+    case OpRoleKind::kExpertMpGradSync:  // the MP copies of this rank's expert slices
+      return ops.all_reduce(op, buf(owned_dw(L)), 0, 2 * sz(L.slices) * sz(M) * sz(L.hidden));
+    case OpRoleKind::kParmMpAllGather:  // every MP share's dX (Parm S1)
+      MOESIM_ASSERT(L.input == GateInput::kOwnRows, "MP all-gather of dX without the MP split");
+      return ops.all_gather(op, buf(LayerBuf::kDX), sz(T) * sz(M), buf(LayerBuf::kDXOwn));
     case OpRoleKind::kFc2:
       // W = 1: no combine, the output gradients are packed straight into the experts' rows.
       if (!plan_routed && !L.has_a2a)
@@ -396,11 +450,17 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
                        sz(L.capacity) * sz(M));
         ops.encode_backward(buf(LayerBuf::kDSummed), T, E, L.capacity);
       } else {
+        if (L.accumulate_back && !L.combine_op) gather_input_grads(L, s, ops);
         ops.encode_backward(buf(LayerBuf::kDDispatched), T, E, L.capacity);
       }
       return -1;
     case OpRoleKind::kGate:
       gate_backward(L, s, ops);
+      if (L.input != GateInput::kOwn)  // dX in the data type, as the forward's rows moved
+        ops.narrow(buf(LayerBuf::kDX32), buf(LayerBuf::kDX), sz(T) * sz(M));
+      if (L.input == GateInput::kGathered)  // the ESP all-gather's transpose: own rows
+        ops.copy(rows_copy(buf(LayerBuf::kDX), sz(L.own_first), buf(LayerBuf::kDXOwn), 0,
+                           sz(s.tokens), sz(M)));
       return -1;
     default:
       break;

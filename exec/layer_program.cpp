@@ -176,6 +176,10 @@ const char* layer_buf_name(LayerBuf b) {
       return "d_param_all";
     case LayerBuf::kDParamIn:
       return "d_param_in";
+    case LayerBuf::kDYOwn:
+      return "d_y_own";
+    case LayerBuf::kDXOwn:
+      return "d_x_own";
     case LayerBuf::kDFwdIn:
       return "d_fwd_in";
     case LayerBuf::kDFwdOut:
@@ -273,13 +277,15 @@ BufId buf(LayerBuf b, int index = 0) { return BufId{b, index}; }
 
 namespace {
 
-// The gradient buffers of a layer whose backward the program runs (backward_unsupported is
-// empty): each as big as the forward buffer it is the gradient of.
+// The gradient buffers of a layer whose backward the program runs: each as big as the forward
+// buffer it is the gradient of.
 void add_gradient_buffers(const LayerLayout& L, const MoeShape& s, std::vector<BufferSize>& out) {
   const std::size_t S = sz(L.unit_tokens(s)), M = sz(s.model_dim), E = sz(s.experts),
                     k = sz(s.top_k), hid = sz(L.hidden);
   auto add = [&](LayerBuf b, std::size_t n, int index = 0) { out.push_back({buf(b, index), n}); };
   add(LayerBuf::kDY, S * M);
+  if (L.output != LayerOutput::kGateRows) add(LayerBuf::kDYOwn, sz(s.tokens) * M);
+  if (L.input != GateInput::kOwn) add(LayerBuf::kDXOwn, sz(s.tokens) * M);
   add(LayerBuf::kDWeight, S * k);
   add(LayerBuf::kDX, S * M);
   add(LayerBuf::kDX32, S * M);
@@ -324,8 +330,8 @@ void add_gradient_buffers(const LayerLayout& L, const MoeShape& s, std::vector<B
     add(LayerBuf::kDHidden, rows * hid, j);
     add(LayerBuf::kDOut, rows * M, j);
     if (L.routing == LayerRouting::kCapacity && L.has_a2a) {
-      add(LayerBuf::kDSend, sz(L.send_block_rows(j)) * M, j);
-      add(LayerBuf::kDBack, sz(L.back_block_rows(j)) * M, j);
+      add(LayerBuf::kDBack, sz(L.send_block_rows(j)) * M, j);
+      add(LayerBuf::kDSend, sz(L.back_block_rows(j)) * M, j);
     }
   }
 }
@@ -336,10 +342,7 @@ std::vector<BufferSize> forward_buffers(const LayerLayout& L, const MoeShape& s)
 
 std::vector<BufferSize> layer_buffers(const LayerLayout& L, const MoeShape& s) {
   std::vector<BufferSize> out = forward_buffers(L, s);
-  if (L.backward) {
-    MOESIM_ASSERT(backward_unsupported(L).empty(), "gradient buffers of an unsupported layout");
-    add_gradient_buffers(L, s, out);
-  }
+  if (L.backward) add_gradient_buffers(L, s, out);
   return out;
 }
 
@@ -490,11 +493,11 @@ std::vector<BlockCopy> pack_blocks(const LayerLayout& L, int j, int model_dim, B
 }
 
 std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_dim, bool back,
-                                         BufId slots, BufId chunk, bool to_chunk) {
+                                         BufId slots, BufId chunk, bool to_chunk, bool accumulate) {
   MOESIM_ASSERT(L.routing == LayerRouting::kCapacity, "slot blocks: capacity routing only");
   const auto& blocks = back && !L.back_blocks.empty() ? L.back_blocks : L.send_blocks;
   MOESIM_ASSERT(static_cast<std::size_t>(j) < blocks.size(), "slot blocks: no such chunk");
-  return block_copies(L, blocks[sz(j)], sz(model_dim), slots, chunk, to_chunk, false);
+  return block_copies(L, blocks[sz(j)], sz(model_dim), slots, chunk, to_chunk, accumulate);
 }
 
 Exchange deepep_phase(LayerBuf send, int send_rows, LayerBuf recv, int recv_rows,
@@ -626,9 +629,6 @@ bool is_forward_step(const Op& op) {
   }
 }
 
-namespace {
-
-// Rows [first, first + rows) of an S x M buffer: one copy.
 BlockCopy rows_copy(BufId src, std::size_t src_row, BufId dst, std::size_t dst_row,
                     std::size_t rows, std::size_t M) {
   BlockCopy c;
@@ -640,6 +640,8 @@ BlockCopy rows_copy(BufId src, std::size_t src_row, BufId dst, std::size_t dst_r
   c.count = 1;
   return c;
 }
+
+namespace {
 
 // The returned blocks of every chunk summed into kExpertOut (Parm's local combine).
 void combine_returned(const LayerLayout& L, int M, LayerOps& ops) {

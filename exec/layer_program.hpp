@@ -99,14 +99,18 @@ enum class LayerBuf : std::uint8_t {
   kDLogits,      // S x E, fp32
   kDGateW,       // M x E, fp32, accumulated over the step's passes
   kDW,           // [dW1 of every slice | dW2 of every slice], fp32, accumulated (dw_offset)
-  kDSend,        // [chunk] the input gradients back at the token side (kSend's layout)
+  kDSend,        // [chunk] the input gradients back at the token side (kBack's rows: as the
+                 // combine returned, every esp shard's partial and, SAA, every MP share's)
   kDIn,          // [chunk] as kIn
   kDHidden,      // [chunk] as kHidden
   kDOut,         // [chunk] as kOut
-  kDBack,        // [chunk] the output gradients packed at the token side (kBack's layout)
+  kDBack,        // [chunk] the output gradients packed at the token side (kSend's rows: as
+                 // the dispatch sent)
   kDSummed,      // (E, C, M), data, rho > 1: the decode's input gradient, then the encode's sum
   kDParamAll,    // fp32, n / rho > 1: kDW cut into the gather group's blocks (kParamAll's)
   kDParamIn,     // fp32: their sum over the group for this rank's own slice (kParamIn's layout)
+  kDYOwn,        // S x M, data: this rank's output gradient where the decode made other rows
+  kDXOwn,        // S x M, data: this rank's input gradient where the gate saw other rows (Parm)
   // deepep's gradients, each beside its forward buffer (kDBack / kDSend: kSend's rows).
   kDFwdIn,       // forwarder: kFwdIn's rows (the combine's node rows, then the dispatch's)
   kDFwdOut,      // forwarder: kFwdOut's rows
@@ -250,6 +254,11 @@ struct BlockCopy {
   bool operator==(const BlockCopy&) const = default;
 };
 
+/// Rows [src_row, src_row + rows) of a buffer of rows of M elements to row dst_row of another:
+/// one copy (a routing unit's rows moved in or out).
+BlockCopy rows_copy(BufId src, std::size_t src_row, BufId dst, std::size_t dst_row,
+                    std::size_t rows, std::size_t M);
+
 /// `batch` GEMMs C_i (m x n) = op(A_i) (m x k) * op(B) (k x n) [+ C_i], A_i = a + a_off + i *
 /// a_stride (C the same); B (at b_off) is one matrix for every batch entry. op(X) = X, or X^T
 /// stored transposed (trans_a: A_i stored k x m; trans_b: B stored n x k). accumulate: C_i +=.
@@ -372,7 +381,8 @@ std::vector<BlockCopy> unpack_blocks(const LayerLayout& L, int j, int model_dim,
 /// blocks or (back) the returned blocks: to_chunk packs, otherwise unpacks (the backward moves
 /// the gradients of kExpertOut / kDispatched along the forward's blocks).
 std::vector<BlockCopy> slot_block_copies(const LayerLayout& L, int j, int model_dim, bool back,
-                                         BufId slots, BufId chunk, bool to_chunk);
+                                         BufId slots, BufId chunk, bool to_chunk,
+                                         bool accumulate = false);
 
 /// Where slice `slice`'s dW1 (fc2 false, M x hidden) or dW2 (hidden x M) starts in kDW.
 std::size_t dw_offset(const LayerLayout& L, const MoeShape& s, bool fc2, int slice);
@@ -394,20 +404,23 @@ bool is_forward_step(const Op& op);
 std::int64_t run_forward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                               const Op& op, LayerOps& ops);
 
-/// Whether the program runs the backward of layout L (LayerLayout::backward may be set): the
-/// capacity layouts with own rows in and out (plain, sharded slices), plan routing and deepep.
-/// Empty when it can, else why not (Parm's units stay on scratch buffers).
-std::string backward_unsupported(const LayerLayout& L);
-
 /// Whether `op` is a backward step of the program: the backward decode, partial sum, combine,
-/// fc2, fc1, dispatch, encode and gate, and the experts' gradient reduce-scatter (sharded) and
-/// all-reduce (its micro-ops).
+/// fc2, fc1, dispatch, encode and gate, Parm's (ESP all-gather of dY, ESP all-reduce, local dump
+/// and combine, MP all-gather of dX), and the experts' gradient reduce-scatter (sharded) and
+/// all-reduces (DP, its micro-ops; Parm's MP).
 bool is_backward_step(const Op& op);
 
+/// The buffer holding this rank's S rows of dX after the backward (kDX32, or kDXOwn where the
+/// routing unit is not the rank's own tokens).
+LayerBuf input_grad_buffer(const LayerLayout& L);
+
 /// The backward program: the backward op `op` of layer L (L.backward) through `ops`, the
-/// transpose of the forward step of the same role. Gradients: kDY in; kDX32, kDGateW and the
-/// experts' out (kDW, or kDParamIn for a sharded slice gathered over n / rho > 1 ranks: owned_dw;
-/// kDGateW and kDW accumulate over the step's passes). Returns the collective's algorithm or -1.
+/// transpose of the forward step of the same role. Where the routing unit is not the rank's own
+/// tokens (Parm), kDYOwn in and kDXOwn out, the unit's rows moved as the forward's were
+/// transposed (ESP all-gather of dY, a split; MP all-gather of dX). Gradients: kDY in; kDX32,
+/// kDGateW and the experts' out (kDW, or kDParamIn for a sharded slice gathered over n / rho > 1
+/// ranks: owned_dw; kDGateW and kDW accumulate over the step's passes). Returns the collective's
+/// algorithm or -1.
 std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKind kind, int chunk,
                                const Op& op, LayerOps& ops);
 

@@ -153,9 +153,10 @@ struct ParmPath::Layer {
   int my_e = 0;          // EP index of this rank's experts
   int blocks = 0;        // (source, local expert) blocks the experts receive per chunk
   std::vector<int> a2a_group, esp_group, mp_group, saa_group;
-  // The layer program's record and buffers (exec/layer_program.hpp).
+  // The layer program's record and buffers (exec/layer_program.hpp), and the plan's backward.
   LayerLayout lay;
   HostLayerBuffers buf;
+  LayerBackwardPlan bwd;
 };
 
 ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communicator& comm,
@@ -185,6 +186,9 @@ ParmPath::ParmPath(const Scenario& sc, const topology::Topology& topo, Communica
     auto it = fused_sm.find(L.block);
     set_geometry(L, it == fused_sm.end() ? std::vector<double>{} : it->second);
     build_layout(L);
+    L.bwd = layer_backward_plan(plan, L.block, comm_.rank());
+    L.lay.backward = L.bwd.passes > 0;
+    L.lay.grad_sync_parts = L.bwd.sync_parts;
     load_inputs(L);
   }
 }
@@ -345,8 +349,12 @@ void ParmPath::load_inputs(Layer& L) {
     L.buf.f({LayerBuf::kW1, le}) = make_w1_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
     L.buf.f({LayerBuf::kW2, le}) = make_w2_slice(shape_, seed, L.moe, L.my_e * L.dE + le, s_, esp_);
   }
+  const int key = token_key_rank(sc_.parallelism, comm_.rank());
   L.buf.f({L.lay.input == GateInput::kOwn ? LayerBuf::kX32 : LayerBuf::kXOwn}) =
-      make_tokens(shape_, seed, iteration_, L.moe, token_key_rank(sc_.parallelism, comm_.rank()));
+      make_tokens(shape_, seed, iteration_, L.moe, key);
+  if (L.lay.backward)
+    L.buf.f({L.lay.output == LayerOutput::kGateRows ? LayerBuf::kDY : LayerBuf::kDYOwn}) =
+        make_grad_output(shape_, seed, iteration_, L.moe, key);
 }
 
 // The layer program's record of a Parm-path layer. Baseline: the plain layout on the gathered
@@ -435,18 +443,79 @@ const std::vector<int>& ParmPath::my_group(const Grouping& g, int* index) const 
 }
 
 bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
-  const ParmOp ref = parm_ref(op);
-  if (ref.kind == ParmOp::kNone) return false;
+  const bool backward = is_backward_step(op);
+  if (!backward && parm_ref(op).kind == ParmOp::kNone) return false;
   Layer* L = nullptr;
   for (auto& lp : layers_)
-    if (lp->block == ref.block) L = lp.get();
-  if (!L) return false;
+    if (lp->block == op.role.block) L = lp.get();
+  if (!L || !L->on_rank || (backward && !L->lay.backward)) return false;
   // The layer program (exec/layer_program.hpp); every collective is checked against the plan's
   // element count (its bytes in the scenario's dtype).
   HostLayerOps ops(comm_, cost_, topo_, plan, shape_, L->buf, sc_.bytes_per_element());
-  const std::int64_t a = run_forward_step(L->lay, shape_, op.role.kind, op.role.chunk, op, ops);
+  const std::int64_t a =
+      backward ? run_backward_step(L->lay, shape_, op.role.kind, op.role.chunk, op, ops)
+               : run_forward_step(L->lay, shape_, op.role.kind, op.role.chunk, op, ops);
   if (a >= 0) algo = a;
   return true;
+}
+
+std::optional<LayerGradients> ParmPath::gradients(int li) const {
+  const Layer& L = *layers_.at(li);
+  if (!L.on_rank || !L.lay.backward) return std::nullopt;
+  const int S = shape_.tokens, M = shape_.model_dim;
+  const std::uint64_t seed = sc_.workload.routing.seed;
+  auto tokens_of = [&](int rank) {
+    return make_tokens(shape_, seed, iteration_, L.moe, token_key_rank(sc_.parallelism, rank));
+  };
+  auto dy_of = [&](int rank) {
+    return make_grad_output(shape_, seed, iteration_, L.moe, token_key_rank(sc_.parallelism, rank));
+  };
+  LayerGradients g;
+  g.moe = L.moe;
+  g.expert_first = L.my_e * L.dE;
+  g.local_experts = L.dE;
+  g.hidden_first = s_ * (shape_.hidden_dim / esp_);
+  g.hidden_cols = shape_.hidden_dim / esp_;
+  g.capacity = L.capacity;
+  g.plan = &L.bwd;
+  g.dx = &L.buf.f({input_grad_buffer(L.lay)});
+  g.dgate_w = &L.buf.f({LayerBuf::kDGateW});
+  g.dw = &L.buf.f({LayerBuf::kDW});
+  const std::size_t share = static_cast<std::size_t>(L.gate_tokens) * M;
+  switch (L.sched) {
+    case ParmSchedule::kBaseline: {  // the ESP group's tokens and dY, gathered in shard order
+      GradUnit u;
+      for (int member : L.esp_group) {
+        const auto x = tokens_of(member), dy = dy_of(member);
+        u.tokens.insert(u.tokens.end(), x.begin(), x.end());
+        u.dy.insert(u.dy.end(), dy.begin(), dy.end());
+      }
+      u.rows = L.gate_tokens;
+      u.dx_first = L.own_first;
+      u.dx_rows = S;
+      g.units.push_back(std::move(u));
+      break;
+    }
+    case ParmSchedule::kS1: {  // each MP share its own unit; this rank's gate saw share t
+      const auto x = tokens_of(comm_.rank()), dy = dy_of(comm_.rank());
+      const int shares = L.lay.input == GateInput::kOwnRows ? mp_ : 1;
+      for (int t2 = 0; t2 < shares; ++t2) {
+        GradUnit u;
+        const auto at = static_cast<std::ptrdiff_t>(share) * t2;
+        u.tokens.assign(x.begin() + at, x.begin() + at + static_cast<std::ptrdiff_t>(share));
+        u.dy.assign(dy.begin() + at, dy.begin() + at + static_cast<std::ptrdiff_t>(share));
+        u.rows = L.gate_tokens;
+        u.dx_rows = L.gate_tokens;
+        u.own = shares == 1 || t2 == t_;
+        g.units.push_back(std::move(u));
+      }
+      break;
+    }
+    case ParmSchedule::kS2:  // all S tokens; this rank dispatched MP share t of their slots
+      g.dw_share = 1.0 / mp_;
+      break;
+  }
+  return g;
 }
 
 long long ParmPath::dropped(int li) const {

@@ -29,17 +29,25 @@
 // in the baseline, S / mp in S1, S in S2), as in DeepSpeed-MoE and Parm; the check's reference is
 // the plain unsharded layer on that unit (reference_layer_seeded_rows), which is the plain layer
 // on the rank's own tokens whenever nothing drops.
+// Backward (training plans): the layer program's transposes on the same units. The baseline
+// all-gathers the ESP group's dY (each rank decoded the whole unit), sums the esp shards' partial
+// input gradients (esp_allreduce) and keeps its own rows of dX; S1 takes its MP share of dY and
+// all-gathers dX over MP; S2's dispatch backward is SAA (every MP share's input gradients); the
+// local dump / combine's backward duplicates / sums the esp partials; in the disjoint layout the
+// MP copies' expert gradients are summed (expert_mp_allreduce). gradients() describes the units.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/plan.hpp"
 #include "core/scenario.hpp"
 #include "exec/communicator.hpp"
+#include "exec/grad_check.hpp"
 #include "exec/host_layer.hpp"
 #include "exec/moe_data.hpp"
 #include "strategies/collectives/collective.hpp"
@@ -74,8 +82,8 @@ class ParmPath {
   ParmPath(const ParmPath&) = delete;
   ParmPath& operator=(const ParmPath&) = delete;
 
-  /// Runs `op` if it is a forward MoE op of a parsed layer (true), else returns false (the
-  /// executor runs it). `algo` receives the collective algorithm a collective op ran with.
+  /// Runs `op` if it is a forward or backward MoE op of a parsed layer (true), else returns false
+  /// (the executor runs it). `algo` receives the collective algorithm a collective op ran with.
   bool run_op(const Plan& plan, const Op& op, std::int64_t& algo);
 
   int num_layers() const;
@@ -96,6 +104,10 @@ class ParmPath {
   /// tolerance to *logits_wrong.
   std::vector<float> reference(int li, long long* dropped, double tolerance = 0,
                                long long* logits_wrong = nullptr) const;
+  /// Layer li's gradients as the backward left them, with the routing units the reference
+  /// differentiates (the baseline's gathered tokens, S1's MP shares, S2's share of the experts'
+  /// slots); none where this rank ran no backward of it.
+  std::optional<LayerGradients> gradients(int li) const;
 
  private:
   struct Layer;

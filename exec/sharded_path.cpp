@@ -272,7 +272,7 @@ std::string ShardedPath::begin(const Plan& plan, int iteration) {
     }
     L.lay = sharded_layout(L, d.shape);
     L.bwd = layer_backward_plan(plan, L.block, d.comm.rank());
-    L.lay.backward = L.bwd.passes > 0 && backward_unsupported(L.lay).empty();
+    L.lay.backward = L.bwd.passes > 0;
     L.lay.grad_sync_parts = L.bwd.sync_parts;
     L.buf.allocate(L.lay, d.shape);
     const int key_rank = token_key_rank(d.sc.parallelism, d.comm.rank());

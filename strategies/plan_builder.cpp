@@ -1406,6 +1406,13 @@ class Builder {
       prev = note(gemm(ComputeClass::kGate, gate, gate.flops(), deps_of({prev}),
                        lbl(l, true, "recompute.gate"), nullptr, false, true));
     }
+    // ESP-gathered tokens: every ESP rank decoded the whole gathered unit and kept its own rows,
+    // so the split's backward gathers the unit's output gradients (the experts' shards then see
+    // every row's, and the input gradient's split back is free).
+    if (tok_esp_ > 1)
+      prev = note(collective(s_comm_, CollectiveType::kAllGather, CollectiveAlgo::kAuto,
+                             grouping(groups_.esp), static_cast<double>(St * M_ * b_),
+                             deps_of({prev}), tag(l, true, OpRoleKind::kEspAllGather)));
     OpId dec = note(kernel(ComputeClass::kDecode, 2.0 * k_ * St * M_, decode_bytes(),
                            deps_of({prev}), tag(l, true, OpRoleKind::kDecode)));
     OpId in = dec;
@@ -1477,10 +1484,6 @@ class Builder {
     OpId last = note(gemm(ComputeClass::kGate, gate, 2.0 * gate.flops(), deps_of({enc}),
                           tag(l, true, OpRoleKind::kGate)));
     last = note(emit(moe_norm(), true, false, l, last));
-    if (tok_esp_ > 1)
-      last = note(collective(s_comm_, CollectiveType::kReduceScatter, CollectiveAlgo::kAuto,
-                             grouping(groups_.esp), static_cast<double>(St * M_ * b_),
-                             deps_of({last}), lbl(l, true, "esp_reduce_scatter")));
     return last;
   }
 

@@ -160,6 +160,9 @@ class Emit {
   OpTag tag(const What& w) const {
     if (w.kind == OpRoleKind::kNone)
       return OpTag(fmt::format("L{}.{}.{}", b_.layer, backward_ ? "bwd" : "fwd", w.text));
+    if (w.kind == OpRoleKind::kExpertMpGradSync)  // labelled as the builder's gradient syncs
+      return OpTag(fmt::format("L{}.grad.expert_mp_allreduce", b_.layer),
+                   OpRole{w.kind, true, b_.layer, -1});
     return OpTag(OpRole{w.kind, backward_, b_.layer, w.chunk});
   }
   OpId gemm(ComputeClass cls, GemmShape shape, double flops, std::vector<OpId> deps,
@@ -328,7 +331,6 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
   OpId last_expert = kNoOp;
   for (size_t j = 0; j < b.chunks.size(); ++j) {
     const ChunkDims d = chunk_dims(b, b.chunks[j]);
-    const std::string c = fmt::format("c{}", j + 1);
     OpId cb = e.collective(b.comm, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes, deps_of({dump}),
                            {OpRoleKind::kCombine, j});
     b.ops->combine.push_back(cb);
@@ -341,7 +343,7 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
     last_expert = f1;
     // S2: MP-Split's backward (an MP all-gather) rides with the dispatch-backward all-to-all.
     OpId back = s2 ? e.collective(b.comm_out, a2a, CollectiveAlgo::kSaa, saa_grouping(*b.sc),
-                                  d.a2a_bytes, deps_of({f1}), "dispatch_saa." + c, b.mp)
+                                  d.a2a_bytes, deps_of({f1}), {OpRoleKind::kDispatch, j}, b.mp)
                    : e.collective(b.comm_out, a2a, b.a2a, b.groups->ep_esp, d.a2a_bytes,
                                   deps_of({f1}), {OpRoleKind::kDispatch, j});
     b.ops->dispatch.push_back(back);
@@ -355,7 +357,7 @@ ParmBackward parm_backward(const MoeLayerBuild& b, ScheduleRole schedule, OpId p
     const double bytes = 2.0 * b.M * b.H * b.b * b.dE / b.esp;
     r.grad_ready =
         e.collective(b.grad, CollectiveType::kAllReduce, CollectiveAlgo::kAuto, b.groups->mp, bytes,
-                     deps_of({last_expert}), "grad.expert_mp_allreduce");
+                     deps_of({last_expert}), OpRoleKind::kExpertMpGradSync);
     if (b.gradient_sync) b.gradient_sync->push_back(r.grad_ready);
   }
   OpId last = backs.back();

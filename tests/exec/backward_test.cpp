@@ -138,14 +138,17 @@ TEST(BackwardRoles, ReadFromTheRole) {
   for (OpRoleKind k :
        {OpRoleKind::kDecode, OpRoleKind::kCombine, OpRoleKind::kFc2, OpRoleKind::kFc1,
         OpRoleKind::kDispatch, OpRoleKind::kEncode, OpRoleKind::kGate, OpRoleKind::kExpertGradSync,
-        OpRoleKind::kPartialSum, OpRoleKind::kParamGather})
+        OpRoleKind::kPartialSum, OpRoleKind::kParamGather, OpRoleKind::kEspAllGather,
+        OpRoleKind::kEspAllReduce, OpRoleKind::kParmLocalDump, OpRoleKind::kParmLocalCombine,
+        OpRoleKind::kParmJoin, OpRoleKind::kParmMpAllGather, OpRoleKind::kExpertMpGradSync})
     EXPECT_TRUE(step(k, true, 1)) << static_cast<int>(k);
   // Forward ops, other backward ops, other gradient collectives and ops with no role are not
   // the program's backward steps.
   EXPECT_FALSE(step(OpRoleKind::kGate, false, -1));
   EXPECT_FALSE(step(OpRoleKind::kNone, true, -1));
   EXPECT_FALSE(step(OpRoleKind::kPartialSum, false, -1));
-  EXPECT_FALSE(step(OpRoleKind::kEspAllReduce, true, 0));
+  EXPECT_FALSE(step(OpRoleKind::kEspAllReduce, false, 0));
+  EXPECT_FALSE(step(OpRoleKind::kCombineSaa, true, 0));  // SAA's backward is the dispatch's
   EXPECT_FALSE(step(OpRoleKind::kDenseGradSync, true, -1));
   Op labelled;
   labelled.label = "L5.grad.expert_allreduce";

@@ -90,6 +90,15 @@ TEST(ExecParm, EverySchedulePassesTheCheckWithDrops) {
       drops += chk.dropped;
     }
     EXPECT_GT(drops, 0) << c.name << ": the capacity factor 1.0 should make choices drop";
+    // The backward on real data: per layer dX 8 x 32 x 16, dWgate 8 x 16 x 4 and, on every rank,
+    // dW1 + dW2 of its 2 experts' H / esp = 16 hidden units (2 x 2 x 16 x 16), all against the
+    // reference of the schedule's routing units.
+    ASSERT_EQ(o.grad_checks.size(), 2u) << c.name;
+    for (const GradCheck& g : o.grad_checks) {
+      EXPECT_EQ(g.wrong, 0) << c.name << " layer " << g.layer;
+      EXPECT_EQ(g.compared, 8LL * 32 * 16 + 8LL * 16 * 4 + 8LL * 2 * 2 * 16 * 16) << c.name;
+      EXPECT_LT(g.max_abs_error, 1e-4) << c.name;
+    }
     // Not trivially zero, and the MP peers hold the same output (bitwise: same inputs, same ops).
     double norm = 0;
     for (float v : o.outputs[0]) norm += std::fabs(v);
@@ -129,13 +138,19 @@ TEST(ExecParm, EveryScheduleOnOtherFactorisations) {
         EXPECT_EQ(chk.wrong, 0) << name << " " << c.name;
         EXPECT_EQ(chk.dropped, chk.expected_dropped) << name << " " << c.name;
       }
+      ASSERT_EQ(o.grad_checks.size(), 2u) << name << " " << c.name;
+      for (const GradCheck& g : o.grad_checks) {
+        EXPECT_EQ(g.wrong, 0) << name << " " << c.name;
+        EXPECT_GT(g.compared, 0) << name << " " << c.name;
+      }
     }
   }
 }
 
 // Capacity factor 2.0 (dC = 32 = S): no unit drops anything, so every schedule computes the plain
 // layer on the rank's own tokens and they agree with each other to fp32 rounding (the partial sums
-// are added in different orders).
+// are added in different orders): outputs, dX and the experts' dW after their MP sum (dWgate is
+// the gate's own unit: the ESP group's tokens, S1's MP share, S2's S tokens).
 TEST(ExecParm, SchedulesAgreeWhenNothingDrops) {
   Scenario sc = parm8();
   sc.model.capacity_factor = 2.0;
@@ -156,6 +171,21 @@ TEST(ExecParm, SchedulesAgreeWhenNothingDrops) {
                             static_cast<double>(std::fabs(o.outputs[l][i] - base.outputs[l][i])));
     }
     EXPECT_LT(max_diff, 1e-5) << c.name;
+    const std::size_t dx = 32 * 16, dgate = 16 * 4;
+    double grad_diff = 0;
+    ASSERT_EQ(o.grads.size(), base.grads.size()) << c.name;
+    for (std::size_t l = 0; l < o.grads.size(); ++l) {
+      ASSERT_EQ(o.grads[l].size(), dx + dgate + 2 * 2 * 16 * 16) << c.name;
+      ASSERT_EQ(o.grads[l].size(), base.grads[l].size()) << c.name;
+      for (std::size_t i = 0; i < o.grads[l].size(); ++i)
+        if (i < dx || i >= dx + dgate)
+          grad_diff =
+              std::max(grad_diff, static_cast<double>(std::fabs(o.grads[l][i] - base.grads[l][i])));
+    }
+    EXPECT_LT(grad_diff, 1e-5) << c.name;
+    double norm = 0;
+    for (float v : o.grads[0]) norm += std::fabs(v);
+    EXPECT_GT(norm, 0.0) << c.name;
   }
 }
 

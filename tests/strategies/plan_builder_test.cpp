@@ -622,7 +622,14 @@ TEST(PlanBuilder, EspBaselineGathersTokensAndSumsSlices) {
   // The gate sees the gathered tokens; the expert its H / esp slice of W * esp * dC tokens.
   EXPECT_EQ(find_op(p, "L0.fwd.gate").compute().gemm->m, 1024);
   b.bp.plan.validate();
-  EXPECT_EQ(count_labels(p, "L0.bwd.esp_reduce_scatter"), 1);
+  // Backward: each ESP rank kept its own rows of the decoded unit, so the output gradients are
+  // all-gathered first (the bytes of the forward's gather), before the decode's backward; the
+  // input gradients' split back is free (no reduce-scatter).
+  const Op& bag = find_op(p, "L0.bwd.esp_allgather");
+  EXPECT_EQ(bag.collective().type, CollectiveType::kAllGather);
+  EXPECT_DOUBLE_EQ(bag.collective().bytes.value(), ag.bytes.value());
+  EXPECT_EQ(find_op(p, "L0.bwd.decode").deps, (std::vector<OpId>{bag.id}));
+  EXPECT_EQ(count_labels(p, "reduce_scatter"), 0);
   EXPECT_EQ(count_labels(p, "L0.bwd.esp_allreduce.c1"), 1);
   // Order on comm_out: the ESP all-reduce of a chunk precedes its combine.
   EXPECT_LT(find_op(p, "L0.fwd.esp_allreduce.c1").id, find_op(p, "L0.fwd.combine.c1").id);
@@ -1050,6 +1057,7 @@ OpRole role_from_label(const std::string& label) {
     for (const auto& [name, kind] :
          {std::pair{std::string("dense_allreduce"), OpRoleKind::kDenseGradSync},
           std::pair{std::string("expert_allreduce"), OpRoleKind::kExpertGradSync},
+          std::pair{std::string("expert_mp_allreduce"), OpRoleKind::kExpertMpGradSync},
           // sharded experts: the parameter gather's backward
           std::pair{std::string("expert_reduce_scatter"), OpRoleKind::kParamGather}}) {
       if (what == name || (what.rfind(name + ".m", 0) == 0 &&
@@ -1109,7 +1117,8 @@ TEST(OpRoles, EveryDataStepOfTheBundledPlansCarriesTheRoleItsLabelNames) {
        {OpRoleKind::kGate, OpRoleKind::kEncode, OpRoleKind::kDispatch, OpRoleKind::kFc1,
         OpRoleKind::kFc2, OpRoleKind::kCombine, OpRoleKind::kDecode, OpRoleKind::kParamGather,
         OpRoleKind::kPartialSum, OpRoleKind::kCombineSaa, OpRoleKind::kParmLocalDump,
-        OpRoleKind::kParmMpAllGather, OpRoleKind::kDenseGradSync, OpRoleKind::kExpertGradSync})
+        OpRoleKind::kParmMpAllGather, OpRoleKind::kDenseGradSync, OpRoleKind::kExpertGradSync,
+        OpRoleKind::kExpertMpGradSync, OpRoleKind::kEspAllGather, OpRoleKind::kEspAllReduce})
     EXPECT_TRUE(seen.count(k)) << "no bundled plan has role " << static_cast<int>(k);
 }
 

@@ -268,7 +268,8 @@ TEST(ParmPlan, S1AndS2Structure) {
   const auto& work = plans.work;
   const BuiltPlan &s1 = plans.s1, &s2 = plans.s2, &base = plans.base;
   // Baseline: ESP all-gather and all-reduce; S1 / S2: none, the fused all-to-all instead.
-  EXPECT_EQ(count_labels(base.plan, "esp_allgather"), 1);
+  // (forward: the tokens; backward: the output gradients of the unit each ESP rank decoded)
+  EXPECT_EQ(count_labels(base.plan, "esp_allgather"), 2);
   EXPECT_EQ(count_labels(s1.plan, "esp_allgather"), 0);
   EXPECT_EQ(count_labels(s1.plan, "esp_allreduce"), 0);
   // Dump and local combine, forward and backward.
@@ -277,7 +278,12 @@ TEST(ParmPlan, S1AndS2Structure) {
   // S1: MP all-gather at the end of forward and of backward; S2: two SAA collectives instead.
   EXPECT_EQ(count_labels(s1.plan, "parm.mp_allgather"), 2);
   EXPECT_EQ(count_labels(s2.plan, "parm.mp_allgather"), 0);
-  EXPECT_EQ(count_labels(s2.plan, "_saa."), 2);
+  EXPECT_EQ(count_labels(s2.plan, "combine_saa."), 1);
+  int saa_backward = 0;  // the dispatch's backward rides SAA (MP-Split's backward inside)
+  for (const Op& op : s2.plan.ops())
+    if (op.label == "L0.bwd.dispatch.c1")
+      saa_backward += op.collective().algo == CollectiveAlgo::kSaa ? 1 : 0;
+  EXPECT_EQ(saa_backward, 1);
   // The fused all-to-all carries y / mp = esp * E * dC * M * b / mp bytes on the ep_esp group.
   const std::int64_t cap = work.layers[0].capacity;
   const double y = 2.0 * static_cast<double>(sc.num_experts()) * cap * 1024 * 2;

@@ -434,7 +434,7 @@ void Executor::collect_layer_results() {
     if (sharded_->gradients(li)) real_backward_ = true;
   for (int li = 0; parm_ && li < parm_->num_layers(); ++li) {
     gradients_.emplace_back();
-    const std::optional<LayerGradients> lg = parm_->gradients(li);
+    const std::optional<LayerGradients> lg = parm_->gradients(li, /*units=*/false);
     if (!lg) continue;
     real_backward_ = true;
     auto& g = gradients_.back();

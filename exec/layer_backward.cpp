@@ -405,7 +405,7 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
     {
       const std::int64_t algo =
           ops.all_reduce(op, buf(LayerBuf::kDIn, j), 0, sz(L.received_rows(j)) * sz(M));
-      if (!L.has_a2a)  // fc1's backward unpacked the partial: again, summed
+      if (!L.has_a2a)  // no dispatch: unpacked here, once summed (fc1's backward left it)
         for (const BlockCopy& c : slot_block_copies(L, j, M, false, buf(LayerBuf::kDDispatched),
                                                     buf(LayerBuf::kDIn, j), false))
           ops.copy(c);
@@ -433,7 +433,8 @@ std::int64_t run_backward_step(const LayerLayout& L, const MoeShape& s, OpRoleKi
       return -1;
     case OpRoleKind::kFc1:
       expert_backward(L, s, j, false, ops);
-      if (!plan_routed && !L.has_a2a)
+      // (the ESP baseline's partials are unpacked once summed, by its all-reduce's backward)
+      if (!plan_routed && !L.has_a2a && L.input != GateInput::kGathered)
         for (const BlockCopy& c : slot_block_copies(L, j, M, false, buf(LayerBuf::kDDispatched),
                                                     buf(LayerBuf::kDIn, j), false))
           ops.copy(c);

@@ -459,7 +459,7 @@ bool ParmPath::run_op(const Plan& plan, const Op& op, std::int64_t& algo) {
   return true;
 }
 
-std::optional<LayerGradients> ParmPath::gradients(int li) const {
+std::optional<LayerGradients> ParmPath::gradients(int li, bool units) const {
   const Layer& L = *layers_.at(li);
   if (!L.on_rank || !L.lay.backward) return std::nullopt;
   const int S = shape_.tokens, M = shape_.model_dim;
@@ -481,6 +481,7 @@ std::optional<LayerGradients> ParmPath::gradients(int li) const {
   g.dx = &L.buf.f({input_grad_buffer(L.lay)});
   g.dgate_w = &L.buf.f({LayerBuf::kDGateW});
   g.dw = &L.buf.f({LayerBuf::kDW});
+  if (!units) return g;
   const std::size_t share = static_cast<std::size_t>(L.gate_tokens) * M;
   switch (L.sched) {
     case ParmSchedule::kBaseline: {  // the ESP group's tokens and dY, gathered in shard order

@@ -106,8 +106,9 @@ class ParmPath {
                                long long* logits_wrong = nullptr) const;
   /// Layer li's gradients as the backward left them, with the routing units the reference
   /// differentiates (the baseline's gathered tokens, S1's MP shares, S2's share of the experts'
-  /// slots); none where this rank ran no backward of it.
-  std::optional<LayerGradients> gradients(int li) const;
+  /// slots); none where this rank ran no backward of it. `units` false: the buffers only (the
+  /// units are the check's, generated from the seeds).
+  std::optional<LayerGradients> gradients(int li, bool units = true) const;
 
  private:
   struct Layer;

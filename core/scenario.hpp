@@ -20,6 +20,7 @@
 
 #include "core/cluster_spec.hpp"
 #include "core/error.hpp"
+#include "core/serving_spec.hpp"
 #include "core/units.hpp"
 
 namespace moesim {
@@ -164,6 +165,18 @@ struct ModelSpec {
   FfnActivation activation = FfnActivation::kGelu;
   PrecisionSpec precision;
   RecomputeSpec recompute;
+  // A serving iteration (strategies/serving/serving_engine.hpp sets these; no YAML key): the
+  // batch's tokens belong to independent requests that attend to their own KV caches, not to one
+  // sequence of seq_len. Per GPU: the query-key pairs of decode queries and of prefill chunks'
+  // queries, and the KV tokens the core reads from HBM (in serving_kv_dtype). All 0: the
+  // training-shaped core (seq_len queries x seq_len keys).
+  double serving_decode_pairs = 0;
+  double serving_prefill_pairs = 0;
+  double serving_kv_read_tokens = 0;
+  Dtype serving_kv_dtype = Dtype::kFp16;
+  bool serving_iteration() const {
+    return serving_decode_pairs > 0 || serving_prefill_pairs > 0 || serving_kv_read_tokens > 0;
+  }
 
   /// GPUs one expert is sharded over (x for experts_per_gpu = -x, else 1).
   int expert_shards() const { return experts_per_gpu < 0 ? -experts_per_gpu : 1; }
@@ -475,6 +488,9 @@ struct Scenario {
   WorkloadSpec workload;
   EngineSpec engine;
   std::vector<StrategySpec> strategies;
+  // `serving:` (docs/serving.md): requests served by pools of model instances; absent for a
+  // scenario of training or batch-inference steps.
+  std::optional<ServingSpec> serving;
   // Every key path present in the file ("cluster.gpu", "strategies[1].pipeline",
   // "cluster.inter_node.tree") -> its file:line:col. List items are "key[i]". Shared, not
   // copied: every strategy's run copies its scenario, and with thousands of strategies a copied

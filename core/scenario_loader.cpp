@@ -737,7 +737,13 @@ RecomputeSpec parse_recompute(const MapReader& model, const ModelSpec& spec) {
 ModelSpec parse_model(const MapReader& root) {
   ModelSpec model;
   MapReader m = root.get_map("model", kModelKeys);
+  // A serving scenario's batches come from its requests (docs/serving.md): the model runs
+  // inference, and batch_per_gpu / seq_len only shape `simulate`'s plain step when written.
+  const bool serving = root.has("serving");
+  if (serving) model.mode = Mode::kInference;
   if (auto v = get_enum(m, "mode", mode_names())) model.mode = *v;
+  if (serving && model.mode != Mode::kInference)
+    m.fail("mode", "found training beside a serving: section, expected inference (or no mode)");
   if (auto v = m.get_int("layers", 1, kMaxLayers)) model.layers = to_int32(*v);
   if (auto v = m.get_int("moe_every", 1, kIntMax)) model.moe_every = to_int32(*v);
   if (auto v = m.get_int("first_dense_layers", 0, kMaxLayers))
@@ -753,8 +759,10 @@ ModelSpec parse_model(const MapReader& root) {
                        "most {} (the model would have no MoE layer)",
                        model.moe_every, model.layers, model.first_dense_layers,
                        model.layers - model.first_dense_layers));
-  m.require("batch_per_gpu", "B, samples per GPU (an integer >= 1)");
-  m.require("seq_len", "L, tokens per sample (an integer >= 1)");
+  if (!serving) {
+    m.require("batch_per_gpu", "B, samples per GPU (an integer >= 1)");
+    m.require("seq_len", "L, tokens per sample (an integer >= 1)");
+  }
   m.require("model_dim", "M, the model dimension (an integer >= 1)");
   // `expert_hidden_dim` names the expert FFN's width beside `dense_hidden_dim`; `hidden_dim` is
   // its older name, kept so that every existing scenario means what it meant.
@@ -765,8 +773,8 @@ ModelSpec parse_model(const MapReader& root) {
   if (!m.has("expert_hidden_dim"))
     m.require("hidden_dim",
               "H, the expert hidden dimension (an integer >= 1; also written expert_hidden_dim)");
-  model.batch_per_gpu = to_int32(*m.get_int("batch_per_gpu", 1, kIntMax));
-  model.seq_len = to_int32(*m.get_int("seq_len", 1, kIntMax));
+  model.batch_per_gpu = to_int32(m.get_int("batch_per_gpu", 1, kIntMax).value_or(1));
+  model.seq_len = to_int32(m.get_int("seq_len", 1, kIntMax).value_or(1));
   // S = B x L tokens per GPU: the workload counts tokens in 32 bits and the plan multiplies S by
   // the dimensions, so the product is bounded, not just each factor.
   if (model.tokens_per_gpu() > kMaxTokensPerGpu)
@@ -1732,7 +1740,8 @@ void check_plan_sizes(const Context& ctx, const Scenario& s) {
 
 const std::vector<std::string_view>& top_level_keys() {
   static const std::vector<std::string_view> k = {
-      "name", "description", "cluster", "model", "parallelism", "workload", "engine", "strategies"};
+      "name",     "description", "cluster", "model",     "parallelism",
+      "workload", "engine",      "serving", "strategies"};
   return k;
 }
 
@@ -2007,6 +2016,8 @@ Scenario parse_scenario(const YAML::Node& written, const std::string& file) {
   check_plan_sizes(ctx, s);
   s.engine = parse_engine(m);
   s.strategies = parse_strategies(m, s.model);
+  if (m.has("serving"))
+    s.serving = parse_serving_spec(m, s.cluster, s.model.dtype, s.model.experts);
   attach_cluster_locations(s.cluster, ctx);
   s.locations = std::make_shared<const Scenario::Locations>(ctx.locations());
   return s;

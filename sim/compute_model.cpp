@@ -61,7 +61,11 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
     const auto& g = *spec.gemm;
     const double eff = attention_efficiency(params_.attention, static_cast<double>(g.n),
                                             static_cast<double>(g.k), spec.backward);
-    return Seconds(params_.launch_overhead.value() + flops / (peak_.value() * eff));
+    // A serving iteration's core also reads the KV cache (spec.bytes; training's core reads
+    // nothing beyond its GEMM-like operands): whichever of the two is longer bounds it.
+    const double kv_s = std::max(0.0, spec.bytes.value()) * scale / hbm_.value();
+    return Seconds(params_.launch_overhead.value() +
+                   std::max(flops / (peak_.value() * eff), kv_s));
   }
   if (gemm) {
     const auto& g = *spec.gemm;

@@ -1,5 +1,6 @@
 #include "strategies/model_params.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace moesim::strategies {
@@ -54,6 +55,14 @@ ModelParams model_params(const ModelSpec& m) {
       mtp_moe ? M * E + E * expert + shared : static_cast<double>(m.ffn_params(m.dense_hidden()));
   p.mtp = m.mtp_layers * (block + mtp_ffn + 2 * M * M + 2 * M);
   return p;
+}
+
+double kv_cache_bytes_per_token(const ModelSpec& m, Dtype kv, int mp) {
+  const AttentionSpec& a = m.attention;
+  const double bytes = dtype_bytes(kv);
+  if (a.is_mla()) return static_cast<double>(a.kv_lora_rank + a.qk_rope_head_dim) * bytes;
+  const int heads_per_rank = std::max(1, (a.kv_heads + mp - 1) / std::max(1, mp));
+  return 2.0 * heads_per_rank * a.head_dim * bytes;
 }
 
 }  // namespace moesim::strategies

@@ -44,4 +44,10 @@ double attention_params(const ModelSpec& m, double mp = 1);
 /// attention's and the FFN's input norms, and MLA's norms of its q and kv latents.
 double norm_params(const ModelSpec& m);
 
+/// Bytes of one token's KV cache in one attention layer on one of `mp` tensor-parallel ranks
+/// (docs/serving.md, "KV cache"): MLA caches the kv_lora latent and the rope key (every rank
+/// whole); MHA / GQA 2 x kv_heads x head_dim, the KV heads split over mp (replicated when there
+/// are fewer than mp).
+double kv_cache_bytes_per_token(const ModelSpec& m, Dtype kv, int mp = 1);
+
 }  // namespace moesim::strategies

@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/routed_assignment.hpp"
 #include "strategies/collectives/collective.hpp"
+#include "strategies/model_params.hpp"
 #include "strategies/schedules/lina.hpp"
 #include "strategies/schedules/parm.hpp"
 #include "strategies/stage_schedule.hpp"
@@ -811,6 +812,7 @@ class Builder {
     core.flops = 2.0 * S * static_cast<double>(L_) * hp * static_cast<double>(dqk + dv) *
                  (a.causal ? 0.5 : 1.0);
     core.recompute = rc.has(RecomputeModule::kCoreAttn);
+    if (m.serving_iteration()) serving_core(core, hp);
     // CP: the K and V of the other chunks (cp chunks of rows_ each, the rank's heads; MLA's after
     // the up-projection, as Megatron's CP exchanges them), gathered whole (ring moves the same).
     const std::int64_t kv_width =
@@ -823,6 +825,27 @@ class Builder {
       for (auto& k : ks) k.recompute = true;
     mark_sequence_parallel(ks);
     return ks;
+  }
+
+  // The attention core of a serving iteration (docs/serving.md, "Iteration price"): every query
+  // attends to its own request's KV cache. Decode queries under MLA run the absorbed form
+  // (FlashMLA: queries and outputs in the kv_lora latent, the cached latent and rope key read as
+  // is); prefill chunks the expanded form, as DeepSeek's inference runs them. The core is
+  // compute- or HBM-bound (ComputeModel: the larger of its FLOPs and its KV bytes).
+  void serving_core(KernelDesc& core, double heads_per_rank) const {
+    const ModelSpec& m = sc_.model;
+    const AttentionSpec& a = m.attention;
+    const double dqk = a.qk_head_dim(), dv = a.value_head_dim();
+    const double decode_width =
+        a.is_mla() ? 2.0 * a.kv_lora_rank + a.qk_rope_head_dim : dqk + dv;
+    core.flops = 2.0 * heads_per_rank *
+                 (m.serving_decode_pairs * decode_width + m.serving_prefill_pairs * (dqk + dv));
+    core.bytes = m.serving_kv_read_tokens * kv_cache_bytes_per_token(m, m.serving_kv_dtype, mp_);
+    const double rows = std::max(1.0, static_cast<double>(rows_));
+    const auto keys = static_cast<std::int64_t>(
+        std::max(1.0, (m.serving_decode_pairs + m.serving_prefill_pairs) / rows));
+    core.shape = GemmShape{1, keys, static_cast<std::int64_t>(dqk),
+                           std::max<std::int64_t>(1, rows_ * a.heads / mp_)};
   }
 
   // Weights of a kernel list: the linear layers' in x out (the parameters a rank holds).

@@ -23,6 +23,7 @@
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/progress.hpp"
 #include "apps/moesim/report.hpp"
+#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/error.hpp"
 #include "core/plan.hpp"
@@ -304,6 +305,36 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
     });
 }
 
+// A scenario with `serving:` (docs/serving.md): its requests through every strategy's pools.
+void run_serving_scenario(const CollectiveArgs& a, const Scenario& sc,
+                          const topology::Topology& topo, const sim::EngineConfig& cfg,
+                          const std::vector<StrategySpec>& specs) {
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--report",
+                                                                              a.report_path},
+                                   {"--trace", a.trace_path},
+                                   {"--chakra", a.chakra_dir}})
+    if (!path.empty())
+      throw InputError(fmt::format("{}: not for a serving scenario (its runs are thousands of "
+                                   "iterations; --json and --csv have its figures)",
+                                   flag));
+  const ServingSpec& sv = *sc.serving;
+  fmt::print("# {}: serving {} requests on {}, engine {}\n", sc.name,
+             sv.requests.arrival == RequestSpec::Arrival::kTrace ? std::string("traced")
+                                                                 : fmt::format("{}", sv.requests.count),
+             sv.disaggregated ? "prefill and decode pools" : "co-located instances",
+             sim::network_kind_name(cfg.network));
+  const auto reports = run_serving_stacks(sc, specs, topo, cfg);
+  sim::throw_if_interrupted();
+  print_serving_table(sc, reports);
+  if (!a.json_path.empty()) {
+    const nlohmann::ordered_json j = serving_json(sc, cfg, reports);
+    write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+  }
+  if (!a.csv_path.empty())
+    write_file_atomic(a.csv_path,
+                      [&](std::ostream& os) { write_serving_csv(os, sc, reports); });
+}
+
 void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   auto [sc, iterations] = load_run_scenario(path, a.sets, a.iterations, a.seed);
@@ -313,6 +344,11 @@ void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {
   auto specs = select_strategies(sc, a.strategies);
   std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
   announce_simgrid_mode(cfg, topo->num_gpus());
+  if (sc.serving) {
+    progress.finish();
+    run_serving_scenario(a, sc, *topo, cfg, specs);
+    return;
+  }
 
   fmt::print("# {}: {} GPUs, engine {}, {} iteration(s), seed {}\n", sc.name, topo->num_gpus(),
              sim::network_kind_name(cfg.network), iterations, sc.workload.routing.seed);

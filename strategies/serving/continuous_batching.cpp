@@ -134,6 +134,7 @@ class Instance {
       if (l.decoding()) {
         ++s.decode_tokens;
         s.context_tokens += l.kv + 1;
+        s.decode_pairs += l.kv + 1;
         --budget;
       }
     }
@@ -155,6 +156,10 @@ class Instance {
       s.prefill_tokens += chunk_[k];
       // A chunk attends to the cached prefix, the earlier chunks and itself.
       s.context_tokens += q.cached_tokens + l.done + chunk_[k];
+      // Causal: the chunk's i-th query (1-based) sees everything before the chunk and i keys of it.
+      const double before = static_cast<double>(q.cached_tokens) + l.done;
+      const double c = chunk_[k];
+      s.prefill_pairs += c * before + c * (c + 1) / 2;
     }
     s.requests = static_cast<int>(running_.size());
     return s;

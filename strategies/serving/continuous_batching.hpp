@@ -13,12 +13,16 @@
 namespace moesim::serving {
 
 /// What one iteration's batch computes: decode tokens (one per decoding request), prefill tokens
-/// (chunks of prompts) and the KV tokens the batch's attention reads.
+/// (chunks of prompts), the KV tokens the batch's attention reads, and the query-key pairs its
+/// attention computes (a decode: its whole context; a prefill chunk: causal over the cached
+/// prefix, the earlier chunks and itself).
 struct BatchShape {
   int requests = 0;
   int decode_tokens = 0;
   int prefill_tokens = 0;
   long long context_tokens = 0;
+  long long decode_pairs = 0;
+  double prefill_pairs = 0;
 };
 
 /// Seconds one iteration of `batch` takes on an instance.

@@ -20,10 +20,8 @@ namespace moesim::workload {
 
 namespace {
 
-// Bounds a generated or traced workload (a mistyped count must not exhaust memory) and a length
-// (a prompt beyond any model's context is a typo).
-constexpr long long kMaxRequests = 100'000'000;
-constexpr int kMaxTokens = 1 << 24;
+constexpr long long kMaxRequests = kMaxServingRequests;
+constexpr int kMaxTokens = kMaxRequestTokens;
 
 // Our own normal and gamma draws (not std::*_distribution, whose algorithms differ between
 // standard libraries): the same seed gives the same requests everywhere.
@@ -73,53 +71,6 @@ int draw_length(const LengthSpec& l, detail::Xoshiro256& rng) {
   return l.tokens;
 }
 
-LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
-  const yaml::MapReader m =
-      parent.get_map(key, {"distribution", "tokens", "min", "max", "mean", "cv"});
-  LengthSpec l;
-  m.require("distribution", "fixed, uniform or lognormal");
-  l.kind = static_cast<LengthSpec::Kind>(
-      *m.get_choice("distribution", {"fixed", "uniform", "lognormal"}));
-  auto only = [&](std::vector<std::string_view> allowed) {
-    for (const std::string& k : m.keys())
-      if (k != "distribution" && std::find(allowed.begin(), allowed.end(), k) == allowed.end())
-        m.fail(k, fmt::format("'{}' does not apply to distribution {} (its keys: {})", k,
-                              *m.get_string("distribution"), yaml::join_alternatives(allowed)));
-  };
-  switch (l.kind) {
-    case LengthSpec::Kind::kFixed:
-      only({"tokens"});
-      m.require("tokens", "a token count >= 1");
-      l.tokens = static_cast<int>(*m.get_int("tokens", 1, kMaxTokens));
-      break;
-    case LengthSpec::Kind::kUniform:
-      only({"min", "max"});
-      m.require("min", "the shortest length, >= 1");
-      m.require("max", "the longest length, >= min");
-      l.min = static_cast<int>(*m.get_int("min", 1, kMaxTokens));
-      l.max = static_cast<int>(*m.get_int("max", 1, kMaxTokens));
-      break;
-    case LengthSpec::Kind::kLognormal:
-      only({"mean", "cv", "min", "max"});
-      m.require("mean", "the mean length in tokens, >= 1");
-      m.require("cv", "the coefficient of variation (standard deviation / mean), > 0");
-      l.mean = *m.get_number("mean");
-      l.cv = *m.get_number("cv");
-      if (!(l.mean >= 1 && l.mean <= kMaxTokens))
-        m.fail("mean",
-               fmt::format("found {}, expected a mean length in [1, {}]", l.mean, kMaxTokens));
-      if (!(l.cv > 0 && l.cv <= 100))
-        m.fail("cv",
-               fmt::format("found {}, expected a coefficient of variation in (0, 100]", l.cv));
-      l.min = static_cast<int>(m.get_int("min", 1, kMaxTokens).value_or(1));
-      l.max = static_cast<int>(m.get_int("max", 1, kMaxTokens).value_or(0));
-      break;
-  }
-  if (l.max > 0 && l.max < l.min)  // uniform's bounds, lognormal's clip (max 0: none)
-    m.fail("max", fmt::format("found max {} below min {}, expected max >= min", l.max, l.min));
-  return l;
-}
-
 constexpr const char* kTraceKey = "serving.requests.trace";
 
 [[noreturn]] void trace_fail(const std::string& path, int line, int column,
@@ -132,61 +83,6 @@ constexpr std::array<const char*, kNumColumns> kColumns = {"arrival_s", "prompt_
                                                            "output_tokens", "cached_tokens"};
 
 }  // namespace
-
-RequestSpec parse_request_spec(yaml::Context& ctx, const YAML::Node& node, const std::string& path,
-                               const std::string& dir) {
-  const yaml::MapReader m(ctx, node, path,
-                          {"arrival", "requests_per_s", "burstiness", "count", "prompt", "output",
-                           "prefix_hit", "seed", "trace"});
-  RequestSpec s;
-  s.arrival = static_cast<RequestSpec::Arrival>(
-      m.get_choice("arrival", {"poisson", "gamma", "trace"}).value_or(0));
-  if (s.arrival == RequestSpec::Arrival::kTrace) {
-    m.require("trace", "the request trace file (CSV: arrival_s,prompt_tokens,output_tokens)");
-    for (std::string_view k :
-         {"requests_per_s", "burstiness", "count", "prompt", "output", "prefix_hit", "seed"})
-      if (m.has(k))
-        m.fail(k, fmt::format("'{}' does not apply to arrival: trace (the trace gives the "
-                              "arrivals and lengths)",
-                              k));
-    const std::filesystem::path p(*m.get_string("trace"));
-    s.trace =
-        p.is_absolute() || dir.empty() ? p.string() : (std::filesystem::path(dir) / p).string();
-    return s;
-  }
-  if (m.has("trace"))
-    m.fail("trace", "a trace applies to arrival: trace only (add arrival: trace)");
-  m.require("requests_per_s", "the mean arrival rate in requests per second, > 0");
-  m.require("count", "the number of requests, >= 1");
-  m.require("prompt", "the prompt length distribution ({distribution: ..., ...})");
-  m.require("output", "the output length distribution ({distribution: ..., ...})");
-  s.requests_per_s = *m.get_number("requests_per_s");
-  if (!(s.requests_per_s > 0 && s.requests_per_s <= 1e9))
-    m.fail(
-        "requests_per_s",
-        fmt::format("found {}, expected a rate in (0, 1e9] requests per second", s.requests_per_s));
-  if (m.has("burstiness")) {
-    if (s.arrival != RequestSpec::Arrival::kGamma)
-      m.fail("burstiness", "burstiness applies to arrival: gamma (poisson is burstiness 1)");
-    s.burstiness = *m.get_number("burstiness");
-    if (!(s.burstiness >= 0.01 && s.burstiness <= 100))
-      m.fail("burstiness",
-             fmt::format("found {}, expected a gamma shape in [0.01, 100] (1: Poisson, below 1 "
-                         "burstier)",
-                         s.burstiness));
-  }
-  s.count = *m.get_int("count", 1, kMaxRequests);
-  s.prompt = parse_length(m, "prompt");
-  s.output = parse_length(m, "output");
-  s.prefix_hit = m.get_number("prefix_hit").value_or(0);
-  if (!(s.prefix_hit >= 0 && s.prefix_hit < 1))
-    m.fail("prefix_hit",
-           fmt::format("found {}, expected the share of a prompt found in the prefix cache, in "
-                       "[0, 1)",
-                       s.prefix_hit));
-  s.seed = static_cast<std::uint64_t>(m.get_int("seed", 0).value_or(1));
-  return s;
-}
 
 std::vector<Request> make_requests(const RequestSpec& spec) {
   if (spec.arrival == RequestSpec::Arrival::kTrace) return read_request_trace(spec.trace);

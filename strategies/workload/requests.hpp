@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/yaml_reader.hpp"
+#include "core/serving_spec.hpp"
 
 namespace moesim::workload {
 
@@ -21,35 +21,10 @@ struct Request {
   int cached_tokens = 0;
 };
 
-/// A length distribution in tokens. Lognormal is given by its mean and coefficient of variation
-/// (the shape measured serving traces report) and clipped to [min, max].
-struct LengthSpec {
-  enum class Kind { kFixed, kUniform, kLognormal };
-  Kind kind = Kind::kFixed;
-  int tokens = 0;        // kFixed
-  int min = 1, max = 0;  // kUniform bounds; kLognormal clip (max 0: no upper clip)
-  double mean = 0;       // kLognormal
-  double cv = 0;         // kLognormal: standard deviation / mean
-};
-
-struct RequestSpec {
-  enum class Arrival { kPoisson, kGamma, kTrace };
-  Arrival arrival = Arrival::kPoisson;
-  double requests_per_s = 0;
-  // Gamma inter-arrival shape: 1 is Poisson, below 1 burstier (same mean rate), above 1 smoother.
-  double burstiness = 1;
-  long long count = 0;
-  LengthSpec prompt, output;
-  double prefix_hit = 0;  // share of every prompt found in the prefix cache, [0, 1)
-  std::uint64_t seed = 1;
-  std::string trace;  // kTrace: the request trace file, resolved against the scenario's folder
-};
-
-/// Reads a `requests:` map (keys: arrival, requests_per_s, burstiness, count, prompt, output,
-/// prefix_hit, seed, trace); InputError with the key, its line and what is expected. `dir` is the
-/// folder relative trace paths are resolved against.
-RequestSpec parse_request_spec(yaml::Context& ctx, const YAML::Node& node, const std::string& path,
-                               const std::string& dir);
+// The description's types and reader live with the scenario (core/serving_spec.hpp).
+using ::moesim::LengthSpec;
+using ::moesim::parse_request_spec;
+using ::moesim::RequestSpec;
 
 /// The requests `spec` describes, in arrival order (a trace's, or count generated ones).
 std::vector<Request> make_requests(const RequestSpec& spec);

@@ -1217,6 +1217,12 @@ ParallelismSpec parse_parallelism(const MapReader& root, const ClusterSpec& clus
     par.ep_auto = par.dp_auto = true;
     par.ep = cluster.num_gpus();
     par.dp = 1;
+    // A serving scenario's pools set their own layouts; the scenario's plain step (what validate
+    // and tune read) gets the widest EP group that both the GPUs and the experts divide.
+    if (root.has("serving") && model.experts > 0) {
+      par.ep = std::gcd(cluster.num_gpus(), model.experts);
+      par.dp = cluster.num_gpus() / par.ep;
+    }
     return par;
   }
   MapReader m = root.get_map(

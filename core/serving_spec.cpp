@@ -66,7 +66,7 @@ LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
 ServingPool parse_pool(const yaml::MapReader& parent, std::string_view key,
                        const ClusterSpec& cluster, int experts, bool whole_cluster) {
   const yaml::MapReader m = parent.get_map(
-      key, {"nodes", "instances", "ep", "kv_tokens_per_gpu", "memory_utilization",
+      key, {"nodes", "instances", "ep", "redundant_experts", "kv_tokens_per_gpu", "memory_utilization",
             "block_tokens", "max_batch_tokens", "max_running"});
   ServingPool p;
   p.key = m.path();
@@ -80,10 +80,19 @@ ServingPool parse_pool(const yaml::MapReader& parent, std::string_view key,
   if (gpus % p.ep != 0)
     m.fail("ep", fmt::format("found {}, expected a divisor of the instance's {} GPUs ({} nodes x {})",
                              p.ep, gpus, p.nodes, cluster.gpus_per_node));
-  if (experts % p.ep != 0)
-    m.fail("ep", fmt::format("found {}, expected a divisor of the model's {} experts (every EP rank "
-                             "holds the same number)",
-                             p.ep, experts));
+  p.redundant_experts =
+      static_cast<int>(m.get_int("redundant_experts", 0, 1 << 20).value_or(0));
+  const int slots = experts + p.redundant_experts;
+  if (slots % p.ep != 0) {
+    const int fit = (slots + p.ep - 1) / p.ep * p.ep - experts;
+    m.fail(m.has("redundant_experts") ? "redundant_experts" : "ep",
+           fmt::format("the model's {} experts{} over ep = {}: expected ep to divide the expert "
+                       "slots (every EP rank holds the same number); redundant_experts: {} fits",
+                       experts,
+                       p.redundant_experts > 0 ? fmt::format(" + {} redundant", p.redundant_experts)
+                                               : std::string(),
+                       p.ep, fit));
+  }
   p.kv_tokens_per_gpu = m.get_int("kv_tokens_per_gpu", 1, kMaxServingKvTokens).value_or(0);
   p.memory_utilization = m.get_number("memory_utilization").value_or(0.9);
   if (!(p.memory_utilization > 0 && p.memory_utilization <= 1))

@@ -61,6 +61,9 @@ struct ServingPool {
   int nodes = 1;      // per instance
   int instances = 1;  // data-parallel copies, requests dealt round-robin
   int ep = 0;         // 0: every GPU of the instance
+  // Extra copies of experts beside the model's E (DeepSeek's redundant experts): E + R expert
+  // slots over the EP group, so ep divides E + R, and every GPU holds (E + R) / ep experts.
+  int redundant_experts = 0;
   // KV cache: tokens one attention rank holds; 0 = what HBM holds after the weights, at
   // memory_utilization of the GPU's memory (vLLM's gpu_memory_utilization, default 0.9).
   long long kv_tokens_per_gpu = 0;

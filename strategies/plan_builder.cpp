@@ -812,7 +812,12 @@ class Builder {
     core.flops = 2.0 * S * static_cast<double>(L_) * hp * static_cast<double>(dqk + dv) *
                  (a.causal ? 0.5 : 1.0);
     core.recompute = rc.has(RecomputeModule::kCoreAttn);
-    if (m.serving_iteration()) serving_core(core, hp);
+    if (m.serving_iteration()) {  // a serving batch: each query against its own KV cache
+      const ServingCore c = serving_attention_core(m, rows_, mp_);
+      core.flops = c.flops;
+      core.bytes = c.bytes;
+      core.shape = c.shape;
+    }
     // CP: the K and V of the other chunks (cp chunks of rows_ each, the rank's heads; MLA's after
     // the up-projection, as Megatron's CP exchanges them), gathered whole (ring moves the same).
     const std::int64_t kv_width =
@@ -825,27 +830,6 @@ class Builder {
       for (auto& k : ks) k.recompute = true;
     mark_sequence_parallel(ks);
     return ks;
-  }
-
-  // The attention core of a serving iteration (docs/serving.md, "Iteration price"): every query
-  // attends to its own request's KV cache. Decode queries under MLA run the absorbed form
-  // (FlashMLA: queries and outputs in the kv_lora latent, the cached latent and rope key read as
-  // is); prefill chunks the expanded form, as DeepSeek's inference runs them. The core is
-  // compute- or HBM-bound (ComputeModel: the larger of its FLOPs and its KV bytes).
-  void serving_core(KernelDesc& core, double heads_per_rank) const {
-    const ModelSpec& m = sc_.model;
-    const AttentionSpec& a = m.attention;
-    const double dqk = a.qk_head_dim(), dv = a.value_head_dim();
-    const double decode_width =
-        a.is_mla() ? 2.0 * a.kv_lora_rank + a.qk_rope_head_dim : dqk + dv;
-    core.flops = 2.0 * heads_per_rank *
-                 (m.serving_decode_pairs * decode_width + m.serving_prefill_pairs * (dqk + dv));
-    core.bytes = m.serving_kv_read_tokens * kv_cache_bytes_per_token(m, m.serving_kv_dtype, mp_);
-    const double rows = std::max(1.0, static_cast<double>(rows_));
-    const auto keys = static_cast<std::int64_t>(
-        std::max(1.0, (m.serving_decode_pairs + m.serving_prefill_pairs) / rows));
-    core.shape = GemmShape{1, keys, static_cast<std::int64_t>(dqk),
-                           std::max<std::int64_t>(1, rows_ * a.heads / mp_)};
   }
 
   // Weights of a kernel list: the linear layers' in x out (the parameters a rank holds).
@@ -1616,6 +1600,23 @@ StagePlan build_stage_plan(const Scenario& stage_sc, const topology::Topology& t
     return Builder(packed, topo, work, decision, part).build();
   }
   return Builder(stage_sc, topo, work, decision, part).build();
+}
+
+ServingCore serving_attention_core(const ModelSpec& m, std::int64_t rows, int mp) {
+  const AttentionSpec& a = m.attention;
+  const double heads = static_cast<double>(a.heads) / mp;
+  const double dqk = a.qk_head_dim(), dv = a.value_head_dim();
+  const double decode_width = a.is_mla() ? 2.0 * a.kv_lora_rank + a.qk_rope_head_dim : dqk + dv;
+  ServingCore c;
+  c.flops = 2.0 * heads *
+            (m.serving_decode_pairs * decode_width + m.serving_prefill_pairs * (dqk + dv));
+  c.bytes = m.serving_kv_read_tokens * kv_cache_bytes_per_token(m, m.serving_kv_dtype, mp);
+  const double r = std::max<double>(1.0, static_cast<double>(rows));
+  const auto keys = static_cast<std::int64_t>(
+      std::max(1.0, (m.serving_decode_pairs + m.serving_prefill_pairs) / r));
+  c.shape = GemmShape{1, keys, static_cast<std::int64_t>(dqk),
+                      std::max<std::int64_t>(1, rows * a.heads / mp)};
+  return c;
 }
 
 BuiltPlan build_step_plan(const Scenario& sc, const topology::Topology& topo,

@@ -99,6 +99,19 @@ Groups make_groups(const Scenario& sc);
 /// way: the padded slots are empty capacity, never tokens.
 int capacity_multiple(const Scenario& sc, const Decision& decision);
 
+/// The attention core of a serving iteration (docs/serving.md, "Iteration price") on one of `mp`
+/// ranks holding `rows` tokens: every query attends to its own request's KV cache
+/// (model.serving_*). Decode queries under MLA run the absorbed form (FlashMLA: queries and
+/// outputs in the kv_lora latent, the cached latent and rope key read as is); prefill chunks the
+/// expanded form, as DeepSeek's inference runs them. The core is compute- or HBM-bound
+/// (ComputeModel: the larger of its FLOPs and its KV bytes).
+struct ServingCore {
+  double flops = 0;
+  double bytes = 0;
+  GemmShape shape{};
+};
+ServingCore serving_attention_core(const ModelSpec& m, std::int64_t rows, int mp);
+
 /// Builds the step. Throws InputError when the decision cannot apply (pipeline degree larger
 /// than the capacity, 2DH on groups that are not node-aligned, a parallel degree that does not
 /// divide the shard count) naming the strategy role at fault.

@@ -4,20 +4,29 @@
 
 
 #include "apps/moesim/engine_setup.hpp"
+#include "sim/compute_model.hpp"
 
 namespace moesim::app {
+
+serving::MakeInstanceBackend instance_backends(const sim::EngineConfig& cfg) {
+  return [&cfg](const Scenario& instance) {
+    serving::InstanceBackend ib;
+    ib.topology = simulation_topology(instance);
+    const topology::Topology* topo = ib.topology.get();
+    ib.backend = [topo, &cfg](const Plan& plan) { return sim::run_plan(plan, *topo, cfg); };
+    auto compute = std::make_shared<sim::ComputeModel>(topo->gpu(), cfg.precision, cfg.compute);
+    ib.kernel_seconds = [compute](const ComputeSpec& spec) {
+      return compute->duration(spec).value();
+    };
+    return ib;
+  };
+}
 
 std::vector<serving::ServingReport> run_serving_stacks(const Scenario& sc,
                                                        const std::vector<StrategySpec>& specs,
                                                        const topology::Topology& cluster,
                                                        const sim::EngineConfig& cfg) {
-  const serving::MakeInstanceBackend make = [&cfg](const Scenario& instance) {
-    serving::InstanceBackend ib;
-    ib.topology = simulation_topology(instance);
-    const topology::Topology* topo = ib.topology.get();
-    ib.backend = [topo, &cfg](const Plan& plan) { return sim::run_plan(plan, *topo, cfg); };
-    return ib;
-  };
+  const serving::MakeInstanceBackend make = instance_backends(cfg);
   std::vector<serving::ServingReport> out;
   for (const auto& spec : specs) out.push_back(serving::run_serving(sc, spec, cluster, make));
   return out;
@@ -96,6 +105,8 @@ nlohmann::ordered_json serving_json(const Scenario& sc, const sim::EngineConfig&
     o["e2e_s"] = latency_json(r.metrics.e2e_s);
     o["input_tokens_per_s"] = r.metrics.input_tokens_per_s;
     o["output_tokens_per_s"] = r.metrics.output_tokens_per_s;
+    o["window_start_s"] = r.window.start_s;
+    o["window_end_s"] = r.window.end_s;
     o["input_tokens_per_s_per_node"] = r.input_tokens_per_s_per_node;
     o["output_tokens_per_s_per_node"] = r.output_tokens_per_s_per_node;
     o["output_tokens_per_s_per_user"] = r.output_tokens_per_s_per_user;

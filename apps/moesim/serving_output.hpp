@@ -14,6 +14,10 @@
 
 namespace moesim::app {
 
+/// Instance backends on `cfg`'s engine (which must outlive them): the instance's simulation
+/// topology, sim::run_plan on it, and the compute model's kernel times.
+serving::MakeInstanceBackend instance_backends(const sim::EngineConfig& cfg);
+
 /// Runs `specs` on the scenario's serving pools, each iteration priced by `cfg`'s engine on the
 /// instance's nodes.
 std::vector<serving::ServingReport> run_serving_stacks(const Scenario& sc,

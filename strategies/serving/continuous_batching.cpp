@@ -66,11 +66,16 @@ class Instance {
       r.busy_s += dt;
       now += dt;
       ++r.iterations;
-      finished += advance(now);
+      TokenEvent& ev = events_.emplace_back();
+      ev.time_s = now;
+      finished += advance(now, ev);
     }
     r.last_finish = now;
     return r;
   }
+
+  // Each iteration's tokens, in time order.
+  const std::vector<TokenEvent>& events() const { return events_; }
 
  private:
   static std::size_t at(int i) { return static_cast<std::size_t>(i); }
@@ -180,8 +185,9 @@ class Instance {
     return true;
   }
 
-  // Applies the iteration that ended at `now`; returns the requests it finished.
-  std::size_t advance(double now) {
+  // Applies the iteration that ended at `now`, counting its tokens in `ev`; returns the requests
+  // it finished.
+  std::size_t advance(double now, TokenEvent& ev) {
     std::size_t finished = 0, kept = 0;
     for (std::size_t k = 0; k < running_.size(); ++k) {
       Live l = running_[k];
@@ -194,8 +200,12 @@ class Instance {
       } else if (chunk_[k] > 0) {
         l.done += chunk_[k];
         emitted = l.decoding();  // the prefill's last chunk gives a token
-        if (emitted && l.generated == 0) o.first_token_s = now;
+        if (emitted && l.generated == 0) {
+          o.first_token_s = now;
+          ev.input_tokens += q.prompt_tokens;
+        }
       }
+      if (emitted) ++ev.output_tokens;
       if (emitted && ++l.generated == q.output_tokens) {
         o.finish_s = now;
         used_blocks_ -= l.blocks;
@@ -217,6 +227,7 @@ class Instance {
   std::vector<Live> running_;
   std::deque<Live> waiting_;
   std::vector<int> chunk_;
+  std::vector<TokenEvent> events_;
 };
 
 void check_config(const std::vector<workload::Request>& requests, const InstanceConfig& c) {
@@ -270,6 +281,7 @@ ServingResult run_instances(const std::vector<workload::Request>& requests,
     Instance inst(requests, config, iteration_time, res.requests, kv_ready);
     const InstanceRun r = inst.run(mine);
     if (mine.empty()) continue;
+    res.tokens.insert(res.tokens.end(), inst.events().begin(), inst.events().end());
     res.iterations += r.iterations;
     res.preemptions += r.preemptions;
     first = std::min(first, r.first_arrival);
@@ -342,6 +354,8 @@ DisaggregatedResult simulate_disaggregated(const std::vector<workload::Request>&
   all.preemptions = d.prefill.preemptions + d.decode.preemptions;
   all.makespan_s = requests.empty() ? 0 : end - start;
   all.kv_utilization = d.decode.kv_utilization;
+  all.tokens = d.prefill.tokens;
+  all.tokens.insert(all.tokens.end(), d.decode.tokens.begin(), d.decode.tokens.end());
   return d;
 }
 
@@ -389,6 +403,22 @@ ServingMetrics serving_metrics(const std::vector<workload::Request>& requests,
   if (!requests.empty())
     m.slo_attainment = static_cast<double>(good) / static_cast<double>(requests.size());
   return m;
+}
+
+WindowThroughput window_throughput(const ServingResult& result, double start_s, double end_s) {
+  WindowThroughput w;
+  w.start_s = start_s;
+  w.end_s = end_s;
+  if (!(end_s > start_s)) return w;
+  double in = 0, out = 0;
+  for (const TokenEvent& e : result.tokens)
+    if (e.time_s >= start_s && e.time_s <= end_s) {
+      in += static_cast<double>(e.input_tokens);
+      out += e.output_tokens;
+    }
+  w.input_tokens_per_s = in / (end_s - start_s);
+  w.output_tokens_per_s = out / (end_s - start_s);
+  return w;
 }
 
 }  // namespace moesim::serving

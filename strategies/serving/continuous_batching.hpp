@@ -43,8 +43,17 @@ struct RequestOutcome {
   int instance = 0;
 };
 
+/// Tokens one iteration of one instance produced, at its end: output tokens emitted, and the
+/// prompt tokens (cached ones included) of the prefills it finished.
+struct TokenEvent {
+  double time_s = 0;
+  int output_tokens = 0;
+  long long input_tokens = 0;
+};
+
 struct ServingResult {
   std::vector<RequestOutcome> requests;  // in the input's order
+  std::vector<TokenEvent> tokens;        // every iteration's, instance by instance
   long long iterations = 0;
   long long preemptions = 0;
   double makespan_s = 0;      // first arrival to last finish
@@ -99,5 +108,13 @@ struct ServingMetrics {
 };
 ServingMetrics serving_metrics(const std::vector<workload::Request>& requests,
                                const ServingResult& result, const Slo& slo);
+
+/// Steady-state throughput: the input and output tokens of `result`'s iterations that ended in
+/// [start_s, end_s], per second of that window (warm-up and drain left out).
+struct WindowThroughput {
+  double start_s = 0, end_s = 0;
+  double input_tokens_per_s = 0, output_tokens_per_s = 0;
+};
+WindowThroughput window_throughput(const ServingResult& result, double start_s, double end_s);
 
 }  // namespace moesim::serving

@@ -3,13 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <climits>
 #include <cmath>
 #include <map>
 
 #include "core/error.hpp"
 #include "strategies/model_params.hpp"
+#include "strategies/plan_builder.hpp"
 #include "topology/topology.hpp"
 
 namespace moesim::serving {
@@ -41,8 +41,9 @@ KvGeometry kv_geometry(const Scenario& sc, const ServingPool& pool, double gpu_m
   // Attention DP: every GPU holds the dense weights whole, and the experts of its EP rank. GEMM
   // weights are stored in the GEMMs' precision (fp8 serving keeps fp8 weights), the embedding,
   // LM head and norms in model.dtype.
+  const double slots = static_cast<double>(m.experts + pool.redundant_experts) / m.experts;
   const double linear = p.attention + p.dense_ffn + p.gates + p.shared_experts +
-                        p.routed_experts / static_cast<double>(pool.ep);
+                        p.routed_experts * slots / static_cast<double>(pool.ep);
   const double other = p.embedding + p.lm_head + p.norms;
   g.weights_bytes = linear * dtype_bytes(m.precision.gemm) + other * dtype_bytes(m.dtype);
   g.hbm_bytes = gpu_memory_bytes;
@@ -80,6 +81,9 @@ Scenario instance_scenario(const Scenario& sc, const ServingPool& pool) {
   ParallelismSpec p;
   p.ep = pool.ep;
   p.dp = gpus / pool.ep;
+  // Redundant experts are more expert slots the routing spreads the tokens over, as a load
+  // balancer placing the copies keeps each slot's share even (docs/serving.md).
+  m.experts += pool.redundant_experts;
   m.experts_per_gpu = m.experts / pool.ep;
   s.parallelism = p;
   s.workload.iterations = 1;
@@ -93,7 +97,11 @@ struct IterationPricer::Impl {
   InstanceBackend ib;
   int gpus = 1;
   int moe_blocks = 0, dense_blocks = 0;
-  std::map<std::array<long long, 4>, double> cache;
+  // Per token bucket: the attention core's time and the price of the batch first priced there.
+  struct Priced {
+    double core_s = 0, price_s = 0;
+  };
+  std::map<long long, Priced> cache;
 
   double step(const Scenario& s) const {
     strategies::StackRun r = strategies::run_stack(s, spec, *ib.topology, ib.backend, 1);
@@ -149,18 +157,27 @@ double IterationPricer::operator()(const BatchShape& batch) {
   // Every attention rank runs the layer together (the MoE layer synchronises them), so a batch
   // thinner than one token per GPU still costs a token's iteration.
   const long long ti = t <= kExactTokens ? static_cast<long long>(std::ceil(t)) : -grid_index(t);
-  const auto key_of = [](double x) { return x > 0 ? grid_index(x) : LLONG_MIN; };
-  const std::array<long long, 4> key = {ti, key_of(batch.decode_pairs / g),
-                                        key_of(batch.prefill_pairs / g),
-                                        key_of(static_cast<double>(batch.context_tokens) / g)};
-  auto it = impl_->cache.find(key);
-  if (it != impl_->cache.end()) return it->second;
-  const auto value_of = [](long long k) { return k == LLONG_MIN ? 0.0 : grid_value(k); };
   const long long tokens = ti > 0 ? ti : std::llround(grid_value(-ti));
-  const double s =
-      impl_->price(tokens, value_of(key[1]), value_of(key[2]), value_of(key[3]));
-  impl_->cache.emplace(key, s);
-  return s;
+  ModelSpec m = impl_->base.model;
+  m.serving_decode_pairs = static_cast<double>(batch.decode_pairs) / g;
+  m.serving_prefill_pairs = batch.prefill_pairs / g;
+  m.serving_kv_read_tokens = static_cast<double>(batch.context_tokens) / g;
+  const strategies::ServingCore c = strategies::serving_attention_core(m, tokens, 1);
+  ComputeSpec core;
+  core.cls = ComputeClass::kAttention;
+  core.flops = Flops(c.flops);
+  core.bytes = Bytes(c.bytes);
+  core.gemm = c.shape;
+  const double core_s = impl_->ib.kernel_seconds(core);
+  auto it = impl_->cache.find(ti);
+  if (it == impl_->cache.end()) {
+    const double s = impl_->price(tokens, m.serving_decode_pairs, m.serving_prefill_pairs,
+                                  m.serving_kv_read_tokens);
+    it = impl_->cache.emplace(ti, Impl::Priced{core_s, s}).first;
+  }
+  // A forward pass runs its blocks' attention cores one after the other, nothing beside them:
+  // another batch of the bucket differs by its cores' time, once per block.
+  return it->second.price_s + impl_->base.model.layers * (core_s - it->second.core_s);
 }
 
 long long IterationPricer::evaluations() const {
@@ -261,8 +278,15 @@ ServingReport run_serving(const Scenario& sc, const StrategySpec& spec,
     out.pools.push_back(std::move(dec));
   }
   out.metrics = serving_metrics(reqs, out.overall, slo);
-  out.input_tokens_per_s_per_node = out.metrics.input_tokens_per_s / input_nodes;
-  out.output_tokens_per_s_per_node = out.metrics.output_tokens_per_s / output_nodes;
+  if (!reqs.empty()) {
+    const double start = reqs[reqs.size() / 10].arrival_s, end = reqs.back().arrival_s;
+    const ServingResult& in = out.pools.front().result;  // co-located: the one pool
+    const ServingResult& gen = out.pools.back().result;
+    out.window = window_throughput(in, start, end);
+    out.window.output_tokens_per_s = window_throughput(gen, start, end).output_tokens_per_s;
+  }
+  out.input_tokens_per_s_per_node = out.window.input_tokens_per_s / input_nodes;
+  out.output_tokens_per_s_per_node = out.window.output_tokens_per_s / output_nodes;
   out.output_tokens_per_s_per_user =
       out.metrics.tpot_s.mean > 0 ? 1.0 / out.metrics.tpot_s.mean : 0;
   return out;

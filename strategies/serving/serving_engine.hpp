@@ -27,6 +27,8 @@ namespace moesim::serving {
 struct InstanceBackend {
   std::unique_ptr<topology::Topology> topology;
   strategies::Backend backend;
+  // The backend's time for one compute op alone (the attention core, to key the price cache).
+  std::function<double(const ComputeSpec&)> kernel_seconds;
 };
 using MakeInstanceBackend = std::function<InstanceBackend(const Scenario& instance)>;
 
@@ -51,8 +53,11 @@ Scenario instance_scenario(const Scenario& sc, const ServingPool& pool);
 /// Prices iterations of one instance: the plan of one forward pass of the batch (per GPU: the
 /// batch's tokens, attention pairs and KV reads over the instance's attention ranks), for a
 /// model of D dense and N MoE blocks and an LM head as D x dense + N x MoE + head, each from a
-/// one- or two-block plan. Batches are priced on a grid (exact below 32 tokens per GPU, then
-/// steps of 2^(1/16), about 4.4%) and cached: a serving run is thousands of iterations.
+/// one- or two-block plan. A serving run is thousands of iterations, so plans are priced once per
+/// bucket of tokens per GPU (exact below 32, then steps of 2^(1/16), about 4.4%): the rest of the
+/// pass depends on the tokens only, and the blocks' attention cores (what the requests' contexts
+/// change) run one after the other, so another batch of the bucket costs the bucket's price plus
+/// the difference of its cores' time (the backend's, for the core alone) once per block.
 class IterationPricer {
  public:
   IterationPricer(const Scenario& instance, const StrategySpec& spec,
@@ -60,7 +65,7 @@ class IterationPricer {
   ~IterationPricer();
   IterationPricer(IterationPricer&&) noexcept;
   double operator()(const BatchShape& batch);
-  /// Distinct grid points priced (each three plans at most).
+  /// Token buckets priced (each up to three plans).
   long long evaluations() const;
   /// The seconds of a batch of `tokens_per_gpu` tokens per GPU with the given attention load
   /// per GPU (exact: no grid).
@@ -89,8 +94,11 @@ struct ServingReport {
   ServingResult overall;
   std::vector<PoolReport> pools;  // co-located: one; disaggregated: prefill, decode
   double kv_transfer_mean_s = 0;  // disaggregated: prefill to decode, per request
-  // Throughput per node of the pool that does the work: input tokens (prompt, cached included) per
-  // second over the prefill nodes (co-located: all nodes), output tokens over the decode nodes.
+  // Throughput per node of the pool that does the work, in the steady window (from the arrival of
+  // the request a tenth of the way in to the last arrival: warm-up and drain left out): input
+  // tokens (prompt, cached included) per second over the prefill nodes (co-located: all nodes),
+  // output tokens over the decode nodes.
+  WindowThroughput window;
   double input_tokens_per_s_per_node = 0;
   double output_tokens_per_s_per_node = 0;
   double output_tokens_per_s_per_user = 0;  // 1 / mean TPOT

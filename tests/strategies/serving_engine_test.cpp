@@ -125,6 +125,11 @@ TEST(ServingSpec, BadInputNamesTheKeyAndWhatFits) {
             std::string::npos);
   EXPECT_NE(error_of("  instance: {nodes: 1}\n").find("missing required key 'requests'"),
             std::string::npos);
+  EXPECT_NE(error_of(r + "  instance: {nodes: 2, ep: 8, redundant_experts: 3}\n")
+                .find("the model's 8 experts + 3 redundant over ep = 8: expected ep to divide the "
+                      "expert slots (every EP rank holds the same number); redundant_experts: 8 "
+                      "fits"),
+            std::string::npos);
   // The file and line of the offending key.
   EXPECT_NE(error_of(r + "  instance: {nodes: 1, ep: 3}\n").find("serve.yaml:"), std::string::npos);
 }
@@ -144,6 +149,12 @@ TEST(ServingEngine, KvGeometryByHand) {
   EXPECT_DOUBLE_EQ(g.weights_bytes, weights);
   EXPECT_DOUBLE_EQ(g.usable_bytes, 0.9 * hbm);
   EXPECT_EQ(g.kv_tokens, static_cast<long long>((0.9 * hbm - weights) / 2048.0));
+  // Four redundant experts: 12 slots over 4 GPUs, 3 experts' weights per GPU instead of 2.
+  const Scenario red =
+      load(std::string(kRequests) + "  instance: {nodes: 1, ep: 4, redundant_experts: 4}\n");
+  EXPECT_DOUBLE_EQ(serving::kv_geometry(red, red.serving->instance, hbm).weights_bytes,
+                   weights + 4 * 1572864.0 * 2);
+  EXPECT_EQ(serving::instance_scenario(red, red.serving->instance).model.experts_per_gpu, 3);
   // fp8 KV halves the bytes per token.
   Scenario f = sc;
   f.serving->kv_dtype = Dtype::kFp8;
@@ -213,13 +224,7 @@ TEST(ServingEngine, InstanceScenarioIsTheInstancesNodesDropless) {
 }
 
 serving::MakeInstanceBackend backend_for(const sim::EngineConfig& cfg) {
-  return [&cfg](const Scenario& instance) {
-    serving::InstanceBackend ib;
-    ib.topology = app::simulation_topology(instance);
-    const topology::Topology* t = ib.topology.get();
-    ib.backend = [t, &cfg](const Plan& p) { return sim::run_plan(p, *t, cfg); };
-    return ib;
-  };
+  return app::instance_backends(cfg);
 }
 
 // Properties of the price: more tokens, more KV read or more attention pairs never cost less;
@@ -249,24 +254,52 @@ TEST(ServingEngine, IterationPriceGrowsWithTheBatchAndItsContext) {
   EXPECT_EQ(price.evaluations(), 1);
 }
 
-// A model of D dense and N MoE blocks and a head is priced as D x dense + N x MoE + head: the
-// price of the 4-block model is 4 one-block prices plus the head's.
-TEST(ServingEngine, ModelPriceIsItsBlocks) {
-  const Scenario sc = load(std::string(kRequests) + "  instance: {nodes: 2}\n");
+// A bucket's second batch costs the bucket's price plus its attention cores' difference: the same
+// as its own plan, for decodes (KV-bound and compute-bound contexts) and prefill chunks alike.
+TEST(ServingEngine, ABucketsOtherContextsCostTheirOwnPlan) {
+  const Scenario sc = load(std::string(kRequests) + "  instance: {nodes: 2}\n", "",
+                           "{kind: mla, heads: 8, q_lora_rank: 256, kv_lora_rank: 512, "
+                           "qk_nope_head_dim: 64, qk_rope_head_dim: 64, v_head_dim: 64}");
   const sim::EngineConfig cfg = app::engine_config_from(sc, "");
-  const Scenario inst = serving::instance_scenario(sc, sc.serving->instance);
-  Scenario one = inst;
-  one.model.layers = 1;
-  one.model.vocab_size = 0;
-  serving::IterationPricer four(inst, sc.strategies[0], backend_for(cfg));
-  serving::IterationPricer block(one, sc.strategies[0], backend_for(cfg));
-  Scenario head = one;
-  head.model.vocab_size = 1000;
-  serving::IterationPricer with_head(head, sc.strategies[0], backend_for(cfg));
-  const double b = block.price_per_gpu(16, 0, 0, 0);
-  const double h = with_head.price_per_gpu(16, 0, 0, 0) - b;
-  EXPECT_GT(h, 0);
-  EXPECT_NEAR(four.price_per_gpu(16, 0, 0, 0), 4 * b + h, 1e-12);
+  serving::IterationPricer price(serving::instance_scenario(sc, sc.serving->instance),
+                                 sc.strategies[0], backend_for(cfg));
+  serving::BatchShape first;
+  first.decode_tokens = 8 * 16;
+  first.decode_pairs = first.context_tokens = 8 * 16 * 300;
+  price(first);
+  for (const long long context : {10LL, 2000LL, 100000LL}) {
+    serving::BatchShape b = first;
+    b.decode_pairs = b.context_tokens = 8 * 16 * context;
+    const double own = price.price_per_gpu(16, 16.0 * context, 0, 16.0 * context);
+    EXPECT_NEAR(price(b) / own, 1.0, 1e-9) << context;
+  }
+  serving::BatchShape chunk;
+  chunk.prefill_tokens = 8 * 16;
+  chunk.prefill_pairs = 8 * (16.0 * 4000 + 16.0 * 17 / 2);
+  chunk.context_tokens = 8 * 4016;
+  EXPECT_NEAR(price(chunk) / price.price_per_gpu(16, 0, chunk.prefill_pairs / 8, 4016), 1.0, 1e-9);
+  EXPECT_EQ(price.evaluations(), 1);
+}
+
+// A model of D dense and N MoE blocks and a head is priced as D x dense + N x MoE + head: the
+// decomposition equals the plan of the whole model's forward pass (its blocks run one after the
+// other), here 1 dense + 3 MoE blocks with the embedding and head.
+TEST(ServingEngine, ModelPriceIsItsBlocks) {
+  const Scenario sc = load(std::string(kRequests) + "  instance: {nodes: 2}\n",
+                           "  first_dense_layers: 1\n  dense_hidden_dim: 2048\n");
+  const sim::EngineConfig cfg = app::engine_config_from(sc, "");
+  Scenario inst = serving::instance_scenario(sc, sc.serving->instance);
+  serving::IterationPricer price(inst, sc.strategies[0], backend_for(cfg));
+  inst.model.batch_per_gpu = 16;
+  inst.model.serving_decode_pairs = 16 * 500.0;
+  inst.model.serving_kv_read_tokens = 16 * 500.0;
+  const auto topo = app::simulation_topology(inst);
+  const strategies::Backend run = [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); };
+  const double whole = strategies::run_stack(inst, sc.strategies[0], *topo, run, 1)
+                           .iterations.at(0)
+                           .step_time_s;
+  const double parts = price.price_per_gpu(16, 16 * 500.0, 0, 16 * 500.0);
+  EXPECT_NEAR(parts / whole, 1.0, 5e-3) << parts << " vs " << whole;
 }
 
 // A whole run: every request finishes after it arrives, every output token is produced, and the
@@ -283,8 +316,20 @@ TEST(ServingEngine, CoLocatedRunServesEveryRequest) {
   EXPECT_EQ(r.pools.size(), 1u);
   EXPECT_EQ(r.pools[0].instances, 2);
   EXPECT_GT(r.pools[0].priced_batches, 0);
-  const double out_tokens = r.requests.mean_output * r.requests.count;
-  EXPECT_NEAR(r.output_tokens_per_s_per_node, out_tokens / r.overall.makespan_s / 2, 1e-6);
+  // Every output token and every prompt is counted once in the iterations' tokens.
+  double out_events = 0, in_events = 0;
+  for (const auto& e : r.overall.tokens) {
+    out_events += e.output_tokens;
+    in_events += static_cast<double>(e.input_tokens);
+  }
+  EXPECT_NEAR(out_events, r.requests.mean_output * r.requests.count, 1e-6);
+  EXPECT_NEAR(in_events, r.requests.mean_prompt * r.requests.count, 1e-6);
+  // Per node: the steady window's (the 21st arrival to the last) over the 2 nodes.
+  const serving::WindowThroughput w =
+      serving::window_throughput(r.overall, r.window.start_s, r.window.end_s);
+  EXPECT_GT(r.window.end_s, r.window.start_s);
+  EXPECT_DOUBLE_EQ(r.output_tokens_per_s_per_node, w.output_tokens_per_s / 2);
+  EXPECT_DOUBLE_EQ(r.input_tokens_per_s_per_node, w.input_tokens_per_s / 2);
   EXPECT_GT(r.metrics.ttft_s.p50, 0);
   EXPECT_GT(r.metrics.tpot_s.p50, 0);
 }

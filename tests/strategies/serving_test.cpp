@@ -55,6 +55,19 @@ TEST(ContinuousBatching, OneRequestByHand) {
   EXPECT_DOUBLE_EQ(m.output_tokens_per_s, 1.0);
   EXPECT_EQ(m.slo_attainment, 1.0);
   EXPECT_EQ(serving_metrics(q, r, Slo{0.5, 0}).slo_attainment, 0.0);
+  // Every iteration's tokens: the prompt and the first token at 1 s, a token at 2 s and 3 s.
+  ASSERT_EQ(r.tokens.size(), 3u);
+  EXPECT_EQ(r.tokens[0].time_s, 1.0);
+  EXPECT_EQ(r.tokens[0].input_tokens, 10);
+  EXPECT_EQ(r.tokens[0].output_tokens, 1);
+  EXPECT_EQ(r.tokens[2].time_s, 3.0);
+  EXPECT_EQ(r.tokens[2].input_tokens, 0);
+  EXPECT_EQ(r.tokens[2].output_tokens, 1);
+  // The window [1.5, 3] holds the iterations ending at 2 and 3 s: 2 tokens in 1.5 s, no input.
+  const WindowThroughput w = window_throughput(r, 1.5, 3.0);
+  EXPECT_DOUBLE_EQ(w.output_tokens_per_s, 2.0 / 1.5);
+  EXPECT_EQ(w.input_tokens_per_s, 0.0);
+  EXPECT_DOUBLE_EQ(window_throughput(r, 0.0, 2.0).input_tokens_per_s, 5.0);
 }
 
 // Prompt 250 with 100 tokens per iteration: chunks of 100, 100, 50; the first token at 3 s. With

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/sweep.hpp"
@@ -125,6 +126,7 @@ nlohmann::ordered_json simulate_text(const SimulateRequest& req) {
   const auto topo = simulation_topology(sc);
   const sim::EngineConfig cfg = engine_config_from(sc, req.engine);
   const auto specs = select_strategies(sc, req.strategies);
+  if (sc.serving) return serving_json(sc, cfg, run_serving_stacks(sc, specs, *topo, cfg));
   const std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
   const auto outcomes = run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false);
   nlohmann::ordered_json j = simulate_json(sc, cfg, *topo, outcomes);

@@ -48,7 +48,7 @@ struct SimulateRequest {
 };
 
 /// `moesim simulate`'s run: the simulate_json document, plus "records": one summary_record per
-/// strategy.
+/// strategy; for a scenario with `serving:`, serving_json's document (its "serving" list).
 nlohmann::ordered_json simulate_text(const SimulateRequest& req);
 
 /// `moesim sweep` on a sweep file given as text (`base:` resolved against `path`'s directory):

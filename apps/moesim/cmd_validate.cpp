@@ -11,6 +11,7 @@
 #include "strategies/memory.hpp"
 #include "strategies/plan_builder.hpp"
 #include "strategies/runner.hpp"
+#include "strategies/serving/serving_engine.hpp"
 #include "strategies/stage_schedule.hpp"
 #include "strategies/workload/workload.hpp"
 #include "topology/topology.hpp"
@@ -18,6 +19,35 @@
 namespace moesim::app {
 
 namespace {
+
+// A serving scenario (docs/serving.md): its requests and each pool's instances, weights and KV
+// cache per GPU (an InputError, exit 2, when the weights leave no room for the KV cache).
+void print_serving(const Scenario& sc, const topology::Topology& topo) {
+  const ServingSpec& sv = *sc.serving;
+  const RequestSpec& r = sv.requests;
+  if (r.arrival == RequestSpec::Arrival::kTrace)
+    fmt::print("  serving      requests from {}\n", r.trace);
+  else
+    fmt::print("  serving      {} requests, {} arrivals at {:g}/s, prefix hit {:g}, seed {}\n",
+               r.count, r.arrival == RequestSpec::Arrival::kGamma ? "gamma" : "Poisson",
+               r.requests_per_s, r.prefix_hit, r.seed);
+  const std::vector<const ServingPool*> pools =
+      sv.disaggregated ? std::vector<const ServingPool*>{&sv.prefill, &sv.decode}
+                       : std::vector<const ServingPool*>{&sv.instance};
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (const ServingPool* p : pools) {
+    const serving::KvGeometry g = serving::kv_geometry(sc, *p, topo.gpu().memory.value());
+    fmt::print("  pool         {}: {} x {} node(s), ep {}{}; per GPU weights {:.1f} GiB, KV cache "
+               "{} tokens ({:.1f} GiB, {:.0f} B per token)\n",
+               p->key, p->instances, p->nodes, p->ep,
+               p->redundant_experts > 0
+                   ? fmt::format(" + {} redundant experts", p->redundant_experts)
+                   : std::string(),
+               g.weights_bytes / gib, g.kv_tokens,
+               static_cast<double>(g.kv_tokens) * g.kv_bytes_per_token / gib,
+               g.kv_bytes_per_token);
+  }
+}
 
 // Per-GPU memory (docs/model.md, "Memory"): the layout alone (the baseline stack), then each
 // strategy, each through planned_memory: the decision and the sampled dC that simulate's run
@@ -213,6 +243,10 @@ void print_summary(const Scenario& sc, const topology::Topology& topo) {
   fmt::print("  engine       {}\n", name_of(sc.engine.network));
   for (const auto& s : sc.strategies)
     fmt::print("  strategy     {:<16} {}\n", s.name, describe_roles(s));
+  if (sc.serving) {
+    print_serving(sc, topo);
+    return;
+  }
   print_memory(sc, topo);
 }
 

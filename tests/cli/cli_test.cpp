@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -212,6 +213,38 @@ TEST(Cli, EveryBundledScenarioValidates) {
       ++seen;
     }
   EXPECT_GE(seen, 12);
+}
+
+// A serving scenario: simulate prints its pools and a row per strategy, writes JSON and CSV; the
+// per-step outputs (--trace) are refused before anything runs, and bad serving input is exit 2
+// with the key.
+TEST(Cli, ServingScenarioSimulatesAndWritesItsFigures) {
+  const fs::path dir = temp_dir();
+  const std::string scen = kSource + "/scenarios/serving-mixtral-h100.yaml";
+  auto r = run(fmt::format("simulate '{}' --engine analytical --set serving.requests.count=200 "
+                           "--json '{}/s.json' --csv '{}/s.csv'",
+                           scen, dir.string(), dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("# serving.instance: 2 instance(s) x 1 node(s), 8 GPUs each, ep 8"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("TTFT p50"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(read_file(dir / "s.json"));
+  ASSERT_EQ(j["serving"].size(), 2u);
+  EXPECT_EQ(j["serving"][0]["strategy"], "grouped");
+  EXPECT_EQ(j["serving"][0]["requests"]["count"], 200);
+  EXPECT_GT(j["serving"][0]["tpot_s"]["p50"].get<double>(), 0);
+  const std::string csv = read_file(dir / "s.csv");
+  EXPECT_EQ(csv.rfind("scenario,strategy,disaggregated,requests,ttft_p50_s", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);
+  r = run(fmt::format("simulate '{}' --trace '{}/t.json'", scen, dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--trace: not for a serving scenario"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "t.json"));
+  r = run(fmt::format("simulate '{}' --set serving.instance.ep=3", scen));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("serving.instance.ep"), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 // The model presets simulate on every engine. Reduced to a few blocks and a smaller

@@ -88,6 +88,18 @@ class Simulate(unittest.TestCase):
         self.assertEqual([r["step_time_s"] for r in a["runs"]],
                          [r["step_time_s"] for r in b["runs"]])
 
+    def test_a_serving_scenario_answers_with_its_serving_figures(self):
+        sets = {"serving.requests.count": 300}
+        run = moesim.simulate("serving-mixtral-h100", engine="analytical", set=sets)
+        cli = cli_json("simulate", os.path.join(SOURCE, "scenarios/serving-mixtral-h100.yaml"),
+                       "--engine", "analytical", "--set", "serving.requests.count=300")
+        self.assertEqual([r["strategy"] for r in run["serving"]], ["grouped", "deepep"])
+        df = pd.DataFrame(run["serving"])
+        for col in ("ttft_s", "tpot_s", "output_tokens_per_s_per_node", "kv_utilization", "pools"):
+            self.assertIn(col, df.columns)
+        self.assertEqual(run["serving"][0]["tpot_s"]["p50"], cli["serving"][0]["tpot_s"]["p50"])
+        self.assertEqual(run["serving"][0]["requests"]["count"], 300)
+
     def test_bad_input_raises_the_clis_message(self):
         sc = moesim.preset("quickstart")
         sc["model"]["top_k"] = "two"

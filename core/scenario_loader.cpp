@@ -809,6 +809,7 @@ ModelSpec parse_model(const MapReader& root) {
     model.experts_per_gpu = to_int32(*v);
   }
   if (auto v = m.get_int("top_k", 1, kMaxExperts)) model.top_k = to_int32(*v);
+  if (serving) model.capacity_factor = 0;  // servers drop no token (docs/serving.md)
   if (m.has("capacity_factor"))
     model.capacity_factor =
         number_in(m, "capacity_factor", -kMaxCapacityFactor, kMaxCapacityFactor);
@@ -1745,9 +1746,9 @@ void check_plan_sizes(const Context& ctx, const Scenario& s) {
 }
 
 const std::vector<std::string_view>& top_level_keys() {
-  static const std::vector<std::string_view> k = {
-      "name",     "description", "cluster", "model",     "parallelism",
-      "workload", "engine",      "serving", "strategies"};
+  static const std::vector<std::string_view> k = {"name",   "description", "cluster",
+                                                  "model",  "parallelism", "workload",
+                                                  "engine", "serving",     "strategies"};
   return k;
 }
 

@@ -47,8 +47,8 @@ LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
       l.mean = *m.get_number("mean");
       l.cv = *m.get_number("cv");
       if (!(l.mean >= 1 && l.mean <= kMaxRequestTokens))
-        m.fail("mean",
-               fmt::format("found {}, expected a mean length in [1, {}]", l.mean, kMaxRequestTokens));
+        m.fail("mean", fmt::format("found {}, expected a mean length in [1, {}]", l.mean,
+                                   kMaxRequestTokens));
       if (!(l.cv > 0 && l.cv <= 100))
         m.fail("cv",
                fmt::format("found {}, expected a coefficient of variation in (0, 100]", l.cv));
@@ -61,27 +61,26 @@ LengthSpec parse_length(const yaml::MapReader& parent, std::string_view key) {
   return l;
 }
 
-
 // One pool's map. `whole_cluster`: `nodes` may be left out (the instance spans the cluster).
 ServingPool parse_pool(const yaml::MapReader& parent, std::string_view key,
                        const ClusterSpec& cluster, int experts, bool whole_cluster) {
   const yaml::MapReader m = parent.get_map(
-      key, {"nodes", "instances", "ep", "redundant_experts", "kv_tokens_per_gpu", "memory_utilization",
-            "block_tokens", "max_batch_tokens", "max_running"});
+      key, {"nodes", "instances", "ep", "redundant_experts", "kv_tokens_per_gpu",
+            "memory_utilization", "block_tokens", "max_batch_tokens", "max_running"});
   ServingPool p;
   p.key = m.path();
   p.where = m.where();
   if (!whole_cluster) m.require("nodes", "the nodes of one instance (an integer >= 1)");
   p.nodes = static_cast<int>(m.get_int("nodes", 1, cluster.nodes).value_or(cluster.nodes));
   const int gpus = p.nodes * cluster.gpus_per_node;
-  p.instances = static_cast<int>(
-      m.get_int("instances", 1, cluster.nodes).value_or(whole_cluster ? cluster.nodes / p.nodes : 1));
+  p.instances = static_cast<int>(m.get_int("instances", 1, cluster.nodes)
+                                     .value_or(whole_cluster ? cluster.nodes / p.nodes : 1));
   p.ep = static_cast<int>(m.get_int("ep", 1, gpus).value_or(gpus));
   if (gpus % p.ep != 0)
-    m.fail("ep", fmt::format("found {}, expected a divisor of the instance's {} GPUs ({} nodes x {})",
-                             p.ep, gpus, p.nodes, cluster.gpus_per_node));
-  p.redundant_experts =
-      static_cast<int>(m.get_int("redundant_experts", 0, 1 << 20).value_or(0));
+    m.fail("ep",
+           fmt::format("found {}, expected a divisor of the instance's {} GPUs ({} nodes x {})",
+                       p.ep, gpus, p.nodes, cluster.gpus_per_node));
+  p.redundant_experts = static_cast<int>(m.get_int("redundant_experts", 0, 1 << 20).value_or(0));
   const int slots = experts + p.redundant_experts;
   if (slots % p.ep != 0) {
     const int fit = (slots + p.ep - 1) / p.ep * p.ep - experts;
@@ -171,14 +170,14 @@ RequestSpec parse_request_spec(yaml::Context& ctx, const YAML::Node& node, const
   return s;
 }
 
-
 ServingSpec parse_serving_spec(const yaml::MapReader& root, const ClusterSpec& cluster,
                                Dtype model_dtype, int model_experts) {
   const yaml::MapReader m =
       root.get_map("serving", {"requests", "instance", "prefill", "decode", "kv_dtype", "slo"});
   ServingSpec s;
-  m.require("requests", "the requests served ({requests_per_s: ..., count: ..., prompt: ..., "
-                        "output: ...} or {arrival: trace, trace: file.csv})");
+  m.require("requests",
+            "the requests served ({requests_per_s: ..., count: ..., prompt: ..., "
+            "output: ...} or {arrival: trace, trace: file.csv})");
   const std::string dir = std::filesystem::path(m.context().file()).parent_path().string();
   s.requests = parse_request_spec(m.context(), m.get("requests"), m.path_of("requests"), dir);
   const bool pre = m.has("prefill"), dec = m.has("decode");
@@ -195,9 +194,10 @@ ServingSpec parse_serving_spec(const yaml::MapReader& root, const ClusterSpec& c
     const long long used = static_cast<long long>(s.prefill.nodes) * s.prefill.instances +
                            static_cast<long long>(s.decode.nodes) * s.decode.instances;
     if (used > cluster.nodes)
-      m.fail("decode", fmt::format("the pools need {} x {} + {} x {} = {} nodes, the cluster has {}",
-                                   s.prefill.instances, s.prefill.nodes, s.decode.instances,
-                                   s.decode.nodes, used, cluster.nodes));
+      m.fail("decode",
+             fmt::format("the pools need {} x {} + {} x {} = {} nodes, the cluster has {}",
+                         s.prefill.instances, s.prefill.nodes, s.decode.instances, s.decode.nodes,
+                         used, cluster.nodes));
   } else {
     if (m.has("instance")) {
       s.instance = parse_pool(m, "instance", cluster, model_experts, true);
@@ -207,10 +207,11 @@ ServingSpec parse_serving_spec(const yaml::MapReader& root, const ClusterSpec& c
       s.instance.nodes = cluster.nodes;
       s.instance.ep = cluster.num_gpus();
       if (model_experts % s.instance.ep != 0)
-        m.fail_here(fmt::format("one instance over the cluster's {} GPUs needs an expert count "
-                                "they divide, found {} experts: add instance: {{nodes: ..., ep: "
-                                "...}}",
-                                s.instance.ep, model_experts));
+        m.fail_here(
+            fmt::format("one instance over the cluster's {} GPUs needs an expert count "
+                        "they divide, found {} experts: add instance: {{nodes: ..., ep: "
+                        "...}}",
+                        s.instance.ep, model_experts));
     }
     const long long used = static_cast<long long>(s.instance.nodes) * s.instance.instances;
     if (used > cluster.nodes)

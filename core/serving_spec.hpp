@@ -68,11 +68,11 @@ struct ServingPool {
   // memory_utilization of the GPU's memory (vLLM's gpu_memory_utilization, default 0.9).
   long long kv_tokens_per_gpu = 0;
   double memory_utilization = 0.9;
-  int block_tokens = 16;          // paged KV block (vLLM's default block size)
-  int max_batch_tokens = 8192;    // per attention rank and iteration (vLLM's chunked-prefill budget)
-  int max_running = 256;          // requests per attention rank (vLLM's max_num_seqs)
-  SourceLocation where;           // of the pool's map, for errors about it
-  std::string key;                // "serving.instance", "serving.prefill", "serving.decode"
+  int block_tokens = 16;        // paged KV block (vLLM's default block size)
+  int max_batch_tokens = 8192;  // per attention rank and iteration (vLLM's chunked-prefill budget)
+  int max_running = 256;        // requests per attention rank (vLLM's max_num_seqs)
+  SourceLocation where;         // of the pool's map, for errors about it
+  std::string key;              // "serving.instance", "serving.prefill", "serving.decode"
 };
 
 struct ServingSpec {

@@ -64,8 +64,7 @@ Seconds ComputeModel::duration(const ComputeSpec& spec, double scale) const {
     // A serving iteration's core also reads the KV cache (spec.bytes; training's core reads
     // nothing beyond its GEMM-like operands): whichever of the two is longer bounds it.
     const double kv_s = std::max(0.0, spec.bytes.value()) * scale / hbm_.value();
-    return Seconds(params_.launch_overhead.value() +
-                   std::max(flops / (peak_.value() * eff), kv_s));
+    return Seconds(params_.launch_overhead.value() + std::max(flops / (peak_.value() * eff), kv_s));
   }
   if (gemm) {
     const auto& g = *spec.gemm;

@@ -1608,8 +1608,8 @@ ServingCore serving_attention_core(const ModelSpec& m, std::int64_t rows, int mp
   const double dqk = a.qk_head_dim(), dv = a.value_head_dim();
   const double decode_width = a.is_mla() ? 2.0 * a.kv_lora_rank + a.qk_rope_head_dim : dqk + dv;
   ServingCore c;
-  c.flops = 2.0 * heads *
-            (m.serving_decode_pairs * decode_width + m.serving_prefill_pairs * (dqk + dv));
+  c.flops =
+      2.0 * heads * (m.serving_decode_pairs * decode_width + m.serving_prefill_pairs * (dqk + dv));
   c.bytes = m.serving_kv_read_tokens * kv_cache_bytes_per_token(m, m.serving_kv_dtype, mp);
   const double r = std::max<double>(1.0, static_cast<double>(rows));
   const auto keys = static_cast<std::int64_t>(

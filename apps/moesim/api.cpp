@@ -8,9 +8,9 @@
 #include <string_view>
 #include <system_error>
 
-#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/overrides.hpp"
+#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "apps/moesim/tune.hpp"
 #include "core/error.hpp"

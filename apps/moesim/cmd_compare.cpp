@@ -64,6 +64,7 @@ Variant with_topology(const std::string& scenario_arg, const std::string& topo_a
     v.topology_name = std::filesystem::path(topo_path).stem().string();
   try {
     v.sc = parse_scenario_with(root, scenario_path, sets);
+    refuse_serving(v.sc, "compare");
   } catch (const InputError& e) {
     throw InputError(e.location(), e.key(),
                      fmt::format("{} (with the cluster of {})", e.message(), topo_path));

@@ -332,6 +332,7 @@ int run_exec(const ExecArgs& a, exec::MpiSession& session) {
   check_output_path_on_root(session, a.json_path, "--json");
   std::string path = a.scenario.empty() ? default_scenario_path() : a.scenario;
   auto [sc, iterations] = load_run_scenario(path, a.sets, a.iterations, a.seed);
+  refuse_serving(sc, "exec");
   // Untimed runs of each strategy's first plan before its measured iterations (nccl-tests' -w):
   // the GPU path's first run pays CUDA's lazy module loading, cuBLAS's first-call set-up and the
   // executor's buffer allocations (a 266 ms first step against 1 ms after, on an H200), which

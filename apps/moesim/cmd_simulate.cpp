@@ -309,18 +309,20 @@ void run_collective(const CollectiveArgs& a, ProgressReporter& progress) {
 void run_serving_scenario(const CollectiveArgs& a, const Scenario& sc,
                           const topology::Topology& topo, const sim::EngineConfig& cfg,
                           const std::vector<StrategySpec>& specs) {
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--report",
-                                                                              a.report_path},
-                                   {"--trace", a.trace_path},
-                                   {"--chakra", a.chakra_dir}})
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string&>{"--report", a.report_path},
+        {"--trace", a.trace_path},
+        {"--chakra", a.chakra_dir}})
     if (!path.empty())
-      throw InputError(fmt::format("{}: not for a serving scenario (its runs are thousands of "
-                                   "iterations; --json and --csv have its figures)",
-                                   flag));
+      throw InputError(
+          fmt::format("{}: not for a serving scenario (its runs are thousands of "
+                      "iterations; --json and --csv have its figures)",
+                      flag));
   const ServingSpec& sv = *sc.serving;
   fmt::print("# {}: serving {} requests on {}, engine {}\n", sc.name,
-             sv.requests.arrival == RequestSpec::Arrival::kTrace ? std::string("traced")
-                                                                 : fmt::format("{}", sv.requests.count),
+             sv.requests.arrival == RequestSpec::Arrival::kTrace
+                 ? std::string("traced")
+                 : fmt::format("{}", sv.requests.count),
              sv.disaggregated ? "prefill and decode pools" : "co-located instances",
              sim::network_kind_name(cfg.network));
   const auto reports = run_serving_stacks(sc, specs, topo, cfg);
@@ -331,8 +333,7 @@ void run_serving_scenario(const CollectiveArgs& a, const Scenario& sc,
     write_file_atomic(a.json_path, [&](std::ostream& os) { os << j.dump(2) << "\n"; });
   }
   if (!a.csv_path.empty())
-    write_file_atomic(a.csv_path,
-                      [&](std::ostream& os) { write_serving_csv(os, sc, reports); });
+    write_file_atomic(a.csv_path, [&](std::ostream& os) { write_serving_csv(os, sc, reports); });
 }
 
 void run_scenario(const CollectiveArgs& a, ProgressReporter& progress) {

@@ -37,15 +37,14 @@ void print_serving(const Scenario& sc, const topology::Topology& topo) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
   for (const ServingPool* p : pools) {
     const serving::KvGeometry g = serving::kv_geometry(sc, *p, topo.gpu().memory.value());
-    fmt::print("  pool         {}: {} x {} node(s), ep {}{}; per GPU weights {:.1f} GiB, KV cache "
-               "{} tokens ({:.1f} GiB, {:.0f} B per token)\n",
-               p->key, p->instances, p->nodes, p->ep,
-               p->redundant_experts > 0
-                   ? fmt::format(" + {} redundant experts", p->redundant_experts)
-                   : std::string(),
-               g.weights_bytes / gib, g.kv_tokens,
-               static_cast<double>(g.kv_tokens) * g.kv_bytes_per_token / gib,
-               g.kv_bytes_per_token);
+    fmt::print(
+        "  pool         {}: {} x {} node(s), ep {}{}; per GPU weights {:.1f} GiB, KV cache "
+        "{} tokens ({:.1f} GiB, {:.0f} B per token)\n",
+        p->key, p->instances, p->nodes, p->ep,
+        p->redundant_experts > 0 ? fmt::format(" + {} redundant experts", p->redundant_experts)
+                                 : std::string(),
+        g.weights_bytes / gib, g.kv_tokens,
+        static_cast<double>(g.kv_tokens) * g.kv_bytes_per_token / gib, g.kv_bytes_per_token);
   }
 }
 

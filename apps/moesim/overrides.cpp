@@ -206,4 +206,14 @@ double parse_quantity_flag(const std::string& flag, const std::string& text, Uni
   return *q.value;
 }
 
+void refuse_serving(const Scenario& sc, std::string_view command) {
+  if (!sc.serving) return;
+  throw InputError(sc.location_of("serving"), "serving",
+                   fmt::format("{} works on a scenario's training or batch step, not a serving "
+                               "deployment: run `moesim simulate` on it (a sweep over request "
+                               "rates is not there yet: one simulate per rate with --set "
+                               "serving.requests.requests_per_s=...)",
+                               command));
+}
+
 }  // namespace moesim::app

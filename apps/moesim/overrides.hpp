@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct RunScenario {
 RunScenario load_run_scenario(const std::string& path, const std::vector<std::string>& sets,
                               const std::optional<std::string>& iterations,
                               const std::optional<std::string>& seed);
+
+/// InputError at `serving` when `sc` is a serving deployment (docs/serving.md) and `command`
+/// (tune, compare, sweep, exec) works on its plain step: its figures would not be the serving
+/// run's. `simulate` runs serving scenarios.
+void refuse_serving(const Scenario& sc, std::string_view command);
 
 /// The same on a scenario tree already read (and perhaps edited, e.g. its cluster replaced by
 /// `compare --topology`); `path` names the file in errors and resolves its relative paths.

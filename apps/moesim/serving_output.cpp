@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 #include "apps/moesim/engine_setup.hpp"
 #include "sim/compute_model.hpp"
 
@@ -57,9 +56,10 @@ void print_serving_table(const Scenario& sc, const std::vector<serving::ServingR
   if (reports.empty()) return;
   const auto& first = reports.front();
   const auto& rq = first.requests;
-  fmt::print("# requests: {} at {:.3g}/s, prompt {:.0f} (cached {:.1f}%), output {:.0f} tokens on "
-             "average\n",
-             rq.count, rq.requests_per_s, rq.mean_prompt, 100 * rq.cached_share, rq.mean_output);
+  fmt::print(
+      "# requests: {} at {:.3g}/s, prompt {:.0f} (cached {:.1f}%), output {:.0f} tokens on "
+      "average\n",
+      rq.count, rq.requests_per_s, rq.mean_prompt, 100 * rq.cached_share, rq.mean_output);
   for (const auto& p : first.pools) fmt::print("{}\n", pool_line(p));
   if (first.disaggregated)
     fmt::print("# KV transfer prefill -> decode: {:.3f} ms per request on average\n",
@@ -71,13 +71,14 @@ void print_serving_table(const Scenario& sc, const std::vector<serving::ServingR
   for (const auto& r : reports) {
     const auto& m = r.metrics;
     const bool judged = sv.slo_ttft.value() > 0 || sv.slo_tpot.value() > 0;
-    fmt::print("{:<20} {:>8.1f}ms {:>8.1f}ms {:>8.2f}ms {:>8.2f}ms {:>12.0f} {:>12.0f} {:>9.1f} "
-               "{:>8} {:>6.1f}%\n",
-               r.strategy, m.ttft_s.p50 * 1e3, m.ttft_s.p99 * 1e3, m.tpot_s.p50 * 1e3,
-               m.tpot_s.p99 * 1e3, r.input_tokens_per_s_per_node, r.output_tokens_per_s_per_node,
-               r.output_tokens_per_s_per_user,
-               judged ? fmt::format("{:.1f}%", 100 * m.slo_attainment) : std::string("-"),
-               100 * r.overall.kv_utilization);
+    fmt::print(
+        "{:<20} {:>8.1f}ms {:>8.1f}ms {:>8.2f}ms {:>8.2f}ms {:>12.0f} {:>12.0f} {:>9.1f} "
+        "{:>8} {:>6.1f}%\n",
+        r.strategy, m.ttft_s.p50 * 1e3, m.ttft_s.p99 * 1e3, m.tpot_s.p50 * 1e3, m.tpot_s.p99 * 1e3,
+        r.input_tokens_per_s_per_node, r.output_tokens_per_s_per_node,
+        r.output_tokens_per_s_per_user,
+        judged ? fmt::format("{:.1f}%", 100 * m.slo_attainment) : std::string("-"),
+        100 * r.overall.kv_utilization);
   }
 }
 

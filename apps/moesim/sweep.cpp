@@ -1021,6 +1021,7 @@ std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
                                 const YAML::Node& base_tree, const SweepPoint& p,
                                 workload::SampleCache& sample_cache, std::string& engine) {
   Scenario sc = point_scenario(spec, base_tree, p);
+  refuse_serving(sc, "sweep");
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
   engine = std::string(sim::network_kind_name(cfg.network));

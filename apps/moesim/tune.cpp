@@ -393,6 +393,7 @@ class Search {
     if (tp_ && tp_->rank() != 0) opts_.progress = false;
     tree_ = edited(tree, sets);  // the user's --set edits first; YAML `experts` goes below
     base_ = parse_scenario(YAML::Clone(tree_), path_);
+    refuse_serving(base_, "tune");
     // The layouts tune writes (make_layout's edits, the global batch of P / mp groups) are the
     // disjoint and overlapped ones; a folded scenario would be re-laid out under other keys.
     if (base_.parallelism.folded())

@@ -221,9 +221,10 @@ TEST(Cli, EveryBundledScenarioValidates) {
 TEST(Cli, ServingScenarioSimulatesAndWritesItsFigures) {
   const fs::path dir = temp_dir();
   const std::string scen = kSource + "/scenarios/serving-mixtral-h100.yaml";
-  auto r = run(fmt::format("simulate '{}' --engine analytical --set serving.requests.count=200 "
-                           "--json '{}/s.json' --csv '{}/s.csv'",
-                           scen, dir.string(), dir.string()));
+  auto r =
+      run(fmt::format("simulate '{}' --engine analytical --set serving.requests.count=200 "
+                      "--json '{}/s.json' --csv '{}/s.csv'",
+                      scen, dir.string(), dir.string()));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("# serving.instance: 2 instance(s) x 1 node(s), 8 GPUs each, ep 8"),
             std::string::npos)
@@ -244,6 +245,15 @@ TEST(Cli, ServingScenarioSimulatesAndWritesItsFigures) {
   r = run(fmt::format("simulate '{}' --set serving.instance.ep=3", scen));
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("serving.instance.ep"), std::string::npos) << r.out;
+  // Commands that work on a plain step refuse a serving deployment instead of answering for it.
+  for (const std::string cmd : {"tune", "compare"}) {
+    r = run(fmt::format("{} '{}'", cmd, scen));
+    EXPECT_EQ(r.exit_code, 2) << cmd << r.out;
+    EXPECT_NE(r.out.find(cmd + " works on a scenario's training or batch step, not a serving "
+                               "deployment"),
+              std::string::npos)
+        << r.out;
+  }
   fs::remove_all(dir);
 }
 

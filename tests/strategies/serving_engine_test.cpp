@@ -35,7 +35,8 @@ model:
   model_dim: 512
   expert_hidden_dim: 1024
   activation: swiglu
-  attention: )" + attention + R"(
+  attention: )" +
+         attention + R"(
   experts: 8
   top_k: 2
   vocab_size: 1000
@@ -120,8 +121,7 @@ TEST(ServingSpec, BadInputNamesTheKeyAndWhatFits) {
                 .find("expected max_running <= max_batch_tokens"),
             std::string::npos);
   EXPECT_NE(error_of(r + "  slo: {ttft: 0s}\n").find("serving.slo.ttft"), std::string::npos);
-  EXPECT_NE(error_of(r + "  instance: {nodes: 1, memory_utilization: 1.5}\n")
-                .find("in (0, 1]"),
+  EXPECT_NE(error_of(r + "  instance: {nodes: 1, memory_utilization: 1.5}\n").find("in (0, 1]"),
             std::string::npos);
   EXPECT_NE(error_of("  instance: {nodes: 1}\n").find("missing required key 'requests'"),
             std::string::npos);
@@ -166,9 +166,9 @@ TEST(ServingEngine, MlaCachesTheLatent) {
   const Scenario sc = load(std::string(kRequests), "",
                            "{kind: mla, heads: 8, q_lora_rank: 256, kv_lora_rank: 512, "
                            "qk_nope_head_dim: 64, qk_rope_head_dim: 64, v_head_dim: 64}");
-  EXPECT_DOUBLE_EQ(serving::kv_geometry(sc, sc.serving->instance, 80.0 * (1 << 30))
-                       .kv_bytes_per_token,
-                   4 * 576.0 * 2);
+  EXPECT_DOUBLE_EQ(
+      serving::kv_geometry(sc, sc.serving->instance, 80.0 * (1 << 30)).kv_bytes_per_token,
+      4 * 576.0 * 2);
 }
 
 // The serving core in the plan: decode queries under MLA run the absorbed form (2 x 512 + 64 per
@@ -295,9 +295,8 @@ TEST(ServingEngine, ModelPriceIsItsBlocks) {
   inst.model.serving_kv_read_tokens = 16 * 500.0;
   const auto topo = app::simulation_topology(inst);
   const strategies::Backend run = [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); };
-  const double whole = strategies::run_stack(inst, sc.strategies[0], *topo, run, 1)
-                           .iterations.at(0)
-                           .step_time_s;
+  const double whole =
+      strategies::run_stack(inst, sc.strategies[0], *topo, run, 1).iterations.at(0).step_time_s;
   const double parts = price.price_per_gpu(16, 16 * 500.0, 0, 16 * 500.0);
   EXPECT_NEAR(parts / whole, 1.0, 5e-3) << parts << " vs " << whole;
 }

@@ -64,12 +64,12 @@ Variant with_topology(const std::string& scenario_arg, const std::string& topo_a
     v.topology_name = std::filesystem::path(topo_path).stem().string();
   try {
     v.sc = parse_scenario_with(root, scenario_path, sets);
-    refuse_serving(v.sc, "compare");
   } catch (const InputError& e) {
     throw InputError(e.location(), e.key(),
                      fmt::format("{} (with the cluster of {})", e.message(), topo_path));
   }
   (void)checked;
+  refuse_serving(v.sc, "compare");
   return v;
 }
 
@@ -108,6 +108,7 @@ void run_compare(const CompareArgs& a, ProgressReporter& progress) {
   if (a.topologies.empty()) {
     Variant v;
     v.sc = load_scenario_with(path, a.sets);
+    refuse_serving(v.sc, "compare");
     v.topology_name = v.sc.cluster.name.empty() ? v.sc.name : v.sc.cluster.name;
     variants.push_back(std::move(v));
   } else {

@@ -279,7 +279,11 @@ ServingReport run_serving(const Scenario& sc, const StrategySpec& spec,
   }
   out.metrics = serving_metrics(reqs, out.overall, slo);
   if (!reqs.empty()) {
-    const double start = reqs[reqs.size() / 10].arrival_s, end = reqs.back().arrival_s;
+    double start = reqs[reqs.size() / 10].arrival_s, end = reqs.back().arrival_s;
+    if (!(end > start)) {  // too few arrivals for a steady window: the whole run
+      start = reqs.front().arrival_s;
+      end = start + out.overall.makespan_s;
+    }
     const ServingResult& in = out.pools.front().result;  // co-located: the one pool
     const ServingResult& gen = out.pools.back().result;
     out.window = window_throughput(in, start, end);

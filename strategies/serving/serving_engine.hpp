@@ -95,7 +95,8 @@ struct ServingReport {
   std::vector<PoolReport> pools;  // co-located: one; disaggregated: prefill, decode
   double kv_transfer_mean_s = 0;  // disaggregated: prefill to decode, per request
   // Throughput per node of the pool that does the work, in the steady window (from the arrival of
-  // the request a tenth of the way in to the last arrival: warm-up and drain left out): input
+  // the request a tenth of the way in to the last arrival: warm-up and drain left out; the whole
+  // run when those arrive together, as a single request does): input
   // tokens (prompt, cached included) per second over the prefill nodes (co-located: all nodes),
   // output tokens over the decode nodes.
   WindowThroughput window;

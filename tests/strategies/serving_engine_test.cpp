@@ -349,6 +349,21 @@ TEST(ServingEngine, DisaggregatedRunMovesTheKv) {
   for (const auto& o : r.overall.requests) EXPECT_GE(o.finish_s, o.first_token_s);
 }
 
+// One request has no steady window: its throughput is over the whole run, its tokens over its
+// makespan.
+TEST(ServingEngine, ASingleRequestsThroughputIsOverItsRun) {
+  const Scenario sc = load(
+      "  requests: {requests_per_s: 1, count: 1, prompt: {distribution: fixed, "
+      "tokens: 100}, output: {distribution: fixed, tokens: 20}}\n"
+      "  instance: {nodes: 1}\n");
+  const auto topo = app::simulation_topology(sc);
+  const sim::EngineConfig cfg = app::engine_config_from(sc, "");
+  const auto r = app::run_serving_stacks(sc, sc.strategies, *topo, cfg).at(0);
+  ASSERT_GT(r.overall.makespan_s, 0);
+  EXPECT_DOUBLE_EQ(r.output_tokens_per_s_per_node, 20 / r.overall.makespan_s / 2);
+  EXPECT_DOUBLE_EQ(r.input_tokens_per_s_per_node, 100 / r.overall.makespan_s / 2);
+}
+
 TEST(ServingEngine, ARequestLongerThanOneGpusKvIsRefused) {
   const Scenario sc = load(std::string(kRequests) +
                            "  instance: {nodes: 1, kv_tokens_per_gpu: 200, block_tokens: 16}\n");

@@ -219,19 +219,22 @@ ServingSpec parse_serving_spec(const yaml::MapReader& root, const ClusterSpec& c
                                      s.instance.instances, s.instance.nodes, used, cluster.nodes));
   }
   s.kv_dtype = model_dtype;
-  if (auto i = m.get_choice("kv_dtype", {"fp32", "tf32", "fp16", "bf16", "fp8"})) {
-    constexpr Dtype kDtypes[] = {Dtype::kFp32, Dtype::kTf32, Dtype::kFp16, Dtype::kBf16,
-                                 Dtype::kFp8};
-    s.kv_dtype = kDtypes[*i];
-  }
+  // The spellings are dtype_name's, as model.dtype reads them.
+  constexpr Dtype kDtypes[] = {Dtype::kFp32, Dtype::kTf32, Dtype::kFp16, Dtype::kBf16, Dtype::kFp8};
+  std::vector<std::string_view> names;
+  for (Dtype d : kDtypes) names.push_back(dtype_name(d));
+  if (auto i = m.get_choice("kv_dtype", names)) s.kv_dtype = kDtypes[*i];
   if (m.has("slo")) {
     const yaml::MapReader slo = m.get_map("slo", {"ttft", "tpot"});
     if (slo.keys().empty()) slo.fail_here("found an empty map, expected ttft and / or tpot");
-    s.slo_ttft = Seconds(slo.get_quantity("ttft", UnitKind::kSeconds).value_or(0));
-    s.slo_tpot = Seconds(slo.get_quantity("tpot", UnitKind::kSeconds).value_or(0));
-    for (std::string_view k : {"ttft", "tpot"})
-      if (slo.has(k) && !(Seconds(slo.get_quantity(k, UnitKind::kSeconds).value_or(0)).value() > 0))
+    const auto read = [&slo](std::string_view k) {
+      const double t = slo.get_quantity(k, UnitKind::kSeconds).value_or(0);
+      if (slo.has(k) && !(t > 0))
         slo.fail(k, "expected a time > 0 (leave the key out to not judge it)");
+      return Seconds(t);
+    };
+    s.slo_ttft = read("ttft");
+    s.slo_tpot = read("tpot");
   }
   return s;
 }

@@ -143,7 +143,6 @@ IterationPricer::IterationPricer(const Scenario& instance, const StrategySpec& s
   impl_->dense_blocks = instance.model.layers - impl_->moe_blocks;
 }
 IterationPricer::~IterationPricer() = default;
-IterationPricer::IterationPricer(IterationPricer&&) noexcept = default;
 
 double IterationPricer::price_per_gpu(long long tokens_per_gpu, double decode_pairs,
                                       double prefill_pairs, double kv_read_tokens) {

@@ -63,7 +63,6 @@ class IterationPricer {
   IterationPricer(const Scenario& instance, const StrategySpec& spec,
                   const MakeInstanceBackend& make);
   ~IterationPricer();
-  IterationPricer(IterationPricer&&) noexcept;
   double operator()(const BatchShape& batch);
   /// Token buckets priced (each up to three plans).
   long long evaluations() const;

@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
     cfg.network = sim::NetworkKind::kAnalytical;
     cfg.net = strategies::scenario_network_params(sc);
     cfg.compute.launch_overhead = sc.engine.launch_overhead;
+    cfg.compute.max_gemm_efficiency = strategies::scenario_gemm_ceiling(sc);
     cfg.precision = sc.model.dtype;
     std::vector<Config> grid;
     for (int b : {2, 4, 8})

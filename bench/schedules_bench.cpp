@@ -71,6 +71,7 @@ sim::EngineConfig config_of(const Scenario& sc, bool flow) {
   cfg.net = strategies::scenario_network_params(sc);
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = strategies::scenario_interference(sc);
+  cfg.compute.max_gemm_efficiency = strategies::scenario_gemm_ceiling(sc);
   cfg.precision = sc.model.dtype;
   return cfg;
 }

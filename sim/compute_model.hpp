@@ -55,7 +55,8 @@ struct ComputeParams {
   Seconds launch_overhead{5e-6};  // per kernel (engine.launch_overhead)
   /// Compute slows by factor (1 + interference) while communication runs on the same GPU.
   double interference = 0;
-  double max_gemm_efficiency = 0.8;  // large square GEMMs
+  /// Large 16-bit GEMMs; the apps set the GPU's measured ceiling (topology::default_gemm_ceiling).
+  double max_gemm_efficiency = 0.8;
   /// Large fp8 GEMMs (model.precision.gemm: fp8, fine-grained scaling), of the fp8 dense peak.
   /// DeepSeek's published training profile of DeepSeek-V3 (deepseek-ai/profile-data, train.json:
   /// one DualPipe forward + backward chunk pair of 4 MoE layers, EP 64, 4,096 tokens, H800) runs

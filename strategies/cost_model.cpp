@@ -47,6 +47,10 @@ double scenario_interference(const Scenario& sc) {
   return sc.engine.interference.value_or(topology::default_interference(sc.cluster.gpu));
 }
 
+double scenario_gemm_ceiling(const Scenario& sc) {
+  return topology::default_gemm_ceiling(sc.cluster.gpu, sc.model.dtype);
+}
+
 collectives::NetworkParams scenario_network_params(const Scenario& sc) {
   collectives::NetworkParams net;
   net.message_latency_s = sc.engine.message_latency.value();
@@ -72,6 +76,7 @@ CostModel::CostModel(const Scenario& sc, const topology::Topology& topo, GemmMod
     : sc_(sc), topo_(topo), gemm_(gemm) {
   // The engine charges the scenario's launch overhead per kernel (apps/moesim/engine_setup).
   gemm_.launch_overhead = sc.engine.launch_overhead;
+  gemm_.max_gemm_efficiency = scenario_gemm_ceiling(sc);
   cal_ = scenario_calibration(sc);
   if (cal_) gemm_cal_ = cal_->gemm;
   // The closed forms' per-message figures; a2a_time looks a measured line up itself.

@@ -157,6 +157,11 @@ collectives::NetworkParams scenario_network_params(const Scenario& sc);
 /// engine.interference, else the GPU's (topology::default_interference).
 double scenario_interference(const Scenario& sc);
 
+/// The ceiling of a large 16-bit GEMM as a fraction of peak (sim::ComputeParams::
+/// max_gemm_efficiency) every engine and the strategies' predictions use: the GPU's measured one
+/// (topology::default_gemm_ceiling). A calibration's beta_gemm replaces it where present.
+double scenario_gemm_ceiling(const Scenario& sc);
+
 /// The selection context of a run on `topo`: scenario_network_params, and the GPU's HBM bandwidth
 /// for local copies (0: the topology's GPU, as the simulator's compute model uses).
 collectives::CostContext scenario_cost_context(const Scenario& sc, const topology::Topology& topo);

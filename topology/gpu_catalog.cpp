@@ -99,6 +99,24 @@ double default_interference(const GpuSpec& gpu) {
   return static_cast<double>(kCommunicationSms) / static_cast<double>(sms - kCommunicationSms);
 }
 
+double default_gemm_ceiling(const GpuSpec& gpu, Dtype dtype) {
+  if (dtype != Dtype::kBf16 && dtype != Dtype::kFp16) return kGemmCeilingUnmeasured;
+  if (!gpu.from_catalog) return kGemmCeilingUnmeasured;
+  // MAMF / dense peak (TFLOPS) per the table cited in the header.
+  static const std::array<std::pair<std::string_view, double>, 7> measured = {{
+      {"a100-sxm-80gb", 271.2 / 312},
+      {"a100-sxm-40gb", 271.2 / 312},
+      {"h100-sxm", 794.5 / 989},
+      {"h200-sxm", 794.5 / 989},
+      {"h800-sxm", 794.5 / 989},
+      {"b200", 1745.0 / 2250},
+      {"gb200", 1822.0 / 2500},
+  }};
+  for (const auto& [name, ceiling] : measured)
+    if (gpu.name == name) return ceiling;
+  return kGemmCeilingUnmeasured;
+}
+
 const GpuSpec* find_gpu(std::string_view name) {
   for (const auto& g : catalog()) {
     if (g.name == name) return &g;

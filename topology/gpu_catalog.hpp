@@ -25,6 +25,19 @@ inline constexpr int kCommunicationSms = 20;
 /// on H100 / H800, 0.23 on A100). 0 when the SM count is unknown (an inline GPU without `sms`).
 double default_interference(const GpuSpec& gpu);
 
+/// Ceiling of a 16-bit (bf16 / fp16) GEMM as a fraction of the dense peak, the compute model's
+/// max_gemm_efficiency when no calibration measures the GPU: the best matmul rate measured on the
+/// GPU over a brute-force search of shapes ("maximum achievable matmul FLOPS", the comparison
+/// table of stas00/ml-engineering, compute/accelerator, torch.matmul in BF16, mean of 100 runs):
+/// A100 SXM 0.869, H100 SXM 0.803 (H200 and H800, the same GH100 SXM silicon, alike), B200
+/// 0.776, GB200 0.729. Other dtypes, GPUs without a measurement and inline GPUs get
+/// kGemmCeilingUnmeasured.
+double default_gemm_ceiling(const GpuSpec& gpu, Dtype dtype);
+
+/// The ceiling where no measurement is known: a large square GEMM at 80% of peak (cuBLAS on
+/// Ampere and Hopper parts reaches 0.8-0.87 in the table above).
+inline constexpr double kGemmCeilingUnmeasured = 0.8;
+
 /// Achievable fraction of a scale-up link's spec-sheet bandwidth, the `intra_node.efficiency`
 /// default. NVLink (nvswitch, nvlink_ring): 0.8, DeepEP's measurement on H800 (about 160 of the
 /// 200 GB/s per direction; NVLink's packet headers and flow control take the rest). PCIe: 1.0,

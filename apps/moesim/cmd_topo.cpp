@@ -75,6 +75,14 @@ double interference_of(const Scenario& sc, const topology::Topology& topo) {
   return sc.engine.interference.value_or(topology::default_interference(topo.gpu()));
 }
 
+// The GEMM ceiling's origin: the catalog's measured figure, or the generic one where the GPU or
+// dtype has no measurement (topology::default_gemm_ceiling).
+std::string gemm_ceiling_source(const Scenario& sc) {
+  const bool measured = topology::default_gemm_ceiling(sc.cluster.gpu, sc.model.dtype) !=
+                        topology::kGemmCeilingUnmeasured;
+  return measured ? "catalog: measured maximum matmul rate" : "default: no measurement";
+}
+
 // The per-peer connection costs the engines charge (strategies::scenario_network_params): the
 // scenario's engine keys, else the NIC model's queue-pair cache.
 struct PeerCosts {
@@ -124,6 +132,8 @@ nlohmann::ordered_json to_json(const Scenario& sc, const topology::Topology& top
   j["l2_cache_bytes"] = topo.gpu().l2_cache.value();
   j["interference"] = interference_of(sc, topo);
   j["interference_source"] = source_of(sc.engine.interference.has_value());
+  j["gemm_ceiling"] = strategies::scenario_gemm_ceiling(sc);
+  j["gemm_ceiling_source"] = gemm_ceiling_source(sc);
   if (!sc.cluster.calibration_path.empty()) j["calibration"] = sc.cluster.calibration_path;
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   for (const auto& [k, n] : s.vertex_counts) counts[k] = n;
@@ -199,6 +209,9 @@ void print_table(const Scenario& sc, const topology::Topology& topo, const TopoS
              : topo.gpu().sms > 0   ? fmt::format(": {} of {} SMs run communication",
                                                   topology::kCommunicationSms, topo.gpu().sms)
                                     : ": SM count unknown");
+  fmt::print("            large {} GEMMs at {:.3f} of the dense peak ({})\n",
+             dtype_name(sc.model.dtype), strategies::scenario_gemm_ceiling(sc),
+             gemm_ceiling_source(sc));
   if (topo.gpu().l2_cache.value() > 0)
     fmt::print("            L2 {} ({}): a batched GEMM's items re-read shared weights from it\n",
                to_string(topo.gpu().l2_cache), source_of(!topo.gpu().from_catalog));

@@ -88,6 +88,7 @@ sim::EngineConfig engine_config_from(const Scenario& sc, const std::string& engi
                                                                   : sim::SimgridMode::kAuto;
   cfg.compute.launch_overhead = sc.engine.launch_overhead;
   cfg.compute.interference = strategies::scenario_interference(sc);
+  cfg.compute.max_gemm_efficiency = strategies::scenario_gemm_ceiling(sc);
   cfg.precision = sc.model.dtype;
   apply_calibration(cfg, sc);
   return cfg;

@@ -98,6 +98,30 @@ TEST(GpuCatalog, CommunicationSmsSetTheDefaultInterference) {
   EXPECT_EQ(default_interference(inline_gpu), 0.0);
 }
 
+TEST(GpuCatalog, GemmCeilingIsTheMeasuredMatmulRateOverThePeak) {
+  // The maximum achievable matmul TFLOPS of the cited table over the dense BF16 peak.
+  EXPECT_DOUBLE_EQ(default_gemm_ceiling(*find_gpu("a100-sxm-80gb"), Dtype::kBf16), 271.2 / 312);
+  EXPECT_DOUBLE_EQ(default_gemm_ceiling(*find_gpu("h800-sxm"), Dtype::kFp16), 794.5 / 989);
+  EXPECT_DOUBLE_EQ(default_gemm_ceiling(*find_gpu("gb200"), Dtype::kBf16), 0.7288);
+  EXPECT_DOUBLE_EQ(default_gemm_ceiling(*find_gpu("b200"), Dtype::kBf16), 1745.0 / 2250);
+  // Every figure is a fraction of a peak the catalog holds, below the generic ceiling's cap 1.
+  for (const auto& name : gpu_names()) {
+    const double c = default_gemm_ceiling(*find_gpu(name), Dtype::kBf16);
+    EXPECT_GT(c, 0.7) << name;
+    EXPECT_LT(c, 0.9) << name;
+  }
+  // Unmeasured: other dtypes, the RTX cards, inline GPUs.
+  EXPECT_EQ(default_gemm_ceiling(*find_gpu("gb200"), Dtype::kFp32), kGemmCeilingUnmeasured);
+  EXPECT_EQ(default_gemm_ceiling(*find_gpu("rtx-2080-ti"), Dtype::kFp16), kGemmCeilingUnmeasured);
+  GpuSpec named;  // a scenario's GPU before resolution
+  named.name = "h100-sxm";
+  EXPECT_DOUBLE_EQ(default_gemm_ceiling(named, Dtype::kBf16), 794.5 / 989);
+  GpuSpec inline_gpu;
+  inline_gpu.name = "h100-sxm";
+  inline_gpu.from_catalog = false;
+  EXPECT_EQ(default_gemm_ceiling(inline_gpu, Dtype::kBf16), kGemmCeilingUnmeasured);
+}
+
 TEST(GpuCatalog, ResolveFillsFiguresAndKeepsLocation) {
   GpuSpec g;
   g.name = "h100-sxm";

@@ -1,4 +1,4 @@
-// scorecard: runs the published validation cases of docs/validation.md (V1-V11), one sweep file per
+// scorecard: runs the published validation cases of docs/validation.md (V1-V12), one sweep file per
 // case in bench/validation/, and prints, per published quantity, the simulated figure, its gap to
 // the paper's, the tolerance band and a verdict: in band / direction only / wrong direction /
 // cannot be expressed. The published figures and bands are data (published.csv), the setups are
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "apps/moesim/engine_setup.hpp"
+#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "core/error.hpp"
@@ -577,6 +578,44 @@ CaseOutput case_v11(const Options& o) {
   return whole_step_case(o, "v11-megatron-bridge-dsv3.yaml", "megatron", "interleaved VP 4");
 }
 
+// V12: DeepSeek-V3 served as DeepSeek deploys it. Point 0 is the deployment at the rate its
+// decode unit serves about 21 tokens/s per user (the decode figures), point 1 one prefill unit
+// saturated (the prefill figure). --fast shortens the deployment's traffic to three minutes (not
+// yet steady: direction checks only).
+CaseOutput case_v12(const Options& o) {
+  auto points = sweep_points(o.dir + "/v12-deepseek-serving.yaml");
+  if (points.size() != 2 || !points[0].serving || !points[1].serving)
+    throw InputError(
+        "v12-deepseek-serving.yaml: expected two serving points (deployment, prefill)");
+  if (o.fast) points[0].serving->requests.count = 57600;
+  std::vector<serving::ServingReport> reports(2);
+  parallel_for(2, o.jobs, [&](std::size_t i) {
+    const Scenario& sc = points[i];
+    const auto topo = app::simulation_topology(sc);
+    const sim::EngineConfig cfg = app::engine_config_from(sc, "");
+    reports[i] = app::run_serving_stacks(sc, sc.strategies, *topo, cfg).at(0);
+  });
+  const auto& deploy = reports[0];
+  const auto& prefill = reports[1];
+  const auto& rq = points[0].serving->requests;
+  const std::string window =
+      fmt::format("{:.0f} requests/s for {:.0f} s, steady window {:.0f}-{:.0f} s",
+                  rq.requests_per_s, static_cast<double>(rq.count) / rq.requests_per_s,
+                  deploy.window.start_s, deploy.window.end_s);
+  CaseOutput out{{}, engine_of(points[0]), 2};
+  out.quantities.push_back(
+      {"decode_output_tps_per_node", deploy.output_tokens_per_s_per_node, false,
+       fmt::format("{}; TPOT p50 {:.1f} ms", window, deploy.metrics.tpot_s.p50 * 1e3)});
+  out.quantities.push_back({"output_tps_per_user", deploy.output_tokens_per_s_per_user, false,
+                            "1 / mean TPOT, " + window});
+  const auto& rp = points[1].serving->requests;
+  out.quantities.push_back(
+      {"prefill_input_tps_per_node", prefill.input_tokens_per_s_per_node, false,
+       fmt::format("one prefill unit at {:.0f} requests/s (saturated: TTFT p50 {:.1f} s)",
+                   rp.requests_per_s, prefill.metrics.ttft_s.p50)});
+  return out;
+}
+
 // ---- verdicts and output ------------------------------------------------------------------
 
 struct Row {
@@ -604,14 +643,16 @@ std::string fmt_value(double v, const std::string& unit) {
   if (unit == "s" || unit == "s/B") return fmt::format("{:.3g}", v);
   if (unit == "x") return fmt::format("{:.2f}x", v);
   if (unit == "%") return fmt::format("{:.1f}%", v);
+  if (unit == "tok/s")
+    return v >= 1000 ? fmt::format("{:.1f}k", v / 1000) : fmt::format("{:.1f}", v);
   return fmt::format("{:.3g}", v);
 }
 
 const std::map<std::string, std::function<CaseOutput(const Options&)>>& cases() {
   static const std::map<std::string, std::function<CaseOutput(const Options&)>> m = {
-      {"V1", case_v1}, {"V2", case_v2},   {"V3", case_v3},  {"V4", case_v4},
-      {"V5", case_v5}, {"V6", case_v6},   {"V7", case_v7},  {"V8", case_v8},
-      {"V9", case_v9}, {"V10", case_v10}, {"V11", case_v11}};
+      {"V1", case_v1}, {"V2", case_v2},   {"V3", case_v3},   {"V4", case_v4},
+      {"V5", case_v5}, {"V6", case_v6},   {"V7", case_v7},   {"V8", case_v8},
+      {"V9", case_v9}, {"V10", case_v10}, {"V11", case_v11}, {"V12", case_v12}};
   return m;
 }
 
@@ -656,7 +697,7 @@ Options parse_args(int argc, char** argv) {
   }
   for (const auto& c : o.cases)
     if (!cases().count(c))
-      throw InputError(fmt::format("--cases: found '{}', expected V1 .. V7", c));
+      throw InputError(fmt::format("--cases: found '{}', expected V1 .. V12", c));
   return o;
 }
 

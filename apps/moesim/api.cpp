@@ -156,6 +156,13 @@ nlohmann::ordered_json sweep_text(const std::string& text, const std::string& pa
     r["point"] = row.point;
     for (std::size_t a = 0; a < spec.axes.size() && a < row.values.size(); ++a)
       r[spec.axes[a].key] = scalar_json(YAML::Node(row.values[a]));
+    if (row.serving) {  // a serving sweep: who, and the serving figures
+      r["strategy"] = row.summary.strategy;
+      r["gpus"] = row.summary.gpus;
+      for (const auto& [name, field] : ServingRowFigures::fields()) r[name] = (*row.serving).*field;
+      records.push_back(std::move(r));
+      continue;
+    }
     const nlohmann::ordered_json summary = summary_record(row.summary);  // outlives the loop
     for (const auto& [k, v] : summary.items()) r[k] = v;
     records.push_back(std::move(r));

@@ -1,9 +1,10 @@
 // `moesim sweep SWEEP.yaml [--jobs N] [--csv F] [--json F] [--engine E] [--set KEY=VALUE]...
 //               [--plot F] [--report F] [--restart]`
 // Runs a sweep (docs/design.md §6): every point of the axes over the base scenario, the strategy
-// stacks at each, one CSV row per point x strategy. Prints a summary of the best strategy per point
-// at the end (first rows only; the CSV has everything). Under `mpirun -np N` the points are spread
-// over the N ranks (each with --jobs threads) and gathered on rank 0, which writes the outputs.
+// stacks at each (a serving base: each strategy's serving run), one CSV row per point x strategy.
+// Prints a summary of the best strategy per point at the end (first rows only; the CSV has
+// everything). Under `mpirun -np N` the points are spread over the N ranks (each with --jobs
+// threads) and gathered on rank 0, which writes the outputs.
 // --set edits the base scenario after the file's `set:`, and is part of the resume fingerprint.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -56,14 +57,18 @@ std::optional<double> numeric(const std::string& v) {
 // axes have more combinations than a figure can show (LineChart::kMaxPanels), the panels follow
 // the second axis and the axes after it keep their first value (the title says so); the CSV has
 // every point.
+// A serving sweep draws the throughput / latency curve instead: each point's output tokens/s per
+// node against its median TPOT, one line per strategy through the first axis's values.
 LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
   LineChart c;
   const SweepAxis& x = spec.axes.front();
-  c.xlabel = x.key;
-  c.ylabel = "step time (ms)";
-  c.log_x = x.geometric;
+  const bool serving = !res.rows.empty() && res.rows.front().serving.has_value();
+  c.xlabel = serving ? "output tokens/s per node" : x.key;
+  c.ylabel = serving ? "TPOT p50 (ms)" : "step time (ms)";
+  c.log_x = x.geometric && !serving;
   bool numeric_x = true;
   for (const auto& v : x.values) numeric_x = numeric_x && numeric(v).has_value();
+  numeric_x = numeric_x || serving;
   if (!numeric_x) c.x_labels = x.values;
   std::map<std::string, std::size_t> x_index;
   for (std::size_t i = 0; i < x.values.size(); ++i) x_index.emplace(x.values[i], i);
@@ -74,7 +79,8 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
     for (std::size_t a = 1; a < spec.axes.size(); ++a) combos *= spec.axes[a].values.size();
   // Axes from `fixed_from` on are held at their first value.
   const std::size_t fixed_from = combos > LineChart::kMaxPanels ? 2 : spec.axes.size();
-  c.title = fmt::format("{}: step time along {}", spec.name, x.key);
+  c.title = serving ? fmt::format("{}: TPOT against throughput along {}", spec.name, x.key)
+                    : fmt::format("{}: step time along {}", spec.name, x.key);
   if (cartesian && fixed_from < spec.axes.size()) {
     std::string fixed;
     for (std::size_t a = fixed_from; a < spec.axes.size(); ++a)
@@ -99,6 +105,11 @@ LineChart sweep_chart(const SweepSpec& spec, const SweepResult& res) {
     auto it = std::find_if(series.begin(), series.end(),
                            [&](const auto& se) { return se.name == r.summary.strategy; });
     if (it == series.end()) it = series.insert(series.end(), {r.summary.strategy, {}, {}});
+    if (r.serving) {
+      it->x.push_back(r.serving->output_tokens_per_s_per_node);
+      it->y.push_back(r.serving->tpot_p50_s * 1e3);
+      continue;
+    }
     it->x.push_back(numeric_x ? *numeric(r.values[0]) : static_cast<double>(x_index[r.values[0]]));
     it->y.push_back(r.summary.step_mean_s * 1e3);
   }
@@ -149,14 +160,25 @@ void run_sweep_command(const SweepArgs& a, SweepTransport* transport) {
                  static_cast<std::size_t>(over), res.rows.size());
   std::string head = fmt::format("{:>6}", "point");
   for (const auto& ax : spec.axes) head += fmt::format(" {:>18}", ax.key);
-  fmt::print("{} {:<16} {:>10} {:>8}\n", head, "strategy", "step(ms)", "speedup");
+  const bool serving = !res.rows.empty() && res.rows.front().serving.has_value();
+  if (serving)
+    fmt::print("{} {:<16} {:>10} {:>10} {:>12} {:>9}\n", head, "strategy", "TTFT p50", "TPOT p50",
+               "out tok/s/nd", "tok/s/usr");
+  else
+    fmt::print("{} {:<16} {:>10} {:>8}\n", head, "strategy", "step(ms)", "speedup");
   const std::size_t shown = 40;
   for (std::size_t i = 0; i < res.rows.size() && i < shown; ++i) {
     const auto& r = res.rows[i];
     std::string line = fmt::format("{:>6}", r.point);
     for (const auto& v : r.values) line += fmt::format(" {:>18}", v);
-    fmt::print("{} {:<16} {:>10.3f} {:>8}\n", line, r.summary.strategy, r.summary.step_mean_s * 1e3,
-               r.summary.speedup > 0 ? fmt::format("{:.2f}x", r.summary.speedup) : "-");
+    if (r.serving)
+      fmt::print("{} {:<16} {:>8.1f}ms {:>8.2f}ms {:>12.0f} {:>9.1f}\n", line, r.summary.strategy,
+                 r.serving->ttft_p50_s * 1e3, r.serving->tpot_p50_s * 1e3,
+                 r.serving->output_tokens_per_s_per_node, r.serving->output_tokens_per_s_per_user);
+    else
+      fmt::print("{} {:<16} {:>10.3f} {:>8}\n", line, r.summary.strategy,
+                 r.summary.step_mean_s * 1e3,
+                 r.summary.speedup > 0 ? fmt::format("{:.2f}x", r.summary.speedup) : "-");
   }
   if (res.rows.size() > shown)
     fmt::print("... {} more row(s){}\n", res.rows.size() - shown,

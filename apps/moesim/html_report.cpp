@@ -314,6 +314,37 @@ void write_compare_report(const std::string& path, const CompareReport& r) {
   write_file_atomic(path, [&](std::ostream& os) { os << h; });
 }
 
+namespace {
+
+// A serving sweep's rows: latency percentiles and throughput per node and per user.
+std::string serving_rows(const SweepResult& res, std::vector<std::string> head,
+                         std::size_t max_rows) {
+  for (const char* c :
+       {"strategy", "GPUs", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)",
+        "input tokens/s/node", "output tokens/s/node", "tokens/s/user", "SLO attainment", "KV use"})
+    head.push_back(c);
+  std::string h = row(head, true, 0);
+  for (std::size_t i = 0; i < res.rows.size() && i < max_rows; ++i) {
+    const auto& r = res.rows[i];
+    const ServingRowFigures& f = *r.serving;
+    std::vector<std::string> cells = {std::to_string(r.point)};
+    for (const auto& v : r.values) cells.push_back(html_escape(v));
+    cells.push_back(html_escape(r.summary.strategy));
+    cells.push_back(std::to_string(r.summary.gpus));
+    for (double s : {f.ttft_p50_s, f.ttft_p99_s, f.tpot_p50_s, f.tpot_p99_s})
+      cells.push_back(ms(s));
+    cells.push_back(fmt::format("{:.0f}", f.input_tokens_per_s_per_node));
+    cells.push_back(fmt::format("{:.0f}", f.output_tokens_per_s_per_node));
+    cells.push_back(fmt::format("{:.1f}", f.output_tokens_per_s_per_user));
+    cells.push_back(fmt::format("{:.1f}%", 100 * f.slo_attainment));
+    cells.push_back(fmt::format("{:.1f}%", 100 * f.kv_utilization));
+    h += row(cells, false, 0);
+  }
+  return h;
+}
+
+}  // namespace
+
 void write_sweep_report(const std::string& path, const SweepReport& r) {
   MOESIM_ASSERT(r.spec && r.result && r.base, "a sweep report needs its spec, result and base");
   const SweepSpec& spec = *r.spec;
@@ -352,6 +383,13 @@ void write_sweep_report(const std::string& path, const SweepReport& r) {
   h += "<table id=\"comparison\">\n";
   std::vector<std::string> head = {"point"};
   for (const auto& a : spec.axes) head.push_back(html_escape(a.key));
+  if (!res.rows.empty() && res.rows.front().serving) {
+    h += serving_rows(res, head, r.max_rows);
+    h += "</table>\n";
+    h += page_end();
+    write_file_atomic(path, [&](std::ostream& os) { os << h; });
+    return;
+  }
   for (const char* c :
        {"strategy", "GPUs", "step (ms)", "MoE layer (ms)", "all-to-all (ms)", "exposed comm (ms)",
         "speedup", "tokens/s/GPU", "model TFLOP/s/GPU", "MFU", "decisions (last iteration)"})

@@ -26,6 +26,7 @@
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
+#include "apps/moesim/serving_output.hpp"
 #include "apps/moesim/stacks.hpp"
 #include "core/scenario_loader.hpp"
 #include "core/yaml_reader.hpp"
@@ -641,9 +642,43 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return out;
 }
 
+const std::vector<std::pair<std::string, double ServingRowFigures::*>>&
+ServingRowFigures::fields() {
+  using F = ServingRowFigures;
+  static const std::vector<std::pair<std::string, double F::*>> f = {
+      {"requests", &F::requests},
+      {"ttft_p50_s", &F::ttft_p50_s},
+      {"ttft_p90_s", &F::ttft_p90_s},
+      {"ttft_p99_s", &F::ttft_p99_s},
+      {"tpot_p50_s", &F::tpot_p50_s},
+      {"tpot_p90_s", &F::tpot_p90_s},
+      {"tpot_p99_s", &F::tpot_p99_s},
+      {"e2e_p50_s", &F::e2e_p50_s},
+      {"input_tokens_per_s_per_node", &F::input_tokens_per_s_per_node},
+      {"output_tokens_per_s_per_node", &F::output_tokens_per_s_per_node},
+      {"output_tokens_per_s_per_user", &F::output_tokens_per_s_per_user},
+      {"goodput_requests_per_s", &F::goodput_requests_per_s},
+      {"slo_attainment", &F::slo_attainment},
+      {"kv_utilization", &F::kv_utilization},
+      {"preemptions", &F::preemptions}};
+  return f;
+}
+
 namespace {
 
-const std::vector<std::string>& result_columns() {
+// A serving sweep's result columns: who and where, the serving figures, the wall time last.
+const std::vector<std::string>& serving_result_columns() {
+  static const std::vector<std::string> cols = [] {
+    std::vector<std::string> c = {"scenario", "strategy", "topology", "gpus"};
+    for (const auto& [name, field] : ServingRowFigures::fields()) c.push_back(name);
+    c.push_back("wall_s");
+    return c;
+  }();
+  return cols;
+}
+
+const std::vector<std::string>& result_columns(bool serving = false) {
+  if (serving) return serving_result_columns();
   static const std::vector<std::string> cols = {"scenario",
                                                 "strategy",
                                                 "topology",
@@ -681,6 +716,13 @@ std::string csv_line(const SweepRow& r) {
     s += csv_field(v);
   }
   const RunSummary& m = r.summary;
+  if (r.serving) {
+    s += fmt::format(",{},{},{},{}", csv_field(r.scenario), csv_field(m.strategy),
+                     csv_field(m.topology), m.gpus);
+    for (const auto& [name, field] : ServingRowFigures::fields())
+      s += fmt::format(",{:.9g}", (*r.serving).*field);
+    return s + fmt::format(",{:.6f}\n", m.wall_s);
+  }
   // Model TFLOP/s and MFU are empty where there are none (inference; MFU without a peak).
   s += fmt::format(
       ",{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{},{},{:.0f},{:.0f},{},"
@@ -699,8 +741,9 @@ std::string csv_line(const SweepRow& r) {
 
 // A row of an existing CSV, or nullopt when it is malformed (a line cut short by an interrupted
 // run): those are dropped and their points run again.
-std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t num_axes) {
-  if (f.size() != 1 + num_axes + result_columns().size()) return std::nullopt;
+std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t num_axes,
+                                  bool serving) {
+  if (f.size() != 1 + num_axes + result_columns(serving).size()) return std::nullopt;
   try {
     SweepRow r;
     std::size_t i = 0;
@@ -711,6 +754,12 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
     m.strategy = f[i++];
     m.topology = f[i++];
     m.gpus = std::stoi(f[i++]);
+    if (serving) {
+      ServingRowFigures& s = r.serving.emplace();
+      for (const auto& [name, field] : ServingRowFigures::fields()) s.*field = std::stod(f[i++]);
+      m.wall_s = std::stod(f[i++]);
+      return r;
+    }
     for (double* d :
          {&m.step_mean_s, &m.step_p50_s, &m.step_p95_s, &m.moe_layer_mean_s, &m.a2a_mean_s,
           &m.allreduce_mean_s, &m.compute_mean_s, &m.exposed_comm_mean_s})
@@ -742,7 +791,8 @@ std::optional<SweepRow> parse_row(const std::vector<std::string>& f, std::size_t
 // another setup under this run's labels), when the file has none (written by an older moesim: it
 // cannot be checked), or when its header differs (appending would mix two tables).
 std::vector<SweepRow> read_existing(const std::string& path, const std::vector<std::string>& cols,
-                                    std::size_t num_axes, const SweepFingerprint& fp) {
+                                    std::size_t num_axes, bool serving,
+                                    const SweepFingerprint& fp) {
   std::vector<SweepRow> rows;
   std::ifstream is(path);
   if (!is) return rows;
@@ -778,7 +828,7 @@ std::vector<SweepRow> read_existing(const std::string& path, const std::vector<s
         path, line, fmt::join(cols, ",")));
   while (std::getline(is, line)) {
     if (line.empty()) continue;
-    if (auto r = parse_row(split_csv_line(line), num_axes)) rows.push_back(std::move(*r));
+    if (auto r = parse_row(split_csv_line(line), num_axes, serving)) rows.push_back(std::move(*r));
   }
   return rows;
 }
@@ -792,10 +842,10 @@ std::string fmt_seconds(double s) {
 
 }  // namespace
 
-std::vector<std::string> sweep_csv_columns(const SweepSpec& spec) {
+std::vector<std::string> sweep_csv_columns(const SweepSpec& spec, bool serving) {
   std::vector<std::string> cols = {"point"};
   for (const auto& a : spec.axes) cols.push_back(a.key);
-  for (const auto& c : result_columns()) cols.push_back(c);
+  for (const auto& c : result_columns(serving)) cols.push_back(c);
   return cols;
 }
 
@@ -833,6 +883,11 @@ std::string rows_message(int rank, const std::vector<SweepRow>& rows) {
                      m.recompute_mean_s};
     rj["has_model_flops"] = m.has_model_flops;
     rj["decisions"] = m.decisions;
+    if (r.serving) {
+      auto& sv = rj["serving"] = nlohmann::ordered_json::array();
+      for (const auto& [name, field] : ServingRowFigures::fields())
+        sv.push_back((*r.serving).*field);
+    }
     rj["run"] = r.run;
     arr.push_back(std::move(rj));
   }
@@ -868,6 +923,14 @@ std::vector<SweepRow> parse_rows_message(const nlohmann::ordered_json& j) {
     }
     m.has_model_flops = rj.at("has_model_flops").get<bool>();
     m.decisions = rj.at("decisions").get<std::string>();
+    if (rj.contains("serving")) {
+      ServingRowFigures& s = r.serving.emplace();
+      i = 0;
+      for (const auto& [name, field] : ServingRowFigures::fields()) {
+        const auto& v = rj.at("serving").at(i++);
+        s.*field = v.is_number() ? v.get<double>() : 0.0;
+      }
+    }
     r.run = rj.at("run");
     rows.push_back(std::move(r));
   }
@@ -950,7 +1013,8 @@ SweepWork find_work(const SweepSpec& spec, const SweepOptions& opts,
                  opts.csv_path.c_str());
   if (!opts.csv_path.empty() && !opts.restart) {
     std::map<std::size_t, std::vector<SweepRow>> by_point;
-    for (auto& r : read_existing(opts.csv_path, cols, num_axes, fingerprint)) {
+    for (auto& r :
+         read_existing(opts.csv_path, cols, num_axes, base_sc.serving.has_value(), fingerprint)) {
       auto it = point_of.find(join_values(r.values));
       if (it == point_of.end()) {
         w.foreign.push_back(std::move(r));
@@ -1015,18 +1079,65 @@ std::vector<std::size_t> share_of_rank(const SweepWork& w, int ranks, int rank) 
   return mine;
 }
 
+ServingRowFigures serving_row_figures(const serving::ServingReport& r) {
+  const auto& m = r.metrics;
+  ServingRowFigures f;
+  f.requests = static_cast<double>(r.requests.count);
+  f.ttft_p50_s = m.ttft_s.p50;
+  f.ttft_p90_s = m.ttft_s.p90;
+  f.ttft_p99_s = m.ttft_s.p99;
+  f.tpot_p50_s = m.tpot_s.p50;
+  f.tpot_p90_s = m.tpot_s.p90;
+  f.tpot_p99_s = m.tpot_s.p99;
+  f.e2e_p50_s = m.e2e_s.p50;
+  f.input_tokens_per_s_per_node = r.input_tokens_per_s_per_node;
+  f.output_tokens_per_s_per_node = r.output_tokens_per_s_per_node;
+  f.output_tokens_per_s_per_user = r.output_tokens_per_s_per_user;
+  f.goodput_requests_per_s = m.goodput_requests_per_s;
+  f.slo_attainment = m.slo_attainment;
+  f.kv_utilization = r.overall.kv_utilization;
+  f.preemptions = static_cast<double>(r.overall.preemptions);
+  return f;
+}
+
+// A serving point: every strategy's serving run (docs/serving.md), one row each.
+std::vector<SweepRow> run_serving_point(const Scenario& sc, const std::vector<StrategySpec>& specs,
+                                        const topology::Topology& topo,
+                                        const sim::EngineConfig& cfg, const SweepPoint& p,
+                                        const std::string& topo_name, bool with_json) {
+  std::vector<SweepRow> rows;
+  for (const auto& spec : specs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto reports = run_serving_stacks(sc, {spec}, topo, cfg);
+    const serving::ServingReport& rep = reports.at(0);
+    SweepRow r;
+    r.point = p.index;
+    r.values = p.values;
+    r.scenario = sc.name;
+    r.summary.strategy = spec.name;
+    r.summary.topology = topo_name;
+    r.summary.gpus = topo.num_gpus();
+    r.summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.serving = serving_row_figures(rep);
+    if (with_json) r.run = serving_json(sc, cfg, reports).at("serving").at(0);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 // One point: its scenario, topology and stacks, run; the rows it adds. `engine` receives the
 // engine's name.
 std::vector<SweepRow> run_point(const SweepSpec& spec, const SweepOptions& opts,
                                 const YAML::Node& base_tree, const SweepPoint& p,
                                 workload::SampleCache& sample_cache, std::string& engine) {
   Scenario sc = point_scenario(spec, base_tree, p);
-  refuse_serving(sc, "sweep");
   auto topo = simulation_topology(sc);
   sim::EngineConfig cfg = engine_config_from(sc, opts.engine);
   engine = std::string(sim::network_kind_name(cfg.network));
   auto specs = select_strategies(sc, spec.strategies);
   std::string topo_name = sc.cluster.name.empty() ? sc.name : sc.cluster.name;
+  if (sc.serving)
+    return run_serving_point(sc, specs, *topo, cfg, p, topo_name, !opts.json_path.empty());
   auto outcomes =
       run_stacks(sc, specs, *topo, cfg, sc.workload.iterations, topo_name, false, &sample_cache);
   std::vector<SweepRow> rows;
@@ -1217,6 +1328,14 @@ void write_sweep_json(const SweepSpec& spec, const SweepResult& result,
       // Resumed from the CSV: the summary it kept (no per-iteration records).
       const RunSummary& s = r.summary;
       nlohmann::ordered_json rj;
+      if (r.serving) {
+        rj["strategy"] = s.strategy;
+        for (const auto& [name, field] : ServingRowFigures::fields())
+          rj[name] = (*r.serving).*field;
+        rj["resumed"] = true;
+        runs.push_back(std::move(rj));
+        continue;
+      }
       rj["strategy"] = s.strategy;
       rj["topology"] = s.topology;
       rj["gpus"] = s.gpus;
@@ -1460,7 +1579,6 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   result.points_per_rank.assign(static_cast<std::size_t>(ranks), 0);
   const std::vector<SweepPoint> points = expand_points(spec);
   result.points_total = points.size();
-  const auto cols = sweep_csv_columns(spec);
   std::vector<std::string> strategy_names;
   SweepWork work;
 
@@ -1468,6 +1586,7 @@ SweepResult run_sweep(const SweepSpec& spec, const SweepOptions& opts) {
   if (root) validate_sweep(spec);
   const std::string base_text = read_text(spec.base_path);
   const Scenario base_sc = base_scenario(spec);
+  const auto cols = sweep_csv_columns(spec, base_sc.serving.has_value());
   for (const auto& s : select_strategies(base_sc, spec.strategies))
     strategy_names.push_back(s.name);
   SweepFingerprint fingerprint;

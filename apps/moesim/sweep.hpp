@@ -149,12 +149,29 @@ SweepFingerprint sweep_fingerprint(const SweepSpec& spec, const std::string& eng
 /// so that the CSV itself is plain (pandas.read_csv reads it as it is).
 std::string sweep_fingerprint_path(const std::string& csv_path);
 
+/// One strategy's figures at one point of a serving sweep (docs/serving.md), in the columns of
+/// `moesim simulate --csv` on a serving scenario; counts (requests, preemptions) as doubles.
+struct ServingRowFigures {
+  double requests = 0;
+  double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
+  double tpot_p50_s = 0, tpot_p90_s = 0, tpot_p99_s = 0;
+  double e2e_p50_s = 0;
+  double input_tokens_per_s_per_node = 0, output_tokens_per_s_per_node = 0;
+  double output_tokens_per_s_per_user = 0;
+  double goodput_requests_per_s = 0, slo_attainment = 0, kv_utilization = 0;
+  double preemptions = 0;
+  /// The CSV / JSON names, in column order, with the field each names.
+  static const std::vector<std::pair<std::string, double ServingRowFigures::*>>& fields();
+};
+
 /// One strategy's result at one point.
 struct SweepRow {
   std::size_t point = 0;
   std::vector<std::string> values;  // one per axis
   std::string scenario;
+  // Strategy, topology, GPUs and wall time; the step figures too for a training sweep.
   RunSummary summary;
+  std::optional<ServingRowFigures> serving;  // a serving sweep's figures (base has `serving:`)
   nlohmann::ordered_json run;  // run_json of this invocation's points (with --json); else null
 };
 
@@ -166,8 +183,9 @@ struct SweepResult {
   double wall_s = 0;
 };
 
-/// CSV header for a spec: point, every axis key, then the result columns.
-std::vector<std::string> sweep_csv_columns(const SweepSpec& spec);
+/// CSV header for a spec: point, every axis key, then the result columns (a serving sweep's when
+/// `serving`: its base scenario has a `serving:` section).
+std::vector<std::string> sweep_csv_columns(const SweepSpec& spec, bool serving = false);
 
 /// Runs the sweep (on rank 0 of a transport: everything, gathered; on other ranks: their share,
 /// whose rows are returned but not written). With a CSV path, rows of completed points are appended

@@ -352,6 +352,74 @@ TEST(SweepRun, ResumesSkippingPointsAlreadyInTheCsv) {
   EXPECT_THROW(run_sweep(spec, o), InputError);
 }
 
+// A serving sweep over the request rate: one row of serving figures per point and strategy
+// (the columns of `simulate --csv` on a serving scenario), throughput that grows with the rate,
+// the curve's rows in the report, and a resume that reads the figures back.
+TEST(SweepRun, ServingRateSweepWritesServingFiguresAndResumes) {
+  fs::path d = temp_dir();
+  write_file(d / "s.yaml", fmt::format("name: rate\n"
+                                       "base: {}/scenarios/serving-mixtral-h100.yaml\n"
+                                       "set:\n"
+                                       "  engine.network: analytical\n"
+                                       "  serving.requests.count: 200\n"
+                                       "strategies: [grouped]\n"
+                                       "axes:\n"
+                                       "  serving.requests.requests_per_s: [2, 16, 64]\n",
+                                       kSource));
+  SweepOptions o;
+  o.jobs = 2;
+  o.csv_path = (d / "out.csv").string();
+  o.json_path = (d / "out.json").string();
+  o.progress = false;
+  const auto spec = load_sweep((d / "s.yaml").string());
+  const SweepResult r = run_sweep(spec, o);
+  ASSERT_EQ(r.rows.size(), 3u);
+  const auto lines = lines_of(read_file(d / "out.csv"));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0],
+            "point,serving.requests.requests_per_s,scenario,strategy,topology,gpus,requests,"
+            "ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_s,tpot_p90_s,tpot_p99_s,e2e_p50_s,"
+            "input_tokens_per_s_per_node,output_tokens_per_s_per_node,"
+            "output_tokens_per_s_per_user,goodput_requests_per_s,slo_attainment,kv_utilization,"
+            "preemptions,wall_s");
+  EXPECT_EQ(lines[1].rfind("0,2,serving-mixtral-h100,grouped,serving-mixtral-h100,16,200,", 0), 0u)
+      << lines[1];
+  for (std::size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(r.rows[i].serving.has_value());
+    const ServingRowFigures& f = *r.rows[i].serving;
+    EXPECT_DOUBLE_EQ(f.requests, 200);
+    EXPECT_GT(f.tpot_p50_s, 0);
+    EXPECT_LE(f.ttft_p50_s, f.ttft_p99_s);
+    EXPECT_LE(f.slo_attainment, 1.0);
+    // The axis reaches the deployment: eight and four times the rate, more tokens per node.
+    if (i > 0) {
+      EXPECT_GT(f.output_tokens_per_s_per_node,
+                2 * r.rows[i - 1].serving->output_tokens_per_s_per_node);
+    }
+  }
+  const auto j = nlohmann::json::parse(read_file(d / "out.json"));
+  ASSERT_EQ(j["points"].size(), 3u);
+  EXPECT_GT(j["points"][2]["runs"][0]["tpot_s"]["p50"].get<double>(), 0);
+  // Resumed: nothing runs, and the figures come back from the CSV as written.
+  const SweepResult again = run_sweep(spec, o);
+  EXPECT_EQ(again.points_skipped, 3u);
+  EXPECT_EQ(again.points_run, 0u);
+  EXPECT_EQ(lines_of(read_file(d / "out.csv")), lines);
+  ASSERT_TRUE(again.rows[2].serving.has_value());
+  EXPECT_NEAR(again.rows[2].serving->output_tokens_per_s_per_node,
+              r.rows[2].serving->output_tokens_per_s_per_node,
+              1e-8 * r.rows[2].serving->output_tokens_per_s_per_node);
+  // The command line prints the serving table and the report lists the curve's rows.
+  const auto cli = run(
+      fmt::format("sweep '{}' -q --report '{}'", (d / "s.yaml").string(), (d / "r.html").string()));
+  ASSERT_EQ(cli.exit_code, 0) << cli.out;
+  EXPECT_NE(cli.out.find("TPOT p50"), std::string::npos) << cli.out;
+  const std::string html = read_file(d / "r.html");
+  EXPECT_NE(html.find("output tokens/s/node"), std::string::npos);
+  EXPECT_EQ(count_of(html, "<td>grouped</td>"), 3u);
+  fs::remove_all(d);
+}
+
 TEST(SweepFingerprintTest, ValuesCountCommentsAndLayoutDoNot) {
   fs::path d = temp_dir();
   write_file(d / "b.yaml", read_file(kQuickstart));

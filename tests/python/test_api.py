@@ -128,6 +128,19 @@ class Sweep(unittest.TestCase):
             rows = df[df["strategy"] == s].sort_values("model.seq_len")
             self.assertLess(rows["step_time_s"].iloc[0], rows["step_time_s"].iloc[1])
 
+    def test_a_serving_sweep_gives_the_throughput_latency_curve(self):
+        spec = {"name": "rate", "base": os.path.join(SOURCE, "scenarios/serving-mixtral-h100.yaml"),
+                "set": {"engine.network": "analytical", "serving.requests.count": 200},
+                "axes": {"serving.requests.requests_per_s": [4, 32]}, "strategies": ["grouped"]}
+        df = pd.DataFrame(moesim.sweep(spec, jobs=2)["records"]).sort_values(
+            "serving.requests.requests_per_s")
+        self.assertEqual(len(df), 2)
+        for col in ("tpot_p50_s", "ttft_p99_s", "output_tokens_per_s_per_node", "slo_attainment"):
+            self.assertIn(col, df.columns)
+        # Eight times the rate: more than twice the tokens per node.
+        tps = list(df["output_tokens_per_s_per_node"])
+        self.assertGreater(tps[1], 2 * tps[0])
+
 
 class Tune(unittest.TestCase):
     def test_tune_ranks_and_its_emitted_scenario_reproduces_the_time(self):

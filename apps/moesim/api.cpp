@@ -11,6 +11,7 @@
 #include "apps/moesim/engine_setup.hpp"
 #include "apps/moesim/overrides.hpp"
 #include "apps/moesim/serving_output.hpp"
+#include "apps/moesim/serving_tune.hpp"
 #include "apps/moesim/sweep.hpp"
 #include "apps/moesim/tune.hpp"
 #include "core/error.hpp"
@@ -172,6 +173,20 @@ nlohmann::ordered_json sweep_text(const std::string& text, const std::string& pa
 
 nlohmann::ordered_json tune_text(const TuneRequest& req) {
   const YAML::Node tree = parse_yaml_string(req.text, req.path);
+  if (parse_scenario_with(YAML::Clone(tree), req.path, req.sets).serving) {
+    // A serving deployment: its pool shapes for its SLO (serving_tune.hpp).
+    ServingTuneOptions so;
+    so.budget_s = req.budget_s;
+    so.top = req.top;
+    so.jobs = req.jobs;
+    so.progress = false;
+    const ServingTuneResult r = tune_serving(tree, req.path, req.sets, so);
+    nlohmann::ordered_json j = serving_tune_json(r);
+    j["emit"] = r.met()
+                    ? nlohmann::ordered_json(serving_tuned_yaml(tree, req.sets, r.ranked.front()))
+                    : nlohmann::ordered_json(nullptr);
+    return j;
+  }
   TuneOptions o;
   o.budget_s = req.budget_s;
   if (req.engine != "auto" && req.engine != "analytical" && req.engine != "flow" &&

@@ -15,6 +15,7 @@
 #include "apps/moesim/mpi_launch.hpp"
 #include "apps/moesim/output.hpp"
 #include "apps/moesim/overrides.hpp"
+#include "apps/moesim/serving_tune.hpp"
 #include "apps/moesim/tune.hpp"
 #include "core/error.hpp"
 #include "core/scenario_loader.hpp"
@@ -29,11 +30,56 @@ struct TuneArgs {
   std::vector<std::string> sets;
   std::string budget = "60s";
   std::string engine = "auto";
-  std::optional<std::string> top, iterations, jobs;
+  std::optional<std::string> top, iterations, jobs, attainment;
   std::string json_path, csv_path, emit_path, state_path, report_path;
   bool keep_layout = false, keep_pipeline = false, keep_memory = false, include_routing = false;
   bool quiet = false;
 };
+
+// A serving deployment: the pool shapes that meet its SLO (apps/moesim/serving_tune.hpp). The
+// training search's flags that do not apply are refused by name.
+void run_serving_tune(const TuneArgs& a, const YAML::Node& tree, const std::string& path,
+                      SweepTransport* transport) {
+  const std::vector<std::pair<const char*, bool>> training_only = {
+      {"--engine", a.engine != "auto"},   {"--iterations", a.iterations.has_value()},
+      {"--keep-layout", a.keep_layout},   {"--keep-pipeline", a.keep_pipeline},
+      {"--keep-memory", a.keep_memory},   {"--include-routing", a.include_routing},
+      {"--state", !a.state_path.empty()}, {"--report", !a.report_path.empty()}};
+  for (const auto& [flag, given] : training_only)
+    if (given)
+      throw InputError(fmt::format(
+          "{}: not for a serving deployment (tune searches its pool shapes on the scenario's own "
+          "engine; the flags it takes: --budget, --attainment, --top, --jobs, --json, --csv, "
+          "--emit, --set)",
+          flag));
+  if (transport && transport->size() > 1)
+    throw InputError("tune on a serving deployment runs in one process: run it without mpirun");
+  ServingTuneOptions o;
+  o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
+  if (a.attainment)
+    o.attainment = parse_number_flag("--attainment", *a.attainment, 0, 1, /*min_open=*/true);
+  if (auto v = parse_int_flag("--top", a.top, 1, 1000)) o.top = static_cast<int>(*v);
+  if (auto v = parse_int_flag("--jobs", a.jobs, 0, 4096)) o.jobs = static_cast<int>(*v);
+  o.progress = !a.quiet;
+  const ServingTuneResult r = tune_serving(tree, path, a.sets, o);
+  print_serving_tune(r, o.top);
+  if (!a.json_path.empty())
+    write_file_atomic(a.json_path,
+                      [&](std::ostream& os) { os << serving_tune_json(r).dump(1) << "\n"; });
+  if (!a.csv_path.empty())
+    write_file_atomic(a.csv_path, [&](std::ostream& os) { os << serving_tune_csv(r); });
+  if (!a.emit_path.empty()) {
+    if (!r.met()) {  // an outcome, not an error: the table says how close the search came
+      fmt::print("# --emit: {} not written: no shape meets the SLO\n", a.emit_path);
+      return;
+    }
+    write_file_atomic(a.emit_path, [&](std::ostream& os) {
+      os << serving_tuned_yaml(tree, a.sets, r.ranked.front());
+    });
+    fmt::print("# wrote {}: `moesim simulate {}` serves the requests on the tuned pools\n",
+               a.emit_path, a.emit_path);
+  }
+}
 
 void run_tune(const TuneArgs& a, SweepTransport* transport) {
   check_output_paths({{"--json", a.json_path},
@@ -41,6 +87,14 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
                       {"--emit", a.emit_path},
                       {"--report", a.report_path},
                       {"--state", a.state_path}});
+  // Read once: a scenario on stdin ("-") can be read only once.
+  std::string path;
+  const YAML::Node tree = load_input_yaml(a.scenario.empty() ? default_scenario_path() : a.scenario,
+                                          InputKind::kScenario, path);
+  if (parse_scenario_with(YAML::Clone(tree), path, a.sets).serving)
+    return run_serving_tune(a, tree, path, transport);
+  if (a.attainment)
+    throw InputError("--attainment: for a serving deployment only (a scenario with serving:)");
   TuneOptions o;
   o.budget_s = parse_quantity_flag("--budget", a.budget, UnitKind::kSeconds);
   if (a.engine != "auto" && a.engine != "analytical" && a.engine != "flow" && a.engine != "simgrid")
@@ -61,9 +115,6 @@ void run_tune(const TuneArgs& a, SweepTransport* transport) {
   if (auto v = parse_int_flag("--jobs", a.jobs, 0, 4096)) o.jobs = static_cast<int>(*v);
   o.transport = transport;
   const bool root = !transport || transport->rank() == 0;
-  std::string path;
-  const YAML::Node tree = load_input_yaml(a.scenario.empty() ? default_scenario_path() : a.scenario,
-                                          InputKind::kScenario, path);
   const TuneResult r = tune(tree, path, a.sets, o);
   if (!root) return;  // rank 0 has the result and writes every output
   print_tune(r);
@@ -121,6 +172,9 @@ void register_tune(CLI::App& app) {
   cmd->add_flag("--include-routing", a->include_routing,
                 "Also search routing roles that change which experts tokens reach (ta_moe, "
                 "faster_moe_hir): the model then learns something else; marked * in the table");
+  cmd->add_option("--attainment", a->attainment,
+                  "Serving deployments: the share of requests a shape must serve within the SLO, "
+                  "in (0, 1] (default 0.9)");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress lines on stderr");
   add_set_option(cmd, &a->sets);
   cmd->add_option("--jobs,-j", a->jobs,

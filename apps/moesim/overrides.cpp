@@ -210,9 +210,8 @@ void refuse_serving(const Scenario& sc, std::string_view command) {
   if (!sc.serving) return;
   throw InputError(sc.location_of("serving"), "serving",
                    fmt::format("{} works on a scenario's training or batch step, not a serving "
-                               "deployment: run `moesim simulate` on it (a sweep over request "
-                               "rates is not there yet: one simulate per rate with --set "
-                               "serving.requests.requests_per_s=...)",
+                               "deployment: run `moesim simulate` on it, `moesim sweep` over its "
+                               "request rates, or `moesim tune` for the pools that meet its SLO",
                                command));
 }
 

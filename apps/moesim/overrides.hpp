@@ -58,8 +58,8 @@ RunScenario load_run_scenario(const std::string& path, const std::vector<std::st
                               const std::optional<std::string>& seed);
 
 /// InputError at `serving` when `sc` is a serving deployment (docs/serving.md) and `command`
-/// (tune, compare, sweep, exec) works on its plain step: its figures would not be the serving
-/// run's. `simulate` runs serving scenarios.
+/// (compare, exec, the training search of tune.hpp) works on its plain step: its figures would not
+/// be the serving run's. `simulate`, `sweep` and `tune` (serving_tune.hpp) run serving scenarios.
 void refuse_serving(const Scenario& sc, std::string_view command);
 
 /// The same on a scenario tree already read (and perhaps edited, e.g. its cluster replaced by

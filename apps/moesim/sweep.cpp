@@ -664,6 +664,27 @@ ServingRowFigures::fields() {
   return f;
 }
 
+ServingRowFigures serving_row_figures(const serving::ServingReport& r) {
+  const auto& m = r.metrics;
+  ServingRowFigures f;
+  f.requests = static_cast<double>(r.requests.count);
+  f.ttft_p50_s = m.ttft_s.p50;
+  f.ttft_p90_s = m.ttft_s.p90;
+  f.ttft_p99_s = m.ttft_s.p99;
+  f.tpot_p50_s = m.tpot_s.p50;
+  f.tpot_p90_s = m.tpot_s.p90;
+  f.tpot_p99_s = m.tpot_s.p99;
+  f.e2e_p50_s = m.e2e_s.p50;
+  f.input_tokens_per_s_per_node = r.input_tokens_per_s_per_node;
+  f.output_tokens_per_s_per_node = r.output_tokens_per_s_per_node;
+  f.output_tokens_per_s_per_user = r.output_tokens_per_s_per_user;
+  f.goodput_requests_per_s = m.goodput_requests_per_s;
+  f.slo_attainment = m.slo_attainment;
+  f.kv_utilization = r.overall.kv_utilization;
+  f.preemptions = static_cast<double>(r.overall.preemptions);
+  return f;
+}
+
 namespace {
 
 // A serving sweep's result columns: who and where, the serving figures, the wall time last.
@@ -1077,27 +1098,6 @@ std::vector<std::size_t> share_of_rank(const SweepWork& w, int ranks, int rank) 
     if (static_cast<int>(r) == rank) mine.push_back(w.todo[k]);
   }
   return mine;
-}
-
-ServingRowFigures serving_row_figures(const serving::ServingReport& r) {
-  const auto& m = r.metrics;
-  ServingRowFigures f;
-  f.requests = static_cast<double>(r.requests.count);
-  f.ttft_p50_s = m.ttft_s.p50;
-  f.ttft_p90_s = m.ttft_s.p90;
-  f.ttft_p99_s = m.ttft_s.p99;
-  f.tpot_p50_s = m.tpot_s.p50;
-  f.tpot_p90_s = m.tpot_s.p90;
-  f.tpot_p99_s = m.tpot_s.p99;
-  f.e2e_p50_s = m.e2e_s.p50;
-  f.input_tokens_per_s_per_node = r.input_tokens_per_s_per_node;
-  f.output_tokens_per_s_per_node = r.output_tokens_per_s_per_node;
-  f.output_tokens_per_s_per_user = r.output_tokens_per_s_per_user;
-  f.goodput_requests_per_s = m.goodput_requests_per_s;
-  f.slo_attainment = m.slo_attainment;
-  f.kv_utilization = r.overall.kv_utilization;
-  f.preemptions = static_cast<double>(r.overall.preemptions);
-  return f;
 }
 
 // A serving point: every strategy's serving run (docs/serving.md), one row each.

@@ -16,6 +16,7 @@
 #include "apps/moesim/report.hpp"
 #include "core/error.hpp"
 #include "core/scenario.hpp"
+#include "strategies/serving/serving_engine.hpp"
 
 namespace moesim::app {
 
@@ -163,6 +164,9 @@ struct ServingRowFigures {
   /// The CSV / JSON names, in column order, with the field each names.
   static const std::vector<std::pair<std::string, double ServingRowFigures::*>>& fields();
 };
+
+/// The figures of one strategy's serving run.
+ServingRowFigures serving_row_figures(const serving::ServingReport& r);
 
 /// One strategy's result at one point.
 struct SweepRow {

@@ -246,7 +246,7 @@ TEST(Cli, ServingScenarioSimulatesAndWritesItsFigures) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("serving.instance.ep"), std::string::npos) << r.out;
   // Commands that work on a plain step refuse a serving deployment instead of answering for it.
-  for (const std::string cmd : {"tune", "compare"}) {
+  for (const std::string cmd : {"compare"}) {
     r = run(fmt::format("{} '{}'", cmd, scen));
     EXPECT_EQ(r.exit_code, 2) << cmd << r.out;
     EXPECT_NE(r.out.find(cmd + " works on a scenario's training or batch step, not a serving "

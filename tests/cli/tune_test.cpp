@@ -708,6 +708,83 @@ TEST(TuneCli, ReportShowsTheRankedCandidatesAndEveryLayout) {
   fs::remove_all(d);
 }
 
+// A serving deployment: tune searches its pool shapes for the scenario's SLO. serving-mixtral-h100
+// is one co-located pool over 2 nodes x 8 GPUs: shapes by hand, 1 node x 2 instances with ep 8,
+// 4, 2, 1 and 2 nodes x 1 with ep 16, 8, 4, 2; ep 16 does not divide the 8 experts and ep 1
+// leaves no memory for the KV cache: 6 run, each with both strategies, 12 rows.
+TEST(TuneCli, ServingDeploymentRanksPoolShapesForItsSlo) {
+  const fs::path d = temp_dir();
+  const std::string scen =
+      "'" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/serving-mixtral-h100.yaml").string() + "'";
+  const std::string small = " --set engine.network=analytical --set serving.requests.count=300";
+  auto r = run("tune " + scen + small + " -q --jobs 2 --budget 600s --json '" +
+               (d / "t.json").string() + "' --emit '" + (d / "best.yaml").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("6 of 8 shapes run, 2 refused"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("# best: "));
+  std::ifstream jf(d / "t.json");
+  const auto j = nlohmann::json::parse(jf);
+  EXPECT_TRUE(j["met"].get<bool>());
+  EXPECT_EQ(j["shapes"], 8);
+  EXPECT_EQ(j["run"], 6);
+  EXPECT_EQ(j["refused"], 2);
+  const auto& ranked = j["ranked"];
+  ASSERT_EQ(ranked.size(), 12u);
+  int own = 0;
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    own += ranked[i]["changes"] == 0;
+    EXPECT_EQ(ranked[i]["nodes"], 2);
+    // Shapes meeting the SLO first, by goodput per node.
+    if (i > 0 && ranked[i]["meets"] == ranked[i - 1]["meets"] && ranked[i]["meets"]) {
+      EXPECT_LE(ranked[i]["goodput_per_node"].get<double>(),
+                ranked[i - 1]["goodput_per_node"].get<double>());
+    }
+  }
+  EXPECT_EQ(own, 2);  // the scenario's own shape, once per strategy
+  // The emitted deployment serves the requests as the search measured them.
+  const std::string best = ranked[0]["strategy"];
+  r = run("simulate '" + (d / "best.yaml").string() + "' --engine analytical -q --json '" +
+          (d / "s.json").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream sf(d / "s.json");
+  const auto s = nlohmann::json::parse(sf);
+  bool found = false;
+  for (const auto& run_j : s["serving"]) {
+    if (run_j["strategy"] != best) continue;
+    found = true;
+    EXPECT_DOUBLE_EQ(run_j["tpot_s"]["p50"].get<double>(), ranked[0]["tpot_p50_s"].get<double>());
+  }
+  EXPECT_TRUE(found) << best;
+
+  // An SLO no shape meets is an outcome: exit 0, the closest named, nothing emitted.
+  r = run("tune " + scen + small + " --set serving.slo.tpot=1us -q --json '" +
+          (d / "u.json").string() + "' --emit '" + (d / "none.yaml").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("# no shape meets the SLO (90% of requests within"));
+  EXPECT_FALSE(fs::exists(d / "none.yaml"));
+  std::ifstream uf(d / "u.json");
+  EXPECT_FALSE(nlohmann::json::parse(uf)["met"].get<bool>());
+
+  // Bad input: no SLO to meet, training-only flags, an attainment outside (0, 1].
+  const std::string v12 =
+      "'" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/deepseek-v3-serving-h800.yaml").string() +
+      "'";
+  r = run("tune " + v12 + " -q");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("serving.slo: found none"));
+  r = run("tune " + scen + " --keep-layout -q");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("--keep-layout: not for a serving deployment"));
+  r = run("tune " + scen + " --attainment 0 -q");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("--attainment"));
+  r = run("tune '" + (fs::path(MOESIM_SOURCE_DIR) / "scenarios/quickstart.yaml").string() +
+          "' --attainment 0.5 -q");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("--attainment: for a serving deployment only"));
+  fs::remove_all(d);
+}
+
 TEST(TuneCli, BadFlagsExitTwoAndWriteNothing) {
   const fs::path d = temp_dir();
   const std::string q =

@@ -157,6 +157,15 @@ class Tune(unittest.TestCase):
         self.assertAlmostEqual(run["records"][0]["step_time_s"], df["screen_step_time_s"][0],
                                delta=1e-9 * df["screen_step_time_s"][0])
 
+    def test_a_serving_deployment_tunes_its_pools_for_its_slo(self):
+        sets = {"engine.network": "analytical", "serving.requests.count": 200}
+        res = moesim.tune("serving-mixtral-h100", budget=600, jobs=2, set=sets)
+        self.assertTrue(res["met"])
+        df = pd.DataFrame(res["records"])
+        self.assertEqual(len(df), 12)  # 6 shapes run, 2 strategies each (docs/serving.md)
+        self.assertTrue(df["meets"].iloc[0])
+        self.assertIsNotNone(res["emit"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -132,11 +132,18 @@ def tune(scenario, *, budget=60.0, engine="auto", top=10, jobs=0, keep_layout=Fa
 
     Returns the ``tune --json`` document: ``ranked`` (best first), ``space``, ``search``,
     ``notes``; ``records`` (one flat dict per ranked candidate); and ``emit``, the best
-    candidate's scenario file text (``moesim simulate`` reproduces its time)."""
+    candidate's scenario file text (``moesim simulate`` reproduces its time).
+
+    On a serving deployment (a scenario with ``serving:``) it searches the pool shapes for the
+    scenario's SLO (docs/serving.md): ``ranked`` holds one flat dict per shape and strategy (also
+    ``records``), ``met`` says whether the best meets the SLO, ``emit`` is its scenario or None."""
     text, path = _read(scenario, base_dir)
     doc = json.loads(_moesim.tune(text, path, _sets(set), float(budget), engine, int(top),
                                   int(jobs), bool(keep_layout), bool(keep_pipeline),
                                   bool(keep_memory), bool(include_routing)))
+    if "met" in doc:  # a serving deployment's shapes
+        doc["records"] = [dict(row, rank=i + 1) for i, row in enumerate(doc["ranked"])]
+        return doc
     records = []
     for row in doc.get("ranked", []):
         rec = {"rank": row["rank"]}

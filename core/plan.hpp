@@ -211,6 +211,10 @@ struct CollectiveSpec {
   /// positions (index p; the overlapped layout, where the MP ranks are the EP x ESP GPUs).
   int sub_group = 1;
   bool saa_a2a_spans_group = false;
+  /// all_to_allv of a pipeline stage send (strategies/stage_schedule: one rank's activation or
+  /// gradient to the next stage's): run as an all_to_allv, reported with the sends
+  /// (Breakdown::send_recv_s), not with the MoE all-to-alls.
+  bool stage_send = false;
 };
 
 struct CopySpec {

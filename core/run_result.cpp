@@ -161,6 +161,10 @@ void summarize_run(const Plan& plan, RunResult& result) {
       return 1;
     }
     out[0] = kComm;
+    if (op.collective().stage_send) {  // a pipeline stage's send, not a MoE all-to-all
+      out[1] = kSendRecv;
+      return 2;
+    }
     switch (op.collective().type) {
       case CollectiveType::kAllToAll:
       case CollectiveType::kAllToAllv:

@@ -50,11 +50,11 @@ struct Breakdown {
   double compute_s = 0;    // compute ops (any stream)
   double copy_s = 0;       // copy ops (layout transforms outside collectives)
   double comm_s = 0;       // all collectives
-  double a2a_s = 0;        // all_to_all + all_to_allv
+  double a2a_s = 0;        // all_to_all + all_to_allv (the MoE dispatch and combine)
   double allreduce_s = 0;  // all_reduce
   double allgather_s = 0;  // all_gather
   double reduce_scatter_s = 0;
-  double send_recv_s = 0;
+  double send_recv_s = 0;     // send_recv and pipeline stage sends (CollectiveSpec::stage_send)
   double exposed_comm_s = 0;  // communication while no compute op runs on the rank
   double overlap_s = 0;       // communication while a compute op runs: comm_s = exposed + overlap
   // compute_s by ComputeClass group (docs/figures.md). The four groups partition the compute ops:

@@ -38,10 +38,13 @@ double span_s(const RunResult& r, const std::vector<OpId>& ops) {
   return last - first;
 }
 
-double durations_s(const RunResult& r, const std::vector<OpId>& ops) {
+// The ops' time per rank, averaged over the plan's ranks: each op's span counts for the ranks it
+// runs on. Ops over every rank add their spans; a pipeline stage's ops count for that stage's
+// ranks only, so a staged plan is not charged every stage's all-to-alls on every rank.
+double durations_s(const RunResult& r, const Plan& plan, const std::vector<OpId>& ops) {
   double sum = 0;
-  for (OpId id : ops) sum += r.op_last_end(id) - r.op_first_start(id);
-  return sum;
+  for (OpId id : ops) sum += (r.op_last_end(id) - r.op_first_start(id)) * plan.op(id).ranks.size();
+  return plan.num_ranks() > 0 ? sum / plan.num_ranks() : 0.0;
 }
 
 // The dC an iteration's memory estimate assumes: its largest MoE layer's (an upper bound of
@@ -88,7 +91,7 @@ IterationRecord make_record(const Scenario& sc, int index, double f, const Decis
     // Forward and backward of one layer are separated by the rest of the model's forward and
     // backward, so the layer's time is the sum of the two spans, not one span over both.
     moe += span_s(result, l.forward) + span_s(result, l.backward);
-    a2a += durations_s(result, l.dispatch) + durations_s(result, l.combine);
+    a2a += durations_s(result, built.plan, l.dispatch) + durations_s(result, built.plan, l.combine);
   }
   rec.moe_layer_time_s = layers.empty() ? 0 : moe / static_cast<double>(layers.size());
   rec.a2a_s = a2a;

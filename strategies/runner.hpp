@@ -34,7 +34,9 @@ struct IterationRecord {
   Decision decision;
   double step_time_s = 0;       // makespan of the step
   double moe_layer_time_s = 0;  // mean over MoE layers of (last op end - first op start), fwd+bwd
-  double a2a_s = 0;             // all-to-all time (sum of dispatch + combine collective times)
+  // All-to-all time per rank: the dispatch and combine collectives' spans, each counted for the
+  // ranks it runs on, averaged over the plan's ranks (a pipeline stage's for its own stage).
+  double a2a_s = 0;
   double allreduce_s = 0;
   double compute_s = 0;
   double exposed_comm_s = 0;

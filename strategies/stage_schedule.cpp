@@ -395,6 +395,7 @@ class Stitcher {
     spec.algo = CollectiveAlgo::kLinear;
     spec.grouping = pair(lo, hi);
     spec.matrix = up ? up_matrix_ : down_matrix_;
+    spec.stage_send = true;
     std::string label =
         fmt::format("{}pp.{}.s{}_s{}", prefix(micro_batch), forward ? "act" : "grad", from, to);
     if (chunks_ > 1) label += fmt::format(".p{}", piece);

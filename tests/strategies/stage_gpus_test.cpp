@@ -187,5 +187,36 @@ TEST(StageGpus, RunStackRunsSeveralStagesPerNodeOnEveryEngine) {
   EXPECT_NEAR(step_s[1], step_s[0], 0.05 * step_s[0]);
 }
 
+TEST(StageGpus, AllToAllTimeIsPerRankNotSummedOverStages) {
+  // 4 stages of 2 GPUs, one MoE block each, balanced routing: every stage's dispatch and combine
+  // are alike, and a rank runs only its own stage's. The record's all-to-all time is one stage's
+  // four all-to-alls (forward and backward dispatch and combine), a quarter of the sum over the
+  // stages.
+  const Scenario sc = make(1, 8, 4, 2, 4);
+  auto topo = topology::build_topology(sc.cluster);
+  sim::EngineConfig cfg;
+  cfg.network = sim::NetworkKind::kAnalytical;
+  cfg.precision = sc.model.dtype;
+  const StackRun run = run_stack(
+      sc, sc.strategies[0], *topo, [&](const Plan& p) { return sim::run_plan(p, *topo, cfg); }, 1);
+  const auto& layers = run.last_plan.index.moe_layers;
+  ASSERT_EQ(layers.size(), 4u);
+  const RunResult& r = run.last_result;
+  auto spans = [&](const PlanIndex::MoeLayerOps& l) {
+    double t = 0;
+    for (const auto* ops : {&l.dispatch, &l.combine})
+      for (OpId id : *ops) t += r.op_last_end(id) - r.op_first_start(id);
+    return t;
+  };
+  double all = 0;
+  for (const auto& l : layers) {
+    EXPECT_NEAR(spans(l), spans(layers[0]), 1e-12 * spans(layers[0]));
+    all += spans(l);
+  }
+  ASSERT_GT(all, 0);
+  EXPECT_NEAR(run.iterations[0].a2a_s, all / 4, 1e-12 * all);
+  EXPECT_LT(run.iterations[0].a2a_s, run.iterations[0].step_time_s);
+}
+
 }  // namespace
 }  // namespace moesim::strategies

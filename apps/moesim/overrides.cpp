@@ -143,13 +143,28 @@ Scenario load_scenario_with(const std::string& arg, const std::vector<std::strin
   return parse_scenario_with(tree, path, sets);
 }
 
-Scenario parse_scenario_with(YAML::Node tree, const std::string& path,
-                             const std::vector<std::string>& sets) {
+namespace {
+
+void apply_sets(YAML::Node tree, const std::vector<std::string>& sets) {
   const SourceLocation where{"--set", 0, 0};
   for (const std::string& s : sets) {
     auto [key, value] = parse_set_edit(s);
     set_key_path(tree, key, value, where);
   }
+}
+
+}  // namespace
+
+YAML::Node edited_tree(const YAML::Node& tree, const std::vector<std::string>& sets) {
+  YAML::Node t = YAML::Clone(tree);
+  apply_sets(t, sets);
+  return t;
+}
+
+Scenario parse_scenario_with(YAML::Node tree, const std::string& path,
+                             const std::vector<std::string>& sets) {
+  const SourceLocation where{"--set", 0, 0};
+  apply_sets(tree, sets);
   try {
     return parse_scenario(tree, path);
   } catch (const InputError& e) {

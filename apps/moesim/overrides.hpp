@@ -62,6 +62,9 @@ RunScenario load_run_scenario(const std::string& path, const std::vector<std::st
 /// be the serving run's. `simulate`, `sweep` and `tune` (serving_tune.hpp) run serving scenarios.
 void refuse_serving(const Scenario& sc, std::string_view command);
 
+/// A copy of `tree` with the `--set` edits applied in order (not validated).
+YAML::Node edited_tree(const YAML::Node& tree, const std::vector<std::string>& sets);
+
 /// The same on a scenario tree already read (and perhaps edited, e.g. its cluster replaced by
 /// `compare --topology`); `path` names the file in errors and resolves its relative paths.
 Scenario parse_scenario_with(YAML::Node tree, const std::string& path,

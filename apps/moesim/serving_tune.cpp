@@ -121,23 +121,10 @@ std::string shape_text(const Shape& s, bool disaggregated) {
   return pool_text("prefill", s.first) + ", " + pool_text("decode", s.second);
 }
 
-// The scenario `tree` with `sets` and then `edits` applied (a later edit wins).
-YAML::Node with_edits(const YAML::Node& tree, const std::vector<std::string>& sets,
-                      const std::vector<std::string>& edits) {
-  YAML::Node t = YAML::Clone(tree);
-  for (const auto* list : {&sets, &edits})
-    for (const auto& text : *list) {
-      auto [key, value] = parse_set_edit(text);
-      set_key_path(t, key, value, SourceLocation{});
-    }
-  return t;
-}
-
 // The shared state of the workers: the shapes in order, the next one, the rows.
 struct SearchState {
-  const YAML::Node* tree = nullptr;
+  YAML::Node tree;  // the scenario with the command line's --set edits
   std::string path;
-  std::vector<std::string> sets;
   std::vector<Shape> shapes;
   bool disaggregated = false;
   double attainment = 0;
@@ -156,13 +143,9 @@ void run_shape(SearchState& st, const Shape& shape) {
     YAML::Node t;
     {
       std::lock_guard lock(st.mu);
-      t = YAML::Clone(*st.tree);
+      t = YAML::Clone(st.tree);
     }
-    sc = parse_scenario_with(t, st.path, [&] {
-      auto all = st.sets;
-      all.insert(all.end(), edits.begin(), edits.end());
-      return all;
-    }());
+    sc = parse_scenario_with(t, st.path, edits);
     const auto topo = simulation_topology(sc);
     const sim::EngineConfig cfg = engine_config_from(sc, "");
     reports = run_serving_stacks(sc, sc.strategies, *topo, cfg);
@@ -217,8 +200,7 @@ void rank_rows(ServingTuneResult& r) {
 }
 
 void check_slo(const Scenario& sc) {
-  if (!sc.serving)
-    throw InputError("tune_serving: the scenario has no serving section");  // callers check
+  MOESIM_ASSERT(sc.serving.has_value(), "tune_serving needs a serving deployment");
   const ServingSpec& sv = *sc.serving;
   if (sv.slo_ttft.value() > 0 || sv.slo_tpot.value() > 0) return;
   throw InputError(sc.location_of("serving"), "serving.slo",
@@ -231,7 +213,9 @@ void check_slo(const Scenario& sc) {
 ServingTuneResult tune_serving(const YAML::Node& tree, const std::string& path,
                                const std::vector<std::string>& sets, const ServingTuneOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Scenario base = parse_scenario_with(YAML::Clone(tree), path, sets);
+  SearchState st;
+  st.tree = edited_tree(tree, sets);
+  const Scenario base = parse_scenario_with(YAML::Clone(st.tree), path, {});
   check_slo(base);
   const ServingSpec& sv = *base.serving;
   ServingTuneResult result;
@@ -240,10 +224,7 @@ ServingTuneResult tune_serving(const YAML::Node& tree, const std::string& path,
   result.slo_tpot_s = sv.slo_tpot.value();
   result.attainment = o.attainment;
 
-  SearchState st;
-  st.tree = &tree;
   st.path = path;
-  st.sets = sets;
   st.shapes = candidate_shapes(sv, base.cluster.gpus_per_node);
   st.disaggregated = sv.disaggregated;
   st.attainment = o.attainment;
@@ -381,7 +362,9 @@ std::string serving_tune_csv(const ServingTuneResult& r) {
 std::string serving_tuned_yaml(const YAML::Node& tree, const std::vector<std::string>& sets,
                                const ServingTuneRow& best) {
   YAML::Emitter out;
-  out << with_edits(tree, sets, best.edits);
+  std::vector<std::string> all = sets;
+  all.insert(all.end(), best.edits.begin(), best.edits.end());
+  out << edited_tree(tree, all);
   return fmt::format("# moesim tune: {} with {} ({:.1f}% of requests within the SLO)\n{}\n",
                      best.shape, best.strategy, 100 * best.figures.slo_attainment, out.c_str());
 }

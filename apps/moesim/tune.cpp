@@ -159,16 +159,6 @@ std::string recompute_yaml(const RecomputeSpec& r) {
   return fmt::format("{{granularity: selective, modules: [{}]}}", fmt::join(names, ", "));
 }
 
-YAML::Node edited(const YAML::Node& tree, const std::vector<std::string>& sets) {
-  YAML::Node t = YAML::Clone(tree);
-  const SourceLocation where{"--set", 0, 0};
-  for (const std::string& s : sets) {
-    auto [key, value] = parse_set_edit(s);
-    set_key_path(t, key, value, where);
-  }
-  return t;
-}
-
 }  // namespace
 
 void set_layout_edits(TuneLayout& l) {
@@ -391,7 +381,7 @@ class Search {
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     workers_ = jobs_ * (tp_ ? tp_->size() : 1);
     if (tp_ && tp_->rank() != 0) opts_.progress = false;
-    tree_ = edited(tree, sets);  // the user's --set edits first; YAML `experts` goes below
+    tree_ = edited_tree(tree, sets);  // the user's --set edits first; YAML `experts` goes below
     base_ = parse_scenario(YAML::Clone(tree_), path_);
     refuse_serving(base_, "tune");
     // The layouts tune writes (make_layout's edits, the global batch of P / mp groups) are the
@@ -536,7 +526,7 @@ class Search {
   Scenario scenario_of(const TuneLayout& l, const std::string& stack) const {
     std::vector<std::string> edits = l.edits;
     edits.push_back("strategies=[" + stack + "]");
-    return parse_scenario(edited(tree_, edits), path_);
+    return parse_scenario(edited_tree(tree_, edits), path_);
   }
 
   // The layout scenario stack `spec` runs on: a deepep stack's holds that strategy, so the
@@ -566,7 +556,7 @@ class Search {
     try {
       std::vector<std::string> edits = r.layouts[li].edits;
       edits.push_back(list);
-      sc = std::make_unique<Scenario>(parse_scenario(edited(tree_, edits), path_));
+      sc = std::make_unique<Scenario>(parse_scenario(edited_tree(tree_, edits), path_));
       // The stacks move out: a strategy run copies its scenario (Lina's packing), and 324
       // strategies with their key locations would be copied along every time.
       specs_[li] = std::move(sc->strategies);
@@ -1487,12 +1477,12 @@ TuneResult tune(const YAML::Node& tree, const std::string& path,
 std::string tuned_scenario_yaml(const YAML::Node& tree, const std::string& path,
                                 const std::vector<std::string>& sets, const TuneResult& result,
                                 const TuneRow& row) {
-  YAML::Node t = edited(tree, sets);
+  YAML::Node t = edited_tree(tree, sets);
   if (t["model"] && t["model"]["experts"]) t["model"].remove("experts");
   const TuneLayout& l = result.layouts.at(row.layout);
   std::vector<std::string> edits = l.edits;
   edits.push_back("strategies=[{name: baseline}, " + row.stack_yaml + "]");
-  t = edited(t, edits);
+  t = edited_tree(t, edits);
   // Paths in the file are relative to it; the emitted file may live elsewhere.
   const Scenario sc = parse_scenario(YAML::Clone(t), path);
   if (!sc.cluster.calibration_path.empty())
